@@ -1,0 +1,182 @@
+"""The source document's random-weight decoder, generalised to layers and GQA.
+
+Token and learned position embeddings, then pre-norm blocks (attention and a
+feed-forward network, each with a residual), a final norm and an output head.
+The model holds no per-request state: the cache is passed in and returned.
+Shapes use one vocabulary: B batch, L new positions, T = offset + L positions
+held, C width, H query heads, KVH key/value heads, D head width, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+from kvbench.attention import causal_attention
+from kvbench.cache import Cache, ConcatCache
+
+DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def parse_dtype(value: str | torch.dtype) -> torch.dtype:
+    if isinstance(value, torch.dtype):
+        if value not in DTYPES.values():
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype_name(value)}")
+        return value
+    if value not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {value!r}")
+    return DTYPES[value]
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """Model dimensions. The defaults are the source document's lab."""
+
+    vocab_size: int = 128
+    width: int = 32
+    heads: int = 4
+    kv_heads: int | None = None  # None means one KV head per query head (MHA)
+    layers: int = 1
+    max_length: int = 2048
+    mlp_ratio: int = 4
+    dtype: torch.dtype = torch.float32
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", parse_dtype(self.dtype))
+        if self.kv_heads is None:
+            object.__setattr__(self, "kv_heads", self.heads)
+        for name in ("vocab_size", "width", "heads", "kv_heads", "layers", "max_length", "mlp_ratio"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.width % self.heads:
+            raise ValueError(f"heads must divide width: width {self.width} is not divisible by {self.heads} heads")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"kv_heads must divide heads: {self.heads} heads are not divisible by {self.kv_heads} kv_heads")
+
+    @property
+    def head_dim(self) -> int:
+        return self.width // self.heads
+
+    def to_dict(self) -> dict:
+        fields = dataclasses.asdict(self)
+        fields["dtype"] = dtype_name(self.dtype)
+        return fields
+
+    @classmethod
+    def from_dict(cls, fields: dict) -> "DecoderConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(fields) - known)
+        if unknown:
+            raise ValueError(f"unknown DecoderConfig fields {unknown}; expected a subset of {sorted(known)}")
+        return cls(**fields)
+
+
+# Presets are data: a name and the fields it overrides.
+PRESETS: dict[str, dict] = {
+    "seed": {},
+    "medium": {"width": 256, "heads": 8, "layers": 4, "max_length": 4096},
+}
+
+
+def preset_config(name: str, **overrides) -> DecoderConfig:
+    if name not in PRESETS:
+        raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {name!r}")
+    return DecoderConfig(**{**PRESETS[name], **overrides})
+
+
+class Block(nn.Module):
+    def __init__(self, config: DecoderConfig) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = config.heads, config.kv_heads, config.head_dim
+        self.norm1 = nn.LayerNorm(config.width)
+        # One projection for q, k and v (as in the source document); k and v
+        # get kv_heads heads each, so GQA shrinks this and the cache alike.
+        self.qkv = nn.Linear(config.width, (config.heads + 2 * config.kv_heads) * config.head_dim)
+        self.out = nn.Linear(config.width, config.width)
+        self.norm2 = nn.LayerNorm(config.width)
+        hidden = config.mlp_ratio * config.width
+        self.mlp = nn.Sequential(nn.Linear(config.width, hidden), nn.GELU(), nn.Linear(hidden, config.width))
+
+    def forward(self, x: Tensor, cache: Cache, layer: int, offset: int) -> Tensor:
+        B, L, C = x.shape
+        H, KVH, D = self.heads, self.kv_heads, self.head_dim
+        q, k, v = self.qkv(self.norm1(x)).split((H * D, KVH * D, KVH * D), dim=-1)
+        q = q.view(B, L, H, D).transpose(1, 2)  # (B, H, L, D)
+        k = k.view(B, L, KVH, D).transpose(1, 2)  # (B, KVH, L, D)
+        v = v.view(B, L, KVH, D).transpose(1, 2)
+        k, v = cache.update(layer, k, v)  # (B, KVH, T, D), T = offset + L
+        y = causal_attention(q, k, v, offset=offset)  # (B, H, L, D)
+        x = x + self.out(y.transpose(1, 2).reshape(B, L, C))
+        return x + self.mlp(self.norm2(x))
+
+
+class Decoder(nn.Module):
+    def __init__(self, config: DecoderConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.token = nn.Embedding(config.vocab_size, config.width)
+        self.position = nn.Embedding(config.max_length, config.width)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.layers))
+        self.final = nn.LayerNorm(config.width)
+        self.head = nn.Linear(config.width, config.vocab_size)
+
+    def forward(self, ids: Tensor, cache: Cache | None = None) -> tuple[Tensor, Cache]:
+        """ids (B, L) -> logits (B, L, V) and the cache, now holding L more positions."""
+        B, L = check_token_ids(ids, self.config)
+        if cache is None:
+            cache = ConcatCache(self.config, batch=B)
+        offset = cache.length
+        cache.check_append(self.config, batch=B, length=L)
+        positions = torch.arange(offset, offset + L, device=ids.device)
+        try:
+            x = self.token(ids) + self.position(positions)  # (B, L, C)
+        except IndexError:  # only reached on bad ids; the happy path pays nothing
+            raise ValueError(token_range_message(ids, self.config)) from None
+        cache.reserve(L)  # paged caches allocate blocks here; nothing was mutated before
+        for layer, block in enumerate(self.blocks):
+            x = block(x, cache, layer, offset)
+        cache.commit(L)
+        return self.head(self.final(x)), cache
+
+
+def check_token_ids(ids: Tensor, config: DecoderConfig) -> tuple[int, int]:
+    if not isinstance(ids, Tensor):
+        raise ValueError(f"ids must be a LongTensor of shape (batch, length), got {type(ids).__name__}")
+    if ids.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"ids must have dtype int64, got {dtype_name(ids.dtype)}")
+    if ids.dim() != 2:
+        raise ValueError(f"ids must have shape (batch, length), got {ids.dim()} dimensions {tuple(ids.shape)}")
+    batch, length = ids.shape
+    if batch < 1 or length < 1:
+        raise ValueError(f"at least one token is required: expected batch >= 1 and length >= 1, got shape {tuple(ids.shape)}")
+    return batch, length
+
+
+def token_range_message(ids: Tensor, config: DecoderConfig) -> str:
+    low, high = int(ids.min()), int(ids.max())
+    return f"token ids must be in [0, {config.vocab_size - 1}] for vocab_size {config.vocab_size}, got min {low} and max {high}"
+
+
+def build_model(config: DecoderConfig | None = None, seed: int = 0) -> Decoder:
+    """Random weights that depend only on (config, seed); eval mode, no gradients."""
+    config = config or DecoderConfig()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Decoder(config)
+    model = model.to(config.dtype).eval()
+    model.requires_grad_(False)
+    return model
