@@ -1,0 +1,245 @@
+"""kvbench's command line: `build_parser` builds it, `main` runs it, one `cmd_*` per subcommand.
+
+Every error a user can cause ends the same way: one line on stderr, exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from kvbench.decode import MODES
+
+DEFAULT_LENGTHS = "16,32,64,128,256,512"
+EXAMPLES = """examples:
+  kvbench run                                   # the default grid, all modes
+  kvbench run --lengths 64,256 --modes full,static --repeats 11
+  kvbench run --preset medium --lengths 2048 --modes concat,static,paged
+  kvbench show results/records/run-*.json
+  kvbench env
+"""
+
+
+class CliError(Exception):
+    """A user error: reported as one line, exit status 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse prints usage too; one line is the rule here
+        raise CliError(f"{self.prog}: {message}")
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def int_list(text: str) -> list[int]:
+    values = []
+    for part in text.split(","):
+        try:
+            values.append(positive_int(part.strip()))
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {part.strip()!r} in {text!r}") from None
+    if len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"lengths must be distinct, got {text!r}")
+    return values
+
+
+def mode_list(text: str) -> list[str]:
+    modes = [part.strip() for part in text.split(",")]
+    unknown = [mode for mode in modes if mode not in MODES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown mode {unknown[0]!r}; choose from {','.join(MODES)}")
+    if len(set(modes)) != len(modes):
+        raise argparse.ArgumentTypeError(f"modes must be distinct, got {text!r}")
+    return modes
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    from kvbench.model import DTYPES, PRESETS
+
+    group = parser.add_argument_group("model (a preset, then per-field overrides)")
+    group.add_argument("--preset", choices=sorted(PRESETS), default="seed", help="named model dimensions; seed = the source document's lab")
+    group.add_argument("--width", type=positive_int, help="model width C (default: the preset's)")
+    group.add_argument("--heads", type=positive_int, help="query heads H (default: the preset's)")
+    group.add_argument("--kv-heads", type=positive_int, help="key/value heads, dividing --heads (default: = heads)")
+    group.add_argument("--layers", type=positive_int, help="decoder blocks (default: the preset's)")
+    group.add_argument("--vocab-size", type=positive_int, help="vocabulary size (default: the preset's)")
+    group.add_argument("--max-length", type=positive_int, help="position capacity (default: the preset's)")
+    group.add_argument("--dtype", choices=sorted(DTYPES), help="parameter and cache dtype (default: float32)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from kvbench import __version__
+
+    formatter = argparse.ArgumentDefaultsHelpFormatter
+    parser = Parser(prog="kvbench", description="What a KV cache saves, measured against full-prefix decoding.",
+                    epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"kvbench {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    commands.required = True
+
+    run = commands.add_parser("run", help="check equivalence, time every mode and length, write a record", formatter_class=formatter)
+    run.add_argument("--lengths", type=int_list, default=int_list(DEFAULT_LENGTHS), metavar="N,N,...", help="sequence lengths (tokens decoded per loop)")
+    run.add_argument("--modes", type=mode_list, default=list(MODES), metavar="M,M,...", help=f"modes among {','.join(MODES)}")
+    run.add_argument("--repeats", type=positive_int, default=7, help="timed repetitions per mode and length")
+    run.add_argument("--warmup", type=non_negative_int, default=1, help="untimed loops per mode before timing")
+    run.add_argument("--batch", type=positive_int, default=1, help="sequences per request")
+    run.add_argument("--seed", type=non_negative_int, default=0, help="seed for weights and token ids")
+    run.add_argument("--threads", type=positive_int, default=1, help="torch intra- and inter-op threads")
+    run.add_argument("--per-step", type=positive_int, metavar="LENGTH", help="also record every step's duration of one loop at LENGTH")
+    run.add_argument("--output", type=Path, help="record path (default: a new timestamped file under results/records/)")
+    run.add_argument("--force", action="store_true", help="overwrite --output if it exists")
+    run.add_argument("--no-progress", action="store_true", help="do not show progress bars")
+    add_model_options(run)
+    run.set_defaults(handler=cmd_run)
+
+    show = commands.add_parser("show", help="print the table of a saved record", formatter_class=formatter)
+    show.add_argument("record", type=Path)
+    show.set_defaults(handler=cmd_show)
+
+    env = commands.add_parser("env", help="print the captured environment as JSON", formatter_class=formatter)
+    env.set_defaults(handler=cmd_env)
+    return parser
+
+
+def config_from_args(args: argparse.Namespace):
+    from kvbench.model import preset_config
+
+    fields = {"width": args.width, "heads": args.heads, "kv_heads": args.kv_heads, "layers": args.layers,
+              "vocab_size": args.vocab_size, "max_length": args.max_length, "dtype": args.dtype}
+    return preset_config(args.preset, **{name: value for name, value in fields.items() if value is not None})
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from kvbench import capture, record, report, timing
+    from kvbench.model import build_model
+
+    config = config_from_args(args)
+    too_long = [n for n in [*args.lengths, args.per_step or 0] if n > config.max_length]
+    if too_long:
+        raise CliError(f"length {too_long[0]} exceeds max_length {config.max_length} of preset {args.preset!r}")
+    output = args.output or record.default_record_path()
+    if output.exists() and not args.force:
+        raise CliError(f"{output} already exists; pass --force to overwrite it")
+
+    threads = timing.set_threads(args.threads)  # before any torch work in this process
+    model = build_model(config, seed=args.seed)
+    stderr = Console(stderr=True)
+    with _progress(stderr, disabled=args.no_progress) as on_progress:
+        outcome = timing.run_benchmark(
+            model, args.lengths, args.modes, batch=args.batch, seed=args.seed, repeats=args.repeats,
+            warmup=args.warmup, per_step_length=args.per_step, on_progress=on_progress,
+        )
+    protocol = timing.Protocol(repeats=args.repeats, warmup=args.warmup, threads=args.threads, threads_in_effect=threads)
+    run_settings = {"preset": args.preset, "lengths": args.lengths, "modes": args.modes, "batch": args.batch,
+                    "seed": args.seed, "repeats": args.repeats, "warmup": args.warmup, "threads": args.threads,
+                    "per_step_length": args.per_step}
+    result = record.build_record(
+        command=["kvbench", *sys.argv[1:]] if sys.argv[0].endswith("kvbench") else sys.argv,
+        config=config.to_dict(), run=run_settings, protocol=protocol.to_dict(),
+        environment=capture.collect_environment(), checks=outcome.checks,
+        repetitions=outcome.repetitions, memory=outcome.memory, per_step=outcome.per_step,
+        status="incomplete" if outcome.interrupted else "complete",
+    )
+    path = record.write_record(result, output, force=args.force)
+    console = _stdout_console()
+    console.print(report.summary_table(result))
+    failed = [c for c in outcome.checks if not c["passed"]]
+    for check in failed:
+        stderr.print(
+            f"[bold red]EQUIVALENCE FAILED[/]: {check['mode']} at length {check['length']} diverges from full-prefix "
+            f"logits at position {check['first_divergent_position']} (max |diff| {check['max_abs_diff']:.3g} > "
+            f"atol {check['atol']:g} + rtol {check['rtol']:g}); its timings are not a valid speedup"
+        )
+    console.print(f"record: {path}")
+    if outcome.interrupted:
+        stderr.print("[yellow]interrupted: the record keeps the completed repetitions and is marked incomplete[/]")
+        return 130
+    return 1 if failed else 0
+
+
+class _progress:
+    """A rich progress bar on stderr, fed by run_benchmark's (stage, done, total) events."""
+
+    def __init__(self, console, disabled: bool) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = None if disabled else Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=console, transient=True,
+        )
+        self.tasks: dict[str, int] = {}
+
+    def __enter__(self):
+        if self.progress is None:
+            return None
+        self.progress.__enter__()
+        return self.update
+
+    def update(self, stage: str, done: int, total: int) -> None:
+        if stage not in self.tasks:
+            self.tasks[stage] = self.progress.add_task(stage, total=total)
+        self.progress.update(self.tasks[stage], completed=done, total=total)
+
+    def __exit__(self, *exc) -> None:
+        if self.progress is not None:
+            self.progress.__exit__(*exc)
+
+
+def _stdout_console():
+    from rich.console import Console
+
+    console = Console()
+    # Piped output (CI logs, files) would otherwise be cut to 80 columns.
+    return console if console.is_terminal else Console(width=120)
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from kvbench import record, report
+
+    loaded = record.load_record(args.record)
+    _stdout_console().print(report.summary_table(loaded))
+    return 0
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    from kvbench import capture
+
+    print(json.dumps(capture.collect_environment(), indent=2))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        return args.handler(args)
+    except (CliError, ValueError, OSError) as error:  # RecordError is a ValueError
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        print(f"kvbench: error: {message}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
