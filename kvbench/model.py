@@ -143,6 +143,8 @@ class Decoder(nn.Module):
         B, L = check_token_ids(ids, self.config)
         if cache is None:
             cache = ConcatCache(self.config, batch=B)
+        elif not isinstance(cache, Cache):
+            raise ValueError(f"expected a kvbench Cache (see kvbench.cache.make_cache), got {type(cache).__name__}")
         offset = cache.length
         cache.check_append(self.config, batch=B, length=L)
         positions = torch.arange(offset, offset + L, device=ids.device)

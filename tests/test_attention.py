@@ -1,0 +1,65 @@
+import math
+
+import pytest
+import torch
+
+from kvbench.attention import causal_attention, causal_mask
+
+
+def reference_attention(q, k, v, offset):
+    """Explicit scores, softmax and a mask from absolute positions, one head at a time."""
+    B, H, L, D = q.shape
+    group = H // k.shape[1]
+    out = torch.empty_like(q)
+    for h in range(H):
+        kh, vh = k[:, h // group], v[:, h // group]
+        scores = q[:, h] @ kh.transpose(-1, -2) / math.sqrt(D)
+        for i in range(L):
+            scores[:, i, offset + i + 1 :] = float("-inf")
+        out[:, h] = scores.softmax(-1) @ vh
+    return out
+
+
+def test_mask_is_rectangular_and_offset_aware():
+    # Prefix of seven, chunk of five: the first new query sees 0..7.
+    mask = causal_mask(offset=7, length=5)
+    assert mask.shape == (5, 12)
+    assert mask[0].nonzero().flatten().tolist() == list(range(8))
+    assert mask[4].all()
+    assert [int(row.sum()) for row in mask] == [8, 9, 10, 11, 12]
+
+
+def test_single_query_sees_whole_prefix():
+    mask = causal_mask(offset=9, length=1)
+    assert mask.all() and mask.shape == (1, 10)
+
+
+def test_top_left_triangle_would_be_wrong():
+    top_left = torch.ones(1, 10, dtype=torch.bool).tril()
+    assert not torch.equal(causal_mask(9, 1), top_left)
+
+
+@pytest.mark.parametrize("offset, length", [(0, 1), (0, 6), (5, 1), (7, 5), (3, 2)])
+@pytest.mark.parametrize("heads, kv_heads", [(4, 4), (4, 2), (4, 1)])
+def test_matches_explicit_reference(offset, length, heads, kv_heads):
+    generator = torch.Generator().manual_seed(offset * 10 + length)
+    q = torch.randn(2, heads, length, 8, generator=generator)
+    k = torch.randn(2, kv_heads, offset + length, 8, generator=generator)
+    v = torch.randn(2, kv_heads, offset + length, 8, generator=generator)
+    torch.testing.assert_close(causal_attention(q, k, v, offset), reference_attention(q, k, v, offset), atol=1e-5, rtol=1e-5)
+
+
+def test_chunk_after_prefix_equals_rows_of_full_attention():
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 12, 8, generator=generator)
+    k = torch.randn(1, 4, 12, 8, generator=generator)
+    v = torch.randn(1, 4, 12, 8, generator=generator)
+    full = causal_attention(q, k, v, offset=0)
+    chunk = causal_attention(q[:, :, 7:], k, v, offset=7)
+    torch.testing.assert_close(chunk, full[:, :, 7:], atol=1e-6, rtol=1e-6)
+
+
+def test_key_count_must_match_offset_plus_queries():
+    q, k = torch.zeros(1, 4, 2, 8), torch.zeros(1, 4, 5, 8)
+    with pytest.raises(ValueError, match="offset 2 \\+ 2 queries but 5 keys"):
+        causal_attention(q, k, k, offset=2)

@@ -1,0 +1,286 @@
+"""The cache contract: every kind passes the same equivalence and validation tests.
+
+The first four tests are the source document's: stepwise equivalence with shape and
+bytes after every append, chunked prefill, request isolation, position capacity.
+Logits are compared, never generated text; float32 atol = rtol = 1e-5.
+"""
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvbench.cache import CACHE_KINDS, expected_cache_bytes, make_cache
+from kvbench.model import DecoderConfig, build_model
+
+TOLERANCE = dict(atol=1e-5, rtol=1e-5)
+SEED_CONFIG = DecoderConfig()
+CONFIGS = {
+    "seed": SEED_CONFIG,
+    "gqa": DecoderConfig(heads=4, kv_heads=2),
+    "mqa": DecoderConfig(heads=4, kv_heads=1),
+    "layers3": DecoderConfig(layers=3),
+    "gqa-layers2-wide": DecoderConfig(width=64, heads=8, kv_heads=2, layers=2),
+}
+
+
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def model(request):
+    return build_model(CONFIGS[request.param], seed=0)
+
+
+@pytest.fixture(scope="module")
+def seed_model():
+    return build_model(SEED_CONFIG, seed=0)
+
+
+@pytest.fixture(params=CACHE_KINDS)
+def kind(request):
+    return request.param
+
+
+def ids_for(config, batch, length, seed=1):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, config.vocab_size, (batch, length), generator=generator)
+
+
+def full_logits(model, ids):
+    with torch.inference_mode():
+        return model(ids)[0]
+
+
+def snapshot(cache):
+    layers = range(cache.config.layers)
+    return (
+        cache.length,
+        cache.nbytes,
+        [cache.keys(layer).clone() for layer in layers],
+        [cache.values(layer).clone() for layer in layers],
+    )
+
+
+def assert_unchanged(cache, before):
+    length, nbytes, keys, values = before
+    assert cache.length == length
+    assert cache.nbytes == nbytes
+    for layer in range(cache.config.layers):
+        assert torch.equal(cache.keys(layer), keys[layer])
+        assert torch.equal(cache.values(layer), values[layer])
+
+
+# --- the source document's four tests, over every kind and config --------------------
+
+
+def test_stepwise_equivalence_with_shape_and_bytes(model, kind):
+    config = model.config
+    ids = ids_for(config, batch=2, length=12)
+    cache = make_cache(kind, config, batch=2, capacity=12)
+    with torch.inference_mode():
+        for t in range(12):
+            step_logits, cache = model(ids[:, t : t + 1], cache)
+            reference = model(ids[:, : t + 1])[0][:, -1]
+            torch.testing.assert_close(step_logits[:, -1], reference, **TOLERANCE)
+            assert cache.length == t + 1
+            for layer in range(config.layers):
+                assert cache.keys(layer).shape == (2, config.kv_heads, t + 1, config.head_dim)
+                assert cache.values(layer).shape == (2, config.kv_heads, t + 1, config.head_dim)
+            assert cache.nbytes == expected_cache_bytes(config, 2, t + 1)
+            assert cache.reserved_bytes >= cache.nbytes
+
+
+def test_chunked_prefill_matches_full_sequence(model, kind):
+    config = model.config
+    ids = ids_for(config, batch=2, length=12)
+    cache = make_cache(kind, config, batch=2, capacity=12)
+    with torch.inference_mode():
+        prefix_logits, cache = model(ids[:, :7], cache)
+        chunk_logits, cache = model(ids[:, 7:], cache)
+    reference = full_logits(model, ids)
+    torch.testing.assert_close(prefix_logits, reference[:, :7], **TOLERANCE)
+    torch.testing.assert_close(chunk_logits, reference[:, 7:], **TOLERANCE)
+    assert cache.length == 12
+
+
+def test_request_isolation(seed_model, kind):
+    config = seed_model.config
+    first, other = ids_for(config, 1, 10, seed=1), ids_for(config, 1, 10, seed=2)
+
+    def run(ids):
+        cache = make_cache(kind, config, batch=1, capacity=10)
+        with torch.inference_mode():
+            logits, cache = seed_model(ids[:, :6], cache)
+            more, cache = seed_model(ids[:, 6:], cache)
+        return torch.cat((logits, more), dim=1)
+
+    before = run(first)
+    run(other)  # a second request in between must not leak into the first
+    after = run(first)
+    assert torch.equal(before, after)
+    # The no-cache entry point starts a fresh cache every call.
+    assert torch.equal(full_logits(seed_model, first), full_logits(seed_model, first))
+
+
+def test_position_capacity(seed_model, kind):
+    config = seed_model.config
+    capacity = 20
+    cache = make_cache(kind, config, batch=1, capacity=capacity)
+    ids = ids_for(config, 1, capacity + 1)
+    with torch.inference_mode():
+        _, cache = seed_model(ids[:, : capacity - 3], cache)
+        before = snapshot(cache)
+        with pytest.raises(ValueError, match="capacity exceeded.*17 of 20.*needs 21"):
+            seed_model(ids[:, : 4], cache)  # straddles the limit
+        assert_unchanged(cache, before)
+        _, cache = seed_model(ids[:, :3], cache)  # exactly at capacity passes
+        assert cache.length == capacity
+        before = snapshot(cache)
+        with pytest.raises(ValueError, match="capacity exceeded"):
+            seed_model(ids[:, :1], cache)  # one more fails
+        assert_unchanged(cache, before)
+
+
+def test_max_length_is_the_no_cache_limit(seed_model):
+    config = DecoderConfig(max_length=32)
+    model = build_model(config, seed=0)
+    ids = ids_for(config, 1, 33)
+    with torch.inference_mode():
+        logits, cache = model(ids[:, :32])
+        assert logits.shape == (1, 32, config.vocab_size) and cache.length == 32
+        with pytest.raises(ValueError, match="capacity exceeded.*needs 33"):
+            model(ids)
+
+
+# --- beyond the source document ---------------------------------------------------
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_random_chunk_splits_match_full_sequence(seed_model, kind, data):
+    config = seed_model.config
+    length = data.draw(st.integers(1, 24), label="length")
+    cuts = sorted(data.draw(st.sets(st.integers(1, length - 1), max_size=6), label="cuts")) if length > 1 else []
+    bounds = [0, *cuts, length]
+    ids = ids_for(config, 2, length, seed=data.draw(st.integers(0, 1000), label="seed"))
+    cache = make_cache(kind, config, batch=2, capacity=length)
+    pieces = []
+    with torch.inference_mode():
+        for start, end in zip(bounds, bounds[1:]):
+            logits, cache = seed_model(ids[:, start:end], cache)
+            pieces.append(logits)
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full_logits(seed_model, ids), **TOLERANCE)
+    assert cache.nbytes == expected_cache_bytes(config, 2, length)
+
+
+def test_default_cache_from_no_cache_call_continues(seed_model):
+    config = seed_model.config
+    ids = ids_for(config, 1, 9)
+    with torch.inference_mode():
+        _, cache = seed_model(ids[:, :5])
+        assert cache.kind == "concat" and cache.length == 5
+        logits, cache = seed_model(ids[:, 5:], cache)
+    torch.testing.assert_close(logits, full_logits(seed_model, ids)[:, 5:], **TOLERANCE)
+
+
+def test_positions_continue_at_cache_length(seed_model, kind):
+    """A cache that restarted positions at zero would match only at the first step."""
+    config = seed_model.config
+    ids = ids_for(config, 1, 6)
+    cache = make_cache(kind, config, batch=1, capacity=6)
+    with torch.inference_mode():
+        _, cache = seed_model(ids[:, :5], cache)
+        step, _ = seed_model(ids[:, 5:6], cache)
+        restarted = seed_model.head(seed_model.final(seed_model.blocks[0](
+            seed_model.token(ids[:, 5:6]) + seed_model.position(torch.tensor([0])),
+            make_cache("concat", config), 0, 0)))
+    reference = full_logits(seed_model, ids)[:, 5]
+    torch.testing.assert_close(step[:, -1], reference, **TOLERANCE)
+    assert not torch.allclose(restarted[:, -1], reference, **TOLERANCE)
+
+
+def test_expected_cache_bytes_formula():
+    # The source document: batch 1, 4 heads of width 8, float32 -> 256 bytes per position.
+    assert expected_cache_bytes(SEED_CONFIG, 1, 1) == 256
+    assert expected_cache_bytes(SEED_CONFIG, 1, 128) == 32_768
+    gqa = DecoderConfig(width=64, heads=8, kv_heads=2, layers=3, dtype=torch.bfloat16)
+    assert expected_cache_bytes(gqa, 2, 10) == 2 * 3 * 2 * 2 * 10 * 8 * 2
+
+
+def test_empty_cache(kind):
+    cache = make_cache(kind, SEED_CONFIG, batch=3, capacity=8)
+    assert cache.kind == kind
+    assert cache.length == 0 and cache.nbytes == 0
+    assert cache.keys(0).shape == (3, 4, 0, 8)
+
+
+# --- validation: ValueError naming expected and actual, cache unchanged ------------
+
+
+def primed(model, kind, batch=2, length=5, capacity=16):
+    cache = make_cache(kind, model.config, batch=batch, capacity=capacity)
+    with torch.inference_mode():
+        _, cache = model(ids_for(model.config, batch, length), cache)
+    return cache
+
+
+BAD_IDS = {
+    "empty sequence": (torch.zeros(2, 0, dtype=torch.long), r"at least one token.*got shape \(2, 0\)"),
+    "empty batch": (torch.zeros(0, 3, dtype=torch.long), r"at least one token.*got shape \(0, 3\)"),
+    "id too large": (torch.tensor([[1, 128], [2, 3]]), r"\[0, 127\].*vocab_size 128.*max 128"),
+    "negative id": (torch.tensor([[1, -1], [2, 3]]), r"\[0, 127\].*min -1"),
+    "float ids": (torch.zeros(2, 1), r"int64.*float32"),
+    "1-d ids": (torch.zeros(3, dtype=torch.long), r"\(batch, length\).*1 dimensions"),
+    "batch mismatch": (torch.zeros(3, 1, dtype=torch.long), r"batch mismatch.*batch 2.*batch 3"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_IDS))
+def test_bad_ids_rejected_and_cache_unchanged(seed_model, kind, case):
+    ids, message = BAD_IDS[case]
+    cache = primed(seed_model, kind)
+    before = snapshot(cache)
+    with torch.inference_mode(), pytest.raises(ValueError, match=message):
+        seed_model(ids, cache)
+    assert_unchanged(cache, before)
+
+
+MISMATCHED = {
+    "layers": (DecoderConfig(layers=2), r"layers mismatch.*layers=2.*layers=1"),
+    "kv heads": (DecoderConfig(kv_heads=2), r"kv_heads mismatch.*kv_heads=2.*kv_heads=4"),
+    "head width": (DecoderConfig(width=64), r"head_dim mismatch.*head_dim=16.*head_dim=8"),
+    "dtype": (DecoderConfig(dtype=torch.float64), r"dtype mismatch.*float64.*float32"),
+    "other config": (DecoderConfig(vocab_size=99), r"another model config"),
+}
+
+
+@pytest.mark.parametrize("case", list(MISMATCHED))
+def test_cache_for_another_config_rejected_and_unchanged(seed_model, kind, case):
+    config, message = MISMATCHED[case]
+    other = build_model(config, seed=0)
+    cache = primed(other, kind)
+    before = snapshot(cache)
+    with torch.inference_mode(), pytest.raises(ValueError, match=message):
+        seed_model(ids_for(SEED_CONFIG, 2, 1), cache)
+    assert_unchanged(cache, before)
+
+
+def test_not_a_cache_rejected(seed_model):
+    k = torch.zeros(1, 4, 3, 8)
+    with pytest.raises(ValueError, match="expected a kvbench Cache.*tuple"):
+        seed_model(torch.zeros(1, 1, dtype=torch.long), (k, k))
+
+
+@pytest.mark.parametrize("capacity", [0, -1, SEED_CONFIG.max_length + 1, 2.5])
+def test_bad_capacity_rejected(kind, capacity):
+    with pytest.raises(ValueError, match=r"capacity must be an integer in \[1, max_length=2048\]"):
+        make_cache(kind, SEED_CONFIG, batch=1, capacity=capacity)
+
+
+def test_unknown_kind_rejected():
+    with pytest.raises(ValueError, match=r"cache kind must be one of \['concat', 'static', 'paged'\], got 'ring'"):
+        make_cache("ring", SEED_CONFIG)
+
+
+@pytest.mark.parametrize("batch", [0, -2, True])
+def test_bad_batch_rejected(kind, batch):
+    with pytest.raises(ValueError, match="batch must be a positive integer"):
+        make_cache(kind, SEED_CONFIG, batch=batch)

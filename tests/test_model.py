@@ -1,0 +1,110 @@
+import dataclasses
+
+import pytest
+import torch
+
+from kvbench.model import PRESETS, DecoderConfig, build_model, preset_config
+
+
+def test_defaults_are_the_source_documents_lab():
+    config = DecoderConfig()
+    assert (config.width, config.heads, config.head_dim, config.layers) == (32, 4, 8, 1)
+    assert config.kv_heads == 4  # None means one KV head per query head
+    assert config.dtype == torch.float32
+    assert config.max_length >= 128
+    assert DecoderConfig(kv_heads=None) == config
+
+
+def test_config_is_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        DecoderConfig().width = 64
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"width": 30}, r"heads must divide width: width 30 is not divisible by 4 heads"),
+        ({"kv_heads": 3}, r"kv_heads must divide heads: 4 heads are not divisible by 3 kv_heads"),
+        ({"layers": 0}, r"layers must be a positive integer, got 0"),
+        ({"vocab_size": -5}, r"vocab_size must be a positive integer, got -5"),
+        ({"max_length": 1.5}, r"max_length must be a positive integer, got 1.5"),
+        ({"dtype": "int8"}, r"dtype must be one of .*got 'int8'"),
+    ],
+)
+def test_invalid_config_names_expected_and_actual(fields, message):
+    with pytest.raises(ValueError, match=message):
+        DecoderConfig(**fields)
+
+
+def test_config_dict_round_trip():
+    config = DecoderConfig(width=64, heads=8, kv_heads=2, layers=2, dtype=torch.bfloat16)
+    fields = config.to_dict()
+    assert fields["dtype"] == "bfloat16" and fields["kv_heads"] == 2
+    assert DecoderConfig.from_dict(fields) == config
+    with pytest.raises(ValueError, match=r"unknown DecoderConfig fields \['colour'\]"):
+        DecoderConfig.from_dict({**fields, "colour": 1})
+
+
+def test_presets():
+    assert set(PRESETS) >= {"seed", "medium"}
+    assert preset_config("seed") == DecoderConfig()
+    medium = preset_config("medium")
+    assert (medium.width, medium.heads, medium.layers, medium.max_length) == (256, 8, 4, 4096)
+    assert preset_config("medium", kv_heads=2).kv_heads == 2
+    with pytest.raises(ValueError, match=r"preset must be one of \['medium', 'seed'\], got 'huge'"):
+        preset_config("huge")
+
+
+def test_same_seed_same_weights_and_other_seed_differs():
+    config = DecoderConfig(layers=2, kv_heads=2)
+    a, b, c = build_model(config, seed=0), build_model(config, seed=0), build_model(config, seed=1)
+    for (name, x), (_, y), (_, z) in zip(a.state_dict().items(), b.state_dict().items(), c.state_dict().items()):
+        assert torch.equal(x, y), name
+    assert any(not torch.equal(x, z) for x, z in zip(a.state_dict().values(), c.state_dict().values()))
+
+
+def test_build_model_does_not_disturb_global_rng():
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    build_model(DecoderConfig(), seed=7)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_model_state():
+    model = build_model(DecoderConfig(layers=3), seed=0)
+    assert not model.training
+    assert all(not p.requires_grad for p in model.parameters())
+    assert model.config.layers == len(model.blocks) == 3
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert all(p.dtype == torch.float64 for p in build_model(DecoderConfig(dtype=torch.float64)).parameters())
+
+
+def test_gqa_projection_shrinks_with_kv_heads():
+    mha = build_model(DecoderConfig(heads=4), seed=0)
+    mqa = build_model(DecoderConfig(heads=4, kv_heads=1), seed=0)
+    assert mha.blocks[0].qkv.out_features == 3 * 32
+    assert mqa.blocks[0].qkv.out_features == 32 + 2 * 8
+
+
+def test_forward_shapes_and_fresh_cache():
+    config = DecoderConfig()
+    model = build_model(config, seed=0)
+    ids = torch.randint(0, config.vocab_size, (3, 5))
+    with torch.inference_mode():
+        logits, cache = model(ids)
+    assert logits.shape == (3, 5, config.vocab_size)
+    assert logits.dtype == torch.float32
+    assert cache.length == 5 and cache.kind == "concat"
+    assert torch.isfinite(logits).all()
+    assert not hasattr(model, "cache")  # no per-request state on the model
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_other_dtypes_run_and_match_cached(dtype):
+    from kvbench.decode import check_equivalence, token_ids
+
+    model = build_model(DecoderConfig(dtype=dtype), seed=0)
+    ids = token_ids(model.config, 1, 12)
+    results = check_equivalence(model, ids, ["concat", "static"])
+    assert all(r.passed for r in results.values()), results
