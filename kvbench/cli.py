@@ -63,6 +63,17 @@ def int_list(text: str) -> list[int]:
     return values
 
 
+def size(text: str) -> int:
+    from kvbench.budget import parse_size
+
+    if text.strip() == "0":
+        return 0
+    try:
+        return parse_size(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def mode_list(text: str) -> list[str]:
     modes = [part.strip() for part in text.split(",")]
     unknown = [mode for mode in modes if mode not in MODES]
@@ -118,6 +129,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     env = commands.add_parser("env", help="print the captured environment as JSON", formatter_class=formatter)
     env.set_defaults(handler=cmd_env)
+
+    budget = commands.add_parser(
+        "budget", help="KV-cache bytes per token and request, and how many requests fit", formatter_class=formatter,
+        epilog="example: kvbench budget --layers 32 --kv-heads 8 --head-dim 128 --dtype bfloat16 --tokens 4096 --memory 80GiB",
+    )
+    budget.add_argument("--layers", type=positive_int, required=True)
+    budget.add_argument("--kv-heads", type=positive_int, required=True, help="key/value heads (the GQA count)")
+    budget.add_argument("--head-dim", type=positive_int, required=True, help="head width D")
+    budget.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "int8"], default="bfloat16")
+    budget.add_argument("--int8-group", type=positive_int, help="int8 elements per float16 scale (default: head width)")
+    budget.add_argument("--tokens", type=positive_int, required=True, help="tokens retained per request")
+    budget.add_argument("--max-length", type=positive_int, help="positions a contiguous cache preallocates per request (default: --tokens)")
+    budget.add_argument("--block-size", type=positive_int, default=16, help="positions per paged block")
+    budget.add_argument("--memory", type=size, required=True, help="memory limit for KV caches, e.g. 24GiB, 80GB")
+    budget.add_argument("--reserved", type=size, default=0, help="part of --memory kept for weights and workspace")
+    budget.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    budget.set_defaults(handler=cmd_budget)
     return parser
 
 
@@ -227,6 +255,38 @@ def cmd_env(args: argparse.Namespace) -> int:
     from kvbench import capture
 
     print(json.dumps(capture.collect_environment(), indent=2))
+    return 0
+
+
+def cmd_budget(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from kvbench.budget import kv_budget
+    from kvbench.report import format_bytes
+
+    result = kv_budget(args.layers, args.kv_heads, args.head_dim, args.dtype, args.tokens, args.memory,
+                       block_size=args.block_size, max_length=args.max_length, reserved_bytes=args.reserved,
+                       int8_group=args.int8_group)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+        return 0
+    table = Table(title=f"{args.tokens} tokens per request, {format_bytes(args.memory - args.reserved)} for KV caches",
+                  title_justify="left")
+    for name in ("layout", "bytes per request", "wasted per request", "requests that fit"):
+        table.add_column(name, justify="left" if name == "layout" else "right")
+    table.add_row("exact (no slack)", format_bytes(result.request_bytes), "0 B", f"{result.exact_requests:,}")
+    table.add_row(f"contiguous ({result.max_length} positions)", format_bytes(result.contiguous_request_bytes),
+                  format_bytes(result.contiguous_request_bytes - result.request_bytes), f"{result.contiguous_requests:,}")
+    table.add_row(f"paged ({args.block_size}-position blocks)", format_bytes(result.paged_request_bytes),
+                  format_bytes(result.paged_waste_bytes), f"{result.paged_requests:,}")
+    console = _stdout_console()
+    console.print(f"bytes per token: {result.bytes_per_token:,.0f} (2 x layers x KV heads x head width x "
+                  f"{result.bytes_per_element:g} bytes per element)")
+    if args.dtype == "int8":
+        console.print(f"int8 includes one float16 scale per {result.int8_group} elements: "
+                      f"+{result.scale_overhead:.2%} over the int8 elements")
+    console.print(table)
+    console.print("Counts key/value storage only: weights, activations and allocator slack need --reserved.")
     return 0
 
 

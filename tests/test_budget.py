@@ -1,0 +1,105 @@
+import json
+
+import pytest
+
+from kvbench.budget import kv_budget, parse_size
+from kvbench.cli import main
+
+GIB = 2**30
+
+
+def test_llama_like_bfloat16_at_4096_tokens():
+    # 2 (K and V) x 32 layers x 8 KV heads x 128 head width x 2 bytes = 131,072 bytes per token.
+    budget = kv_budget(32, 8, 128, "bfloat16", tokens=4096, memory_bytes=80 * GIB)
+    assert budget.bytes_per_token == 131_072
+    assert budget.request_bytes == 4096 * 131_072 == 512 * 2**20
+    assert budget.paged_request_bytes == budget.request_bytes  # 4096 is a whole number of blocks
+    assert budget.paged_waste_bytes == 0
+    assert budget.exact_requests == budget.contiguous_requests == budget.paged_requests == 160
+
+
+def test_paged_last_block_waste_and_contiguous_preallocation():
+    budget = kv_budget(32, 8, 128, "bfloat16", tokens=1000, memory_bytes=24 * GIB, block_size=16, max_length=4096)
+    assert budget.paged_request_bytes == 63 * 16 * 131_072  # ceil(1000 / 16) = 63 blocks
+    assert budget.paged_waste_bytes == 8 * 131_072
+    assert budget.contiguous_request_bytes == 4096 * 131_072
+    assert budget.exact_requests == 24 * GIB // (1000 * 131_072) == 196
+    assert budget.paged_requests == 24 * GIB // (1008 * 131_072) == 195
+    assert budget.contiguous_requests == 48
+
+
+def test_int8_scale_overhead_is_counted():
+    # One float16 scale per 128 int8 elements: 1 + 2/128 bytes per element.
+    budget = kv_budget(32, 8, 128, "int8", tokens=1000, memory_bytes=24 * GIB)
+    assert budget.bytes_per_element == 1.015625
+    assert budget.scale_overhead == pytest.approx(2 / 128)
+    assert budget.bytes_per_token == 66_560
+    assert budget.exact_requests == 387
+    assert budget.paged_requests == 384
+
+
+def test_float32_seed_lab_matches_the_source_document():
+    budget = kv_budget(1, 4, 8, "float32", tokens=128, memory_bytes=2**20)
+    assert budget.bytes_per_token == 256
+    assert budget.request_bytes == 32_768
+
+
+def test_reserved_memory_is_subtracted():
+    budget = kv_budget(32, 8, 128, "bfloat16", tokens=4096, memory_bytes=80 * GIB, reserved_bytes=16 * GIB)
+    assert budget.exact_requests == 128
+
+
+@pytest.mark.parametrize("text, expected", [("24GiB", 24 * GIB), ("80GB", 80 * 10**9), ("1.5e9", 1_500_000_000), ("512 MiB", 512 * 2**20)])
+def test_parse_size(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "GB", "12XB", "-1GB", "0"])
+def test_parse_size_rejects(text):
+    with pytest.raises(ValueError, match="size"):
+        parse_size(text)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"layers": 0}, "layers must be a positive integer, got 0"),
+        ({"dtype": "float8"}, r"dtype must be one of .*got 'float8'"),
+        ({"max_length": 10}, r"max_length must be >= tokens per request \(4096\), got 10"),
+        ({"reserved_bytes": 100 * GIB}, "reserved bytes must be in"),
+    ],
+)
+def test_bad_input(kwargs, message):
+    args = dict(layers=32, kv_heads=8, head_dim=128, dtype="bfloat16", tokens=4096, memory_bytes=80 * GIB)
+    with pytest.raises(ValueError, match=message):
+        kv_budget(**{**args, **kwargs})
+
+
+BASE = ["budget", "--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--tokens", "4096", "--memory", "80GiB"]
+
+
+def test_cli_json(capsys):
+    assert main([*BASE, "--json"]) == 0
+    numbers = json.loads(capsys.readouterr().out)
+    assert numbers["bytes_per_token"] == 131_072 and numbers["paged_requests"] == 160
+
+
+def test_cli_table(capsys):
+    assert main(BASE) == 0
+    out = capsys.readouterr().out
+    assert "bytes per token: 131,072" in out and "512.0 MiB" in out and "160" in out
+
+
+@pytest.mark.parametrize(
+    "change",
+    [["--layers", "0"], ["--memory", "lots"], ["--dtype", "float8"], ["--max-length", "5"], ["--reserved", "90GiB"]],
+)
+def test_cli_bad_input_exits_2_with_one_line(capsys, change):
+    argv = list(BASE)
+    if change[0] in argv:
+        argv[argv.index(change[0]) + 1] = change[1]
+    else:
+        argv += change
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
