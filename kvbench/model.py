@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from torch import Tensor
 
 from kvbench.attention import causal_attention
@@ -108,24 +109,27 @@ class Block(nn.Module):
         self.qkv = nn.Linear(config.width, (config.heads + 2 * config.kv_heads) * config.head_dim)
         self.out = nn.Linear(config.width, config.width)
         self.norm2 = nn.LayerNorm(config.width)
-        hidden = config.mlp_ratio * config.width
-        # GPT-2's tanh GELU: exact (erf) GELU has a fixed ~17 us per call on small
-        # CPU tensors that would dominate a one-token step of this tiny model.
-        self.mlp = nn.Sequential(
-            nn.Linear(config.width, hidden), nn.GELU(approximate="tanh"), nn.Linear(hidden, config.width)
-        )
+        self.fc = nn.Linear(config.width, config.mlp_ratio * config.width)
+        self.proj = nn.Linear(config.mlp_ratio * config.width, config.width)
 
     def forward(self, x: Tensor, cache: Cache, layer: int, offset: int) -> Tensor:
+        # Functional calls on the modules' parameters: at one token per step the
+        # per-call overhead of nn.Module.__call__ is a visible share of the step.
         B, L, C = x.shape
         H, KVH, D = self.heads, self.kv_heads, self.head_dim
-        q, k, v = self.qkv(self.norm1(x)).split((H * D, KVH * D, KVH * D), dim=-1)
+        h = F.layer_norm(x, (C,), self.norm1.weight, self.norm1.bias)
+        q, k, v = F.linear(h, self.qkv.weight, self.qkv.bias).split((H * D, KVH * D, KVH * D), dim=-1)
         q = q.view(B, L, H, D).transpose(1, 2)  # (B, H, L, D)
         k = k.view(B, L, KVH, D).transpose(1, 2)  # (B, KVH, L, D)
         v = v.view(B, L, KVH, D).transpose(1, 2)
         k, v = cache.update(layer, k, v)  # (B, KVH, T, D), T = offset + L
         y = causal_attention(q, k, v, offset=offset)  # (B, H, L, D)
-        x = x + self.out(y.transpose(1, 2).reshape(B, L, C))
-        return x + self.mlp(self.norm2(x))
+        x = x + F.linear(y.transpose(1, 2).reshape(B, L, C), self.out.weight, self.out.bias)
+        h = F.layer_norm(x, (C,), self.norm2.weight, self.norm2.bias)
+        # GPT-2's tanh GELU: exact (erf) GELU has a fixed ~17 us per call on small
+        # CPU tensors that would dominate a one-token step of this tiny model.
+        h = F.gelu(F.linear(h, self.fc.weight, self.fc.bias), approximate="tanh")
+        return x + F.linear(h, self.proj.weight, self.proj.bias)
 
 
 class Decoder(nn.Module):
@@ -147,16 +151,18 @@ class Decoder(nn.Module):
             raise ValueError(f"expected a kvbench Cache (see kvbench.cache.make_cache), got {type(cache).__name__}")
         offset = cache.length
         cache.check_append(self.config, batch=B, length=L)
-        positions = torch.arange(offset, offset + L, device=ids.device)
         try:
-            x = self.token(ids) + self.position(positions)  # (B, L, C)
+            x = F.embedding(ids, self.token.weight)  # (B, L, C)
         except IndexError:  # only reached on bad ids; the happy path pays nothing
             raise ValueError(token_range_message(ids, self.config)) from None
+        # Positions offset..offset+L-1 are a slice of the table (check_append kept them in range).
+        x = x + self.position.weight[offset : offset + L]
         cache.reserve(L)  # paged caches allocate blocks here; nothing was mutated before
         for layer, block in enumerate(self.blocks):
             x = block(x, cache, layer, offset)
         cache.commit(L)
-        return self.head(self.final(x)), cache
+        x = F.layer_norm(x, (self.config.width,), self.final.weight, self.final.bias)
+        return F.linear(x, self.head.weight, self.head.bias), cache
 
 
 def check_token_ids(ids: Tensor, config: DecoderConfig) -> tuple[int, int]:
