@@ -1,0 +1,253 @@
+"""kvbench.cli: one-line errors with exit 2, never overwriting, and a real run end to end."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import kvbench.decode as decode_module
+from kvbench.cache import ConcatCache
+from kvbench.cli import main
+from kvbench.record import RECORD_SCHEMA, load_record
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICK = ["--modes", "full,concat", "--repeats", "2", "--warmup", "0", "--no-progress"]
+
+
+def run_main(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code, err, *fragments):
+    assert code == 2
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].strip(), err
+    assert lines[0].startswith("kvbench: error: ")
+    assert "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def medians_ms(record):
+    return {(c["mode"], c["length"]): f"{c['median'] * 1e3:.2f}" for c in record["summary"]["cells"]}
+
+
+@pytest.fixture
+def restore_threads():
+    intra = torch.get_num_threads()
+    yield
+    torch.set_num_threads(intra)
+
+
+# -- user errors ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--lengths", "abc"], "'abc'"),
+        (["--lengths", "0"], "'0'"),
+        (["--lengths", "-3"], "'-3'"),
+        (["--lengths", "4,4"], "distinct"),
+        (["--lengths", "4,,8"], "positive integers"),
+        (["--repeats", "0"], "--repeats"),
+        (["--repeats", "x"], "'x'"),
+        (["--warmup", "-1"], "--warmup"),
+        (["--lengths", "999999"], "999999 exceeds max_length"),
+        (["--lengths", "8", "--max-length", "4"], "8 exceeds max_length 4"),
+        (["--lengths", "4", "--per-step", "5000"], "5000 exceeds max_length"),
+        (["--modes", "bogus"], "'bogus'"),
+        (["--modes", "full,full"], "distinct"),
+        (["--threads", "0"], "--threads"),
+        (["--heads", "5"], "heads must divide width"),
+        (["--kv-heads", "3"], "kv_heads must divide heads"),
+        (["--dtype", "int4"], "--dtype"),
+        (["--preset", "huge"], "--preset"),
+        (["--frobnicate"], "unrecognized arguments"),
+    ],
+)
+def test_run_user_errors_are_one_line_exit_2(capsys, tmp_path, args, fragment):
+    output = tmp_path / "rec.json"
+    code, out, err = run_main(capsys, "run", *args, "--output", output, "--no-progress")
+    assert_one_line_error(code, err, fragment)
+    assert out == ""
+    assert not output.exists()
+
+
+def test_no_command_is_one_line_exit_2(capsys):
+    code, _, err = run_main(capsys)
+    assert_one_line_error(code, err, "required")
+
+
+def test_unknown_command_is_one_line_exit_2(capsys):
+    code, _, err = run_main(capsys, "frobnicate")
+    assert_one_line_error(code, err, "frobnicate")
+
+
+@pytest.mark.parametrize(
+    "content, fragment",
+    [
+        (None, "no such file"),
+        ("", "not valid JSON"),
+        ('{"schema": "kvbench.record/1", "status": "comp', "not valid JSON"),
+        ('{"name": "package.json", "version": "1.0"}', "not a kvbench record"),
+        ("[1, 2, 3]", "expected a JSON object"),
+        ('{"schema": "kvbench.record/2"}', "unsupported schema version"),
+    ],
+)
+def test_show_bad_files_are_one_line_exit_2(capsys, tmp_path, content, fragment):
+    path = tmp_path / "rec.json"
+    if content is not None:
+        path.write_text(content)
+    code, out, err = run_main(capsys, "show", path)
+    assert_one_line_error(code, err, fragment, str(path))
+    assert out == ""
+
+
+def test_show_directory_is_one_line_exit_2(capsys, tmp_path):
+    code, _, err = run_main(capsys, "show", tmp_path)
+    assert_one_line_error(code, err, str(tmp_path))
+
+
+def test_existing_output_is_not_overwritten(capsys, tmp_path):
+    output = tmp_path / "rec.json"
+    output.write_text("precious")
+    code, out, err = run_main(capsys, "run", "--lengths", "4", *QUICK, "--output", output)
+    assert_one_line_error(code, err, "already exists", "--force")
+    assert output.read_text() == "precious"
+    assert os.listdir(tmp_path) == ["rec.json"]
+
+
+# -- successful runs ------------------------------------------------------------------------
+
+
+def test_run_then_show(capsys, tmp_path, restore_threads):
+    output = tmp_path / "out" / "rec.json"
+    code, out, err = run_main(capsys, "run", "--lengths", "4,8", "--modes", "full,concat", "--repeats", "2",
+                              "--output", output, "--no-progress")
+    assert code == 0, err
+    assert err == ""
+    assert f"record: {output}" in out.splitlines()[-1]
+
+    record = load_record(output)
+    assert set(RECORD_SCHEMA["required"]) <= set(record)
+    assert record["status"] == "complete"
+    assert record["run"]["lengths"] == [4, 8] and record["run"]["modes"] == ["full", "concat"]
+    assert record["run"]["repeats"] == 2 and record["protocol"]["repeats"] == 2
+    assert record["protocol"]["threads_in_effect"]["intra_op"] == 1
+    assert record["config"]["width"] == 32 and record["config"]["dtype"] == "float32"
+    assert len(record["repetitions"]) == 2 * 2 * 2
+    assert len(record["checks"]) == 4 and all(c["passed"] for c in record["checks"])
+    assert all(m["expected_bytes"] == m["measured_bytes"] for m in record["memory"])
+    assert {"python", "torch", "cpu"} <= set(record["environment"])
+    assert os.listdir(output.parent) == ["rec.json"]
+
+    table_lines = [line for line in out.splitlines() if "│" in line]
+    rows = [line for line in table_lines if " full " in line or " concat " in line]
+    assert len(rows) == 4
+    for (mode, length), median in medians_ms(record).items():
+        assert any(f" {mode} " in row and f" {median} " in row for row in rows), (mode, length, median)
+    assert any(" 4 " in row for row in rows) and any(" 8 " in row for row in rows)
+
+    code, shown, err = run_main(capsys, "show", output)
+    assert code == 0 and err == ""
+    # show prints the very table run printed: same medians, same everything.
+    assert shown.splitlines() == out.splitlines()[:-1]
+
+
+def test_force_replaces_existing_output(capsys, tmp_path, restore_threads):
+    output = tmp_path / "rec.json"
+    output.write_text("old")
+    code, out, err = run_main(capsys, "run", "--lengths", "4", *QUICK, "--output", output, "--force")
+    assert code == 0, err
+    assert load_record(output)["run"]["lengths"] == [4]
+    assert os.listdir(tmp_path) == ["rec.json"]
+
+
+@pytest.mark.xfail(strict=True, reason="cli.cmd_run records sys.argv instead of the argv given to main(), so an "
+                   "in-process main([...]) stores the host program's command line in record['command']")
+def test_record_command_is_the_argv_given_to_main(capsys, tmp_path, restore_threads):
+    output = tmp_path / "rec.json"
+    argv = ["run", "--lengths", "4", *QUICK, "--output", str(output)]
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert load_record(output)["command"][-len(argv):] == argv
+
+
+class CorruptingCache(ConcatCache):
+    def update(self, layer, k, v):
+        if self.length >= 2:
+            v = v + 1.0
+        return super().update(layer, k, v)
+
+
+def break_concat(monkeypatch, cache_class):
+    real_make_cache = decode_module.make_cache
+
+    def make_cache(kind, config, batch=1, capacity=None, **options):
+        if kind == "concat":
+            return cache_class(config, batch, capacity)
+        return real_make_cache(kind, config, batch, capacity, **options)
+
+    monkeypatch.setattr(decode_module, "make_cache", make_cache)
+
+
+def test_failed_equivalence_exits_1_and_is_recorded_invalid(capsys, tmp_path, monkeypatch, restore_threads):
+    break_concat(monkeypatch, CorruptingCache)
+    output = tmp_path / "rec.json"
+    code, out, err = run_main(capsys, "run", "--lengths", "4", *QUICK, "--output", output)
+    assert code == 1
+    assert "EQUIVALENCE FAILED" in err and "concat at length 4" in err and "position 2" in err
+    assert "FAILED" in out and "invalid" in out
+    record = load_record(output)
+    (check,) = [c for c in record["checks"] if c["mode"] == "concat"]
+    assert check["passed"] is False and check["first_divergent_position"] == 2
+    assert [s["valid"] for s in record["summary"]["speedups"]] == [False]
+
+
+class NaNCache(ConcatCache):
+    def update(self, layer, k, v):
+        if self.length >= 2:
+            v = torch.full_like(v, float("nan"))
+        return super().update(layer, k, v)
+
+
+@pytest.mark.xfail(strict=True, reason="a cache producing NaN logits gives max_abs_diff = NaN (decode.compare_logits); "
+                   "record.write_record's json.dump(allow_nan=False) then fails, so the run exits 2 with "
+                   "'Out of range float values are not JSON compliant' and no record instead of exit 1")
+def test_nan_logits_are_reported_as_a_failed_check(capsys, tmp_path, monkeypatch, restore_threads):
+    break_concat(monkeypatch, NaNCache)
+    output = tmp_path / "rec.json"
+    code, out, err = run_main(capsys, "run", "--lengths", "4", *QUICK, "--output", output)
+    assert code == 1, err
+    assert load_record(output)["checks"][1]["first_divergent_position"] == 2
+
+
+def test_env_prints_json(capsys):
+    code, out, err = run_main(capsys, "env")
+    assert code == 0
+    env = json.loads(out)
+    assert {"python", "torch", "cpu"} <= set(env)
+    assert env["python"]["version"].startswith(f"{sys.version_info.major}.{sys.version_info.minor}")
+    assert env["torch"]["version"] == torch.__version__
+
+
+def test_subprocess_run_end_to_end(tmp_path):
+    output = tmp_path / "rec.json"
+    command = [sys.executable, "-m", "kvbench", "run", "--lengths", "4", "--modes", "full,static",
+               "--repeats", "2", "--output", str(output), "--no-progress"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    assert f"record: {output}" in done.stdout
+    record = load_record(output)
+    assert record["protocol"]["threads_in_effect"] == {"requested": 1, "intra_op": 1, "inter_op": 1}
+    assert "run" in record["command"] and "--lengths" in record["command"]
+    for (mode, length), median in medians_ms(record).items():
+        assert any(f" {mode} " in line and f" {median} " in line for line in done.stdout.splitlines())

@@ -1,0 +1,256 @@
+"""kvbench.decode: predetermined ids, the two loops, and the equivalence gate (which must fail when it should)."""
+
+import pytest
+import torch
+
+import kvbench.decode as decode_module
+from kvbench.cache import CACHE_KINDS, ConcatCache, expected_cache_bytes
+from kvbench.decode import (
+    FULL,
+    MODES,
+    cache_footprint,
+    check_equivalence,
+    check_modes,
+    compare_logits,
+    decode,
+    decode_cached,
+    decode_full,
+    token_ids,
+)
+from kvbench.model import DecoderConfig, build_model
+
+BROKEN_FROM = 3  # the step at which the broken caches below start to go wrong
+
+
+# -- token ids ------------------------------------------------------------------------------
+
+
+def test_token_ids_are_deterministic_and_in_range():
+    config = DecoderConfig(max_length=64)
+    a, b = token_ids(config, 2, 16, seed=5), token_ids(config, 2, 16, seed=5)
+    assert a.shape == (2, 16) and a.dtype == torch.int64
+    assert torch.equal(a, b)
+    assert int(a.min()) >= 0 and int(a.max()) < config.vocab_size
+    assert not torch.equal(a, token_ids(config, 2, 16, seed=6))
+    assert not torch.equal(a[0], a[1])  # the two sequences of a batch differ
+
+
+def test_token_ids_shorter_length_is_a_prefix_of_longer():
+    config = DecoderConfig(max_length=64)
+    longest = token_ids(config, 2, 64, seed=1)
+    for length in (1, 4, 15, 16, 63):
+        assert torch.equal(token_ids(config, 2, length, seed=1), longest[:, :length])
+
+
+def test_token_ids_do_not_consume_the_global_rng():
+    config = DecoderConfig(max_length=64)
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    token_ids(config, 1, 8)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_token_ids_length_beyond_max_length_is_rejected():
+    config = DecoderConfig(max_length=64)
+    assert token_ids(config, 1, 64).shape == (1, 64)  # exactly max_length is fine
+    with pytest.raises(ValueError, match="max_length 64, got 65"):
+        token_ids(config, 1, 65)
+
+
+# -- the loops ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", CACHE_KINDS)
+@pytest.mark.parametrize("batch", [1, 2])
+def test_cached_logits_match_full_prefix_logits(tiny_model, kind, batch):
+    ids = token_ids(tiny_model.config, batch, 12, seed=2)
+    full = decode_full(tiny_model, ids, keep_logits=True)
+    cached = decode_cached(tiny_model, ids, kind, keep_logits=True)
+    assert full.shape == cached.shape == (batch, 12, tiny_model.config.vocab_size)
+    torch.testing.assert_close(cached, full, atol=1e-5, rtol=1e-5)
+    # Step t is the prediction after ids[:, :t + 1]: the last position of a plain forward.
+    with torch.inference_mode():
+        logits, _ = tiny_model(ids[:, :5])
+    torch.testing.assert_close(full[:, 4], logits[:, -1], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("kind", CACHE_KINDS)
+def test_cached_logits_match_under_grouped_query_attention(kind):
+    model = build_model(DecoderConfig(max_length=32, heads=4, kv_heads=2, layers=2), seed=3)
+    ids = token_ids(model.config, 1, 10)
+    full = decode_full(model, ids, keep_logits=True)
+    torch.testing.assert_close(decode_cached(model, ids, kind, keep_logits=True), full, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_decode_returns_logits_only_when_asked(tiny_model, mode):
+    ids = token_ids(tiny_model.config, 1, 4)
+    assert decode(tiny_model, ids, mode) is None
+    assert decode(tiny_model, ids, mode, keep_logits=True).shape == (1, 4, tiny_model.config.vocab_size)
+
+
+# -- compare_logits on hand-made tensors ----------------------------------------------------
+
+
+def test_compare_logits_identical_passes():
+    reference = torch.randn(2, 5, 7)
+    result = compare_logits("concat", reference.clone(), reference, atol=1e-5, rtol=1e-5)
+    assert result.passed is True
+    assert result.first_divergent_position is None
+    assert result.max_abs_diff == 0.0 and result.max_rel_diff == 0.0
+    assert (result.mode, result.length, result.dtype) == ("concat", 5, "float32")
+
+
+def test_compare_logits_reports_exact_first_position_and_diffs():
+    reference = torch.full((2, 6, 3), 2.0)
+    candidate = reference.clone()
+    candidate[1, 4, 0] = 2.5  # diverges at step 4 (abs 0.5, rel 0.25)
+    candidate[0, 2, 2] = 2.0 + 1e-6  # within tolerance at step 2
+    result = compare_logits("static", candidate, reference, atol=1e-5, rtol=1e-5)
+    assert result.passed is False
+    assert result.first_divergent_position == 4
+    assert result.max_abs_diff == pytest.approx(0.5)
+    assert result.max_rel_diff == pytest.approx(0.25)
+    # The earliest failing step wins even when a later one is worse.
+    candidate[0, 5, 1] = 10.0
+    candidate[0, 1, 1] = 2.01
+    result = compare_logits("static", candidate, reference, atol=1e-5, rtol=1e-5)
+    assert result.first_divergent_position == 1
+    assert result.max_abs_diff == pytest.approx(8.0)
+    assert result.max_rel_diff == pytest.approx(4.0)
+
+
+def test_compare_logits_tolerance_is_atol_plus_rtol_times_reference():
+    reference = torch.full((1, 2, 1), 100.0, dtype=torch.float64)
+    inside = reference + 1e-3 * 0.99  # allowed: 1e-5 + 1e-5 * 100 = 1.01e-3
+    assert compare_logits("m", inside, reference, atol=1e-5, rtol=1e-5).passed
+    outside = reference.clone()
+    outside[0, 1, 0] += 1.1e-3
+    result = compare_logits("m", outside, reference, atol=1e-5, rtol=1e-5)
+    assert not result.passed and result.first_divergent_position == 1
+
+
+def test_compare_logits_non_finite_candidate_fails():
+    reference = torch.zeros(1, 4, 3)
+    candidate = reference.clone()
+    candidate[0, 2, 1] = float("inf")
+    result = compare_logits("paged", candidate, reference, atol=1e-5, rtol=1e-5)
+    assert not result.passed and result.first_divergent_position == 2
+
+
+def test_compare_logits_shape_mismatch_is_a_value_error():
+    with pytest.raises(ValueError, match="shapes differ"):
+        compare_logits("concat", torch.zeros(1, 3, 4), torch.zeros(1, 4, 4), atol=1e-5, rtol=1e-5)
+
+
+# -- the gate -------------------------------------------------------------------------------
+
+
+def test_check_equivalence_passes_for_every_mode(tiny_model):
+    ids = token_ids(tiny_model.config, 1, 10)
+    results = check_equivalence(tiny_model, ids, list(MODES))
+    assert list(results) == list(MODES)
+    for mode, result in results.items():
+        assert result.passed, result
+        assert result.mode == mode and result.length == 10
+        assert result.first_divergent_position is None
+        assert result.max_abs_diff <= 1e-5
+        assert (result.atol, result.rtol, result.dtype) == (1e-5, 1e-5, "float32")
+    assert results[FULL].max_abs_diff == 0.0
+
+
+def test_check_equivalence_accepts_a_longer_reference(tiny_model):
+    longest = token_ids(tiny_model.config, 1, 16)
+    reference = decode_full(tiny_model, longest, keep_logits=True)
+    results = check_equivalence(tiny_model, longest[:, :6], ["full", "static"], reference=reference)
+    assert results["full"].length == 6 and results["full"].max_abs_diff == 0.0
+    assert results["static"].passed
+
+
+class CorruptingCache(ConcatCache):
+    """Correct until step BROKEN_FROM, then perturbs every new value vector."""
+
+    def update(self, layer, k, v):
+        if self.length >= BROKEN_FROM:
+            v = v + 1.0
+        return super().update(layer, k, v)
+
+
+class ResettingCache(ConcatCache):
+    """Forgets everything after step BROKEN_FROM - 1: later tokens restart at position 0."""
+
+    def commit(self, length):
+        super().commit(length)
+        if self.length == BROKEN_FROM:
+            fresh = ConcatCache(self.config, self.batch, self.capacity)
+            self.__dict__.update(fresh.__dict__)
+
+
+@pytest.mark.parametrize("broken", [CorruptingCache, ResettingCache])
+def test_check_equivalence_fails_for_a_broken_cache(tiny_model, monkeypatch, broken):
+    real_make_cache = decode_module.make_cache
+
+    def make_cache(kind, config, batch=1, capacity=None, **options):
+        if kind == "concat":
+            return broken(config, batch, capacity)
+        return real_make_cache(kind, config, batch, capacity, **options)
+
+    monkeypatch.setattr(decode_module, "make_cache", make_cache)
+    ids = token_ids(tiny_model.config, 1, 8)
+    results = check_equivalence(tiny_model, ids, ["full", "concat", "static"])
+    bad = results["concat"]
+    assert bad.passed is False
+    assert bad.first_divergent_position == BROKEN_FROM
+    assert bad.max_abs_diff > bad.atol
+    assert results["static"].passed and results["full"].passed
+    # Steps before the break really are equal; the step at the break really is not.
+    full = decode_full(tiny_model, ids, keep_logits=True)
+    broken_logits = decode_cached(tiny_model, ids, "concat", keep_logits=True)
+    torch.testing.assert_close(broken_logits[:, :BROKEN_FROM], full[:, :BROKEN_FROM], atol=1e-5, rtol=1e-5)
+    assert (broken_logits[:, BROKEN_FROM] - full[:, BROKEN_FROM]).abs().max() > 1e-5
+    assert bad.max_abs_diff == pytest.approx(float((broken_logits - full).abs().max()), rel=1e-6)
+
+
+def test_check_equivalence_respects_explicit_tolerances(tiny_model):
+    ids = token_ids(tiny_model.config, 1, 8)
+    result = check_equivalence(tiny_model, ids, ["concat"], atol=0.0, rtol=0.0)["concat"]
+    assert (result.atol, result.rtol) == (0.0, 0.0)
+    assert result.passed == (result.max_abs_diff == 0.0)
+
+
+# -- mode validation ------------------------------------------------------------------------
+
+
+def test_check_modes_accepts_known_distinct_modes():
+    assert check_modes(("static", "full")) == ["static", "full"]
+    assert check_modes(list(MODES)) == list(MODES)
+
+
+@pytest.mark.parametrize(
+    "modes, message",
+    [
+        (["full", "bogus"], "unknown mode 'bogus'"),
+        (["full", "concat", "full"], "distinct"),
+        ([], "at least one mode"),
+    ],
+)
+def test_check_modes_errors(modes, message):
+    with pytest.raises(ValueError, match=message):
+        check_modes(modes)
+
+
+# -- cache footprint ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("batch, length", [(1, 5), (2, 9)])
+def test_cache_footprint_measured_equals_expected(tiny_model, mode, batch, length):
+    ids = token_ids(tiny_model.config, batch, length)
+    footprint = cache_footprint(tiny_model, ids, mode)
+    expected = expected_cache_bytes(tiny_model.config, batch, length)
+    # 2 (k, v) * 1 layer * B * 4 kv heads * T * 8 head dim * 4 bytes
+    assert expected == 2 * 1 * batch * 4 * length * 8 * 4
+    assert footprint["expected_bytes"] == expected
+    assert footprint["measured_bytes"] == expected
+    assert footprint["reserved_bytes"] >= footprint["measured_bytes"]

@@ -1,0 +1,84 @@
+"""kvbench.report: rows and tables generated from hand-built records."""
+
+import io
+
+from rich.console import Console
+
+from kvbench.report import format_bytes, summary_rows, summary_table
+
+SECONDS = {("full", 4): [1.0, 2.0, 3.0, 4.0], ("concat", 4): [0.5, 0.25, 1.0, 0.75],
+           ("full", 8): [4.0, 4.0, 8.0, 6.0], ("concat", 8): [2.0, 1.0, 1.5, 3.0]}
+
+
+def render(table) -> str:
+    console = Console(width=200, record=True, color_system=None, file=io.StringIO())
+    console.print(table)
+    return console.export_text()
+
+
+def line_of(text: str, *words: str) -> str:
+    (line,) = [line for line in text.splitlines() if all(word in line for word in words)]
+    return line
+
+
+def test_summary_rows_in_run_order_join_everything(make_record):
+    record = make_record(SECONDS, failed={("concat", 8)})
+    rows = summary_rows(record)
+    assert [(r["length"], r["mode"]) for r in rows] == [(4, "full"), (4, "concat"), (8, "full"), (8, "concat")]
+    by_key = {(r["mode"], r["length"]): r for r in rows}
+    assert by_key[("full", 4)]["cell"]["median"] == 2.5
+    assert by_key[("full", 4)]["speedup"] is None  # the baseline has no speedup
+    assert by_key[("concat", 4)]["speedup"]["speedup"] == 4.0
+    assert by_key[("concat", 8)]["check"]["passed"] is False
+    assert by_key[("concat", 8)]["speedup"]["valid"] is False
+    assert by_key[("concat", 8)]["memory"]["measured_bytes"] == 256 * 8
+
+
+def test_summary_rows_skip_cells_an_interrupted_run_never_reached(make_record):
+    record = make_record({("full", 4): [1.0, 2.0], ("concat", 4): [0.5]}, status="incomplete", repeats=2)
+    record["run"]["lengths"] = [4, 8]
+    assert [(r["length"], r["mode"]) for r in summary_rows(record)] == [(4, "full"), (4, "concat")]
+
+
+def test_summary_table_values(make_record):
+    text = render(summary_table(make_record(SECONDS)))
+    assert "kvbench seed: batch 1, float32, 1 thread(s), 4 repetitions" in text
+    assert "INCOMPLETE" not in text
+    for header in ("length", "mode", "median ms", "IQR %", "us/token", "speedup", "KV bytes", "reserved", "equivalence"):
+        assert header in text
+    full4 = line_of(text, " full ", "baseline", "2500.00")
+    assert "60.0" in full4  # IQR (3.25 - 1.75) / 2.5 = 60 %
+    assert "625000.0" in full4  # 2.5 s / 4 tokens in microseconds
+    assert "1.0 KiB" in full4 and "2.0 KiB" in full4  # measured 256 * 4, reserved 512 * 4
+    assert "ok 1.0e-07" in full4
+    concat4 = line_of(text, " concat ", "625.00")
+    assert "4.00x" in concat4 and "invalid" not in concat4
+    concat8 = line_of(text, " concat ", "1750.00")
+    assert "2.86x" in concat8  # 5.0 / 1.75
+
+
+def test_summary_table_marks_failed_check_and_invalid_speedup(make_record):
+    text = render(summary_table(make_record(SECONDS, failed={("concat", 8)})))
+    concat8 = line_of(text, " concat ", "1750.00")
+    assert "FAILED 5.0e-01 @ 2" in concat8
+    assert "(2.86x invalid)" in concat8
+    concat4 = line_of(text, " concat ", "625.00")
+    assert "4.00x" in concat4 and "FAILED" not in concat4 and "invalid" not in concat4
+    assert text.count("FAILED") == 1 and text.count("invalid") == 1
+
+
+def test_summary_table_marks_incomplete_and_unchecked(make_record):
+    record = make_record({("full", 4): [1.0, 2.0], ("concat", 4): [0.5]}, status="incomplete", repeats=2)
+    record["checks"] = [c for c in record["checks"] if c["mode"] != "concat"]
+    text = render(summary_table(record))
+    assert "INCOMPLETE" in text
+    assert "not checked" in line_of(text, " concat ")
+
+
+def test_format_bytes():
+    assert format_bytes(None) == "-"
+    assert format_bytes(0) == "0 B"
+    assert format_bytes(1023) == "1,023 B"
+    assert format_bytes(1024) == "1.0 KiB"
+    assert format_bytes(3 * 1024 * 1024) == "3.0 MiB"
+    assert format_bytes(5 * 1024**4) == "5,120.0 GiB"
