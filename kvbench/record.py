@@ -93,7 +93,18 @@ RECORD_SCHEMA = {
             "type": "array",
             "items": {"type": "object", "required": ["mode", "length", "expected_bytes", "measured_bytes", "reserved_bytes"]},
         },
-        "per_step": {"type": "array"},
+        "per_step": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["mode", "length", "seconds"],
+                "properties": {
+                    "mode": {"type": "string"},
+                    "length": {"type": "integer", "minimum": 1},
+                    "seconds": {"type": "array", "minItems": 1, "items": {"type": "number", "minimum": 0}},
+                },
+            },
+        },
     },
 }
 
@@ -194,15 +205,26 @@ def _check_consistency(record: dict, source: str) -> None:
     run = record["run"]
     expected_cells = {(m, n) for m in run["modes"] for n in run["lengths"]}
     seen: dict[tuple[str, int], int] = {}
+    indices: set[tuple[str, int, int]] = set()
     for rep in record["repetitions"]:
         key = (rep["mode"], rep["length"])
         if key not in expected_cells:
             raise RecordError(f"{source}: repetition for mode {key[0]!r} at length {key[1]} is outside run.modes {run['modes']} x run.lengths {run['lengths']}")
         seen[key] = seen.get(key, 0) + 1
+        index = (*key, rep["repetition"])
+        if index in indices:  # the report pairs modes by repetition index: it must be unique
+            raise RecordError(f"{source}: mode {key[0]!r} at length {key[1]} has repetition {rep['repetition']} twice")
+        indices.add(index)
     if record["status"] == "complete":
         for key in sorted(expected_cells):
             if seen.get(key, 0) != run["repeats"]:
                 raise RecordError(f"{source}: mode {key[0]!r} at length {key[1]}: expected {run['repeats']} repetitions, found {seen.get(key, 0)}")
+    for entry in record.get("per_step", []):
+        if entry["mode"] not in run["modes"]:
+            raise RecordError(f"{source}: per_step entry for mode {entry['mode']!r} is outside run.modes {run['modes']}")
+        if len(entry["seconds"]) != entry["length"]:
+            raise RecordError(f"{source}: per_step for mode {entry['mode']!r} at length {entry['length']} "
+                              f"has {len(entry['seconds'])} step durations, expected {entry['length']}")
     recomputed = summarize(record["repetitions"], record["checks"], record["summary"].get("baseline", "full"))
     stored = {(c["mode"], c["length"]): c for c in record["summary"]["cells"]}
     for cell in recomputed["cells"]:
@@ -221,8 +243,14 @@ def default_record_path(directory: Path | str = DEFAULT_RECORDS_DIR) -> Path:
 
 
 def write_record(record: dict, path: Path | str, force: bool = False) -> Path:
-    """Atomically write a validated record; refuse to replace a file unless `force`."""
+    """Validate, then write atomically; refuse to replace a file unless `force`."""
     validate_record(record)
+    return write_json_atomic(record, path, force)
+
+
+def write_json_atomic(data: object, path: Path | str, force: bool = False) -> Path:
+    """Temp file + fsync + link (or rename with `force`): readers never see half a file,
+    and an existing file is never replaced silently."""
     path = Path(path)
     if path.exists() and not force:
         raise RecordExistsError(f"{path} already exists; pass --force to overwrite it")
@@ -230,7 +258,7 @@ def write_record(record: dict, path: Path | str, force: bool = False) -> Path:
     descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(descriptor, "w") as handle:
-            json.dump(record, handle, indent=1, allow_nan=False)
+            json.dump(data, handle, indent=1, allow_nan=False)
             handle.write("\n")
             handle.flush()
             os.fsync(handle.fileno())

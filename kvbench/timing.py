@@ -106,17 +106,32 @@ def measure(
 ) -> list[Sample]:
     """Time every mode at every length; returns every repetition in the order run."""
     modes = check_modes(modes)
+    loops = {
+        length: {mode: (lambda ids=ids, mode=mode: decode(model, ids, mode)) for mode in modes}
+        for length, ids in ids_by_length.items()
+    }
+    return measure_loops(loops, repeats, warmup, on_sample)
+
+
+def measure_loops(
+    loops: dict[int, dict[str, Callable[[], object]]],
+    repeats: int = 7,
+    warmup: int = 1,
+    on_sample: Callable[[Sample], None] | None = None,
+) -> list[Sample]:
+    """The protocol itself, for any named loops: per length, `warmup` untimed calls per
+    mode, then `repeats` repetitions in rotating mode order."""
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got repeats {repeats} and warmup {warmup}")
     samples = []
-    for length, ids in ids_by_length.items():
+    for length, by_mode in loops.items():
+        modes = list(by_mode)
         for mode in modes:
             for _ in range(warmup):
-                decode(model, ids, mode)
+                by_mode[mode]()
         for repetition, order in enumerate(mode_orders(modes, repeats)):
             for position, mode in enumerate(order):
-                seconds = time_call(lambda: decode(model, ids, mode))
-                sample = Sample(mode, length, repetition, position, seconds)
+                sample = Sample(mode, length, repetition, position, time_call(by_mode[mode]))
                 samples.append(sample)
                 if on_sample is not None:
                     on_sample(sample)
