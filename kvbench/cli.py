@@ -127,6 +127,37 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("record", type=Path)
     show.set_defaults(handler=cmd_show)
 
+    from kvbench import compare, report  # light: scipy and matplotlib load only when used
+
+    report_parser = commands.add_parser(
+        "report", help="timings with spread, speedups with 95%% CIs, scaling fit, per-step profile, plots",
+        formatter_class=formatter,
+        epilog="example: kvbench report run.json --format html --output run.html --plot run.svg",
+    )
+    report_parser.add_argument("record", type=Path)
+    report_parser.add_argument("--format", choices=report.FORMATS, default="text", help="layout of the report")
+    report_parser.add_argument("--plot", type=Path, metavar="PATH.png|.svg", help="also write the four plots to one image")
+    report_parser.add_argument("--output", type=Path, help="write the report here instead of stdout")
+    report_parser.add_argument("--into", type=Path, metavar="FILE.md",
+                               help="replace the marked block in FILE.md with the markdown report (for the README)")
+    report_parser.add_argument("--force", action="store_true", help="overwrite --output / --plot if they exist")
+    report_parser.set_defaults(handler=cmd_report)
+
+    compare_parser = commands.add_parser(
+        "compare", help="environment diff, then per cell NEW/OLD ratio with 95%% CI and Mann-Whitney U",
+        formatter_class=formatter,
+        epilog="exit status: 0; 1 with --fail-on-regression when a cell is significantly slower by more than --factor; 2 on bad input",
+    )
+    compare_parser.add_argument("old", type=Path, metavar="OLD")
+    compare_parser.add_argument("new", type=Path, metavar="NEW")
+    compare_parser.add_argument("--factor", type=float, default=compare.FACTOR,
+                                help="a ratio of medians within [1/factor, factor] is unchanged")
+    compare_parser.add_argument("--alpha", type=float, default=compare.ALPHA, help="significance level of the Mann-Whitney U test")
+    compare_parser.add_argument("--fail-on-regression", action="store_true",
+                                help="exit 1 when a cell is significantly slower by more than --factor")
+    compare_parser.add_argument("--format", choices=compare.FORMATS, default="text", help="layout of the comparison")
+    compare_parser.set_defaults(handler=cmd_compare)
+
     env = commands.add_parser("env", help="print the captured environment as JSON", formatter_class=formatter)
     env.set_defaults(handler=cmd_env)
 
@@ -146,6 +177,20 @@ def build_parser() -> argparse.ArgumentParser:
     budget.add_argument("--reserved", type=size, default=0, help="part of --memory kept for weights and workspace")
     budget.add_argument("--json", action="store_true", help="print the numbers as JSON")
     budget.set_defaults(handler=cmd_budget)
+
+    asv_machine = commands.add_parser(
+        "asv-machine", help="register this machine with asv (~/.asv-machine.json) from the capture, no prompts",
+        formatter_class=formatter, epilog="example: kvbench asv-machine --name ci-runner-1 && asv run --machine ci-runner-1",
+    )
+    asv_machine.add_argument("--name", help="asv machine name; results go to results/asv/NAME/ (default: the hostname, as asv)")
+    asv_machine.set_defaults(handler=cmd_asv_machine)
+
+    asv_show = commands.add_parser(
+        "asv-show", help="print an asv result file's samples, medians and CIs beside its captured environment",
+        formatter_class=formatter, epilog="example: kvbench asv-show results/asv/MACHINE/1a2b3c4d-virtualenv-py3.11-....json",
+    )
+    asv_show.add_argument("result", type=Path, help="an asv result file under results/asv/<machine>/")
+    asv_show.set_defaults(handler=cmd_asv_show)
     return parser
 
 
@@ -251,6 +296,20 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from kvbench import report
+
+    return report.report_command(args.record, fmt=args.format, plot=args.plot, output=args.output,
+                                 into=args.into, force=args.force)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from kvbench import compare
+
+    return compare.compare_command(args.old, args.new, factor=args.factor, alpha=args.alpha,
+                                   fail_on_regression=args.fail_on_regression, fmt=args.format)
+
+
 def cmd_env(args: argparse.Namespace) -> int:
     from kvbench import capture
 
@@ -287,6 +346,24 @@ def cmd_budget(args: argparse.Namespace) -> int:
                       f"+{result.scale_overhead:.2%} over the int8 elements")
     console.print(table)
     console.print("Counts key/value storage only: weights, activations and allocator slack need --reserved.")
+    return 0
+
+
+def cmd_asv_machine(args: argparse.Namespace) -> int:
+    from kvbench import asvtools
+
+    info, replaced = asvtools.register_machine(args.name)
+    print(f"{'updated' if replaced else 'registered'} asv machine {info['machine']!r} in {asvtools.machine_file_path()}")
+    for key in ("os", "arch", "cpu", "num_cpu", "ram"):
+        print(f"  {key}: {info[key]}")
+    print(f"run: asv run --machine {info['machine']}  (results under {asvtools.RESULTS_DIR / info['machine']}/)")
+    return 0
+
+
+def cmd_asv_show(args: argparse.Namespace) -> int:
+    from kvbench import asvtools
+
+    print(asvtools.show_result(args.result))
     return 0
 
 

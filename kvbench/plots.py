@@ -1,0 +1,181 @@
+"""Plots of a report with matplotlib's Agg canvas: no pyplot, no global state, no display.
+
+Each panel is a function drawing onto one Axes, so the overview figure
+(`kvbench report --plot`) and the single figures embedded in the HTML report
+are the same drawing. Output bytes are deterministic for a given report and
+matplotlib version (no dates in the metadata, a fixed SVG hash salt).
+"""
+
+from __future__ import annotations
+
+import io
+
+from matplotlib import rc_context
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogFormatter, NullFormatter
+
+from kvbench.report import Report
+
+PLOT_FORMATS = {".png": "image/png", ".svg": "image/svg+xml"}
+DPI = 110
+COLORS = {"full": "#222222", "concat": "#1f77b4", "static": "#ff7f0e", "paged": "#2ca02c"}
+EXTRA_COLORS = ("#9467bd", "#8c564b", "#e377c2", "#17becf")
+FAILED_COLOR = "#d62728"
+RC = {"svg.hashsalt": "kvbench", "font.size": 9.5, "axes.titlesize": 10.5, "axes.grid": True,
+      "grid.alpha": 0.3, "legend.fontsize": 8.5, "legend.frameon": False}
+
+
+def color(mode: str, modes: list[str]) -> str:
+    if mode in COLORS:
+        return COLORS[mode]
+    others = [m for m in modes if m not in COLORS]
+    return EXTRA_COLORS[others.index(mode) % len(EXTRA_COLORS)]
+
+
+def _length_axis(ax: Axes, lengths: list[int]) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(lengths)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("length T (tokens decoded)")
+
+
+def _plain_log_ticks(axis) -> None:
+    """Log-scale labels as plain numbers (200, 1000), minor ones only when the range is short."""
+    axis.set_major_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1.5, 0.4)))
+    axis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1.5, 0.4)))
+
+
+def _lengths(report: Report) -> list[int]:
+    return sorted({row.length for row in report.rows})
+
+
+def panel_time(ax: Axes, report: Report) -> None:
+    """Median loop time per mode, log-log, IQR bars, fitted power law."""
+    modes = report.modes
+    for mode in modes:
+        rows = report.rows_of(mode)
+        x = [r.length for r in rows]
+        y = [r.median * 1e3 for r in rows]
+        err = [[(r.median - r.q1) * 1e3 for r in rows], [(r.q3 - r.median) * 1e3 for r in rows]]
+        fit = report.fits.get(mode)
+        label = mode
+        if fit is not None:
+            label += f"  b = {fit.b:.2f}" + (f" ± {fit.b_stderr:.2f}" if fit.b_stderr is not None else "")
+        ax.errorbar(x, y, yerr=err, marker="o", ms=4, lw=1.4, capsize=2.5, color=color(mode, modes), label=label)
+        if fit is not None and len(x) >= 2:
+            xs = [min(x) * (max(x) / min(x)) ** (i / 40) for i in range(41)]
+            ax.plot(xs, [fit.predict(v) * 1e3 for v in xs], ls="--", lw=0.9, color=color(mode, modes), alpha=0.7)
+        failed = [r for r in rows if "failed" in r.marks]
+        if failed:
+            ax.plot([r.length for r in failed], [r.median * 1e3 for r in failed], "x", ms=9, mew=2,
+                    color=FAILED_COLOR, label=f"{mode}: equivalence failed")
+    _length_axis(ax, _lengths(report))
+    ax.set_yscale("log")
+    _plain_log_ticks(ax.yaxis)
+    ax.set_ylabel("median time per loop (ms)")
+    ax.set_title("Time vs length (log-log), dashed: a·T^b fit")
+    ax.legend(loc="upper left")
+
+
+def panel_speedup(ax: Axes, report: Report) -> None:
+    """Speedup over the baseline with its bootstrap interval as a band."""
+    modes = report.modes
+    drawn = False
+    for mode in modes:
+        rows = [r for r in report.rows_of(mode) if r.speedup is not None]
+        if not rows:
+            continue
+        drawn = True
+        x = [r.length for r in rows]
+        c = color(mode, modes)
+        ax.fill_between(x, [r.speedup.low for r in rows], [r.speedup.high for r in rows], color=c, alpha=0.18, lw=0)
+        ax.plot(x, [r.speedup.ratio for r in rows], marker="o", ms=4, lw=1.4, color=c, label=f"{mode} (95% CI band)")
+        invalid = [r for r in rows if not r.speedup_valid]
+        if invalid:
+            ax.plot([r.length for r in invalid], [r.speedup.ratio for r in invalid], "x", ms=9, mew=2,
+                    color=FAILED_COLOR, label=f"{mode}: invalid (equivalence failed)")
+    ax.axhline(1.0, color="#555555", lw=0.9, ls=":")
+    _length_axis(ax, _lengths(report))
+    ax.set_ylabel(f"speedup over {report.baseline} (×)")
+    ax.set_title(f"Speedup vs length ({report.baseline} / cached, medians)")
+    if drawn:
+        ax.legend(loc="upper left")
+    else:
+        ax.text(0.5, 0.5, f"no {report.baseline!r} baseline: no speedups", transform=ax.transAxes, ha="center")
+
+
+def panel_per_token(ax: Axes, report: Report) -> None:
+    modes = report.modes
+    for mode in modes:
+        rows = report.rows_of(mode)
+        ax.plot([r.length for r in rows], [r.per_token * 1e6 for r in rows], marker="o", ms=4, lw=1.4,
+                color=color(mode, modes), label=mode)
+    _length_axis(ax, _lengths(report))
+    ax.set_ylim(bottom=0)
+    ax.set_ylabel("median µs per token")
+    ax.set_title("Per-token cost vs length")
+    ax.legend(loc="upper left")
+
+
+def panel_per_step(ax: Axes, report: Report) -> None:
+    profile = report.profile
+    if profile is None:
+        ax.set_axis_off()
+        ax.text(0.5, 0.5, "no per-step profile in this record\n(kvbench run --per-step LENGTH)",
+                transform=ax.transAxes, ha="center", va="center", color="#555555")
+        return
+    modes = list(profile.seconds)
+    for mode in modes:
+        c = color(mode, modes)
+        steps = range(len(profile.seconds[mode]))
+        ax.plot(steps, [s * 1e6 for s in profile.seconds[mode]], ".", ms=2.5, color=c, alpha=0.3)
+        ax.plot(steps, [s * 1e6 for s in profile.smoothed[mode]], lw=1.6, color=c, label=f"{mode} (running median)")
+    for mode, step in profile.crossovers.items():
+        if step is not None:  # labelled in the legend: text on the axes would collide at equal steps
+            ax.axvline(step, color=color(mode, modes), ls=":", lw=1.4, label=f"{mode} pays from step {step}")
+    ax.set_yscale("log")
+    _plain_log_ticks(ax.yaxis)
+    ax.set_xlabel("decode step (position)")
+    ax.set_ylabel("step duration (µs)")
+    ax.set_title(f"Per-step latency, one loop at length {profile.length}")
+    ax.legend(loc="upper left", frameon=True, framealpha=0.9, edgecolor="#dddddd")
+
+
+PANELS = {"time": panel_time, "speedup": panel_speedup, "per_token": panel_per_token, "per_step": panel_per_step}
+
+
+def _save(figure: Figure, suffix: str) -> bytes:
+    if suffix not in PLOT_FORMATS:
+        raise ValueError(f"plot format must be one of {', '.join(PLOT_FORMATS)}, got {suffix!r}")
+    FigureCanvasAgg(figure)
+    buffer = io.BytesIO()
+    metadata = {"Date": None} if suffix == ".svg" else {"Software": None}
+    figure.savefig(buffer, format=suffix[1:], metadata=metadata, dpi=DPI)
+    return buffer.getvalue()
+
+
+def render_overview(report: Report, suffix: str = ".png") -> bytes:
+    """The four panels on one 2 x 2 figure, as PNG or SVG bytes."""
+    with rc_context(RC):
+        figure = Figure(figsize=(12, 9), layout="constrained")
+        title = report.title + ("" if report.complete else "  —  INCOMPLETE (interrupted run)")
+        figure.suptitle(title, fontsize=12, color="#000000" if report.complete else "#a05a00")
+        for ax, draw in zip(figure.subplots(2, 2).flat, PANELS.values()):
+            draw(ax, report)
+        return _save(figure, suffix)
+
+
+def render_panels(report: Report, suffix: str = ".png") -> dict[str, tuple[bytes, str]]:
+    """Each panel on its own figure: name -> (bytes, MIME type), for embedding in HTML."""
+    out = {}
+    with rc_context(RC):
+        for name, draw in PANELS.items():
+            if name == "per_step" and report.profile is None:
+                continue
+            figure = Figure(figsize=(6.4, 4.4), layout="constrained")
+            draw(figure.subplots(), report)
+            out[name] = (_save(figure, suffix), PLOT_FORMATS[suffix])
+    return out
