@@ -49,11 +49,11 @@ class Cache:
     def check_append(self, config: DecoderConfig, batch: int, length: int) -> None:
         """Raise ValueError (naming expected and actual) unless `length` positions can be appended."""
         mine = self.config
-        for name in ("layers", "kv_heads", "head_dim", "dtype"):
-            expected, actual = getattr(mine, name), getattr(config, name)
-            if expected != actual:
-                raise ValueError(f"cache {name} mismatch: cache was built with {name}={expected}, model has {name}={actual}")
-        if mine != config:
+        if config is not mine and config != mine:  # identity first: the per-step common case
+            for name in ("layers", "kv_heads", "head_dim", "dtype"):
+                expected, actual = getattr(mine, name), getattr(config, name)
+                if expected != actual:
+                    raise ValueError(f"cache {name} mismatch: cache was built with {name}={expected}, model has {name}={actual}")
             raise ValueError(f"cache was built for another model config: cache has {mine}, model has {config}")
         if batch != self.batch:
             raise ValueError(f"cache batch mismatch: cache holds batch {self.batch}, ids have batch {batch}")
@@ -149,11 +149,11 @@ class StaticCache(Cache):
         self._value_buffers = [torch.zeros(shape, dtype=config.dtype) for _ in range(config.layers)]
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        start, end = self.length, self.length + k.shape[-2]
+        start, new = self.length, k.shape[-2]
         keys, values = self._key_buffers[layer], self._value_buffers[layer]
-        keys[:, :, start:end] = k  # beyond the valid prefix: invisible until commit
-        values[:, :, start:end] = v
-        return keys[:, :, :end], values[:, :, :end]
+        keys.narrow(2, start, new).copy_(k)  # beyond the valid prefix: invisible until commit
+        values.narrow(2, start, new).copy_(v)
+        return keys.narrow(2, 0, start + new), values.narrow(2, 0, start + new)
 
     def keys(self, layer: int = 0) -> Tensor:
         return self._key_buffers[layer][:, :, : self.length]
@@ -166,6 +166,335 @@ class StaticCache(Cache):
         return sum(t.numel() * t.element_size() for t in (*self._key_buffers, *self._value_buffers))
 
 
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _block_slots(blocks: list, block_size: int) -> Tensor:
+    """Pool slots of every position of the given blocks: (..., blocks) -> (..., blocks * block_size)."""
+    first = torch.tensor(blocks, dtype=torch.long).unsqueeze(-1) * block_size
+    return (first + torch.arange(block_size)).flatten(-2)
+
+
+class BlockPool:
+    """Key/value storage for `num_blocks` blocks of `block_size` positions, shared by requests.
+
+    One tensor holds every layer's keys and values: (layers, 2, KVH, num_blocks, block_size, D),
+    where index 0 of the second dimension is keys and 1 is values. A block's positions are
+    contiguous within each head, so gathering a sequence's blocks in table order yields its
+    positions in order. Blocks are handed out from a free list and carry reference counts:
+    a block shared by forked requests returns to the free list when its last holder releases it.
+    """
+
+    def __init__(self, config: DecoderConfig, num_blocks: int, block_size: int = 16) -> None:
+        for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        self.config = config
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        shape = (config.layers, 2, config.kv_heads, num_blocks, block_size, config.head_dim)
+        with torch.inference_mode(False):  # writable later whether or not inference mode is on
+            self.storage = torch.zeros(shape, dtype=config.dtype)
+        # The same storage with the block and offset dimensions merged into one slot index,
+        # slot = block * block_size + offset: (layers, 2, KVH, num_blocks * block_size, D).
+        self.slots = self.storage.view(*shape[:3], num_blocks * block_size, config.head_dim)
+        self._refcounts = [0] * num_blocks
+        self._free = list(range(num_blocks - 1, -1, -1))  # pop() hands out low indices first
+
+    @property
+    def free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of one block: keys and values of block_size positions in every layer."""
+        return self.storage[:, :, :, 0].numel() * self.storage.element_size()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the whole pool's storage, free blocks included."""
+        return self.storage.numel() * self.storage.element_size()
+
+    def refcount(self, block: int) -> int:
+        return self._refcounts[block]
+
+    def allocate(self, count: int) -> list[int]:
+        """Take `count` free blocks, each with reference count 1."""
+        if count > len(self._free):
+            raise ValueError(f"block pool exhausted: {count} blocks needed, {len(self._free)} free of {self.num_blocks}")
+        blocks = [self._free.pop() for _ in range(count)]
+        for block in blocks:
+            self._refcounts[block] = 1
+        return blocks
+
+    def share(self, blocks: list[int]) -> None:
+        """One more holder for each block."""
+        for block in blocks:
+            if self._refcounts[block] < 1:
+                raise ValueError(f"cannot share block {block}: expected a held block, its reference count is 0")
+        for block in blocks:
+            self._refcounts[block] += 1
+
+    def release(self, blocks: list[int]) -> None:
+        """One holder fewer for each block; blocks nobody holds go back to the free list."""
+        counts: dict[int, int] = {}
+        for block in blocks:
+            counts[block] = counts.get(block, 0) + 1
+        for block, count in counts.items():
+            if self._refcounts[block] < count:
+                raise ValueError(
+                    f"cannot release block {block} {count} time(s): its reference count is {self._refcounts[block]}"
+                )
+        for block in blocks:
+            self._refcounts[block] -= 1
+            if self._refcounts[block] == 0:
+                self._free.append(block)
+
+    def copy_block(self, source: int, target: int) -> None:
+        """Copy one block's keys and values, every layer, in one tensor op."""
+        self.storage[:, :, :, target] = self.storage[:, :, :, source]
+
+    def __repr__(self) -> str:
+        return f"BlockPool(num_blocks={self.num_blocks}, block_size={self.block_size}, free_blocks={self.free_blocks})"
+
+
+class PagedCache(Cache):
+    """Keys and values in blocks of a BlockPool, addressed through a block table per sequence.
+
+    Row b of the block table lists the pool blocks holding positions of sequence b in order:
+    position p lives in block ``table[b][p // block_size]`` at offset ``p % block_size``. Blocks
+    are allocated in reserve(); the new positions are written into the pool in commit(), so a
+    call that fails part-way never touches the pool's valid contents. fork() shares every block
+    with a new request; a shared, partly filled last block is copied before either side writes
+    into it (copy-on-write). Full blocks are never written again, so they stay shared.
+
+    Attention needs each sequence's keys as one (B, KVH, T, D) tensor. Gathering them through the
+    table at every step would copy the whole prefix, as concat does, so each request also keeps
+    a contiguous workspace that mirrors its valid prefix and receives only the new positions:
+    update() writes there (like the static cache) and returns views of it. The pool stays the
+    source of truth: keys()/values() gather through the table, and a fork's workspace is built
+    from the pool. The workspace grows geometrically up to capacity (see workspace_bytes).
+    """
+
+    kind = "paged"
+
+    def __init__(
+        self,
+        config: DecoderConfig,
+        batch: int = 1,
+        capacity: int | None = None,
+        block_size: int | None = None,
+        pool: BlockPool | None = None,
+    ) -> None:
+        super().__init__(config, batch, capacity)
+        if pool is None:
+            size = 16 if block_size is None else block_size
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise ValueError(f"block_size must be a positive integer, got {size!r}")
+            pool = BlockPool(config, batch * _ceil_div(self.capacity, size), size)
+        elif block_size is not None and block_size != pool.block_size:
+            raise ValueError(f"block_size mismatch: pool has block_size {pool.block_size}, got block_size={block_size}")
+        for name in ("layers", "kv_heads", "head_dim", "dtype"):
+            expected, actual = getattr(config, name), getattr(pool.config, name)
+            if expected != actual:
+                raise ValueError(f"pool {name} mismatch: cache needs {name}={expected}, pool has {name}={actual}")
+        self.pool = pool
+        self.block_size = pool.block_size
+        self._rows: list[list[int]] = [[] for _ in range(batch)]  # the block table, one row per sequence
+        self._held = 0  # blocks per row; every row holds the same number
+        # The table expanded to the pool slot of every position, position-major: entry p * B + b
+        # is position p of sequence b; -1 where no block is held. Kept in step with _rows, so a
+        # step's slots are one slice rather than a computation.
+        width = _ceil_div(self.capacity, self.block_size) * self.block_size
+        with torch.inference_mode(False):  # updated in place whether or not inference mode is on
+            self._slot_table = torch.full((width * batch,), -1, dtype=torch.long)
+        self._slots_by_position = self._slot_table.view(width, batch)  # (positions, B)
+        self._workspace: Tensor | None = None  # (layers, 2, B, KVH, size, D)
+        self._ws_keys: list[Tensor] = []  # per-layer (B, KVH, size, D) views of the workspace
+        self._ws_values: list[Tensor] = []
+        self._ws_by_position: Tensor | None = None  # (layers, 2, KVH, size, B, D) view, the slot order
+        self.released = False
+
+    # -- protocol -------------------------------------------------------------------------
+
+    def check_append(self, config: DecoderConfig, batch: int, length: int) -> None:
+        self._check_live()
+        super().check_append(config, batch, length)
+        self._check_free_blocks(length)
+
+    def reserve(self, length: int) -> None:
+        """Copy shared partial blocks, allocate the blocks `length` more positions need, size the workspace."""
+        self._check_live()
+        pool, size, start = self.pool, self.block_size, self.length
+        if start + length > self.capacity:
+            raise ValueError(
+                f"position capacity exceeded: cache holds {start} of {self.capacity} positions, "
+                f"reserving {length} needs {start + length}"
+            )
+        self._check_free_blocks(length)
+        if start % size:  # the next position falls in the last block: copy it if shared
+            index = start // size
+            for b, row in enumerate(self._rows):
+                if pool.refcount(row[index]) > 1:
+                    (fresh,) = pool.allocate(1)
+                    pool.copy_block(row[index], fresh)
+                    pool.release([row[index]])
+                    row[index] = fresh
+                    self._slots_by_position[index * size : (index + 1) * size, b] = _block_slots([fresh], size)
+        missing = _ceil_div(start + length, size) - self._held
+        if missing > 0:
+            fresh = [pool.allocate(missing) for _ in self._rows]
+            for row, blocks in zip(self._rows, fresh):
+                row.extend(blocks)
+            self._slots_by_position[self._held * size : (self._held + missing) * size] = _block_slots(fresh, size).T
+            self._held += missing
+        self._ensure_workspace(start + length)
+        super().reserve(length)
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        if self.released:
+            self._check_live()
+        start, end = self.length, self.length + k.shape[-2]
+        keys, values = self._ws_keys[layer], self._ws_values[layer]  # (B, KVH, size, D)
+        keys[:, :, start:end] = k  # beyond the valid prefix: invisible until commit
+        values[:, :, start:end] = v
+        return keys[:, :, :end], values[:, :, :end]
+
+    def commit(self, length: int) -> None:
+        """Write the staged positions of every layer into their pool slots in one op."""
+        config, B = self.config, self.batch
+        slots = self._slot_table.narrow(0, self.length * B, length * B)  # (L * B,), position-major
+        staged = self._ws_by_position.narrow(3, self.length, length)  # (layers, 2, KVH, L, B, D)
+        staged = staged.reshape(config.layers, 2, config.kv_heads, length * B, config.head_dim)
+        self.pool.slots.index_copy_(3, slots, staged)
+        super().commit(length)
+
+    # -- requests -------------------------------------------------------------------------
+
+    def fork(self) -> PagedCache:
+        """A new request in the same pool sharing all of this one's valid blocks, at the same length."""
+        self._check_live()
+        child = PagedCache(self.config, self.batch, self.capacity, pool=self.pool)
+        used = _ceil_div(self.length, self.block_size)
+        child._rows = [row[:used] for row in self._rows]
+        for row in child._rows:
+            self.pool.share(row)
+        child._held = used
+        child._slots_by_position[: used * self.block_size] = self._slots_by_position[: used * self.block_size]
+        child.length = self.length
+        return child
+
+    def release(self) -> None:
+        """Give every block back (shared blocks stay with their other holders); the cache is then unusable."""
+        self._check_live()
+        self.pool.release([block for row in self._rows for block in row])
+        self._rows = [[] for _ in range(self.batch)]
+        self._held = 0
+        self._slot_table.fill_(-1)
+        self._workspace, self._ws_keys, self._ws_values, self._ws_by_position = None, [], [], None
+        self.length = 0
+        self.released = True
+
+    # -- reading --------------------------------------------------------------------------
+
+    def keys(self, layer: int = 0) -> Tensor:
+        self._check_live()
+        return self._gather(self.pool.slots[layer, 0])
+
+    def values(self, layer: int = 0) -> Tensor:
+        self._check_live()
+        return self._gather(self.pool.slots[layer, 1])
+
+    @property
+    def block_table(self) -> Tensor:
+        """(B, blocks held per sequence) pool block indices, a copy."""
+        return torch.tensor(self._rows, dtype=torch.long).view(self.batch, self._held)
+
+    @property
+    def nbytes(self) -> int:
+        """Key/value bytes at valid positions, by arithmetic (counting gathered tensors would copy)."""
+        return expected_cache_bytes(self.config, self.batch, self.length)
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Bytes of the pool blocks this request holds (shared blocks count for every holder)."""
+        return self.batch * self._held * self.pool.block_bytes
+
+    @property
+    def fragmentation_bytes(self) -> int:
+        """Held but unused bytes: the unfilled tail of each sequence's last block."""
+        return self.reserved_bytes - self.nbytes
+
+    @property
+    def fragmentation(self) -> float:
+        """fragmentation_bytes / reserved_bytes (0.0 when nothing is held)."""
+        reserved = self.reserved_bytes
+        return self.fragmentation_bytes / reserved if reserved else 0.0
+
+    @property
+    def workspace_bytes(self) -> int:
+        """Bytes of the contiguous attention workspace (outside the pool; not in reserved_bytes)."""
+        ws = self._workspace
+        return 0 if ws is None else ws.numel() * ws.element_size()
+
+    def __repr__(self) -> str:
+        return (
+            f"PagedCache(batch={self.batch}, length={self.length}, capacity={self.capacity}, "
+            f"block_size={self.block_size}, blocks_held={self.batch * self._held}, released={self.released})"
+        )
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _check_live(self) -> None:
+        if self.released:
+            raise ValueError("cache was released: expected a live cache, got one whose blocks were returned to the pool")
+
+    def _blocks_needed(self, length: int) -> int:
+        """Fresh blocks reserve(length) takes: new blocks per row plus copies of shared last blocks."""
+        size, start = self.block_size, self.length
+        needed = max(0, _ceil_div(start + length, size) - self._held) * self.batch
+        if start % size:
+            index = start // size
+            needed += sum(self.pool.refcount(row[index]) > 1 for row in self._rows)
+        return needed
+
+    def _check_free_blocks(self, length: int) -> None:
+        needed, free = self._blocks_needed(length), self.pool.free_blocks
+        if needed > free:
+            raise ValueError(
+                f"block pool exhausted: appending {length} positions to {self.batch} sequence(s) at length "
+                f"{self.length} needs {needed} free blocks of {self.block_size} positions, "
+                f"pool has {free} free of {self.pool.num_blocks}"
+            )
+
+    def _gather(self, part: Tensor) -> Tensor:
+        """(..., KVH, num_blocks * bs, D) pool slots -> (..., B, KVH, T, D) valid positions, via the table."""
+        B, T = self.batch, self.length
+        gathered = part.index_select(-2, self._slot_table[: T * B])  # (..., KVH, T * B, D)
+        return gathered.view(*part.shape[:-2], T, B, part.shape[-1]).movedim(-2, -4)
+
+    def _ensure_workspace(self, needed: int) -> None:
+        """Make the workspace hold `needed` positions, carrying over the valid prefix."""
+        old = self._workspace
+        have = 0 if old is None else old.shape[-2]
+        if have >= needed:
+            return
+        config, T = self.config, self.length
+        size = min(self.capacity, max(needed, 2 * have, self.block_size))
+        shape = (config.layers, 2, self.batch, config.kv_heads, size, config.head_dim)
+        with torch.inference_mode(False):  # writable later whether or not inference mode is on
+            workspace = torch.empty(shape, dtype=config.dtype)
+            if old is not None:
+                workspace[..., :T, :] = old[..., :T, :]
+            elif T:  # a fork: build the mirror from the pool
+                workspace[..., :T, :] = self._gather(self.pool.slots)
+        self._workspace = workspace
+        self._ws_keys = [workspace[layer, 0] for layer in range(config.layers)]
+        self._ws_values = [workspace[layer, 1] for layer in range(config.layers)]
+        self._ws_by_position = workspace.permute(0, 1, 3, 4, 2, 5)
+
+
 def make_cache(kind: str, config: DecoderConfig, batch: int = 1, capacity: int | None = None, **options) -> Cache:
     """A fresh, empty cache of `kind` for one request of `batch` sequences."""
     if kind == "concat":
@@ -173,7 +502,5 @@ def make_cache(kind: str, config: DecoderConfig, batch: int = 1, capacity: int |
     if kind == "static":
         return StaticCache(config, batch, capacity, **options)
     if kind == "paged":
-        from kvbench.paged import PagedCache
-
         return PagedCache(config, batch, capacity, **options)
     raise ValueError(f"cache kind must be one of {list(CACHE_KINDS)}, got {kind!r}")

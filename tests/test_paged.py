@@ -1,0 +1,325 @@
+"""The paged cache: block pool, block tables, forks with copy-on-write, release, accounting.
+
+The tiny model keeps every case fast. References are computed independently: a fresh
+concat cache fed the same tokens, or the full-prefix forward pass.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvbench.cache import BlockPool, Cache, PagedCache, expected_cache_bytes, make_cache
+from kvbench.model import DecoderConfig, build_model
+
+ATOL = RTOL = 1e-5
+# Two layers and grouped-query attention, so the pool's layer and head dimensions both matter.
+CONFIG = DecoderConfig(layers=2, heads=4, kv_heads=2, max_length=128)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_model(CONFIG, seed=0)
+
+
+def tokens(batch: int, length: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, CONFIG.vocab_size, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def decode(model, ids: torch.Tensor, cache) -> tuple[torch.Tensor, object]:
+    """Feed ids one position at a time; last-position logits of every step, (B, L, V)."""
+    steps = []
+    for t in range(ids.shape[1]):
+        logits, cache = model(ids[:, t : t + 1], cache)
+        steps.append(logits[:, -1])
+    return torch.stack(steps, dim=1), cache
+
+
+def snapshot(cache: PagedCache) -> dict:
+    return {
+        "length": cache.length,
+        "table": cache.block_table,
+        "keys": [cache.keys(layer).clone() for layer in range(CONFIG.layers)],
+        "values": [cache.values(layer).clone() for layer in range(CONFIG.layers)],
+    }
+
+
+def assert_same_snapshot(before: dict, after: dict) -> None:
+    assert after["length"] == before["length"]
+    assert torch.equal(after["table"], before["table"])
+    for name in ("keys", "values"):
+        for old, new in zip(before[name], after[name]):
+            assert torch.equal(old, new)
+
+
+# -- equivalence -------------------------------------------------------------------------
+
+
+def test_small_blocks_match_full_prefix_logits(model):
+    """block_size 4: decode steps and a chunk straddling blocks, against the full-prefix pass."""
+    ids = tokens(2, 30, seed=1)
+    cache = make_cache("paged", CONFIG, batch=2, capacity=32, block_size=4)
+    with torch.inference_mode():
+        logits, cache = model(ids[:, :6], cache)  # prefill ends mid-block
+        torch.testing.assert_close(logits, model(ids[:, :6])[0], atol=ATOL, rtol=RTOL)
+        logits, cache = model(ids[:, 6:15], cache)  # chunk from offset 6 to 15: three block boundaries
+        torch.testing.assert_close(logits, model(ids[:, :15])[0][:, 6:], atol=ATOL, rtol=RTOL)
+        for t in range(15, 30):
+            logits, cache = model(ids[:, t : t + 1], cache)
+            reference = model(ids[:, : t + 1])[0][:, -1]
+            torch.testing.assert_close(logits[:, -1], reference, atol=ATOL, rtol=RTOL)
+        # The same chunks through a concat cache: the projections match bit for bit.
+        _, concat = model(ids[:, :6])
+        _, concat = model(ids[:, 6:15], concat)
+        _, concat = decode(model, ids[:, 15:], concat)
+    assert cache.length == 30
+    assert cache.block_table.shape == (2, 8)  # ceil(30 / 4) blocks per sequence
+    for layer in range(CONFIG.layers):  # the pool, read through the table, holds the same keys
+        assert cache.keys(layer).shape == (2, CONFIG.kv_heads, 30, CONFIG.head_dim)
+        assert torch.equal(cache.keys(layer), concat.keys(layer))
+        assert torch.equal(cache.values(layer), concat.values(layer))
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    block_size=st.sampled_from([1, 2, 3, 5, 16]),
+    chunks=st.lists(st.integers(min_value=1, max_value=7), min_size=1, max_size=6),
+)
+def test_any_chunking_stores_what_concat_stores(model, block_size, chunks):
+    ids = tokens(1, sum(chunks), seed=block_size)
+    paged = make_cache("paged", CONFIG, capacity=sum(chunks), block_size=block_size)
+    concat = make_cache("concat", CONFIG)
+    start = 0
+    with torch.inference_mode():
+        for chunk in chunks:
+            expected, concat = model(ids[:, start : start + chunk], concat)
+            actual, paged = model(ids[:, start : start + chunk], paged)
+            torch.testing.assert_close(actual, expected, atol=ATOL, rtol=RTOL)
+            start += chunk
+    for layer in range(CONFIG.layers):
+        assert torch.equal(paged.keys(layer), concat.keys(layer))
+        assert torch.equal(paged.values(layer), concat.values(layer))
+    assert paged.block_table.shape == (1, -(-start // block_size))
+
+
+# -- forks and copy-on-write -------------------------------------------------------------
+
+
+def test_fork_mid_block_copies_on_write_and_matches_unshared_requests(model):
+    pool = BlockPool(CONFIG, num_blocks=16, block_size=4)
+    prompt = tokens(1, 6, seed=2)  # 6 positions: one full block and a half-filled one
+    parent_next, child_next = tokens(1, 7, seed=3), tokens(1, 7, seed=4)
+    assert not torch.equal(parent_next, child_next)
+    with torch.inference_mode():
+        parent = PagedCache(CONFIG, pool=pool)
+        _, parent = model(prompt, parent)
+        child = parent.fork()
+        assert child.length == parent.length == 6
+        assert child.pool is pool
+        shared = parent.block_table
+        assert torch.equal(child.block_table, shared)
+        assert [pool.refcount(b) for b in shared[0].tolist()] == [2, 2]
+        assert pool.free_blocks == 14  # the fork took no blocks
+
+        prefix_keys = [parent.keys(layer).clone() for layer in range(CONFIG.layers)]
+        # The child writes first: its half-filled shared block must be copied, not written.
+        child_logits, child = decode(model, child_next, child)
+        assert child.block_table[0, 0] == shared[0, 0]  # the full block stays shared
+        assert child.block_table[0, 1] != shared[0, 1]  # the partial block was copied
+        assert pool.refcount(shared[0, 0].item()) == 2 and pool.refcount(shared[0, 1].item()) == 1
+        for layer in range(CONFIG.layers):  # the parent's prefix is untouched by the child's writes
+            assert torch.equal(parent.keys(layer), prefix_keys[layer])
+        parent_logits, parent = decode(model, parent_next, parent)
+        assert parent.block_table[0, 1] == shared[0, 1]  # now sole owner: written in place
+
+        # Unshared references: fresh concat caches fed the whole sequences.
+        parent_ref = decode(model, torch.cat((prompt, parent_next), 1), make_cache("concat", CONFIG))[0][:, 6:]
+        child_ref = decode(model, torch.cat((prompt, child_next), 1), make_cache("concat", CONFIG))[0][:, 6:]
+    torch.testing.assert_close(parent_logits, parent_ref, atol=ATOL, rtol=RTOL)
+    torch.testing.assert_close(child_logits, child_ref, atol=ATOL, rtol=RTOL)
+    assert (parent_logits - child_logits).abs().max() > 1e-3  # the branches really differ
+    assert parent.length == child.length == 13
+
+
+def test_fork_of_batch_shares_every_row_and_full_blocks_stay_shared(model):
+    pool = BlockPool(CONFIG, num_blocks=20, block_size=4)
+    ids = tokens(2, 8, seed=5)  # exactly two full blocks per sequence: nothing to copy
+    with torch.inference_mode():
+        _, parent = model(ids, PagedCache(CONFIG, batch=2, pool=pool))
+        child = parent.fork()
+        _, child = model(tokens(2, 1, seed=6), child)
+    assert pool.free_blocks == 20 - 4 - 2  # the child took one new block per sequence, copied none
+    assert torch.equal(child.block_table[:, :2], parent.block_table)
+    assert all(pool.refcount(b) == 2 for b in parent.block_table.flatten().tolist())
+
+
+def test_releasing_the_parent_keeps_blocks_shared_with_a_live_fork(model):
+    pool = BlockPool(CONFIG, num_blocks=12, block_size=4)
+    ids = tokens(1, 16, seed=7)
+    with torch.inference_mode():
+        _, parent = model(ids[:, :10], PagedCache(CONFIG, pool=pool))
+        child = parent.fork()
+        child_blocks = child.block_table[0].tolist()
+        before = snapshot(child)
+        parent.release()
+        assert pool.free_blocks == 12 - 3  # the three shared blocks stay with the child
+        assert [pool.refcount(b) for b in child_blocks] == [1, 1, 1]
+        assert_same_snapshot(before, snapshot(child))
+        # The child continues correctly, writing in place now that it is the sole owner.
+        logits, child = decode(model, ids[:, 10:], child)
+        assert child.block_table[0, :3].tolist() == child_blocks
+        reference = decode(model, ids, make_cache("concat", CONFIG))[0][:, 10:]
+    torch.testing.assert_close(logits, reference, atol=ATOL, rtol=RTOL)
+
+
+def test_free_count_returns_to_initial_after_every_request_is_released(model):
+    pool = BlockPool(CONFIG, num_blocks=40, block_size=4)
+    with torch.inference_mode():
+        _, a = model(tokens(2, 7, seed=8), PagedCache(CONFIG, batch=2, pool=pool))
+        b = a.fork()
+        _, b = model(tokens(2, 3, seed=9), b)  # copies the shared partial blocks, then appends
+        c = b.fork()
+        d = a.fork()
+        _, e = model(tokens(1, 5, seed=10), PagedCache(CONFIG, pool=pool))
+        _, c = model(tokens(2, 6, seed=11), c)
+    assert pool.free_blocks < 40
+    for cache in (b, e, a, d, c):  # an order that frees parents before their forks
+        cache.release()
+    assert pool.free_blocks == 40
+    assert [pool.refcount(block) for block in range(40)] == [0] * 40
+
+
+# -- pool exhaustion -----------------------------------------------------------------------
+
+
+def test_pool_exhaustion_is_a_value_error_that_changes_nothing(model):
+    pool = BlockPool(CONFIG, num_blocks=6, block_size=4)
+    with torch.inference_mode():
+        _, a = model(tokens(1, 9, seed=12), PagedCache(CONFIG, pool=pool))  # 3 blocks
+        _, b = model(tokens(1, 5, seed=13), PagedCache(CONFIG, pool=pool))  # 2 blocks
+        assert pool.free_blocks == 1
+        before = {name: snapshot(cache) for name, cache in (("a", a), ("b", b))}
+        # 8 more positions at length 5 need ceil(13 / 4) - 2 = 2 new blocks; 1 is free.
+        with pytest.raises(ValueError, match=r"block pool exhausted.*needs 2 free blocks.*pool has 1 free of 6"):
+            model(tokens(1, 8, seed=14), b)
+        assert pool.free_blocks == 1
+        assert_same_snapshot(before["a"], snapshot(a))
+        assert_same_snapshot(before["b"], snapshot(b))
+        # What fits still works (4 positions: the last free block), and the failed call left no trace.
+        logits, b = model(tokens(1, 4, seed=14), b)
+        reference = model(torch.cat((tokens(1, 5, seed=13), tokens(1, 4, seed=14)), 1))[0][:, 5:]
+    torch.testing.assert_close(logits, reference, atol=ATOL, rtol=RTOL)
+    assert pool.free_blocks == 0
+
+
+def test_copy_on_write_counts_against_the_pool(model):
+    """A fork at mid-block needs a fresh block for its first write even though its table has room."""
+    pool = BlockPool(CONFIG, num_blocks=2, block_size=4)
+    with torch.inference_mode():
+        _, parent = model(tokens(1, 6, seed=15), PagedCache(CONFIG, pool=pool))
+        child = parent.fork()
+        before = snapshot(child)
+        with pytest.raises(ValueError, match=r"needs 1 free blocks.*pool has 0 free of 2"):
+            model(tokens(1, 1, seed=16), child)
+    assert_same_snapshot(before, snapshot(child))
+    assert [pool.refcount(b) for b in before["table"][0].tolist()] == [2, 2]
+
+
+def test_rejected_token_ids_allocate_nothing(model):
+    pool = BlockPool(CONFIG, num_blocks=4, block_size=4)
+    cache = PagedCache(CONFIG, pool=pool)
+    with torch.inference_mode():
+        _, cache = model(tokens(1, 4, seed=17), cache)
+        before = snapshot(cache)
+        with pytest.raises(ValueError, match="token ids must be in"):
+            model(torch.tensor([[1, CONFIG.vocab_size]]), cache)
+    assert pool.free_blocks == 3
+    assert_same_snapshot(before, snapshot(cache))
+
+
+# -- release -----------------------------------------------------------------------------
+
+
+def test_double_release_and_use_after_release_raise(model):
+    pool = BlockPool(CONFIG, num_blocks=4, block_size=4)
+    with torch.inference_mode():
+        _, cache = model(tokens(1, 5, seed=18), PagedCache(CONFIG, pool=pool))
+    cache.release()
+    assert pool.free_blocks == 4
+    assert (cache.length, cache.nbytes, cache.reserved_bytes) == (0, 0, 0)
+    with pytest.raises(ValueError, match="released"):
+        cache.release()
+    with pytest.raises(ValueError, match="released"):
+        model(tokens(1, 1, seed=19), cache)
+    with pytest.raises(ValueError, match="released"):
+        cache.keys(0)
+    with pytest.raises(ValueError, match="released"):
+        cache.fork()
+    assert pool.free_blocks == 4  # the second release returned nothing twice
+
+
+# -- accounting --------------------------------------------------------------------------
+
+SEED_CONFIG = DecoderConfig()  # 1 layer, 4 KV heads of width 8, float32
+
+
+@pytest.mark.parametrize(
+    "batch, length, reserved, valid",
+    [
+        # One position of one sequence: 2 (K, V) * 1 layer * 4 heads * 8 * 4 bytes = 256 bytes;
+        # one block of 16 positions: 4096 bytes.
+        (1, 1, 4096, 256),
+        (1, 16, 4096, 4096),
+        (1, 17, 8192, 4352),
+        (2, 17, 16384, 8704),
+        (1, 32, 8192, 8192),
+    ],
+)
+def test_bytes_for_block_size_16(batch, length, reserved, valid):
+    model = build_model(SEED_CONFIG, seed=0)
+    cache = make_cache("paged", SEED_CONFIG, batch=batch, capacity=64)
+    assert cache.pool.block_bytes == 4096
+    assert cache.pool.num_blocks == batch * 4  # private pool: ceil(64 / 16) blocks per sequence
+    with torch.inference_mode():
+        _, cache = model(torch.zeros(batch, length, dtype=torch.long), cache)
+    assert cache.reserved_bytes == reserved
+    assert cache.nbytes == valid == expected_cache_bytes(SEED_CONFIG, batch, length)
+    assert cache.nbytes == Cache.nbytes.fget(cache)  # arithmetic equals counting the gathered tensors
+    assert cache.fragmentation_bytes == reserved - valid
+    assert cache.fragmentation == pytest.approx((reserved - valid) / reserved)
+    assert cache.pool.free_blocks == batch * 4 - reserved // 4096
+
+
+def test_empty_cache_holds_nothing():
+    cache = make_cache("paged", SEED_CONFIG, batch=3, capacity=20)
+    assert cache.pool.num_blocks == 6
+    assert (cache.nbytes, cache.reserved_bytes, cache.fragmentation_bytes, cache.fragmentation) == (0, 0, 0, 0.0)
+    assert cache.block_table.shape == (3, 0)
+    assert cache.keys(0).shape == (3, 4, 0, 8)
+
+
+def test_private_pool_fits_capacity_exactly():
+    model = build_model(SEED_CONFIG, seed=0)
+    cache = make_cache("paged", SEED_CONFIG, batch=2, capacity=20)  # 2 * ceil(20 / 16) = 4 blocks
+    with torch.inference_mode():
+        _, cache = model(torch.zeros(2, 20, dtype=torch.long), cache)
+        assert cache.pool.free_blocks == 0
+        with pytest.raises(ValueError, match="position capacity exceeded.*holds 20 of 20"):
+            model(torch.zeros(2, 1, dtype=torch.long), cache)
+
+
+def test_pool_and_cache_arguments_are_checked():
+    with pytest.raises(ValueError, match="block_size must be a positive integer, got 0"):
+        PagedCache(SEED_CONFIG, block_size=0)
+    with pytest.raises(ValueError, match="num_blocks must be a positive integer, got 0"):
+        BlockPool(SEED_CONFIG, num_blocks=0)
+    pool = BlockPool(SEED_CONFIG, num_blocks=2, block_size=4)
+    with pytest.raises(ValueError, match="block_size mismatch: pool has block_size 4, got block_size=8"):
+        PagedCache(SEED_CONFIG, pool=pool, block_size=8)
+    with pytest.raises(ValueError, match="pool layers mismatch: cache needs layers=2, pool has layers=1"):
+        PagedCache(CONFIG, pool=pool)
+    assert PagedCache(SEED_CONFIG, pool=pool).block_size == 4
+    with pytest.raises(ValueError, match="cannot release block 0 1 time"):
+        pool.release([0])
