@@ -229,7 +229,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                     "seed": args.seed, "repeats": args.repeats, "warmup": args.warmup, "threads": args.threads,
                     "per_step_length": args.per_step}
     result = record.build_record(
-        command=["kvbench", *sys.argv[1:]] if sys.argv[0].endswith("kvbench") else sys.argv,
+        command=["kvbench", *args.argv],
         config=config.to_dict(), run=run_settings, protocol=protocol.to_dict(),
         environment=capture.collect_environment(), checks=outcome.checks,
         repetitions=outcome.repetitions, memory=outcome.memory, per_step=outcome.per_step,
@@ -371,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
+        args.argv = [str(a) for a in (sys.argv[1:] if argv is None else argv)]  # recorded with each run
         return args.handler(args)
     except (CliError, ValueError, OSError) as error:  # RecordError is a ValueError
         message = str(error).splitlines()[0] if str(error) else type(error).__name__

@@ -128,6 +128,7 @@ class Equivalence:
     max_abs_diff: float
     max_rel_diff: float
     first_divergent_position: int | None  # earliest step whose logits exceed tolerance
+    non_finite: int  # NaN or infinite logits (each one fails the check)
     atol: float
     rtol: float
     dtype: str
@@ -148,17 +149,21 @@ def compare_logits(mode: str, candidate: Tensor, reference: Tensor, atol: float,
     candidate, reference = candidate.double(), reference.double()
     difference = (candidate - reference).abs()
     relative = difference / reference.abs().clamp_min(torch.finfo(torch.float32).tiny)
-    outside = difference > atol + rtol * reference.abs()
-    outside |= ~torch.isfinite(candidate)
+    non_finite = ~torch.isfinite(candidate)
+    outside = (difference > atol + rtol * reference.abs()) | non_finite
     failing_steps = outside.any(dim=-1).any(dim=0).nonzero()
     first = int(failing_steps[0]) if len(failing_steps) else None
+    # NaN/inf logits make the differences non-finite too, and JSON cannot hold them:
+    # report the differences over the finite logits and count the rest.
+    finite = ~non_finite
     return Equivalence(
         mode=mode,
         length=reference.shape[1],
         passed=first is None,
-        max_abs_diff=float(difference.max()),
-        max_rel_diff=float(relative.max()),
+        max_abs_diff=float(difference[finite].max()) if finite.any() else 0.0,
+        max_rel_diff=float(relative[finite].max()) if finite.any() else 0.0,
         first_divergent_position=first,
+        non_finite=int(non_finite.sum()),
         atol=atol,
         rtol=rtol,
         dtype=dtype,

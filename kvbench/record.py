@@ -235,6 +235,19 @@ def _check_consistency(record: dict, source: str) -> None:
         for stat in ("median", "min", "max", "q1", "q3"):
             if not math.isclose(mine[stat], cell[stat], rel_tol=1e-9, abs_tol=1e-15):
                 raise RecordError(f"{source}: summary {stat} for mode {key[0]!r} at length {key[1]} is {mine[stat]}, but its repetitions give {cell[stat]}")
+        if mine["valid"] != cell["valid"]:
+            raise RecordError(f"{source}: summary marks mode {key[0]!r} at length {key[1]} valid={mine['valid']}, but its check gives valid={cell['valid']}")
+    stored_speedups = {(s["mode"], s["length"]): s for s in record["summary"]["speedups"]}
+    for speedup in recomputed["speedups"]:
+        key = (speedup["mode"], speedup["length"])
+        mine = stored_speedups.get(key)
+        if mine is None:
+            raise RecordError(f"{source}: summary has no speedup for mode {key[0]!r} at length {key[1]}")
+        if not math.isclose(mine["speedup"], speedup["speedup"], rel_tol=1e-9) or mine["valid"] != speedup["valid"]:
+            raise RecordError(
+                f"{source}: summary speedup for mode {key[0]!r} at length {key[1]} is {mine['speedup']} (valid={mine['valid']}), "
+                f"but the repetitions and checks give {speedup['speedup']} (valid={speedup['valid']})"
+            )
 
 
 def default_record_path(directory: Path | str = DEFAULT_RECORDS_DIR) -> Path:

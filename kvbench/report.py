@@ -63,6 +63,8 @@ def _check_text(check: dict | None) -> str:
         return "[yellow]not checked[/]"
     if check["passed"]:
         return f"ok {check['max_abs_diff']:.1e}"
+    if check.get("non_finite"):
+        return f"[bold red]FAILED[/] {check['non_finite']} non-finite @ {check['first_divergent_position']}"
     return f"[bold red]FAILED[/] {check['max_abs_diff']:.1e} @ {check['first_divergent_position']}"
 
 

@@ -170,8 +170,6 @@ def test_force_replaces_existing_output(capsys, tmp_path, restore_threads):
     assert os.listdir(tmp_path) == ["rec.json"]
 
 
-@pytest.mark.xfail(strict=True, reason="cli.cmd_run records sys.argv instead of the argv given to main(), so an "
-                   "in-process main([...]) stores the host program's command line in record['command']")
 def test_record_command_is_the_argv_given_to_main(capsys, tmp_path, restore_threads):
     output = tmp_path / "rec.json"
     argv = ["run", "--lengths", "4", *QUICK, "--output", str(output)]
@@ -218,9 +216,6 @@ class NaNCache(ConcatCache):
         return super().update(layer, k, v)
 
 
-@pytest.mark.xfail(strict=True, reason="a cache producing NaN logits gives max_abs_diff = NaN (decode.compare_logits); "
-                   "record.write_record's json.dump(allow_nan=False) then fails, so the run exits 2 with "
-                   "'Out of range float values are not JSON compliant' and no record instead of exit 1")
 def test_nan_logits_are_reported_as_a_failed_check(capsys, tmp_path, monkeypatch, restore_threads):
     break_concat(monkeypatch, NaNCache)
     output = tmp_path / "rec.json"
