@@ -1,0 +1,52 @@
+"""Facts that are not time: cache bytes and numerical equivalence, per mode and length.
+
+asv compares every tracked number between commits, so a commit that makes a cache
+hold more bytes, or drift further from the full-prefix logits, is flagged by
+``asv compare`` just as a slowdown is.
+"""
+
+from kvbench.decode import cache_footprint
+
+from . import common
+
+
+class TrackCacheBytes:
+    """Bytes of key/value storage held after a loop (measured from the cache's tensors).
+
+    For ``full`` this is the throwaway cache of its last step: the same positions,
+    which is why every correct kind should report the same number.
+    """
+
+    params = (common.MODES, common.LENGTHS)
+    param_names = ("mode", "length")
+    unit = "bytes"
+    version = "kvbench-cache-bytes-1"
+    setup_cache = staticmethod(common.prepare)
+
+    def setup(self, gate, mode, length):
+        self.model, self.ids = common.workload(mode, length)
+
+    def track_cache_bytes(self, gate, mode, length):
+        return cache_footprint(self.model, self.ids, mode)["measured_bytes"]
+
+
+class TrackEquivalence:
+    """max |cached - full| over the last-position logits of every step (the gate's number).
+
+    Computed once per commit by the shared setup_cache; a mode that raises fails here.
+    """
+
+    params = (common.CACHED_MODES, common.LENGTHS)
+    param_names = ("mode", "length")
+    unit = "max abs diff"
+    version = "kvbench-equivalence-1"
+    setup_cache = staticmethod(common.prepare)
+
+    def setup(self, gate, mode, length):
+        common.workload(mode, length)  # skips a mode or length this commit does not have
+
+    def track_max_abs_diff(self, gate, mode, length):
+        check = gate[(mode, length)]
+        if "error" in check:
+            raise RuntimeError(f"{mode} at length {length}: {check['error']}")
+        return check["max_abs_diff"]

@@ -1,0 +1,49 @@
+"""Wall time and peak memory of one teacher-forced decode loop, per mode and length.
+
+The timed unit is the seed's: the whole loop at one length (``kvbench.decode.decode``).
+``full`` re-runs the prefix at every step, so its work grows with the square of the
+length; a cache kind feeds one token per step. Timing both per commit shows a
+regression in either path, and the gap between them is what a cache saves.
+"""
+
+from kvbench.decode import decode
+
+from . import common
+
+
+class TimeDecode:
+    """Seconds per decode loop; asv's median over samples, one loop per sample."""
+
+    params = (common.MODES, common.LENGTHS)
+    param_names = ("mode", "length")
+    version = "kvbench-decode-1"
+    setup_cache = staticmethod(common.prepare)
+    number = 1  # one loop per sample; setup runs before every sample and is cheap
+    repeat = (5, 15, 20.0)  # min and max samples per round, and the time budget
+    rounds = 2  # two processes per cell, interleaved with the other benchmarks
+    warmup_time = 0.2  # at least one untimed loop first
+    timeout = 600
+
+    def setup(self, gate, mode, length):
+        common.require_equivalent(gate, mode, length)
+        self.model, self.ids = common.workload(mode, length)
+
+    def time_decode(self, gate, mode, length):
+        decode(self.model, self.ids, mode)
+
+
+class PeakMemDecode:
+    """Peak resident memory of a process that runs one decode loop (torch included)."""
+
+    params = (common.MODES, common.LENGTHS)
+    param_names = ("mode", "length")
+    version = "kvbench-decode-1"
+    setup_cache = staticmethod(common.prepare)
+    timeout = 600
+
+    def setup(self, gate, mode, length):
+        common.require_equivalent(gate, mode, length)
+        self.model, self.ids = common.workload(mode, length)
+
+    def peakmem_decode(self, gate, mode, length):
+        decode(self.model, self.ids, mode)

@@ -1,0 +1,36 @@
+"""What a cache saves, measured by kvbench's own paired protocol inside one process.
+
+``kvbench.timing.measure`` runs a warmup per mode, then alternates full and cached
+loops for ``REPEATS`` repetitions; the result is median(full) / median(cached), the
+speedup ``kvbench run`` reports. Both modes see the same machine state, so this
+ratio stays put when the machine drifts, unlike the ratio of two ``time_`` results.
+
+asv treats every number as lower-is-better: a *lower* speedup is a regression,
+even though ``asv compare`` lists it under "improved".
+"""
+
+from kvbench.decode import FULL
+from kvbench.timing import measure
+
+from . import common
+
+REPEATS = 11  # odd, so the median of each mode is one of its samples
+
+
+class TrackSpeedup:
+    """Median full-prefix seconds over median cached seconds, per cache kind and length."""
+
+    params = (common.CACHED_MODES, common.LENGTHS)
+    param_names = ("mode", "length")
+    unit = "x"
+    version = "kvbench-speedup-1"
+    setup_cache = staticmethod(common.prepare)
+    timeout = 900
+
+    def setup(self, gate, mode, length):
+        common.require_equivalent(gate, mode, length)
+        self.model, self.ids = common.workload(mode, length)
+
+    def track_speedup(self, gate, mode, length):
+        samples = measure(self.model, {length: self.ids}, [FULL, mode], repeats=REPEATS, warmup=1)
+        return common.median_ratio(samples, FULL, mode)
