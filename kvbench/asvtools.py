@@ -1,0 +1,499 @@
+"""asv glue: the capture beside every asv result, `kvbench asv-machine`, `kvbench asv-show`.
+
+asv writes one result file per machine, commit and environment:
+``results/asv/<machine>/<commit[:8]>-<env>.json``. Beside each, kvbench keeps the
+environment the benchmarks really ran in (``kvbench.capture``, collected inside the
+benchmarked environment by the suites' shared ``setup_cache``) at
+``results/captures/<machine>/<same file name>`` -- a sibling of asv's results
+folder, so asv never walks it and never mistakes it for results.
+
+A benchmark process is not told its machine, and in an ``existing`` environment
+not its commit or environment name either (asv 0.6 passes ASV_COMMIT,
+ASV_ENV_NAME and ASV_CONF_DIR only to environments it builds). What is missing
+is read from the `asv run` / `asv continuous` process that launched it (its
+command line and working directory) and resolved the way asv resolves it; how
+each value was found is recorded in the capture.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import itertools
+import json
+import math
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+RESULTS_DIR = Path("results") / "asv"  # asv.conf.json "results_dir"
+CAPTURES_NAME = "captures"  # results/captures/, beside results/asv/
+CAPTURE_SCHEMA = "kvbench.asv-capture/1"
+SAVING_COMMANDS = ("run", "continuous")  # asv commands that write result files
+ASV_METADATA_FILES = ("machine.json", "benchmarks.json")
+
+
+class AsvToolError(ValueError):
+    """A file or setting kvbench cannot use: reported as one line, exit status 2."""
+
+
+class NoAsvRun(Exception):
+    """This process is not part of an asv run whose results asv will save."""
+
+
+# --- where things live -------------------------------------------------------
+
+
+def captures_dir(results_dir: Path | str) -> Path:
+    """results/asv -> results/captures."""
+    return Path(results_dir).parent / CAPTURES_NAME
+
+
+def result_file_name(commit_hash: str, env_name: str) -> str:
+    """asv's own name for a result file (asv.results.get_filename, without the machine)."""
+    if env_name and len(env_name) >= 128:
+        env_name = "env-" + hashlib.md5(env_name.encode("utf-8")).hexdigest()
+    return f"{commit_hash[:8]}-{env_name}.json"
+
+
+def capture_path_for_result(result_path: Path | str) -> Path:
+    """results/asv/<machine>/<file> -> results/captures/<machine>/<file>."""
+    result_path = Path(result_path)
+    machine_dir = result_path.parent
+    return captures_dir(machine_dir.parent) / machine_dir.name / result_path.name
+
+
+# --- which asv run is this? ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AsvRun:
+    """The keys of the result file this benchmark process contributes to."""
+
+    machine: str
+    commit_hash: str
+    env_name: str
+    conf_dir: Path
+    results_dir: Path
+    invocation: str | None = None  # "<pid>@<start time>" of the asv process
+    command: list[str] | None = None
+    sources: dict[str, str] = field(default_factory=dict)  # how each key was found
+
+    @property
+    def capture_path(self) -> Path:
+        return captures_dir(self.results_dir) / self.machine / result_file_name(self.commit_hash, self.env_name)
+
+    @property
+    def result_path(self) -> Path:
+        return self.results_dir / self.machine / result_file_name(self.commit_hash, self.env_name)
+
+
+def asv_arguments(cmdline: list[str]) -> list[str] | None:
+    """The arguments after `asv` in a command line, or None if it does not run asv."""
+    for i, arg in enumerate(cmdline):
+        if os.path.basename(arg) in ("asv", "asv.exe", "asv-script.py"):
+            return cmdline[i + 1 :]
+        if arg == "-m" and cmdline[i + 1 : i + 2] == ["asv"]:
+            return cmdline[i + 2 :]
+        if arg == "-masv":
+            return cmdline[i + 1 :]
+    return None
+
+
+def parse_asv_command(args: list[str]) -> dict:
+    """The options of an asv command line that decide where its results go."""
+    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    parser.add_argument("--config")
+    parser.add_argument("--machine", "-m")
+    parser.add_argument("--set-commit-hash")
+    parser.add_argument("--dry-run", "-n", action="store_true")
+    try:
+        known, rest = parser.parse_known_args(args)
+    except (argparse.ArgumentError, SystemExit) as error:
+        raise NoAsvRun(f"cannot read the asv command line {args}: {error}") from None
+    words = [word for word in rest if not word.startswith("-")]
+    return {
+        "command": words[0] if words else None,
+        "config": known.config,
+        "machine": known.machine,
+        "set_commit_hash": known.set_commit_hash,
+        "dry_run": known.dry_run,
+    }
+
+
+def find_asv_process(max_depth: int = 3):
+    """(process, arguments after `asv`) of the nearest ancestor running asv, or (None, None).
+
+    A benchmark is a child of asv (spawn) or a grandchild (forkserver).
+    """
+    import psutil
+
+    try:
+        process = psutil.Process()
+        for _ in range(max_depth):
+            process = process.parent()
+            if process is None:
+                break
+            args = asv_arguments(process.cmdline())
+            if args is not None:
+                return process, args
+    except psutil.Error:
+        pass
+    return None, None
+
+
+def load_asv_conf(path: Path) -> dict:
+    text = path.read_text(encoding="utf-8")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        import json5  # asv's own reader allows comments; it is installed beside asv
+
+        return json5.loads(text)
+
+
+def resolve_machine(requested: str | None, machine_file: Path | None = None) -> str:
+    """The machine name `asv run [--machine NAME]` uses (asv.machine.Machine.load)."""
+    hostname = platform.uname().node
+    name = requested or hostname
+    known = read_machine_file(machine_file)
+    if name in known:
+        return known[name].get("machine") or name
+    if len(known) == 1 and name == hostname:
+        return next(iter(known.values())).get("machine") or name
+    return name
+
+
+def machine_file_path() -> Path:
+    return Path(os.path.expanduser("~/.asv-machine.json"))
+
+
+def read_machine_file(path: Path | None = None) -> dict[str, dict]:
+    path = path or machine_file_path()
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return {name: info for name, info in data.items() if name != "version" and isinstance(info, dict)}
+
+
+def existing_env_name(executable: str) -> str:
+    """asv's name for `-E existing:<executable>` (ExistingEnvironment.name): no matrix."""
+    name = f"existing-py{executable.replace(os.path.sep, '_')}"
+    return re.sub('[<>:"/\\\\^|?*\x00-\x1f]', "_", name)  # asv.util.sanitize_filename
+
+
+def _git_commit(repo: Path, name: str) -> str:
+    proc = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{name}^{{commit}}"],
+                          capture_output=True, text=True, timeout=10, check=False)
+    commit = proc.stdout.strip()
+    if proc.returncode != 0 or not re.fullmatch(r"[0-9a-f]{40}", commit):
+        raise NoAsvRun(f"cannot resolve --set-commit-hash {name!r} in {repo}")
+    return commit
+
+
+def current_asv_run(environ: dict | None = None) -> AsvRun:
+    """The asv run this process belongs to; NoAsvRun if asv will save no result for it."""
+    environ = os.environ if environ is None else environ
+    process, args = find_asv_process()
+    options = parse_asv_command(args) if args is not None else {}
+    sources = {}
+    if process is not None:
+        if options["command"] not in SAVING_COMMANDS:
+            raise NoAsvRun(f"`asv {options['command']}` saves no results")
+        if options["dry_run"]:
+            raise NoAsvRun("`asv run --dry-run` saves no results")
+
+    existing = "ASV_ENV_NAME" not in environ  # asv passes ASV_* only to environments it builds
+    if "ASV_CONF_DIR" in environ:
+        conf_dir, sources["conf_dir"] = Path(environ["ASV_CONF_DIR"]), "ASV_CONF_DIR"
+    elif process is not None:
+        conf_dir, sources["conf_dir"] = Path(process.cwd()), "cwd of the asv process"
+    else:
+        raise NoAsvRun("no ASV_CONF_DIR and no asv process among this process's parents")
+    conf_path = conf_dir / Path(options.get("config") or "asv.conf.json").name
+    if not conf_path.is_file() and conf_path.name == "asv.conf.json":
+        conf_path = conf_dir / "asv.conf.jsonc"
+    conf = load_asv_conf(conf_path)
+    results_dir = conf_dir / conf.get("results_dir", "results")
+
+    if not existing:
+        env_name, sources["env_name"] = environ["ASV_ENV_NAME"], "ASV_ENV_NAME"
+    else:
+        env_name, sources["env_name"] = existing_env_name(sys.executable), "existing environment: sys.executable"
+    if "ASV_COMMIT" in environ:
+        commit, sources["commit_hash"] = environ["ASV_COMMIT"], "ASV_COMMIT"
+    elif options.get("set_commit_hash"):
+        commit = _git_commit(conf_dir / conf.get("repo", "."), options["set_commit_hash"])
+        sources["commit_hash"] = "--set-commit-hash of the asv process"
+    elif existing:
+        raise NoAsvRun("an existing environment without --set-commit-hash saves no results")
+    else:
+        raise NoAsvRun("no ASV_COMMIT for this environment")
+
+    machine = resolve_machine(options.get("machine"))
+    sources["machine"] = ("--machine of the asv process, " if options.get("machine") else "") + \
+        "resolved through ~/.asv-machine.json like asv"
+    invocation = None
+    if process is not None:
+        invocation = f"{process.pid}@{process.create_time():.2f}"
+    return AsvRun(machine=machine, commit_hash=commit, env_name=env_name, conf_dir=conf_dir,
+                  results_dir=results_dir, invocation=invocation,
+                  command=["asv", *args] if args is not None else None, sources=sources)
+
+
+# --- the capture -------------------------------------------------------------
+
+
+def write_capture(run: AsvRun, environment: dict | None = None) -> Path:
+    """Write the capture for `run`'s result file atomically; return its path."""
+    from kvbench import capture
+
+    path = run.capture_path
+    document = {
+        "schema": CAPTURE_SCHEMA,
+        "machine": run.machine,
+        "commit_hash": run.commit_hash,
+        "env_name": run.env_name,
+        "result_file": f"{run.machine}/{result_file_name(run.commit_hash, run.env_name)}",
+        "asv": {"invocation": run.invocation, "command": run.command, "sources": run.sources},
+        "environment": capture.collect_environment() if environment is None else environment,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(descriptor, "w") as handle:
+            json.dump(document, handle, indent=1)
+            handle.write("\n")
+        os.replace(temporary, path)  # concurrent writers: the last complete file wins
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+    return path
+
+
+def capture_beside_results() -> Path | None:
+    """Called once per commit and environment (the suites' shared setup_cache).
+
+    Writes the capture unless this asv invocation already has; never raises, so
+    a broken capture can never cost the benchmarks. Returns the path written.
+    """
+    try:
+        run = current_asv_run()
+        path = run.capture_path
+        if run.invocation is not None and path.is_file():
+            try:
+                if json.loads(path.read_text())["asv"]["invocation"] == run.invocation:
+                    return None  # a later round of the same `asv run`
+            except (ValueError, KeyError, TypeError, OSError):
+                pass  # unreadable: replace it
+        return write_capture(run)
+    except NoAsvRun as reason:
+        print(f"kvbench: no capture written: {reason}", file=sys.stderr)
+    except Exception as error:  # noqa: BLE001 - the benchmarks must run regardless
+        print(f"kvbench: capture failed: {type(error).__name__}: {error}", file=sys.stderr)
+    return None
+
+
+def load_capture(path: Path | str) -> dict:
+    """Read and check a capture file; AsvToolError naming the first problem."""
+    from kvbench import capture
+
+    path = Path(path)
+    document = _read_json(path, "capture")
+    if not isinstance(document, dict) or document.get("schema") != CAPTURE_SCHEMA:
+        found = document.get("schema") if isinstance(document, dict) else type(document).__name__
+        raise AsvToolError(f"{path}: not a kvbench asv capture: expected schema {CAPTURE_SCHEMA!r}, got {found!r}")
+    for key in ("machine", "commit_hash", "env_name", "result_file", "environment"):
+        if key not in document:
+            raise AsvToolError(f"{path}: missing key {key!r}")
+    problems = capture.validate_environment(document["environment"]) if isinstance(document["environment"], dict) \
+        else ["environment: expected an object"]
+    if problems:
+        raise AsvToolError(f"{path}: invalid environment: {problems[0]}")
+    return document
+
+
+def _read_json(path: Path, what: str):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise AsvToolError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise AsvToolError(f"{path}: is a directory, expected an asv {what} file") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise AsvToolError(f"{path}: cannot read: {error}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise AsvToolError(f"{path}: not valid JSON (truncated or corrupt?): {error.msg} at line {error.lineno}") from None
+
+
+# --- kvbench asv-machine ---------------------------------------------------------
+
+
+def machine_info(name: str | None, environment: dict) -> dict:
+    """asv's machine fields, filled from a kvbench capture (strings, as asv stores them)."""
+    def get(section: str, key: str):
+        holder = environment.get(section)
+        value = holder.get(key) if isinstance(holder, dict) else None
+        return "" if value is None else str(value)
+
+    os_name = " ".join(filter(None, (get("os", "system"), get("os", "release"))))
+    return {
+        "machine": name or get("os", "hostname") or platform.uname().node,
+        "os": os_name,
+        "arch": get("os", "machine"),
+        "cpu": get("cpu", "brand"),
+        "num_cpu": get("system", "logical_cores"),
+        "ram": get("system", "memory_total_bytes"),
+    }
+
+
+def register_machine(name: str | None = None, environment: dict | None = None) -> tuple[dict, bool]:
+    """Save the machine to ~/.asv-machine.json, as `asv machine --yes` would; (info, replaced)."""
+    from asv.machine import MachineCollection
+
+    from kvbench import capture
+
+    info = machine_info(name, capture.collect_environment() if environment is None else environment)
+    if not re.fullmatch(r"[\w.+-]+", info["machine"]):
+        raise AsvToolError(f"machine name must be letters, digits, '.', '_', '+' or '-' (it names a folder), got {info['machine']!r}")
+    replaced = info["machine"] in read_machine_file()
+    MachineCollection.save(info["machine"], info)
+    return info, replaced
+
+
+# --- kvbench asv-show ------------------------------------------------------------
+
+
+def load_result(path: Path | str):
+    """(raw JSON, asv's Results) for a result file, read with asv's own reader.
+
+    AsvToolError if it is missing or is not an asv result file.
+    """
+    from asv.results import Results
+
+    path = Path(path)
+    if path.name in ASV_METADATA_FILES:
+        raise AsvToolError(f"{path}: this is asv's {path.name}, not a result file; pass results/asv/<machine>/<commit>-<env>.json")
+    document = _read_json(path, "result")
+    if not isinstance(document, dict) or "result_columns" not in document or "commit_hash" not in document:
+        raise AsvToolError(f"{path}: not an asv result file (no commit_hash and result_columns)")
+    try:
+        return document, Results.load(str(path))
+    except Exception as error:  # noqa: BLE001 - asv raises UserError, KeyError, TypeError ...
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise AsvToolError(f"{path}: cannot load asv result: {message}") from None
+
+
+def _benchmark_metadata(result_path: Path) -> dict:
+    """benchmarks.json at the results root: units and parameter names (may be absent)."""
+    try:
+        data = json.loads((result_path.parent.parent / "benchmarks.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return {name: meta for name, meta in data.items() if isinstance(meta, dict)}
+
+
+def _format_value(value, unit: str) -> str:
+    from asv.util import human_value
+
+    if value is None:
+        return "failed"
+    if isinstance(value, float) and math.isnan(value):
+        return "skipped"
+    if isinstance(value, float) and math.isinf(value):
+        return "unbounded"
+    if unit == "seconds":
+        return human_value(value, unit)
+    if unit == "bytes":
+        return f"{value:,.0f} B"
+    return f"{value:.6g}"
+
+
+def _version_text(version: str | None) -> str:
+    if not version:
+        return ""
+    return f" version {version[:12]}" if re.fullmatch(r"[0-9a-f]{64}", version) else f" version {version}"
+
+
+def show_result(path: Path | str) -> str:
+    """The text of `kvbench asv-show`: environment and capture, then every benchmark."""
+    from kvbench import capture
+
+    path = Path(path)
+    document, results = load_result(path)
+    meta = _benchmark_metadata(path)
+    params = results.params
+    lines = [
+        f"result   {path}",
+        f"machine  {params.get('machine')}: {params.get('cpu', '?')}, {params.get('num_cpu', '?')} cpus, "
+        f"ram {params.get('ram', '?')} bytes, {params.get('os', '?')} {params.get('arch', '')}".rstrip(),
+        f"commit   {results.commit_hash}",
+        f"env      {results.env_name} (python {document.get('python')})",
+    ]
+    requirements = document.get("requirements") or {}
+    if requirements:
+        lines.append("         requirements: " + ", ".join(f"{k}=={v}" if v else k for k, v in sorted(requirements.items())))
+    if results.env_vars:
+        lines.append("         env vars: " + " ".join(f"{k}={v}" for k, v in sorted(results.env_vars.items())))
+
+    capture_path = capture_path_for_result(path)
+    try:
+        captured = load_capture(capture_path)
+    except AsvToolError as error:
+        lines.append(f"capture  none: {error}")
+    else:
+        env = captured["environment"]
+        summary = capture.summarize_environment(env)
+        system = env.get("system") or {}
+        kv = env.get("kvbench") or {}
+        lines += [
+            f"capture  {capture_path} (taken {env['timestamp_utc']} inside the benchmarked environment)",
+            f"         python {summary['python_version']} at {(env.get('python') or {}).get('executable')}",
+            f"         torch {summary['torch_version']} ({summary['torch_git_version']}), cpu capability "
+            f"{summary['cpu_capability']}, threads intra {summary['intra_op_threads']} / inter {summary['inter_op_threads']}",
+            f"         cpu {summary['cpu_brand']}, {summary['logical_cores']} logical cores, affinity "
+            f"{system.get('cpu_affinity')}, load {system.get('load_average')}, governor {system.get('cpu_governor')}",
+            f"         memory {summary['memory_total_bytes']} bytes, {summary['platform']}",
+            f"         kvbench {kv.get('version')} at commit {kv.get('git_commit') or 'n/a (an installed copy)'}",
+            "         env vars: " + (" ".join(f"{k}={v}" for k, v in sorted((env.get("env") or {}).items())) or "-"),
+        ]
+        if (captured["commit_hash"], captured["env_name"]) != (results.commit_hash, results.env_name):
+            lines.append(f"         WARNING: this capture is for commit {captured['commit_hash']}, env {captured['env_name']}")
+
+    for name in sorted(results.get_all_result_keys()):
+        info = meta.get(name, {})
+        unit = info.get("unit", "")
+        kind = "median" if info.get("type", "time") == "time" else "value"
+        lines += ["", f"{name} [{unit or '?'}]{_version_text(results.benchmark_version.get(name))}"]
+        param_values = results.get_result_params(name) or []
+        names = info.get("param_names") or [f"param{i}" for i in range(len(param_values))]
+        combos = list(itertools.product(*param_values))  # [()] without parameters
+        # One entry per parameter combination (a single one without parameters).
+        values = results.get_result_value(name, param_values)
+        stats = results.get_result_stats(name, param_values)
+        samples = results.get_result_samples(name, param_values)
+        for combo, value, stat, sample in zip(combos, values, stats, samples):
+            label = ", ".join(f"{n}={v}" for n, v in zip(names, combo)) or "(no parameters)"
+            row = f"  {label}: {kind} {_format_value(value, unit)}"
+            if stat and value is not None:
+                if "ci_99_a" in stat and "ci_99_b" in stat:
+                    row += f", 99% CI [{_format_value(stat['ci_99_a'], unit)}, {_format_value(stat['ci_99_b'], unit)}]"
+                if "q_25" in stat and "q_75" in stat:
+                    row += f", IQR [{_format_value(stat['q_25'], unit)}, {_format_value(stat['q_75'], unit)}]"
+                if "repeat" in stat:
+                    row += f", {stat['repeat']} sample(s)"
+            lines.append(row)
+            if sample:
+                lines.append("    samples: " + " ".join("-" if s is None else f"{s:.6g}" for s in sample))
+            elif value is not None and kind == "median":
+                lines.append("    samples: not recorded (run asv with --record-samples)")
+    return "\n".join(lines)
