@@ -29,3 +29,29 @@ test-virtualenv: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .asv build *.egg-info
+
+# asv: performance across commits (see "Tracking performance across commits").
+# asv-quick benchmarks the working tree installed in .venv, filed under HEAD's hash;
+# asv-run builds a virtualenv per commit (ASV_ARGS="main~5..main" for a range).
+ASV := $(BIN)/asv
+ASV_MACHINE ?=
+ASV_ARGS ?=
+ASV_EXISTING := -E existing:$(abspath $(BIN)/python)
+ASV_MACHINE_FLAG := $(if $(ASV_MACHINE),--machine $(ASV_MACHINE))
+
+.PHONY: asv-machine asv-check asv-quick asv-run asv-publish
+
+asv-machine: $(STAMP)
+	$(BIN)/kvbench asv-machine $(if $(ASV_MACHINE),--name $(ASV_MACHINE))
+
+asv-check: $(STAMP)
+	$(ASV) check $(ASV_EXISTING)
+
+asv-quick: asv-machine
+	$(ASV) run $(ASV_EXISTING) --set-commit-hash HEAD --quick $(ASV_MACHINE_FLAG) $(ASV_ARGS)
+
+asv-run: asv-machine
+	$(ASV) run $(ASV_MACHINE_FLAG) $(ASV_ARGS)
+
+asv-publish: $(STAMP)
+	$(ASV) publish
