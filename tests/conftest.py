@@ -40,3 +40,17 @@ def make_record():
                             repetitions=repetitions, memory=memory, status=status)
 
     return make
+
+
+def pytest_addoption(parser):
+    parser.addoption("--run-virtualenv", action="store_true", default=False,
+                     help="also run tests marked virtualenv (asv builds a virtualenv per commit: minutes)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--run-virtualenv"):
+        return
+    skip = pytest.mark.skip(reason="builds asv virtualenvs per commit; run with --run-virtualenv (make test-virtualenv)")
+    for item in items:
+        if item.get_closest_marker("virtualenv") is not None:
+            item.add_marker(skip)
