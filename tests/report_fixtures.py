@@ -1,0 +1,75 @@
+"""Synthetic records for the report and compare tests: known numbers, a canned environment.
+
+Plain functions (not fixtures) so that each test states the numbers it needs.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+
+from kvbench.model import DecoderConfig
+from kvbench.record import build_record
+from kvbench.timing import mode_orders
+
+ENVIRONMENT = {
+    "timestamp_utc": "2026-01-01T00:00:00+00:00",
+    "python": {"implementation": "CPython", "version": "3.11.7", "executable": "/venv/bin/python"},
+    "torch": {"version": "2.13.0+cpu", "git_version": "cf30153c", "debug": False, "intra_op_threads": 1,
+              "inter_op_threads": 1, "cpu_capability": "AVX2", "mkldnn_available": True,
+              "parallel_info": "ATen/Parallel:\n\tat::get_num_threads() : 1\n\tat::get_num_interop_threads() : 1\n"},
+    "cpu": {"brand": "Test CPU 9000", "arch": "X86_64", "flags": ["avx", "avx2", "fma"], "has_avx512": False},
+    "system": {"logical_cores": 2, "load_average": [0.25, 0.5, 0.75], "memory_available_bytes": 8 << 30,
+               "memory_total_bytes": 16 << 30, "cpu_governor": "performance"},
+    "os": {"platform": "Linux-6.1-x86_64", "hostname": "bench-1"},
+    "env": {},
+    "kvbench": {"version": "0.1.0", "git_commit": "a" * 40, "git_dirty": False, "git_branch": "main"},
+    "unavailable": {},
+}
+
+
+def noisy(center: float, count: int, spread: float = 0.01, seed: int = 0) -> list[float]:
+    """`count` samples around `center` with relative uniform noise of +-spread, seeded."""
+    rng = np.random.default_rng(seed)
+    return [float(center * (1 + spread * x)) for x in rng.uniform(-1, 1, count)]
+
+
+def synthetic_record(seconds: dict[tuple[str, int], list[float]], *, failed=(), status="complete",
+                     repeats=None, environment=None, per_step=None, lengths=None, config=None) -> dict:
+    """A valid record with these raw seconds per (mode, length), in the protocol's rotating order."""
+    modes = list(dict.fromkeys(mode for mode, _ in seconds))
+    lengths = lengths or sorted({length for _, length in seconds})
+    repeats = repeats or max(len(v) for v in seconds.values())
+    orders = mode_orders(modes, repeats)
+    repetitions = [
+        {"mode": mode, "length": length, "repetition": r, "order": orders[r].index(mode), "seconds": s}
+        for (mode, length), values in seconds.items() for r, s in enumerate(values)
+    ]
+    checks = [
+        {"mode": mode, "length": length, "passed": (mode, length) not in failed,
+         "max_abs_diff": 0.5 if (mode, length) in failed else 2e-7, "max_rel_diff": 1e-6,
+         "first_divergent_position": 3 if (mode, length) in failed else None,
+         "atol": 1e-5, "rtol": 1e-5, "dtype": "float32"}
+        for mode, length in seconds
+    ]
+    memory = [{"mode": mode, "length": length, "expected_bytes": 256 * length, "measured_bytes": 256 * length,
+               "reserved_bytes": 512 * length} for mode, length in seconds]
+    run = {"preset": "seed", "lengths": lengths, "modes": modes, "batch": 1, "seed": 0, "repeats": repeats,
+           "warmup": 1, "threads": 1, "per_step_length": per_step and per_step[0]["length"]}
+    return build_record(
+        command=["kvbench", "run"], config=config or DecoderConfig().to_dict(), run=run,
+        protocol={"repeats": repeats, "warmup": 1, "threads": 1}, environment=copy.deepcopy(environment or ENVIRONMENT),
+        checks=checks, repetitions=repetitions, memory=memory, status=status, per_step=per_step,
+    )
+
+
+def scaling_seconds(modes=("full", "concat"), lengths=(16, 32, 64, 128), repeats=7, slow=None, seed=0):
+    """full ~ T^2, cached ~ T, with 1 % noise; `slow` maps (mode, length) -> factor applied."""
+    out = {}
+    for i, length in enumerate(lengths):
+        for j, mode in enumerate(modes):
+            center = 1e-6 * length ** 2 if mode == "full" else 2e-5 * length
+            center *= (slow or {}).get((mode, length), 1.0)
+            out[(mode, length)] = noisy(center, repeats, seed=seed * 1000 + i * 10 + j)
+    return out

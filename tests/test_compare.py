@@ -1,0 +1,224 @@
+"""kvbench.compare and `kvbench compare`: ranked environment diff, per-cell verdicts, exit codes."""
+
+import copy
+import json
+
+import pytest
+
+from kvbench import compare, stats
+from kvbench.cli import main
+from kvbench.record import write_record
+from report_fixtures import ENVIRONMENT, scaling_seconds, synthetic_record
+
+
+def changed_environment(**changes):
+    """ENVIRONMENT with {"section.key": value} replaced."""
+    env = copy.deepcopy(ENVIRONMENT)
+    for path, value in changes.items():
+        section, key = path.split(".", 1)
+        env[section][key] = value
+    return env
+
+
+def write(tmp_path, name, record):
+    return write_record(record, tmp_path / name)
+
+
+# --- environment and config diff ---------------------------------------------------------
+
+def test_identical_environments_have_no_difference():
+    assert compare.environment_diff(ENVIRONMENT, copy.deepcopy(ENVIRONMENT)) == []
+
+
+def test_environment_diff_is_ranked_critical_notable_informational():
+    new = changed_environment(**{
+        "system.load_average": [3.0, 2.0, 1.0], "system.memory_available_bytes": 1 << 30,
+        "kvbench.git_commit": "b" * 40, "system.cpu_governor": "powersave", "torch.version": "2.14.0+cpu",
+        "torch.intra_op_threads": 2, "cpu.flags": ["avx", "avx2", "fma", "avx512f"], "python.version": "3.12.1",
+        "torch.debug": True, "torch.git_version": "deadbeef", "cpu.brand": "Other CPU", "torch.cpu_capability": "AVX512",
+    })
+    new["system"]["some_new_sensor"] = 42  # unknown keys are notable, never dropped
+    diffs = compare.environment_diff(ENVIRONMENT, new)
+    ranks = {d.key: d.rank for d in diffs}
+    assert ranks == {
+        "torch.version": "critical", "torch.git_version": "critical", "torch.debug": "critical",
+        "torch.intra_op_threads": "critical", "torch.cpu_capability": "critical", "cpu.flags": "critical",
+        "cpu.brand": "critical", "python.version": "critical",
+        "system.cpu_governor": "notable", "system.some_new_sensor": "notable",
+        "system.load_average": "informational", "system.memory_available_bytes": "informational",
+        "kvbench.git_commit": "informational",
+    }
+    order = [d.rank for d in diffs]
+    assert order == sorted(order, key=compare.RANKS.index)  # critical first, informational last
+    shown = {d.key: (d.old, d.new) for d in diffs}
+    assert shown["system.load_average"] == ("[0.25, 0.50, 0.75]", "[3.00, 2.00, 1.00]")
+    assert shown["system.memory_available_bytes"] == ("8.0 GiB", "1.0 GiB")
+
+
+def test_environment_diff_names_the_reason_for_an_unavailable_value():
+    new = changed_environment(**{"torch.cpu_capability": None})
+    new["unavailable"] = {"torch.cpu_capability": "AttributeError: no get_cpu_capability"}
+    (diff,) = compare.environment_diff(ENVIRONMENT, new)
+    assert diff.new == "unavailable (AttributeError: no get_cpu_capability)" and diff.rank == "critical"
+
+
+def test_environment_diff_shows_the_first_differing_line_of_long_text():
+    info = ENVIRONMENT["torch"]["parallel_info"].replace("get_num_threads() : 1", "get_num_threads() : 4")
+    (diff,) = compare.environment_diff(ENVIRONMENT, changed_environment(**{"torch.parallel_info": info}))
+    assert (diff.old, diff.new) == ("at::get_num_threads() : 1", "at::get_num_threads() : 4")
+
+
+def test_config_diff_ranks_workload_changes_critical_and_statistics_notable():
+    old = synthetic_record(scaling_seconds(repeats=5))
+    new = synthetic_record(scaling_seconds(repeats=7), config={**old["config"], "dtype": "bfloat16"})
+    ranks = {d.key: d.rank for d in compare.config_diff(old, new)}
+    assert ranks["config.dtype"] == "critical"
+    assert ranks["run.repeats"] == "notable"
+    assert list(ranks)[0] == "config.dtype"
+
+
+# --- cells --------------------------------------------------------------------------------
+
+def test_identical_records_are_unchanged_everywhere_with_ratio_one():
+    record = synthetic_record(scaling_seconds())
+    result = compare.compare_records(record, copy.deepcopy(record))
+    assert result.environment == [] and result.config == [] and result.skipped == []
+    assert {c.verdict for c in result.cells} == {stats.UNCHANGED}
+    for cell in result.cells:
+        assert cell.ratio.ratio == 1.0 and cell.ratio.contains(1.0) and cell.ratio.high - cell.ratio.low < 0.05
+
+
+def test_a_2x_slowdown_in_one_cell_is_the_only_slower_cell():
+    old = synthetic_record(scaling_seconds(seed=1))
+    new = synthetic_record(scaling_seconds(seed=2, slow={("concat", 64): 2.0}))
+    result = compare.compare_records(old, new)
+    verdicts = {(c.mode, c.length): c.verdict for c in result.cells}
+    assert verdicts.pop(("concat", 64)) == stats.SLOWER
+    assert set(verdicts.values()) == {stats.UNCHANGED}  # a different seed's 1 % noise is no change
+    (slow,) = result.regressions
+    assert slow.ratio.contains(2.0) and slow.p_value < 0.01
+
+
+def test_only_cells_in_both_records_are_compared_and_the_rest_are_named():
+    old = synthetic_record(scaling_seconds(lengths=(16, 32, 64)))
+    new = synthetic_record(scaling_seconds(modes=("full", "concat", "static"), lengths=(32, 64, 128)))
+    result = compare.compare_records(old, new)
+    assert {(c.mode, c.length) for c in result.cells} == {(m, n) for m in ("full", "concat") for n in (32, 64)}
+    assert result.skipped == ["full@16 only in OLD", "concat@16 only in OLD", "static@32 only in NEW",
+                              "static@64 only in NEW", "full@128 only in NEW", "concat@128 only in NEW",
+                              "static@128 only in NEW"]
+
+
+def test_no_shared_cell_is_an_error_naming_both_grids():
+    old = synthetic_record(scaling_seconds(lengths=(16,)))
+    new = synthetic_record(scaling_seconds(lengths=(32,)))
+    with pytest.raises(ValueError, match="no cell measured in both records: OLD has full@16, concat@16; NEW has full@32"):
+        compare.compare_records(old, new)
+
+
+def test_equivalence_change_is_reported():
+    old = synthetic_record(scaling_seconds())
+    new = synthetic_record(scaling_seconds(), failed={("concat", 32)})
+    (cell,) = [c for c in compare.compare_records(old, new).cells if (c.mode, c.length) == ("concat", 32)]
+    assert "equivalence now FAILS" in cell.notes
+    assert cell.old_check["max_abs_diff"] == 2e-7 and cell.new_check["max_abs_diff"] == 0.5
+
+
+def test_differing_workloads_and_incomplete_records_are_stated():
+    old = synthetic_record(scaling_seconds())
+    partial = {key: values[:3] for key, values in scaling_seconds().items()}
+    new = synthetic_record(partial, status="incomplete", repeats=7, config={**old["config"], "width": 64})
+    notes = " | ".join(compare.compare_records(old, new).notes)
+    assert "NEW is INCOMPLETE" in notes
+    assert "different workloads" in notes
+    assert "3 repetitions on a side" in notes
+
+
+@pytest.mark.parametrize("factor, alpha, message", [
+    (1.0, 0.05, "--factor must be greater than 1, got 1"),
+    (1.1, 0.0, "--alpha must lie strictly between 0 and 1, got 0"),
+    (1.1, 1.5, "--alpha must lie strictly between 0 and 1, got 1.5"),
+])
+def test_bad_thresholds_are_rejected(factor, alpha, message):
+    record = synthetic_record(scaling_seconds())
+    with pytest.raises(ValueError, match=message):
+        compare.compare_records(record, record, factor=factor, alpha=alpha)
+
+
+# --- the command: output order and exit codes --------------------------------------------------
+
+@pytest.fixture
+def records(tmp_path):
+    base = scaling_seconds(seed=1)
+    return {
+        "old": write(tmp_path, "old.json", synthetic_record(base)),
+        "same": write(tmp_path, "same.json", synthetic_record(scaling_seconds(seed=2))),
+        "slow": write(tmp_path, "slow.json", synthetic_record(
+            scaling_seconds(seed=3, slow={("full", 128): 2.0}),
+            environment=changed_environment(**{"torch.version": "2.14.0+cpu", "system.load_average": [2.0, 1.0, 0.5]}))),
+        "fast": write(tmp_path, "fast.json", synthetic_record(scaling_seconds(seed=4, slow={("concat", 16): 0.5}))),
+    }
+
+
+def test_compare_prints_the_environment_diff_before_the_numbers(records, capsys):
+    assert main(["compare", str(records["old"]), str(records["slow"])]) == 0  # no flag: always 0
+    out = capsys.readouterr().out
+    assert out.index("torch.version") < out.index("system.load_average") < out.index("new/old")
+    assert "critical" in out and "2.14.0+cpu" in out
+    (line,) = [line for line in out.splitlines() if " slower " in line]
+    assert "full" in line and "128" in line and "2.0" in line
+    assert "1 slower, 0 faster, 7 unchanged" in out
+
+
+@pytest.mark.parametrize("new, flag, code", [
+    ("same", [], 0), ("same", ["--fail-on-regression"], 0),
+    ("slow", [], 0), ("slow", ["--fail-on-regression"], 1),
+    ("fast", ["--fail-on-regression"], 0),
+    ("slow", ["--fail-on-regression", "--factor", "2.5"], 0),  # a 2x slowdown is within a 2.5x factor
+    ("slow", ["--fail-on-regression", "--alpha", "0.0001"], 0),  # 7 vs 7: p = 0.0006 is not below 0.0001
+])
+def test_exit_codes(records, new, flag, code, capsys):
+    assert main(["compare", str(records["old"]), str(records[new]), *flag]) == code
+    err = capsys.readouterr().err
+    if code == 1:
+        assert err.startswith("kvbench: regression: 1 cell(s) significantly slower by more than 1.1x; worst full at length 128")
+
+
+def test_compare_markdown(records, capsys):
+    assert main(["compare", str(records["old"]), str(records["slow"]), "--format", "markdown"]) == 0
+    out = capsys.readouterr().out
+    assert "| **critical** | `torch.version` | 2.14.0+cpu |" not in out  # OLD column comes first
+    assert "| **critical** | `torch.version` | 2.13.0+cpu | 2.14.0+cpu |" in out
+    assert "**slower**" in out
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"schema": "kvbench.record/1", "status": "comp', "not valid JSON (truncated or corrupt?)"),
+    ("", "not valid JSON"),
+    ('{"results": {}, "version": 2}', "not a kvbench record: expected schema 'kvbench.record/1', got None"),
+    ('{"schema": "kvbench.record/9"}', "unsupported schema version 'kvbench.record/9'"),
+    ('[1, 2]', "expected a JSON object"),
+])
+def test_bad_files_exit_2_with_one_precise_line(records, tmp_path, capsys, content, message):
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    for argv in (["compare", str(records["old"]), str(bad)], ["compare", str(bad), str(records["old"]), "--fail-on-regression"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(f"kvbench: error: {bad}: ") and message in err
+
+
+def test_missing_file_and_bad_factor_exit_2(records, tmp_path, capsys):
+    assert main(["compare", str(records["old"]), str(tmp_path / "nope.json")]) == 2
+    assert "nope.json: no such file" in capsys.readouterr().err
+    assert main(["compare", str(records["old"]), str(records["same"]), "--factor", "0.9"]) == 2
+    assert capsys.readouterr().err == "kvbench: error: --factor must be greater than 1, got 0.9\n"
+
+
+def test_a_record_with_a_tampered_summary_is_rejected(records, tmp_path, capsys):
+    data = json.loads(records["old"].read_text())
+    data["summary"]["cells"][0]["median"] *= 2
+    tampered = tmp_path / "tampered.json"
+    tampered.write_text(json.dumps(data))
+    assert main(["compare", str(tampered), str(records["same"])]) == 2
+    assert "but its repetitions give" in capsys.readouterr().err
