@@ -211,10 +211,13 @@ def compare_records(old: dict, new: dict, *, factor: float = FACTOR, alpha: floa
         p_value = stats.mann_whitney_p(a, b)
         verdict = stats.verdict(ratio.ratio, p_value, factor, alpha)
         notes = []
+        floor = stats.smallest_p_value(len(a), len(b))
         if verdict == stats.UNTESTED:
             notes.append("fewer than 2 repetitions on a side")
+        elif floor >= alpha:
+            notes.append(f"{len(a)}/{len(b)} repetitions cannot reach p < {alpha:g} (smallest p {floor:.2g})")
         elif verdict == stats.UNCHANGED and (ratio.ratio > factor or ratio.ratio < 1 / factor):
-            notes.append(f"beyond the factor but p ≥ {alpha:g}: not significant")
+            notes.append(f"beyond {factor:g}x but not significant (p ≥ {alpha:g})")
         oc, nc = old_checks.get(key), new_checks.get(key)
         if oc is not None and nc is not None and oc["passed"] and not nc["passed"]:
             notes.append("equivalence now FAILS")
@@ -234,10 +237,10 @@ def compare_records(old: dict, new: dict, *, factor: float = FACTOR, alpha: floa
             comparison.notes.append(f"{label} is INCOMPLETE (interrupted run): only its completed repetitions are compared")
     if any(d.key.startswith("config.") or d.key in ("run.batch", "run.seed", "run.threads") for d in comparison.config):
         comparison.notes.append("the records ran different workloads (config differs): ratios compare different work")
-    smallest = min(min(c.old_samples, c.new_samples) for c in cells)
-    if smallest < 4:
-        comparison.notes.append(f"with {smallest} repetitions on a side Mann-Whitney U cannot reach p < 0.05: "
-                                "such cells are never called faster or slower")
+    underpowered = [c for c in cells if stats.smallest_p_value(c.old_samples, c.new_samples) >= alpha]
+    if underpowered:
+        comparison.notes.append(f"{len(underpowered)} cell(s) have too few repetitions for Mann-Whitney U to reach "
+                                f"p < {alpha:g}: they can never be called faster or slower (use 5 or more per record)")
     return comparison
 
 
@@ -299,13 +302,12 @@ def text_renderables(c: Comparison) -> list:
         out.append(f"[yellow]note: {escape(note)}[/]")
 
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    for name in CELL_COLUMNS:
-        table.add_column(name, justify="left" if name in ("mode", "verdict", "notes", "max |Δ| old → new") else "right",
-                         no_wrap=name != "notes")
+    for name in CELL_COLUMNS[:-1]:
+        table.add_column(name, justify="left" if name in ("mode", "verdict", "max |Δ| old → new") else "right", no_wrap=True)
     verdict_style = {stats.SLOWER: "bold red", stats.FASTER: "bold green", stats.UNCHANGED: "", stats.UNTESTED: "yellow"}
     previous = None
     for cell in c.cells:
-        texts = [escape(t) for t in _cell_texts(cell)]
+        texts = [escape(t) for t in _cell_texts(cell)][:-1]  # notes go below the table
         texts[0] = texts[0] if cell.length != previous else ""
         if verdict_style[cell.verdict]:
             texts[8] = f"[{verdict_style[cell.verdict]}]{texts[8]}[/]"
@@ -314,6 +316,9 @@ def text_renderables(c: Comparison) -> list:
         table.add_row(*texts)
         previous = cell.length
     out.append(table)
+    for cell in c.cells:
+        if cell.notes:
+            out.append(f"  {cell.mode} at {cell.length}: " + escape("; ".join(cell.notes)))
     out.append(_summary_line(c))
     out.append(f"ratio = median NEW / median OLD (above 1: NEW is slower); 95% CI: percentile bootstrap, each "
                f"record resampled on its own ({stats.RESAMPLES:,} resamples, seed {stats.SEED})")

@@ -500,7 +500,8 @@ h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 18px; margin-top: 28
 .meta { color: #555; margin: 2px 0; }
 .banner { background: #fff3cd; border: 1px solid #e0b000; padding: 8px 12px; font-weight: 600; margin: 12px 0; }
 table { border-collapse: collapse; font-variant-numeric: tabular-nums; font-size: 13.5px; }
-th, td { padding: 3px 9px; border-bottom: 1px solid #e4e4e4; text-align: right; white-space: nowrap; }
+.scroll { overflow-x: auto; }
+th, td { padding: 3px 7px; border-bottom: 1px solid #e4e4e4; text-align: right; white-space: nowrap; }
 th { background: #f4f4f6; } td.l, th.l { text-align: left; }
 tr.first td { border-top: 2px solid #c8c8cc; }
 td.failed { background: #fde2e1; color: #a40000; font-weight: 600; }
@@ -515,6 +516,12 @@ code { background: #f4f4f6; padding: 0 3px; }
 """
 
 
+def _fact(key: str, value: object) -> str:
+    if value is None:
+        return "—"
+    return format_bytes(value) if key.endswith("_bytes") and isinstance(value, int) else str(value)
+
+
 def _h(text: object) -> str:
     return html.escape(str(text), quote=True)
 
@@ -525,14 +532,14 @@ def data_uri(content: bytes, mime: str) -> str:
 
 def _html_table(header, rows: list[tuple[list[tuple[str, str]], str]], left=("mode", "equivalence", "marks")) -> str:
     """rows: (cells, row class), each cell an (html, css class) pair; header cells are plain text."""
-    out = ["<table><thead><tr>"]
+    out = ['<div class="scroll"><table><thead><tr>']
     out += [f'<th class="l">{_h(name)}</th>' if name in left else f"<th>{_h(name)}</th>" for name in header]
     out.append("</tr></thead><tbody>")
     for cells, row_class in rows:
         out.append(f'<tr class="{row_class}">' if row_class else "<tr>")
         out += [f'<td class="{css}">{content}</td>' if css else f"<td>{content}</td>" for content, css in cells]
         out.append("</tr>")
-    out.append("</tbody></table>")
+    out.append("</tbody></table></div>")
     return "".join(out)
 
 
@@ -580,7 +587,7 @@ def render_html(report: Report, images: dict[str, tuple[bytes, str]]) -> str:
     parts.append(f'<p class="legend">Speedup = median {_h(report.baseline)} / median mode. 95% CI: percentile '
                  f"bootstrap over repetition indices, keeping each repetition's pair together ({stats.RESAMPLES:,} "
                  f"resamples, seed {stats.SEED}).{'<br>' + '<br>'.join(legend) if legend else ''}</p>")
-    for note in report.notes:
+    for note in report.notes[0 if report.complete else 1:]:  # the banner already says INCOMPLETE
         parts.append(f'<p class="note"><strong>Note:</strong> {_h(note)}</p>')
 
     parts.append("<h2>Scaling fit: time ≈ a · T<sup>b</sup></h2>")
@@ -609,7 +616,7 @@ def render_html(report: Report, images: dict[str, tuple[bytes, str]]) -> str:
         parts.append("</div>")
 
     parts.append("<h2>Environment</h2>")
-    env_rows = [([(_h(key), "l"), (_h("—" if value is None else value), "l")], "") for key, value in report.environment.items()]
+    env_rows = [([(_h(key), "l"), (_h(_fact(key, value)), "l")], "") for key, value in report.environment.items()]
     parts.append(_html_table(("key", "value"), env_rows, left=("key", "value")))
     parts.append(f'<p class="meta">command: <code>{_h(" ".join(report.command))}</code></p>')
     parts.append("</body></html>")

@@ -107,6 +107,11 @@ def mann_whitney_p(old: list[float], new: list[float]) -> float | None:
     return float(sps.mannwhitneyu(new, old, alternative="two-sided").pvalue)
 
 
+def smallest_p_value(n_old: int, n_new: int) -> float:
+    """The smallest two-sided p the exact Mann-Whitney U test can give for these sample sizes."""
+    return min(1.0, 2 / math.comb(n_old + n_new, n_old))
+
+
 FASTER, SLOWER, UNCHANGED, UNTESTED = "faster", "slower", "unchanged", "untested"
 
 

@@ -126,12 +126,21 @@ def test_equivalence_change_is_reported():
 
 def test_differing_workloads_and_incomplete_records_are_stated():
     old = synthetic_record(scaling_seconds())
-    partial = {key: values[:3] for key, values in scaling_seconds().items()}
+    partial = {key: values[:2] for key, values in scaling_seconds().items()}
     new = synthetic_record(partial, status="incomplete", repeats=7, config={**old["config"], "width": 64})
-    notes = " | ".join(compare.compare_records(old, new).notes)
+    result = compare.compare_records(old, new)
+    notes = " | ".join(result.notes)
     assert "NEW is INCOMPLETE" in notes
     assert "different workloads" in notes
-    assert "3 repetitions on a side" in notes
+    # 7 vs 2 repetitions: the exact test's smallest p is 2 / C(9, 2) = 0.056, never below 0.05
+    assert "8 cell(s) have too few repetitions for Mann-Whitney U to reach p < 0.05" in notes
+    assert all("7/2 repetitions cannot reach p < 0.05 (smallest p 0.056)" in c.notes for c in result.cells)
+
+
+def test_smallest_p_value_of_the_exact_test():
+    assert stats.smallest_p_value(3, 3) == pytest.approx(0.1)
+    assert stats.smallest_p_value(5, 5) == pytest.approx(2 / 252)
+    assert stats.smallest_p_value(7, 3) < 0.05 <= stats.smallest_p_value(7, 2)
 
 
 @pytest.mark.parametrize("factor, alpha, message", [
