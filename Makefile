@@ -55,3 +55,10 @@ asv-run: asv-machine
 
 asv-publish: $(STAMP)
 	$(ASV) publish
+
+# The README's results block and plot, generated from the committed reference record
+# (never typed by hand): replaces the block between the kvbench report markers in README.md.
+REFERENCE_RECORD ?= results/reference.json
+
+report: $(STAMP)
+	$(BIN)/kvbench report $(REFERENCE_RECORD) --format markdown --plot docs/results.svg --into README.md --force

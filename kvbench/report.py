@@ -635,6 +635,10 @@ def write_file(path: Path, content: bytes, force: bool) -> Path:
     try:
         with os.fdopen(descriptor, "wb") as handle:
             handle.write(content)
+        # mkstemp makes the file 0600; a report (or a spliced README) keeps its mode or gets the usual one.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~umask)
         os.replace(temporary, path)
     except BaseException:
         if os.path.exists(temporary):

@@ -201,12 +201,14 @@ def test_plot_files_and_overwrite_protection(record_file, tmp_path, capsys):
 def test_into_splices_the_markdown_block_with_a_relative_image_link(record_file, tmp_path, capsys):
     readme = tmp_path / "README.md"
     readme.write_text(f"# kvbench\n\n{rpt.BEGIN_MARKER}\nstale\n{rpt.END_MARKER}\n\nmore\n")
+    readme.chmod(0o640)
     plot = tmp_path / "docs" / "results.svg"
     argv = ["report", str(record_file), "--format", "markdown", "--plot", str(plot), "--into", str(readme), "--force"]
     assert main(argv) == 0
     text = readme.read_text()
     assert "stale" not in text and text.endswith(f"{rpt.END_MARKER}\n\nmore\n")
     assert "](docs/results.svg)" in text and plot.exists()
+    assert readme.stat().st_mode & 0o777 == 0o640  # the atomic rewrite keeps the file's mode
     assert main(["report", str(record_file), "--into", str(readme)]) == 2
     assert "use --format markdown" in capsys.readouterr().err
     readme.write_text("no markers here\n")
