@@ -1,0 +1,233 @@
+"""The asv workflows, for real: the `asv` executable against a copy of this project.
+
+A temporary git repository holds the project at two commits; the second slows the
+cached decode path on purpose. asv benchmarks both commits on machine "m1" (and
+the second on "m2"), then `asv compare` must flag the cached modes and not `full`,
+`asv publish` must write one site showing both machines, and every result file
+must have its capture beside it.
+
+The default test uses the existing .venv (`-E existing:...`, kvbench imported
+from the copy through ASV_PYTHONPATH); the virtualenv variant lets asv build an
+environment and install each commit, as `asv run main~1..main` does for users.
+It takes minutes and runs only with `--run-virtualenv` (`make test-virtualenv`).
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvbench import asvtools
+from kvbench.decode import FULL, MODES
+
+ROOT = Path(__file__).resolve().parent.parent
+ASV = str(Path(sys.executable).with_name("asv"))
+PROJECT_FILES = ("asv.conf.json", "pyproject.toml", "README.md", "kvbench", "benchmarks")
+GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", "-c", "commit.gpgsign=false"]
+LENGTH = 48  # one short length keeps four asv runs near a minute each
+CACHED = [mode for mode in MODES if mode != FULL]
+SLOWDOWN = '''
+
+# --- tests/test_asv.py: the cached path made slower on purpose --------------------
+import time as _slowdown_time
+
+_fast_decode_cached = decode_cached
+
+
+def decode_cached(model, ids, kind, keep_logits=False):
+    _slowdown_time.sleep(0.001 * ids.shape[1])  # 1 ms per token: several times a cached loop
+    return _fast_decode_cached(model, ids, kind, keep_logits)
+'''
+# asv compare flags a ratio beyond --factor that is also significant (Mann-Whitney
+# on the recorded samples); 1.5 keeps the full-prefix path clear of this noisy
+# machine's drift while the slowed cached loops are several times slower.
+FACTOR = "1.5"
+
+
+def git(repo, *args):
+    return subprocess.run([*GIT, "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def run(args, cwd, env, expect=(0,)):
+    proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    if proc.returncode not in expect:
+        pytest.fail(f"{' '.join(map(str, args))} exited {proc.returncode}\n--- stdout\n{proc.stdout[-6000:]}"
+                    f"\n--- stderr\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def make_project(root: Path) -> tuple[Path, str, str]:
+    """A git repository with the project at commit 1 and the slowed cached path at commit 2."""
+    repo = root / "repo"
+    repo.mkdir()
+    for name in PROJECT_FILES:
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, repo / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(source, repo / name)
+    git(root, "init", "-q", "-b", "main", str(repo))
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "kvbench")
+    first = git(repo, "rev-parse", "HEAD")
+    with open(repo / "kvbench" / "decode.py", "a") as handle:
+        handle.write(SLOWDOWN)
+    git(repo, "commit", "-qam", "slower cached path")
+    return repo, first, git(repo, "rev-parse", "HEAD")
+
+
+def asv_env(home: Path, repo: Path | None = None) -> dict:
+    env = dict(os.environ, HOME=str(home), KVBENCH_ASV_LENGTHS=str(LENGTH))
+    env.pop("PYTHONPATH", None)
+    if repo is not None:  # an existing environment imports kvbench from the copy, not from .venv's
+        env["ASV_PYTHONPATH"] = env["PYTHONPATH"] = str(repo)
+    return env
+
+
+def register(machine, repo, env):
+    run([sys.executable, "-m", "kvbench", "asv-machine", "--name", machine], repo, env)
+
+
+def compare_marks(output: str) -> dict[str, str]:
+    """{benchmark (params): mark} from `asv compare` output; mark "+" is slower, "-" faster."""
+    marks = {}
+    for line in output.splitlines():  # | Change | Before | After | Ratio | Benchmark (Parameter) |
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and "(" in cells[4]:
+            marks[cells[4]] = cells[0]
+    return marks
+
+
+def assert_cached_slower_full_unchanged(output: str):
+    marks = compare_marks(output)
+    assert marks, output
+    for mode in CACHED:
+        assert marks.get(f"decode.TimeDecode.time_decode('{mode}', {LENGTH})") == "+", output
+    assert marks.get(f"decode.TimeDecode.time_decode('{FULL}', {LENGTH})") == "", output
+
+
+def assert_capture(repo: Path, machine: str, commit: str, env_name: str) -> dict:
+    result = repo / "results" / "asv" / machine / asvtools.result_file_name(commit, env_name)
+    assert result.is_file(), sorted(p.name for p in result.parent.iterdir())
+    path = asvtools.capture_path_for_result(result)
+    assert path == repo / "results" / "captures" / machine / result.name
+    document = asvtools.load_capture(path)
+    assert (document["machine"], document["commit_hash"], document["env_name"]) == (machine, commit, env_name)
+    assert document["environment"]["torch"]["intra_op_threads"] == 1
+    return document
+
+
+@pytest.fixture(scope="module")
+def existing(tmp_path_factory):
+    """Both commits on m1 and the second on m2, in the existing .venv; returns the workspace."""
+    root = tmp_path_factory.mktemp("asv-existing")
+    home = root / "home"
+    home.mkdir()
+    repo, first, second = make_project(root)
+    env = asv_env(home, repo)
+    for machine in ("m1", "m2"):
+        register(machine, repo, env)
+    existing_env = f"existing:{sys.executable}"
+    timed = ["-b", r"TimeDecode\.time_decode", "-a", "repeat=5", "-a", "rounds=1", "--record-samples"]
+    logs = {}
+    for commit in (first, second):
+        git(repo, "checkout", "-q", commit)
+        logs[commit] = run([ASV, "run", "-E", existing_env, "--set-commit-hash", commit, "--machine", "m1",
+                            "--show-stderr", *timed], repo, env).stdout
+    # m2 benchmarks only the second commit, and only the full-prefix loop.
+    run([ASV, "run", "-E", existing_env, "--set-commit-hash", second, "--machine", "m2", "--quick",
+         "-b", rf"time_decode\('{FULL}'"], repo, env)
+    git(repo, "checkout", "-q", "main")
+    return {"root": root, "home": home, "repo": repo, "env": env, "first": first, "second": second,
+            "env_name": asvtools.existing_env_name(sys.executable), "logs": logs}
+
+
+@pytest.mark.slow
+def test_asv_check_passes(existing):
+    out = run([ASV, "check", "-E", f"existing:{sys.executable}"], existing["repo"], existing["env"]).stdout
+    assert "No problems found" in out
+
+
+@pytest.mark.slow
+def test_results_and_captures_for_both_commits(existing):
+    repo, env_name = existing["repo"], existing["env_name"]
+    for commit in (existing["first"], existing["second"]):
+        document = assert_capture(repo, "m1", commit, env_name)
+        assert document["environment"]["kvbench"]["git_commit"] == commit  # the checkout asv benchmarked
+        assert document["environment"]["python"]["executable"] == sys.executable
+        assert document["asv"]["sources"]["commit_hash"] == "--set-commit-hash of the asv process"
+    assert_capture(repo, "m2", existing["second"], env_name)
+    assert (repo / "results" / "asv" / "m1" / "machine.json").is_file()
+    assert sorted(p.name for p in (repo / "results").iterdir()) == ["asv", "captures"]
+
+
+@pytest.mark.slow
+def test_compare_flags_the_cached_modes_only(existing):
+    out = run([ASV, "compare", "--machine", "m1", "--factor", FACTOR, existing["first"], existing["second"]],
+              existing["repo"], existing["env"]).stdout
+    assert_cached_slower_full_unchanged(out)
+
+
+@pytest.mark.slow
+def test_publish_shows_both_machines_and_ignores_kvbench_files(existing):
+    repo, env = existing["repo"], existing["env"]
+    records = repo / "results" / "records"  # kvbench's own records live beside asv's results
+    records.mkdir(exist_ok=True)
+    (records / "run-20260101T000000000000Z.json").write_text(json.dumps({"schema": "kvbench.record/1"}))
+    proc = run([ASV, "publish"], repo, env)
+    assert "Skipping" not in proc.stdout + proc.stderr  # asv read no record or capture as a result
+    html = repo / ".asv" / "html"
+    index = json.loads((html / "index.json").read_text())
+    assert set(index["params"]["machine"]) == {"m1", "m2"}
+    assert "decode.TimeDecode.time_decode" in index["benchmarks"]
+    graphs = [p.relative_to(html / "graphs").as_posix() for p in (html / "graphs").rglob("*.json")]
+    for machine in ("m1", "m2"):
+        assert any(f"machine-{machine}/" in g and g.endswith("decode.TimeDecode.time_decode.json")
+                   for g in graphs), graphs
+    assert (html / "index.html").is_file()
+
+
+@pytest.mark.slow
+def test_asv_show_prints_samples_beside_the_capture(existing):
+    repo = existing["repo"]
+    result = repo / "results" / "asv" / "m1" / asvtools.result_file_name(existing["second"], existing["env_name"])
+    out = run([sys.executable, "-m", "kvbench", "asv-show", str(result)], repo, existing["env"]).stdout
+    assert f"commit   {existing['second']}" in out
+    assert f"capture  {asvtools.capture_path_for_result(result)}" in out
+    assert "threads intra 1 / inter 1" in out
+    for mode in MODES:
+        assert re.search(rf"mode='{mode}', length={LENGTH}: median [\d.]+ms, 99% CI \[", out), out
+    assert len(re.findall(r"samples: (?:[\d.e-]+ ){4}[\d.e-]+\n", out + "\n")) == len(MODES), out
+
+
+@pytest.mark.virtualenv
+def test_virtualenv_per_commit(tmp_path):
+    """asv builds a virtualenv (torch from the pinned matrix), installs each commit's wheel."""
+    home = tmp_path / "home"
+    home.mkdir()
+    repo, first, second = make_project(tmp_path)
+    env = asv_env(home)
+    register("m1", repo, env)
+    timed = ["-b", r"TimeDecode\.time_decode", "-a", "repeat=5", "-a", "rounds=1", "--record-samples"]
+    run([ASV, "run", "--machine", "m1", "--show-stderr", *timed, f"{first}^!"], repo, env)
+    run([ASV, "run", "--machine", "m1", "--show-stderr", *timed, f"{second}^!"], repo, env)
+    results = sorted((repo / "results" / "asv" / "m1").glob("*-virtualenv-*.json"))
+    assert len(results) == 2, results
+    env_name = json.loads(results[0].read_text())["env_name"]
+    assert "torch2.13.0" in env_name and "OMP_NUM_THREADS1" in env_name
+    for commit in (first, second):
+        document = assert_capture(repo, "m1", commit, env_name)
+        assert document["asv"]["sources"]["commit_hash"] == "ASV_COMMIT"
+        assert document["environment"]["env"]["OMP_NUM_THREADS"] == "1"
+        assert str(repo / ".asv" / "env") in document["environment"]["python"]["executable"]
+    out = run([ASV, "compare", "--machine", "m1", "--factor", FACTOR, first, second], repo, env).stdout
+    assert_cached_slower_full_unchanged(out)
+    # `asv continuous` reruns both commits and exits 1 on a regression.
+    proc = run([ASV, "continuous", "--machine", "m1", "--factor", FACTOR, *timed[:2], "-a", "repeat=5",
+                "-a", "rounds=1", "main~1", "main"], repo, env, expect=(1,))
+    assert "PERFORMANCE DECREASED" in proc.stdout or "SOME BENCHMARKS HAVE CHANGED SIGNIFICANTLY" in proc.stdout
