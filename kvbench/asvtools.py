@@ -112,6 +112,8 @@ def parse_asv_command(args: list[str]) -> dict:
     parser.add_argument("--machine", "-m")
     parser.add_argument("--set-commit-hash")
     parser.add_argument("--dry-run", "-n", action="store_true")
+    parser.add_argument("--environment", "-E", action="append", default=[])
+    parser.add_argument("--python", action="append", default=[])
     try:
         known, rest = parser.parse_known_args(args)
     except (argparse.ArgumentError, SystemExit) as error:
@@ -123,6 +125,9 @@ def parse_asv_command(args: list[str]) -> dict:
         "machine": known.machine,
         "set_commit_hash": known.set_commit_hash,
         "dry_run": known.dry_run,
+        # asv turns `--python X` into the spec ":X" (even "same": its argparse action
+        # compares a one-item list with "same"), and ":X" applies the matrix.
+        "env_specs": [*known.environment, *(f":{python}" for python in known.python)],
     }
 
 
@@ -182,10 +187,26 @@ def read_machine_file(path: Path | None = None) -> dict[str, dict]:
     return {name: info for name, info in data.items() if name != "version" and isinstance(info, dict)}
 
 
-def existing_env_name(executable: str) -> str:
-    """asv's name for `-E existing:<executable>` (ExistingEnvironment.name): no matrix."""
-    name = f"existing-py{executable.replace(os.path.sep, '_')}"
-    return re.sub('[<>:"/\\\\^|?*\x00-\x1f]', "_", name)  # asv.util.sanitize_filename
+def existing_env_name(executable: str, env_vars: dict[str, str] | None = None) -> str:
+    """asv's name for an existing environment (ExistingEnvironment.name, asv.environment.get_env_name)."""
+    parts = [f"existing-py{executable.replace(os.path.sep, '_')}"]
+    parts += [f"{key}{value}" for key, value in sorted((env_vars or {}).items())]
+    return re.sub('[<>:"/\\^|?*\x00-\x1f]', "_", "-".join(parts))  # as asv.util.sanitize_filename
+
+
+def matrix_env_vars(specs: list[str], conf: dict, environ) -> dict[str, str]:
+    """The matrix variables in an existing environment's name.
+
+    asv applies the matrix's env/env_nobuild to an existing environment only when its
+    spec has no type (":python", "--python=same"); "existing:python" ignores the matrix.
+    The values are the ones asv set in this process's environment.
+    """
+    typed = [spec.split(":", 1)[0] for spec in specs if spec.split(":", 1)[0] in ("", "existing")]
+    if "" not in typed or "existing" in typed:  # none, or ambiguous: asv's default is no matrix
+        return {}
+    matrix = conf.get("matrix") or {}
+    names = {*(matrix.get("env") or {}), *(matrix.get("env_nobuild") or {})}
+    return {name: environ[name] for name in names if name in environ}
 
 
 def _git_commit(repo: Path, name: str) -> str:
@@ -225,7 +246,9 @@ def current_asv_run(environ: dict | None = None) -> AsvRun:
     if not existing:
         env_name, sources["env_name"] = environ["ASV_ENV_NAME"], "ASV_ENV_NAME"
     else:
-        env_name, sources["env_name"] = existing_env_name(sys.executable), "existing environment: sys.executable"
+        env_vars = matrix_env_vars(options.get("env_specs", []), conf, environ)
+        env_name = existing_env_name(sys.executable, env_vars)
+        sources["env_name"] = "existing environment: sys.executable" + (" and the matrix's env vars" if env_vars else "")
     if "ASV_COMMIT" in environ:
         commit, sources["commit_hash"] = environ["ASV_COMMIT"], "ASV_COMMIT"
     elif options.get("set_commit_hash"):

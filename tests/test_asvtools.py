@@ -75,11 +75,25 @@ def test_result_file_name_is_asvs(env_name):
         asv_results.get_filename("m1", commit, env_name)
 
 
-def test_existing_env_name_is_asvs(tmp_path):
-    conf = Config.from_json({"repo": ".", "environment_type": "virtualenv",
-                             "matrix": {"env_nobuild": {"OMP_NUM_THREADS": "1"}}})
-    (env,) = asv_environment.get_environments(conf, [f"existing:{sys.executable}"], verbose=False)
-    assert asvtools.existing_env_name(sys.executable) == env.name
+MATRIX = {"req": {"torch": "2.13.0"}, "env": {"A_BUILD": "x"}, "env_nobuild": {"OMP_NUM_THREADS": "1"}}
+
+
+@pytest.mark.parametrize(("argv", "applies_matrix"), [
+    (["run", "-E", f"existing:{sys.executable}"], False),
+    (["run", "-E", "existing"], False),
+    (["run", "--python=same"], True),  # asv applies the matrix here (its --python quirk)
+    (["run", "--python", "same"], True),
+    (["run", "-E", ":same"], True),
+])
+def test_existing_env_name_is_asvs(argv, applies_matrix):
+    conf_json = {"repo": ".", "environment_type": "virtualenv", "matrix": MATRIX}
+    conf = Config.from_json(dict(conf_json))
+    specs = asvtools.parse_asv_command(argv)["env_specs"]
+    (env,) = asv_environment.get_environments(conf, specs, verbose=False)
+    environ = {**os.environ, **env.env_vars}  # what asv gives the benchmark process
+    env_vars = asvtools.matrix_env_vars(specs, conf_json, environ)
+    assert bool(env_vars) == applies_matrix
+    assert asvtools.existing_env_name(sys.executable, env_vars) == env.name
 
 
 def test_capture_path_mirrors_the_result_path(tmp_path):
@@ -104,13 +118,16 @@ def test_asv_arguments(cmdline, expected):
 
 @pytest.mark.parametrize(("args", "expected"), [
     (["run", "--quick", "-b", "Time", "--machine", "m1"],
-     {"command": "run", "machine": "m1", "set_commit_hash": None, "dry_run": False, "config": None}),
+     {"command": "run", "machine": "m1", "set_commit_hash": None, "dry_run": False, "config": None,
+      "env_specs": []}),
     (["--config", "sub/asv.conf.json", "run", "-m", "m2", "--set-commit-hash", "HEAD", "-E", "existing:python"],
-     {"command": "run", "machine": "m2", "set_commit_hash": "HEAD", "dry_run": False, "config": "sub/asv.conf.json"}),
-    (["run", "--machine=m3", "-n"], {"command": "run", "machine": "m3", "set_commit_hash": None, "dry_run": True,
-                                      "config": None}),
+     {"command": "run", "machine": "m2", "set_commit_hash": "HEAD", "dry_run": False, "config": "sub/asv.conf.json",
+      "env_specs": ["existing:python"]}),
+    (["run", "--machine=m3", "-n", "--python=same"],
+     {"command": "run", "machine": "m3", "set_commit_hash": None, "dry_run": True, "config": None,
+      "env_specs": [":same"]}),
     (["continuous", "main", "HEAD"], {"command": "continuous", "machine": None, "set_commit_hash": None,
-                                      "dry_run": False, "config": None}),
+                                      "dry_run": False, "config": None, "env_specs": []}),
 ])
 def test_parse_asv_command(args, expected):
     assert asvtools.parse_asv_command(args) == expected
