@@ -328,9 +328,20 @@ def _fit_cells(fit: PowerFit | None) -> list[str]:
 
 FIT_COLUMNS = ("mode", "b", "± SE", "95% CI of b", "a (s)", "R²", "b, two longest")
 TEXT_COLUMNS = ("length", "mode", "n", "median ms", "q1–q3 ms", "IQR%", "µs/tok", "speedup [95% CI]",
-                "KV bytes", "reserved", "equivalence", "")
+                "KV bytes", "equivalence", "")
 TABLE_COLUMNS = ("length", "mode", "n", "median ms", "q1–q3 ms", "IQR/med", "µs/token", "speedup",
                  "95% CI", "KV bytes", "reserved", "equivalence", "marks")
+
+
+def _bytes_pair(memory: dict | None) -> str:
+    """Retained bytes, or "retained/reserved" in one unit when the cache allocated more."""
+    if memory is None:
+        return "-"
+    kept, reserved = format_bytes(memory["measured_bytes"]), format_bytes(memory["reserved_bytes"])
+    if kept == reserved:
+        return kept
+    (kept_number, kept_unit), (reserved_number, reserved_unit) = kept.split(" "), reserved.split(" ")
+    return f"{kept_number}/{reserved}" if kept_unit == reserved_unit else f"{kept}/{reserved}"
 
 
 def _row_cells(row: Row, baseline: str) -> list[str]:
@@ -387,7 +398,8 @@ def text_renderables(report: Report) -> list:
     out.append(f"[bold]{escape(report.title)}[/]{status}")
     out.append(f"record {escape(report.source)} · created {report.created_utc}")
     out.append(escape(_environment_line(report.environment)))
-    # The terminal table folds speedup and CI into one column to fit 120 columns.
+    # The terminal table folds speedup and CI, and retained and reserved bytes, into one
+    # column each, and drops the CI of an invalid speedup, to fit 120 columns.
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     for name in TEXT_COLUMNS:
         table.add_column(name, justify="left" if name in ("mode", "equivalence", "") else "right", no_wrap=True)
@@ -398,13 +410,15 @@ def text_renderables(report: Report) -> list:
         cells[0] = cells[0] if row.length != previous else ""
         speedup = f"{cells[7]} {cells[8]}".strip()
         if not row.speedup_valid and row.speedup is not None:
-            speedup = f"[red]({speedup} invalid)[/]"
+            speedup = f"[red]({cells[7]} invalid)[/]"
         if row.check is not None and not row.check["passed"]:
             cells[11] = f"[bold red]{cells[11]}[/]"
         marks = " ".join(f"[{styles[m]}]{MARKS[m][0]}[/]" for m in row.marks)
-        table.add_row(*cells[:7], speedup, *cells[9:12], marks, end_section=False)
+        table.add_row(*cells[:7], speedup, _bytes_pair(row.memory), cells[11], marks, end_section=False)
         previous = row.length
     out.append(table)
+    if any(row.memory and row.memory["reserved_bytes"] != row.memory["measured_bytes"] for row in report.rows):
+        out.append("  KV bytes a/b: a retained, b reserved (allocated) by the cache")
     for name in report.marks_used():
         out.append(f"  {MARKS[name][0]} {MARKS[name][1]}")
     out.append(f"speedup = median {report.baseline} / median mode; 95% CI: percentile bootstrap over "
