@@ -88,14 +88,15 @@ def test_report_is_deterministic(record):
 # --- text and markdown -------------------------------------------------------------------------
 
 def test_text_layout(report):
-    text = rpt.render_text(report)
+    text = rpt.render_text(report, width=120)  # what `kvbench report | less` gets
+    assert "…" not in text  # nothing truncated to fit
     lines = text.splitlines()
     (failed,) = [l for l in lines if "FAILED" in l]
     assert "static" in failed and "invalid" in failed and "✗" in failed
     assert any("concat" in l and "x [" in l for l in lines)  # speedup with its interval
     assert "✗ equivalence check failed" in text and "~ IQR/median above 10%" in text
     assert "scaling fit" in text and "cheaper than full from step 6 on" in text
-    assert max(len(l) for l in lines) <= 150
+    assert max(len(l) for l in lines) <= 120
 
 
 def test_markdown_layout(report):
