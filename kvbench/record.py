@@ -270,6 +270,7 @@ def write_json_atomic(data: object, path: Path | str, force: bool = False) -> Pa
     path.parent.mkdir(parents=True, exist_ok=True)
     descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(descriptor, 0o666 & ~_umask())  # mkstemp's 0600 would hide records from teammates
         with os.fdopen(descriptor, "w") as handle:
             json.dump(data, handle, indent=1, allow_nan=False)
             handle.write("\n")
@@ -289,6 +290,12 @@ def write_json_atomic(data: object, path: Path | str, force: bool = False) -> Pa
             os.unlink(temporary)
         raise
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def load_record(path: Path | str) -> dict:

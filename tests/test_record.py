@@ -278,3 +278,16 @@ def test_failed_check_with_non_finite_logits_can_be_recorded(make_record, tmp_pa
     assert concat["passed"] is False
     assert concat["first_divergent_position"] == 2
     assert concat["non_finite"] == 1
+
+
+def test_written_files_follow_the_umask_not_mkstemps_0600(tmp_path):
+    import os
+
+    from kvbench.record import write_json_atomic
+
+    old = os.umask(0o022)
+    try:
+        path = write_json_atomic({"a": 1}, tmp_path / "a.json")
+    finally:
+        os.umask(old)
+    assert os.stat(path).st_mode & 0o777 == 0o644
