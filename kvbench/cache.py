@@ -170,12 +170,6 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _block_slots(blocks: list, block_size: int) -> Tensor:
-    """Pool slots of every position of the given blocks: (..., blocks) -> (..., blocks * block_size)."""
-    first = torch.tensor(blocks, dtype=torch.long).unsqueeze(-1) * block_size
-    return (first + torch.arange(block_size)).flatten(-2)
-
-
 class BlockPool:
     """Key/value storage for `num_blocks` blocks of `block_size` positions, shared by requests.
 
@@ -196,9 +190,6 @@ class BlockPool:
         shape = (config.layers, 2, config.kv_heads, num_blocks, block_size, config.head_dim)
         with torch.inference_mode(False):  # writable later whether or not inference mode is on
             self.storage = torch.zeros(shape, dtype=config.dtype)
-        # The same storage with the block and offset dimensions merged into one slot index,
-        # slot = block * block_size + offset: (layers, 2, KVH, num_blocks * block_size, D).
-        self.slots = self.storage.view(*shape[:3], num_blocks * block_size, config.head_dim)
         self._refcounts = [0] * num_blocks
         self._free = list(range(num_blocks - 1, -1, -1))  # pop() hands out low indices first
 
@@ -262,18 +253,20 @@ class BlockPool:
 class PagedCache(Cache):
     """Keys and values in blocks of a BlockPool, addressed through a block table per sequence.
 
-    Row b of the block table lists the pool blocks holding positions of sequence b in order:
+    Row b of the block table lists the pool blocks holding sequence b's positions in order:
     position p lives in block ``table[b][p // block_size]`` at offset ``p % block_size``. Blocks
-    are allocated in reserve(); the new positions are written into the pool in commit(), so a
-    call that fails part-way never touches the pool's valid contents. fork() shares every block
-    with a new request; a shared, partly filled last block is copied before either side writes
-    into it (copy-on-write). Full blocks are never written again, so they stay shared.
+    are allocated in reserve(), after the model's checks and before any write. fork() shares
+    every block with a new request; a shared, partly filled last block is copied before either
+    side appends to it (copy-on-write). Full blocks are never written again, so they stay shared.
 
-    Attention needs each sequence's keys as one (B, KVH, T, D) tensor. Gathering them through the
-    table at every step would copy the whole prefix, as concat does, so each request also keeps
-    a contiguous workspace that mirrors its valid prefix and receives only the new positions:
-    update() writes there (like the static cache) and returns views of it. The pool stays the
-    source of truth: keys()/values() gather through the table, and a fork's workspace is built
+    Attention needs each sequence's keys as one (B, KVH, T, D) tensor, and gathering them through
+    the table at every step would copy the whole prefix, as concat does. So each request keeps
+    a contiguous workspace that mirrors its positions and receives only the new ones: update()
+    writes there, as the static cache does, and returns views of it. The workspace writes back
+    to the pool a block at a time: commit() copies every block that has just filled into its
+    pool block (one tensor op for all layers), and the partly filled last block is written back
+    before anything reads the pool or shares it (keys(), values(), fork()). The pool is the
+    storage of record: keys()/values() gather through the table, and a fork builds its workspace
     from the pool. The workspace grows geometrically up to capacity (see workspace_bytes).
     """
 
@@ -301,88 +294,66 @@ class PagedCache(Cache):
                 raise ValueError(f"pool {name} mismatch: cache needs {name}={expected}, pool has {name}={actual}")
         self.pool = pool
         self.block_size = pool.block_size
+        self.released = False
         self._rows: list[list[int]] = [[] for _ in range(batch)]  # the block table, one row per sequence
         self._held = 0  # blocks per row; every row holds the same number
-        # The table expanded to the pool slot of every position, position-major: entry p * B + b
-        # is position p of sequence b; -1 where no block is held. Kept in step with _rows, so a
-        # step's slots are one slice rather than a computation.
-        width = _ceil_div(self.capacity, self.block_size) * self.block_size
-        with torch.inference_mode(False):  # updated in place whether or not inference mode is on
-            self._slot_table = torch.full((width * batch,), -1, dtype=torch.long)
-        self._slots_by_position = self._slot_table.view(width, batch)  # (positions, B)
-        self._workspace: Tensor | None = None  # (layers, 2, B, KVH, size, D)
+        self._tail_shared = False  # set by fork(): the partly filled last block may be shared
+        # Appends up to this length need no block, copy or workspace growth: the decode step's
+        # fast path. 0 while the last block may be shared or after release.
+        self._room = 0
+        self._synced = 0  # positions 0.._synced-1 are in the pool; the rest only in the workspace
+        self._workspace: Tensor | None = None  # (layers, 2, B, KVH, size, D), size a block multiple
+        self._ws_size = 0
         self._ws_keys: list[Tensor] = []  # per-layer (B, KVH, size, D) views of the workspace
         self._ws_values: list[Tensor] = []
-        self._ws_by_position: Tensor | None = None  # (layers, 2, KVH, size, B, D) view, the slot order
-        self.released = False
+        self._ws_blocks: Tensor | None = None  # (layers, 2, B, KVH, size / bs, bs, D) view
 
     # -- protocol -------------------------------------------------------------------------
 
     def check_append(self, config: DecoderConfig, batch: int, length: int) -> None:
-        self._check_live()
+        if self.released:
+            self._check_live()
         super().check_append(config, batch, length)
-        self._check_free_blocks(length)
+        if self.length + length > self._room:
+            self._check_free_blocks(length)
 
     def reserve(self, length: int) -> None:
         """Copy shared partial blocks, allocate the blocks `length` more positions need, size the workspace."""
-        self._check_live()
-        pool, size, start = self.pool, self.block_size, self.length
-        if start + length > self.capacity:
-            raise ValueError(
-                f"position capacity exceeded: cache holds {start} of {self.capacity} positions, "
-                f"reserving {length} needs {start + length}"
-            )
-        self._check_free_blocks(length)
-        if start % size:  # the next position falls in the last block: copy it if shared
-            index = start // size
-            for b, row in enumerate(self._rows):
-                if pool.refcount(row[index]) > 1:
-                    (fresh,) = pool.allocate(1)
-                    pool.copy_block(row[index], fresh)
-                    pool.release([row[index]])
-                    row[index] = fresh
-                    self._slots_by_position[index * size : (index + 1) * size, b] = _block_slots([fresh], size)
-        missing = _ceil_div(start + length, size) - self._held
-        if missing > 0:
-            fresh = [pool.allocate(missing) for _ in self._rows]
-            for row, blocks in zip(self._rows, fresh):
-                row.extend(blocks)
-            self._slots_by_position[self._held * size : (self._held + missing) * size] = _block_slots(fresh, size).T
-            self._held += missing
-        self._ensure_workspace(start + length)
+        if self.length + length > self._room:
+            self._reserve_blocks(length)
         super().reserve(length)
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         if self.released:
             self._check_live()
-        start, end = self.length, self.length + k.shape[-2]
+        start, new = self.length, k.shape[-2]
         keys, values = self._ws_keys[layer], self._ws_values[layer]  # (B, KVH, size, D)
-        keys[:, :, start:end] = k  # beyond the valid prefix: invisible until commit
-        values[:, :, start:end] = v
-        return keys[:, :, :end], values[:, :, :end]
+        keys.narrow(2, start, new).copy_(k)  # beyond the valid prefix: invisible until commit
+        values.narrow(2, start, new).copy_(v)
+        return keys.narrow(2, 0, start + new), values.narrow(2, 0, start + new)
 
     def commit(self, length: int) -> None:
-        """Write the staged positions of every layer into their pool slots in one op."""
-        config, B = self.config, self.batch
-        slots = self._slot_table.narrow(0, self.length * B, length * B)  # (L * B,), position-major
-        staged = self._ws_by_position.narrow(3, self.length, length)  # (layers, 2, KVH, L, B, D)
-        staged = staged.reshape(config.layers, 2, config.kv_heads, length * B, config.head_dim)
-        self.pool.slots.index_copy_(3, slots, staged)
         super().commit(length)
+        full = self.length - self.length % self.block_size
+        if full > self._synced:  # blocks that just filled go to the pool
+            self._write_back(full)
 
     # -- requests -------------------------------------------------------------------------
 
     def fork(self) -> PagedCache:
         """A new request in the same pool sharing all of this one's valid blocks, at the same length."""
         self._check_live()
+        self._write_back(self.length)
         child = PagedCache(self.config, self.batch, self.capacity, pool=self.pool)
         used = _ceil_div(self.length, self.block_size)
         child._rows = [row[:used] for row in self._rows]
         for row in child._rows:
             self.pool.share(row)
         child._held = used
-        child._slots_by_position[: used * self.block_size] = self._slots_by_position[: used * self.block_size]
-        child.length = self.length
+        child.length = child._synced = self.length
+        if self.length % self.block_size:
+            self._tail_shared = child._tail_shared = True
+            self._room = 0
         return child
 
     def release(self) -> None:
@@ -390,21 +361,22 @@ class PagedCache(Cache):
         self._check_live()
         self.pool.release([block for row in self._rows for block in row])
         self._rows = [[] for _ in range(self.batch)]
-        self._held = 0
-        self._slot_table.fill_(-1)
-        self._workspace, self._ws_keys, self._ws_values, self._ws_by_position = None, [], [], None
-        self.length = 0
+        self._held = self.length = self._synced = self._ws_size = self._room = 0
+        self._workspace, self._ws_keys, self._ws_values, self._ws_blocks = None, [], [], None
         self.released = True
 
     # -- reading --------------------------------------------------------------------------
 
     def keys(self, layer: int = 0) -> Tensor:
+        """Valid keys of one layer, (B, KVH, T, D), gathered from the pool through the block table."""
         self._check_live()
-        return self._gather(self.pool.slots[layer, 0])
+        self._write_back(self.length)
+        return self._gather(self.pool.storage[layer, 0])
 
     def values(self, layer: int = 0) -> Tensor:
         self._check_live()
-        return self._gather(self.pool.slots[layer, 1])
+        self._write_back(self.length)
+        return self._gather(self.pool.storage[layer, 1])
 
     @property
     def block_table(self) -> Tensor:
@@ -468,31 +440,79 @@ class PagedCache(Cache):
                 f"pool has {free} free of {self.pool.num_blocks}"
             )
 
+    def _reserve_blocks(self, length: int) -> None:
+        self._check_live()
+        pool, size, start = self.pool, self.block_size, self.length
+        if start + length > self.capacity:
+            raise ValueError(
+                f"position capacity exceeded: cache holds {start} of {self.capacity} positions, "
+                f"reserving {length} needs {start + length}"
+            )
+        self._check_free_blocks(length)
+        if start % size and self._tail_shared:  # the next position falls in a shared block: copy it
+            index = start // size
+            for row in self._rows:
+                if pool.refcount(row[index]) > 1:
+                    (fresh,) = pool.allocate(1)
+                    pool.copy_block(row[index], fresh)  # complete: fork() wrote it back first
+                    pool.release([row[index]])
+                    row[index] = fresh
+        self._tail_shared = False  # from here on the last block is this request's own
+        missing = _ceil_div(start + length, size) - self._held
+        if missing > 0:
+            for row in self._rows:
+                row.extend(pool.allocate(missing))
+            self._held += missing
+        self._ensure_workspace(start + length)
+        self._room = min(self._held * size, self._ws_size)
+
+    def _write_back(self, end: int) -> None:
+        """Copy the blocks holding positions _synced..end-1 from the workspace into the pool, whole.
+
+        A block's positions beyond `end` carry whatever the workspace holds there; they are
+        invalid and invisible, and the block is this request's own (shared blocks are full or
+        were copied by reserve()), so nobody else sees them either.
+        """
+        start, size = self._synced, self.block_size
+        if end <= start:
+            return
+        first, last = start // size, _ceil_div(end, size)  # blocks first..last-1 of every row
+        if self.batch == 1 and last - first == 1:  # a decode step filled one block: no index tensor
+            self.pool.storage.select(3, self._rows[0][first]).copy_(self._ws_blocks.select(2, 0).select(3, first))
+        else:
+            blocks = torch.tensor([row[first:last] for row in self._rows]).view(-1)  # (B * n,), row-major
+            staged = self._ws_blocks.narrow(4, first, last - first)  # (layers, 2, B, KVH, n, bs, D)
+            self.pool.storage.index_copy_(3, blocks, staged.transpose(2, 3).flatten(3, 4))
+        self._synced = end
+
     def _gather(self, part: Tensor) -> Tensor:
-        """(..., KVH, num_blocks * bs, D) pool slots -> (..., B, KVH, T, D) valid positions, via the table."""
-        B, T = self.batch, self.length
-        gathered = part.index_select(-2, self._slot_table[: T * B])  # (..., KVH, T * B, D)
-        return gathered.view(*part.shape[:-2], T, B, part.shape[-1]).movedim(-2, -4)
+        """(..., KVH, num_blocks, bs, D) pool storage -> (..., B, KVH, T, D) valid positions, via the table."""
+        B, T, size = self.batch, self.length, self.block_size
+        used = _ceil_div(T, size)
+        blocks = torch.tensor([row[:used] for row in self._rows], dtype=torch.long).view(-1)  # (B * used,)
+        gathered = part.index_select(-3, blocks)  # (..., KVH, B * used, bs, D)
+        gathered = gathered.view(*part.shape[:-3], B, used * size, part.shape[-1])
+        return gathered.narrow(-2, 0, T).transpose(-4, -3)
 
     def _ensure_workspace(self, needed: int) -> None:
         """Make the workspace hold `needed` positions, carrying over the valid prefix."""
-        old = self._workspace
-        have = 0 if old is None else old.shape[-2]
+        old, have = self._workspace, self._ws_size
         if have >= needed:
             return
         config, T = self.config, self.length
-        size = min(self.capacity, max(needed, 2 * have, self.block_size))
+        # Whole blocks, so that write-back can copy whole blocks; geometric, so growing is rare.
+        size = _ceil_div(min(self.capacity, max(needed, 2 * have)), self.block_size) * self.block_size
         shape = (config.layers, 2, self.batch, config.kv_heads, size, config.head_dim)
         with torch.inference_mode(False):  # writable later whether or not inference mode is on
             workspace = torch.empty(shape, dtype=config.dtype)
             if old is not None:
                 workspace[..., :T, :] = old[..., :T, :]
             elif T:  # a fork: build the mirror from the pool
-                workspace[..., :T, :] = self._gather(self.pool.slots)
-        self._workspace = workspace
+                workspace[..., :T, :] = self._gather(self.pool.storage)
+        self._workspace, self._ws_size = workspace, size
         self._ws_keys = [workspace[layer, 0] for layer in range(config.layers)]
         self._ws_values = [workspace[layer, 1] for layer in range(config.layers)]
-        self._ws_by_position = workspace.permute(0, 1, 3, 4, 2, 5)
+        self._ws_blocks = workspace.unflatten(4, (size // self.block_size, self.block_size))
 
 
 def make_cache(kind: str, config: DecoderConfig, batch: int = 1, capacity: int | None = None, **options) -> Cache:

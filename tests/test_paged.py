@@ -82,7 +82,7 @@ def test_small_blocks_match_full_prefix_logits(model):
         assert torch.equal(cache.values(layer), concat.values(layer))
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(
     block_size=st.sampled_from([1, 2, 3, 5, 16]),
     chunks=st.lists(st.integers(min_value=1, max_value=7), min_size=1, max_size=6),
@@ -123,14 +123,14 @@ def test_fork_mid_block_copies_on_write_and_matches_unshared_requests(model):
         assert [pool.refcount(b) for b in shared[0].tolist()] == [2, 2]
         assert pool.free_blocks == 14  # the fork took no blocks
 
-        prefix_keys = [parent.keys(layer).clone() for layer in range(CONFIG.layers)]
+        prefix = snapshot(parent)
         # The child writes first: its half-filled shared block must be copied, not written.
         child_logits, child = decode(model, child_next, child)
+        child.keys(0)  # reading writes the child's partial last block back to the pool
         assert child.block_table[0, 0] == shared[0, 0]  # the full block stays shared
         assert child.block_table[0, 1] != shared[0, 1]  # the partial block was copied
         assert pool.refcount(shared[0, 0].item()) == 2 and pool.refcount(shared[0, 1].item()) == 1
-        for layer in range(CONFIG.layers):  # the parent's prefix is untouched by the child's writes
-            assert torch.equal(parent.keys(layer), prefix_keys[layer])
+        assert_same_snapshot(prefix, snapshot(parent))  # untouched by the child's writes
         parent_logits, parent = decode(model, parent_next, parent)
         assert parent.block_table[0, 1] == shared[0, 1]  # now sole owner: written in place
 
@@ -141,6 +141,38 @@ def test_fork_mid_block_copies_on_write_and_matches_unshared_requests(model):
     torch.testing.assert_close(child_logits, child_ref, atol=ATOL, rtol=RTOL)
     assert (parent_logits - child_logits).abs().max() > 1e-3  # the branches really differ
     assert parent.length == child.length == 13
+
+
+def test_full_blocks_reach_the_pool_at_commit(model):
+    """The pool holds every filled block without any read forcing a write-back."""
+    ids = tokens(2, 9, seed=20)
+    with torch.inference_mode():
+        _, cache = decode(model, ids, make_cache("paged", CONFIG, batch=2, capacity=12, block_size=4))
+        _, concat = decode(model, ids, make_cache("concat", CONFIG, batch=2))
+    table = cache.block_table  # (2, 3): positions 0-3, 4-7 and 8
+    for layer in range(CONFIG.layers):
+        for b in range(2):
+            for index in range(2):
+                stored = cache.pool.storage[layer, 0, :, table[b, index]]  # (KVH, bs, D)
+                assert torch.equal(stored, concat.keys(layer)[b, :, 4 * index : 4 * index + 4])
+    assert torch.equal(cache.keys(1), concat.keys(1))  # and the last partial block on reading
+
+
+def test_fork_of_a_fork_made_in_inference_mode_works_outside_it(model):
+    pool = BlockPool(CONFIG, num_blocks=12, block_size=4)
+    ids = tokens(1, 12, seed=21)
+    with torch.inference_mode():
+        _, parent = model(ids[:, :5], PagedCache(CONFIG, pool=pool))
+        child = parent.fork()
+    _, child = model(ids[:, 5:7], child)
+    grandchild = child.fork()
+    with torch.no_grad():
+        logits, grandchild = model(ids[:, 7:], grandchild)
+        reference = model(ids)[0][:, 7:]
+    torch.testing.assert_close(logits, reference, atol=ATOL, rtol=RTOL)
+    assert parent.length == 5 and child.length == 7 and grandchild.length == 12
+    assert parent.block_table[0, 0] == child.block_table[0, 0] == grandchild.block_table[0, 0]
+    assert pool.refcount(parent.block_table[0, 0].item()) == 3
 
 
 def test_fork_of_batch_shares_every_row_and_full_blocks_stay_shared(model):
