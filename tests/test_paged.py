@@ -355,3 +355,57 @@ def test_pool_and_cache_arguments_are_checked():
     assert PagedCache(SEED_CONFIG, pool=pool).block_size == 4
     with pytest.raises(ValueError, match="cannot release block 0 1 time"):
         pool.release([0])
+
+
+# -- random interleavings ------------------------------------------------------------------
+
+
+def assert_pool_consistent(pool: BlockPool, caches: list[PagedCache]) -> None:
+    """Every reference count equals the number of table entries naming the block; the rest are free."""
+    holders: dict[int, int] = {}
+    for cache in caches:
+        for block in cache.block_table.flatten().tolist():
+            holders[block] = holders.get(block, 0) + 1
+    assert [pool.refcount(b) for b in range(pool.num_blocks)] == [holders.get(b, 0) for b in range(pool.num_blocks)]
+    assert pool.free_blocks == pool.num_blocks - len(holders)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_random_requests_forks_and_releases_in_one_pool(model, seed):
+    """Appends, forks and releases in random order: logits match, bookkeeping adds up, exhaustion is clean."""
+    rng = torch.Generator().manual_seed(seed)
+
+    def pick(n: int) -> int:
+        return int(torch.randint(n, (1,), generator=rng))
+
+    batch, block_size = 1 + seed % 2, (1, 3, 4)[seed]
+    pool = BlockPool(CONFIG, num_blocks=10 + 6 * seed, block_size=block_size)
+    live: list[tuple[PagedCache, torch.Tensor]] = []  # each request and every token it was fed
+    with torch.inference_mode():
+        for _ in range(25):
+            op = pick(10)
+            if op < 2 or not live:
+                live.append((PagedCache(CONFIG, batch=batch, capacity=24, pool=pool), tokens(batch, 0, 0)))
+            elif op < 4:
+                cache, history = live[pick(len(live))]
+                live.append((cache.fork(), history))
+            elif op < 5:
+                live.pop(pick(len(live)))[0].release()
+            else:
+                index = pick(len(live))
+                cache, history = live[index]
+                new = torch.randint(CONFIG.vocab_size, (batch, 1 + pick(5)), generator=rng)
+                before = snapshot(cache)
+                try:
+                    logits, cache = model(new, cache)
+                except ValueError as error:  # the pool or the capacity ran out: nothing changed
+                    assert "block pool exhausted" in str(error) or "position capacity exceeded" in str(error)
+                    assert_same_snapshot(before, snapshot(cache))
+                    continue
+                history = torch.cat((history, new), dim=1)
+                live[index] = (cache, history)
+                torch.testing.assert_close(logits, model(history)[0][:, -new.shape[1] :], atol=ATOL, rtol=RTOL)
+            assert_pool_consistent(pool, [cache for cache, _ in live])
+        for cache, _ in live:
+            cache.release()
+    assert pool.free_blocks == pool.num_blocks
