@@ -14,7 +14,10 @@ from kvbench.timing import measure
 
 from . import common
 
-REPEATS = 11  # odd, so the median of each mode is one of its samples
+# Odd, so each median is one of the samples. Interference from other processes only
+# ever adds time and comes in bursts; 31 alternating pairs (about 10 s at length 256)
+# spread each median over enough bursts to keep it put.
+REPEATS = 31
 
 
 class TrackSpeedup:
