@@ -368,7 +368,10 @@ class PagedCache(Cache):
     # -- reading --------------------------------------------------------------------------
 
     def keys(self, layer: int = 0) -> Tensor:
-        """Valid keys of one layer, (B, KVH, T, D), gathered from the pool through the block table."""
+        """Valid keys of one layer, (B, KVH, T, D), gathered from the pool through the block table.
+
+        The partly filled last block is written back first, so the pool is complete when read.
+        """
         self._check_live()
         self._write_back(self.length)
         return self._gather(self.pool.storage[layer, 0])
