@@ -122,6 +122,81 @@ def assert_capture(repo: Path, machine: str, commit: str, env_name: str) -> dict
     return document
 
 
+# --- the suites in-process: cheap checks before any asv run ------------------------
+
+
+@pytest.fixture
+def suites(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT))
+    import benchmarks.cache
+    import benchmarks.common
+    import benchmarks.decode
+    import benchmarks.imports
+    import benchmarks.speedup
+
+    monkeypatch.setattr(benchmarks.common, "LENGTHS", (16,))
+    return benchmarks
+
+
+def test_lengths_from_the_environment(suites):
+    parse = suites.common.parse_lengths
+    assert parse(None) == parse("") == suites.common.DEFAULT_LENGTHS
+    assert parse("128, 512,1024") == (128, 512, 1024)
+    for bad in ("a,b", "0", "64,64", "-1"):
+        with pytest.raises(ValueError, match="KVBENCH_ASV_LENGTHS"):
+            parse(bad)
+
+
+def test_modes_keep_their_indices(suites):
+    common = suites.common
+    assert common.MODES[: len(common.KNOWN_MODES)] == common.KNOWN_MODES  # asv passes indices
+    assert set(MODES) <= set(common.MODES) and FULL not in common.CACHED_MODES
+
+
+def test_every_suite_runs_once(suites, capsys):
+    from kvbench.cache import expected_cache_bytes
+    from kvbench.model import DecoderConfig
+
+    gate = suites.common.prepare()
+    assert "no capture written" in capsys.readouterr().err  # not under asv: nothing to key it by
+    assert set(gate) == {(mode, 16) for mode in CACHED}
+    assert all(check["passed"] for check in gate.values())
+    for mode in MODES:
+        for cls, method in ((suites.decode.TimeDecode, "time_decode"), (suites.decode.PeakMemDecode, "peakmem_decode"),
+                            (suites.cache.TrackCacheBytes, "track_cache_bytes")):
+            bench = cls()
+            bench.setup(gate, mode, 16)
+            value = getattr(bench, method)(gate, mode, 16)
+            if method == "track_cache_bytes":
+                assert value == expected_cache_bytes(DecoderConfig(), 1, 16)
+    for mode in CACHED:
+        speedup = suites.speedup.TrackSpeedup()
+        speedup.setup(gate, mode, 16)
+        assert speedup.track_speedup(gate, mode, 16) > 0
+        equivalence = suites.cache.TrackEquivalence()
+        equivalence.setup(gate, mode, 16)
+        assert 0 <= equivalence.track_max_abs_diff(gate, mode, 16) < 1e-5
+    stmt, setup = suites.imports.TimeImport().timeraw_import_kvbench(gate)
+    subprocess.run([sys.executable, "-c", f"{setup}\n{stmt}"], check=True, env=dict(os.environ, PYTHONPATH=""))
+
+
+def test_a_mode_failing_the_gate_is_not_timed(suites):
+    mode = CACHED[0]
+    gate = {(mode, 16): {"mode": mode, "length": 16, "passed": False, "error": "ValueError: broken"}}
+    for cls in (suites.decode.TimeDecode, suites.decode.PeakMemDecode, suites.speedup.TrackSpeedup):
+        with pytest.raises(RuntimeError, match="failed the equivalence gate"):
+            cls().setup(gate, mode, 16)  # a failure in asv (compare shows "!"), not a skip
+    with pytest.raises(RuntimeError, match="broken"):
+        suites.cache.TrackEquivalence().track_max_abs_diff(gate, mode, 16)
+    with pytest.raises(NotImplementedError, match="does not exist at this commit"):
+        suites.decode.TimeDecode().setup({}, "no-such-kind", 16)  # asv skips it
+    with pytest.raises(NotImplementedError, match="exceeds max_length"):
+        suites.decode.TimeDecode().setup({}, FULL, 10**6)
+
+
+# --- asv itself -------------------------------------------------------------------
+
+
 @pytest.fixture(scope="module")
 def existing(tmp_path_factory):
     """Both commits on m1 and the second on m2, in the existing .venv; returns the workspace."""
