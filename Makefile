@@ -7,7 +7,7 @@ TORCH_VERSION ?= 2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvbench-installed
 
-.PHONY: bench test test-virtualenv report venv clean
+.PHONY: bench test test-virtualenv report layouts venv clean
 
 venv: $(STAMP)
 
@@ -62,3 +62,14 @@ REFERENCE_RECORD ?= results/reference.json
 
 report: $(STAMP)
 	$(BIN)/kvbench report $(REFERENCE_RECORD) --format markdown --plot docs/results.svg --into README.md --force
+	$(BIN)/python scripts/layout_targets.py --into README.md > /dev/null
+
+# The records behind the README's layout targets (about 10 minutes on 2 cores).
+# The medium preset's full-prefix loop at T=2048 would take minutes per repetition,
+# so that record times the cached kinds only; its targets are ratios between them.
+layouts: $(STAMP)
+	$(BIN)/pip install -qq -e ".[hf]"
+	$(BIN)/kvbench run --no-progress --lengths 64,1024 --output results/layouts/seed.json --force
+	$(BIN)/kvbench run --no-progress --lengths 64,2048 --modes concat,static,paged --output results/layouts/seed-long.json --force
+	$(BIN)/kvbench run --no-progress --preset medium --lengths 2048 --modes concat,static,paged --repeats 5 --output results/layouts/medium.json --force
+	$(BIN)/python scripts/hf_dynamic_cache.py --length 1024 --force

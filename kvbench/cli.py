@@ -213,6 +213,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if too_long:
         raise CliError(f"length {too_long[0]} exceeds max_length {config.max_length} of preset {args.preset!r}")
     output = args.output or record.default_record_path()
+    if output.is_dir():
+        raise CliError(f"--output {output} is a directory; expected a file path")
     if output.exists() and not args.force:
         raise CliError(f"{output} already exists; pass --force to overwrite it")
 
@@ -377,6 +379,9 @@ def main(argv: list[str] | None = None) -> int:
         message = str(error).splitlines()[0] if str(error) else type(error).__name__
         print(f"kvbench: error: {message}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # run keeps completed repetitions itself; elsewhere nothing is half-written
+        print("kvbench: interrupted; nothing was written", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -492,8 +492,9 @@ def render_markdown(report: Report, image: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def splice(document: str, block: str, source: str) -> str:
-    """Replace what lies between BEGIN_MARKER and END_MARKER in `document` with `block`."""
+def splice(document: str, block: str, source: str, begin_marker: str = BEGIN_MARKER, end_marker: str = END_MARKER) -> str:
+    """Replace what lies between the begin and end markers in `document` with `block`."""
+    BEGIN_MARKER, END_MARKER = begin_marker, end_marker  # noqa: N806 - the messages below name them
     begin, end = document.count(BEGIN_MARKER), document.count(END_MARKER)
     if begin != 1 or end != 1:
         raise ValueError(f"{source}: expected the markers {BEGIN_MARKER!r} and {END_MARKER!r} once each, "

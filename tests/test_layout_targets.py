@@ -1,0 +1,74 @@
+"""scripts/layout_targets.py: the README's layout targets come from records, checked here on known numbers."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from report_fixtures import synthetic_record
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("layout_targets", ROOT / "scripts" / "layout_targets.py")
+layout_targets = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(layout_targets)
+
+
+def records(static_medium=0.6, paged_medium=0.65, static_seed=1.0, static_long=1.2):
+    concat = 1.0
+    seed = synthetic_record({("concat", 1024): [concat] * 3, ("static", 1024): [static_seed] * 3,
+                             ("paged", 1024): [1.02] * 3})
+    long = synthetic_record({("static", 64): [64 / 1024] * 3, ("static", 2048): [2 * static_long] * 3})
+    medium = synthetic_record({("concat", 2048): [concat] * 3, ("static", 2048): [static_medium] * 3,
+                               ("paged", 2048): [paged_medium] * 3})
+    return {"seed": seed, "seed-long": long, "medium": medium}
+
+
+EXTERNAL = {"length": 1024, "fastest_kvbench_mode": "paged", "fastest_hf_mode": "hf-gpt2-dynamic",
+            "ratio_fastest_kvbench_to_fastest_hf": 0.3, "transformers_version": "5.0",
+            "per_token_median_us": {"paged": 300.0, "hf-gpt2-dynamic": 1000.0}}
+
+
+def test_targets_are_ratios_of_per_token_medians():
+    rows = {name: (value, holds) for name, _, value, _, holds in layout_targets.targets(records(), EXTERNAL)}
+    assert rows["medium, T=2048: static / concat"] == (pytest.approx(0.6), True)
+    assert rows["medium, T=2048: paged / concat"] == (pytest.approx(0.65), True)
+    assert rows["seed, T=1024: paged / concat"] == (pytest.approx(1.02), True)
+    # per token: (2 * 1.2 / 2048) / ((64 / 1024) / 64) = 1.2
+    assert rows["seed: static at T=2048 / at T=64"] == (pytest.approx(1.2), True)
+    assert rows["seed, T=1024: fastest cached (paged) / transformers (hf-gpt2-dynamic)"] == (0.3, True)
+
+
+def test_a_missed_target_says_no():
+    rows = layout_targets.targets(records(static_medium=0.8, static_long=1.5), EXTERNAL)
+    missed = {name for name, _, _, _, holds in rows if not holds}
+    assert missed == {"medium, T=2048: static / concat", "seed: static at T=2048 / at T=64"}
+    assert "| **no** |" in layout_targets.block(records(static_medium=0.8), EXTERNAL)
+
+
+def test_a_cell_that_failed_the_gate_is_not_a_target_value():
+    bad = records()
+    bad["medium"] = synthetic_record({("concat", 2048): [1.0] * 3, ("static", 2048): [0.5] * 3,
+                                      ("paged", 2048): [0.5] * 3}, failed={("static", 2048)})
+    with pytest.raises(ValueError, match="static at length 2048 failed the equivalence gate"):
+        layout_targets.targets(bad, EXTERNAL)
+
+
+def test_main_splices_the_block_and_reports_missing_records(tmp_path, monkeypatch, capsys):
+    paths = {}
+    for name, record in records().items():
+        paths[name] = tmp_path / f"{name}.json"
+        paths[name].write_text(json.dumps(record))
+    external = tmp_path / "hf.json"
+    external.write_text(json.dumps(EXTERNAL))
+    monkeypatch.setattr(layout_targets, "RECORDS", paths)
+    monkeypatch.setattr(layout_targets, "EXTERNAL", external)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{layout_targets.BEGIN}\nSTALE CONTENT\n{layout_targets.END}\noutro\n")
+    assert layout_targets.main(["--into", str(readme)]) == 0
+    text = readme.read_text()
+    assert "STALE CONTENT" not in text and text.startswith("intro\n") and text.endswith("outro\n")
+    assert "medium, T=2048: static / concat | per-token median ratio | 0.60 | <= 0.70 | yes" in text
+    paths["medium"].unlink()
+    assert layout_targets.main(["--into", str(readme)]) == 2
+    assert "medium.json" in capsys.readouterr().err
