@@ -10,7 +10,6 @@ verdict. `compare_command` is `kvbench compare`.
 from __future__ import annotations
 
 import difflib
-import io
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -326,13 +325,9 @@ def text_renderables(c: Comparison) -> list:
 
 
 def render_text(c: Comparison, width: int = 150) -> str:
-    from rich.console import Console
+    from kvbench.report import render_plain
 
-    buffer = io.StringIO()
-    console = Console(file=buffer, width=width, color_system=None, force_terminal=False, highlight=False)
-    for item in text_renderables(c):
-        console.print(item)
-    return buffer.getvalue()
+    return render_plain(text_renderables(c), width)
 
 
 def render_markdown(c: Comparison) -> str:

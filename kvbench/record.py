@@ -262,18 +262,22 @@ def write_record(record: dict, path: Path | str, force: bool = False) -> Path:
 
 
 def write_json_atomic(data: object, path: Path | str, force: bool = False) -> Path:
+    return write_bytes_atomic(path, (json.dumps(data, indent=1, allow_nan=False) + "\n").encode(), force)
+
+
+def write_bytes_atomic(path: Path | str, content: bytes, force: bool = False) -> Path:
     """Temp file + fsync + link (or rename with `force`): readers never see half a file,
-    and an existing file is never replaced silently."""
+    and an existing file is never replaced silently. A replaced file keeps its mode."""
     path = Path(path)
     if path.exists() and not force:
         raise RecordExistsError(f"{path} already exists; pass --force to overwrite it")
     path.parent.mkdir(parents=True, exist_ok=True)
     descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.fchmod(descriptor, 0o666 & ~_umask())  # mkstemp's 0600 would hide records from teammates
-        with os.fdopen(descriptor, "w") as handle:
-            json.dump(data, handle, indent=1, allow_nan=False)
-            handle.write("\n")
+        # mkstemp's 0600 would hide records from teammates and change a spliced README's mode.
+        os.fchmod(descriptor, path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_umask())
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(content)
             handle.flush()
             os.fsync(handle.fileno())
         if force:

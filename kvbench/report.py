@@ -14,7 +14,6 @@ import html
 import io
 import os
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -340,7 +339,7 @@ def _bytes_pair(memory: dict | None) -> str:
     kept, reserved = format_bytes(memory["measured_bytes"]), format_bytes(memory["reserved_bytes"])
     if kept == reserved:
         return kept
-    (kept_number, kept_unit), (reserved_number, reserved_unit) = kept.split(" "), reserved.split(" ")
+    (kept_number, kept_unit), reserved_unit = kept.split(" "), reserved.split(" ")[1]
     return f"{kept_number}/{reserved}" if kept_unit == reserved_unit else f"{kept}/{reserved}"
 
 
@@ -441,11 +440,16 @@ def text_renderables(report: Report) -> list:
 
 
 def render_text(report: Report, width: int = 150) -> str:
+    return render_plain(text_renderables(report), width)
+
+
+def render_plain(renderables, width: int = 150) -> str:
+    """rich renderables as plain text (no colour codes), for files and pipes."""
     from rich.console import Console
 
     buffer = io.StringIO()
     console = Console(file=buffer, width=width, color_system=None, force_terminal=False, highlight=False)
-    for item in text_renderables(report):
+    for item in renderables:
         console.print(item)
     return buffer.getvalue()
 
@@ -641,25 +645,10 @@ def render_html(report: Report, images: dict[str, tuple[bytes, str]]) -> str:
 # --- kvbench report -----------------------------------------------------------------------
 
 def write_file(path: Path, content: bytes, force: bool) -> Path:
-    """Write atomically (temp file + rename); refuse to replace an existing file unless `force`."""
-    path = Path(path)
-    if path.exists() and not force:
-        raise ValueError(f"{path} already exists; pass --force to overwrite it")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(content)
-        # mkstemp makes the file 0600; a report (or a spliced README) keeps its mode or gets the usual one.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temporary, path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~umask)
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
-    return path
+    """Write atomically; refuse to replace an existing file unless `force` (it then keeps its mode)."""
+    from kvbench.record import write_bytes_atomic
+
+    return write_bytes_atomic(path, content, force)
 
 
 def report_command(record_path: Path, fmt: str = "text", plot: Path | None = None, output: Path | None = None,

@@ -12,7 +12,6 @@ both with random weights and no download. Writes a JSON record with every sample
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
