@@ -188,8 +188,17 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.block_size = block_size
         shape = (config.layers, 2, config.kv_heads, num_blocks, block_size, config.head_dim)
-        with torch.inference_mode(False):  # writable later whether or not inference mode is on
-            self.storage = torch.zeros(shape, dtype=config.dtype)
+        # Like the other kinds, the pool belongs to the mode it is made in: made under
+        # torch.inference_mode() it is an inference tensor (cheap views in the decode step,
+        # writable only in inference mode); made outside, it works in and out of it.
+        self.storage = torch.zeros(shape, dtype=config.dtype)
+        # Per layer, keys and values as (1, KVH, num_blocks * block_size, D), slot = block * bs + offset:
+        # a run of consecutive slots is then already a (B=1, KVH, T, D) attention operand.
+        self.slots = [
+            (self.storage[layer, 0].view(1, config.kv_heads, -1, config.head_dim),
+             self.storage[layer, 1].view(1, config.kv_heads, -1, config.head_dim))
+            for layer in range(config.layers)
+        ]
         self._refcounts = [0] * num_blocks
         self._free = list(range(num_blocks - 1, -1, -1))  # pop() hands out low indices first
 
@@ -255,19 +264,16 @@ class PagedCache(Cache):
 
     Row b of the block table lists the pool blocks holding sequence b's positions in order:
     position p lives in block ``table[b][p // block_size]`` at offset ``p % block_size``. Blocks
-    are allocated in reserve(), after the model's checks and before any write. fork() shares
-    every block with a new request; a shared, partly filled last block is copied before either
-    side appends to it (copy-on-write). Full blocks are never written again, so they stay shared.
+    are allocated in reserve(), after the model's checks and before any write; update() writes
+    the new positions straight into their pool slots and reads every position back through the
+    table. fork() shares every block with a new request; a shared, partly filled last block is
+    copied before either side appends to it (copy-on-write). Full blocks are never written
+    again, so they stay shared.
 
-    Attention needs each sequence's keys as one (B, KVH, T, D) tensor, and gathering them through
-    the table at every step would copy the whole prefix, as concat does. So each request keeps
-    a contiguous workspace that mirrors its positions and receives only the new ones: update()
-    writes there, as the static cache does, and returns views of it. The workspace writes back
-    to the pool a block at a time: commit() copies every block that has just filled into its
-    pool block (one tensor op for all layers), and the partly filled last block is written back
-    before anything reads the pool or shares it (keys(), values(), fork()). The pool is the
-    storage of record: keys()/values() gather through the table, and a fork builds its workspace
-    from the pool. The workspace grows geometrically up to capacity (see workspace_bytes).
+    Reading through the table: when a single sequence's blocks are consecutive in the pool
+    (a fresh request in a pool it has to itself), its keys are a view of the pool, with no
+    copy; otherwise (forks, batches, a fragmented pool) they are gathered with one
+    index_select per tensor, which copies the prefix as concat's torch.cat does.
     """
 
     kind = "paged"
@@ -298,62 +304,54 @@ class PagedCache(Cache):
         self._rows: list[list[int]] = [[] for _ in range(batch)]  # the block table, one row per sequence
         self._held = 0  # blocks per row; every row holds the same number
         self._tail_shared = False  # set by fork(): the partly filled last block may be shared
-        # Appends up to this length need no block, copy or workspace growth: the decode step's
-        # fast path. 0 while the last block may be shared or after release.
-        self._room = 0
-        self._synced = 0  # positions 0.._synced-1 are in the pool; the rest only in the workspace
-        self._workspace: Tensor | None = None  # (layers, 2, B, KVH, size, D), size a block multiple
-        self._ws_size = 0
-        self._ws_keys: list[Tensor] = []  # per-layer (B, KVH, size, D) views of the workspace
-        self._ws_values: list[Tensor] = []
-        self._ws_blocks: Tensor | None = None  # (layers, 2, B, KVH, size / bs, bs, D) view
+        self._first_block: int | None = None  # set while one sequence's blocks are consecutive
+        self._slots: Tensor | None = None  # pool slots of the positions being appended
 
     # -- protocol -------------------------------------------------------------------------
 
     def check_append(self, config: DecoderConfig, batch: int, length: int) -> None:
-        if self.released:
-            self._check_live()
+        self._check_live()
         super().check_append(config, batch, length)
-        if self.length + length > self._room:
+        if self.length + length > self._held * self.block_size or self._tail_shared:
             self._check_free_blocks(length)
 
     def reserve(self, length: int) -> None:
-        """Copy shared partial blocks, allocate the blocks `length` more positions need, size the workspace."""
-        if self.length + length > self._room:
+        """Copy a shared partial last block, allocate the blocks `length` more positions need."""
+        start = self.length
+        if start + length > self._held * self.block_size or self._tail_shared:
             self._reserve_blocks(length)
+        if self._first_block is None or length > 1:
+            self._slots = self._slot_indices(start, start + length)  # (B * L,) row-major
         super().reserve(length)
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        if self.released:
-            self._check_live()
         start, new = self.length, k.shape[-2]
-        keys, values = self._ws_keys[layer], self._ws_values[layer]  # (B, KVH, size, D)
-        keys.narrow(2, start, new).copy_(k)  # beyond the valid prefix: invisible until commit
-        values.narrow(2, start, new).copy_(v)
-        return keys.narrow(2, 0, start + new), values.narrow(2, 0, start + new)
-
-    def commit(self, length: int) -> None:
-        super().commit(length)
-        full = self.length - self.length % self.block_size
-        if full > self._synced:  # blocks that just filled go to the pool
-            self._write_back(full)
+        keys, values = self.pool.slots[layer]  # (1, KVH, NB * bs, D)
+        if self._first_block is not None and new == 1:  # the decode step: one slot, no index tensor
+            slot = self._first_block * self.block_size + start
+            keys.narrow(2, slot, 1).copy_(k)
+            values.narrow(2, slot, 1).copy_(v)
+        else:
+            flat = (k.shape[1], -1, k.shape[-1])  # (KVH, B * L, D), row-major like the slots
+            keys[0].index_copy_(1, self._slots, k.transpose(0, 1).reshape(flat))
+            values[0].index_copy_(1, self._slots, v.transpose(0, 1).reshape(flat))
+        return self._read(keys, start + new), self._read(values, start + new)
 
     # -- requests -------------------------------------------------------------------------
 
     def fork(self) -> PagedCache:
         """A new request in the same pool sharing all of this one's valid blocks, at the same length."""
         self._check_live()
-        self._write_back(self.length)
         child = PagedCache(self.config, self.batch, self.capacity, pool=self.pool)
         used = _ceil_div(self.length, self.block_size)
         child._rows = [row[:used] for row in self._rows]
         for row in child._rows:
             self.pool.share(row)
         child._held = used
-        child.length = child._synced = self.length
+        child.length = self.length
+        child._first_block = self._first_block
         if self.length % self.block_size:
             self._tail_shared = child._tail_shared = True
-            self._room = 0
         return child
 
     def release(self) -> None:
@@ -361,25 +359,20 @@ class PagedCache(Cache):
         self._check_live()
         self.pool.release([block for row in self._rows for block in row])
         self._rows = [[] for _ in range(self.batch)]
-        self._held = self.length = self._synced = self._ws_size = self._room = 0
-        self._workspace, self._ws_keys, self._ws_values, self._ws_blocks = None, [], [], None
+        self._held = self.length = 0
+        self._first_block = self._slots = None
         self.released = True
 
     # -- reading --------------------------------------------------------------------------
 
     def keys(self, layer: int = 0) -> Tensor:
-        """Valid keys of one layer, (B, KVH, T, D), gathered from the pool through the block table.
-
-        The partly filled last block is written back first, so the pool is complete when read.
-        """
+        """Valid keys of one layer, (B, KVH, T, D), read from the pool through the block table."""
         self._check_live()
-        self._write_back(self.length)
-        return self._gather(self.pool.storage[layer, 0])
+        return self._read(self.pool.slots[layer][0], self.length)
 
     def values(self, layer: int = 0) -> Tensor:
         self._check_live()
-        self._write_back(self.length)
-        return self._gather(self.pool.storage[layer, 1])
+        return self._read(self.pool.slots[layer][1], self.length)
 
     @property
     def block_table(self) -> Tensor:
@@ -407,12 +400,6 @@ class PagedCache(Cache):
         reserved = self.reserved_bytes
         return self.fragmentation_bytes / reserved if reserved else 0.0
 
-    @property
-    def workspace_bytes(self) -> int:
-        """Bytes of the contiguous attention workspace (outside the pool; not in reserved_bytes)."""
-        ws = self._workspace
-        return 0 if ws is None else ws.numel() * ws.element_size()
-
     def __repr__(self) -> str:
         return (
             f"PagedCache(batch={self.batch}, length={self.length}, capacity={self.capacity}, "
@@ -425,11 +412,24 @@ class PagedCache(Cache):
         if self.released:
             raise ValueError("cache was released: expected a live cache, got one whose blocks were returned to the pool")
 
+    def _read(self, slots: Tensor, end: int) -> Tensor:
+        """Positions 0..end-1 of one layer's (1, KVH, NB * bs, D) pool slots as (B, KVH, end, D), via the table."""
+        if self._first_block is not None:  # consecutive blocks: a view of the pool
+            return slots.narrow(2, self._first_block * self.block_size, end)
+        gathered = slots[0].index_select(1, self._slot_indices(0, end))  # (KVH, B * end, D)
+        return gathered.view(slots.shape[1], self.batch, end, slots.shape[-1]).transpose(0, 1)
+
+    def _slot_indices(self, start: int, end: int) -> Tensor:
+        """Pool slots (block * block_size + offset) of positions start..end-1 of every row, row-major."""
+        positions = torch.arange(start, end)
+        blocks = torch.tensor(self._rows, dtype=torch.long).view(self.batch, -1)[:, positions // self.block_size]
+        return (blocks * self.block_size + positions % self.block_size).view(-1)
+
     def _blocks_needed(self, length: int) -> int:
         """Fresh blocks reserve(length) takes: new blocks per row plus copies of shared last blocks."""
         size, start = self.block_size, self.length
         needed = max(0, _ceil_div(start + length, size) - self._held) * self.batch
-        if start % size:
+        if start % size and self._tail_shared:
             index = start // size
             needed += sum(self.pool.refcount(row[index]) > 1 for row in self._rows)
         return needed
@@ -444,20 +444,14 @@ class PagedCache(Cache):
             )
 
     def _reserve_blocks(self, length: int) -> None:
-        self._check_live()
         pool, size, start = self.pool, self.block_size, self.length
-        if start + length > self.capacity:
-            raise ValueError(
-                f"position capacity exceeded: cache holds {start} of {self.capacity} positions, "
-                f"reserving {length} needs {start + length}"
-            )
         self._check_free_blocks(length)
         if start % size and self._tail_shared:  # the next position falls in a shared block: copy it
             index = start // size
             for row in self._rows:
                 if pool.refcount(row[index]) > 1:
                     (fresh,) = pool.allocate(1)
-                    pool.copy_block(row[index], fresh)  # complete: fork() wrote it back first
+                    pool.copy_block(row[index], fresh)
                     pool.release([row[index]])
                     row[index] = fresh
         self._tail_shared = False  # from here on the last block is this request's own
@@ -466,56 +460,9 @@ class PagedCache(Cache):
             for row in self._rows:
                 row.extend(pool.allocate(missing))
             self._held += missing
-        self._ensure_workspace(start + length)
-        self._room = min(self._held * size, self._ws_size)
-
-    def _write_back(self, end: int) -> None:
-        """Copy the blocks holding positions _synced..end-1 from the workspace into the pool, whole.
-
-        A block's positions beyond `end` carry whatever the workspace holds there; they are
-        invalid and invisible, and the block is this request's own (shared blocks are full or
-        were copied by reserve()), so nobody else sees them either.
-        """
-        start, size = self._synced, self.block_size
-        if end <= start:
-            return
-        first, last = start // size, _ceil_div(end, size)  # blocks first..last-1 of every row
-        if self.batch == 1 and last - first == 1:  # a decode step filled one block: no index tensor
-            self.pool.storage.select(3, self._rows[0][first]).copy_(self._ws_blocks.select(2, 0).select(3, first))
-        else:
-            blocks = torch.tensor([row[first:last] for row in self._rows]).view(-1)  # (B * n,), row-major
-            staged = self._ws_blocks.narrow(4, first, last - first)  # (layers, 2, B, KVH, n, bs, D)
-            self.pool.storage.index_copy_(3, blocks, staged.transpose(2, 3).flatten(3, 4))
-        self._synced = end
-
-    def _gather(self, part: Tensor) -> Tensor:
-        """(..., KVH, num_blocks, bs, D) pool storage -> (..., B, KVH, T, D) valid positions, via the table."""
-        B, T, size = self.batch, self.length, self.block_size
-        used = _ceil_div(T, size)
-        blocks = torch.tensor([row[:used] for row in self._rows], dtype=torch.long).view(-1)  # (B * used,)
-        gathered = part.index_select(-3, blocks)  # (..., KVH, B * used, bs, D)
-        gathered = gathered.view(*part.shape[:-3], B, used * size, part.shape[-1])
-        return gathered.narrow(-2, 0, T).transpose(-4, -3)
-
-    def _ensure_workspace(self, needed: int) -> None:
-        """Make the workspace hold `needed` positions, carrying over the valid prefix."""
-        old, have = self._workspace, self._ws_size
-        if have >= needed:
-            return
-        config, T = self.config, self.length
-        # Whole blocks, so that write-back can copy whole blocks; geometric, so growing is rare.
-        size = _ceil_div(min(self.capacity, max(needed, 2 * have)), self.block_size) * self.block_size
-        shape = (config.layers, 2, self.batch, config.kv_heads, size, config.head_dim)
-        with torch.inference_mode(False):  # writable later whether or not inference mode is on
-            workspace = torch.empty(shape, dtype=config.dtype)
-            if old is not None:
-                workspace[..., :T, :] = old[..., :T, :]
-            elif T:  # a fork: build the mirror from the pool
-                workspace[..., :T, :] = self._gather(self.pool.storage)
-        self._workspace, self._ws_size = workspace, size
-        self._ws_keys = [workspace[layer, 0] for layer in range(config.layers)]
-        self._ws_values = [workspace[layer, 1] for layer in range(config.layers)]
-        self._ws_blocks = workspace.unflatten(4, (size // self.block_size, self.block_size))
+        row = self._rows[0]
+        consecutive = self.batch == 1 and row == list(range(row[0], row[0] + len(row))) if row else False
+        self._first_block = row[0] if consecutive else None
 
 
 def make_cache(kind: str, config: DecoderConfig, batch: int = 1, capacity: int | None = None, **options) -> Cache:

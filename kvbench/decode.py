@@ -106,8 +106,6 @@ def cache_footprint(model: Decoder, ids: Tensor, mode: str) -> dict:
         "expected_bytes": expected_cache_bytes(model.config, B, T),
         "measured_bytes": cache.nbytes,
         "reserved_bytes": cache.reserved_bytes,
-        # paged keeps a contiguous attention workspace beside its blocks (see PagedCache)
-        "workspace_bytes": getattr(cache, "workspace_bytes", 0),
     }
     _release(cache)
     return footprint

@@ -62,8 +62,7 @@ def memory_rows(record: dict, length: int) -> list[list[str]]:
         if entry["length"] != length:
             continue
         rows.append([entry["mode"], format_bytes(entry["expected_bytes"]), format_bytes(entry["measured_bytes"]),
-                     format_bytes(entry["reserved_bytes"]), format_bytes(entry.get("workspace_bytes", 0)),
-                     format_bytes(entry.get("peak_rss_growth_bytes"))])
+                     format_bytes(entry["reserved_bytes"]), format_bytes(entry.get("peak_rss_growth_bytes"))])
     return rows
 
 
@@ -85,7 +84,7 @@ def block(records: dict, external: dict) -> str:
     lines += table(["mode", "µs/token"], [[mode, f"{us:.1f}"] for mode, us in external["per_token_median_us"].items()])
     medium_length = records["medium"]["run"]["lengths"][-1]
     lines += ["", f"Memory on the `medium` preset at T={medium_length} (one loop, apart from the timed ones):", ""]
-    lines += table(["mode", "formula", "retained (measured)", "reserved", "paged workspace", "peak RSS growth"],
+    lines += table(["mode", "formula", "retained (measured)", "reserved", "peak RSS growth"],
                    memory_rows(records["medium"], medium_length))
     return "\n".join(lines) + "\n"
 

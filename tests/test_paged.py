@@ -409,3 +409,44 @@ def test_random_requests_forks_and_releases_in_one_pool(model, seed):
         for cache, _ in live:
             cache.release()
     assert pool.free_blocks == pool.num_blocks
+
+
+# -- the read path ---------------------------------------------------------------------------
+
+
+def _is_view_of_pool(tensor: torch.Tensor, cache: PagedCache) -> bool:
+    return tensor.untyped_storage().data_ptr() == cache.pool.storage.untyped_storage().data_ptr()
+
+
+def test_a_fresh_request_reads_the_pool_without_copying(model):
+    ids = tokens(1, 21, seed=30)
+    with torch.inference_mode():
+        cache = make_cache("paged", CONFIG, batch=1, capacity=40, block_size=4)
+        _, cache = decode(model, ids, cache)
+        _, reference = decode(model, ids, make_cache("concat", CONFIG))
+    assert cache.block_table.tolist() == [[0, 1, 2, 3, 4, 5]]  # consecutive: one strided view
+    for layer in range(CONFIG.layers):
+        assert _is_view_of_pool(cache.keys(layer), cache) and _is_view_of_pool(cache.values(layer), cache)
+        assert torch.equal(cache.keys(layer), reference.keys(layer))
+        assert torch.equal(cache.values(layer), reference.values(layer))
+
+
+def test_scattered_blocks_are_gathered_through_the_table(model):
+    """A fork's copied block breaks the run of consecutive blocks: reads then gather, and still match."""
+    pool = BlockPool(CONFIG, num_blocks=16, block_size=4)
+    ids = tokens(1, 14, seed=31)
+    with torch.inference_mode():
+        _, parent = model(ids[:, :6], PagedCache(CONFIG, pool=pool))
+        child = parent.fork()
+        _, parent = decode(model, ids[:, 6:], parent)  # copy-on-write of block 1, then new blocks
+        _, reference = model(ids[:, :6], make_cache("concat", CONFIG))
+        _, reference = decode(model, ids[:, 6:], reference)
+    table = parent.block_table.tolist()[0]
+    assert table != list(range(table[0], table[0] + len(table)))
+    assert not _is_view_of_pool(parent.keys(0), parent)
+    for layer in range(CONFIG.layers):
+        assert torch.equal(parent.keys(layer), reference.keys(layer))
+        assert torch.equal(parent.values(layer), reference.values(layer))
+    child.release()
+    parent.release()
+    assert pool.free_blocks == 16
