@@ -69,7 +69,7 @@ report: $(STAMP)
 # so that record times the cached kinds only; its targets are ratios between them.
 layouts: $(STAMP)
 	$(BIN)/pip install -qq -e ".[hf]"
-	$(BIN)/kvbench run --no-progress --lengths 64,1024 --output results/layouts/seed.json --force
-	$(BIN)/kvbench run --no-progress --lengths 64,2048 --modes concat,static,paged --output results/layouts/seed-long.json --force
+	$(BIN)/kvbench run --no-progress --lengths 64,1024 --repeats 15 --output results/layouts/seed.json --force
+	$(BIN)/kvbench run --no-progress --lengths 64,2048 --modes concat,static,paged --repeats 15 --output results/layouts/seed-long.json --force
 	$(BIN)/kvbench run --no-progress --preset medium --lengths 2048 --modes concat,static,paged --repeats 5 --output results/layouts/medium.json --force
 	$(BIN)/python scripts/hf_dynamic_cache.py --length 1024 --force

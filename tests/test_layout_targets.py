@@ -26,24 +26,36 @@ def records(static_medium=0.6, paged_medium=0.65, static_seed=1.0, static_long=1
 
 EXTERNAL = {"length": 1024, "fastest_kvbench_mode": "paged", "fastest_hf_mode": "hf-gpt2-dynamic",
             "ratio_fastest_kvbench_to_fastest_hf": 0.3, "transformers_version": "5.0",
-            "per_token_median_us": {"paged": 300.0, "hf-gpt2-dynamic": 1000.0}}
+            "per_token_median_us": {"paged": 300.0, "hf-gpt2-dynamic": 1000.0},
+            "repetitions": [{"mode": mode, "length": 1024, "repetition": r, "order": 0, "seconds": seconds}
+                            for r in range(3) for mode, seconds in (("paged", 0.3), ("hf-gpt2-dynamic", 1.0))]}
 
 
 def test_targets_are_ratios_of_per_token_medians():
-    rows = {name: (value, holds) for name, _, value, _, holds in layout_targets.targets(records(), EXTERNAL)}
-    assert rows["medium, T=2048: static / concat"] == (pytest.approx(0.6), True)
-    assert rows["medium, T=2048: paged / concat"] == (pytest.approx(0.65), True)
-    assert rows["seed, T=1024: paged / concat"] == (pytest.approx(1.02), True)
+    rows = {name: (estimate, bound) for name, estimate, bound in layout_targets.targets(records(), EXTERNAL)}
+    static, bound = rows["medium, T=2048: static / concat"]
+    assert static.ratio == pytest.approx(0.6) and bound == 0.70
+    assert static.low == pytest.approx(0.6) and static.high == pytest.approx(0.6)  # identical samples: no spread
+    assert rows["medium, T=2048: paged / concat"][0].ratio == pytest.approx(0.65)
+    assert rows["seed, T=1024: paged / concat"][0].ratio == pytest.approx(1.02)
     # per token: (2 * 1.2 / 2048) / ((64 / 1024) / 64) = 1.2
-    assert rows["seed: static at T=2048 / at T=64"] == (pytest.approx(1.2), True)
-    assert rows["seed, T=1024: fastest cached (paged) / transformers (hf-gpt2-dynamic)"] == (0.3, True)
+    assert rows["seed: static per token at T=2048 / at T=64"][0].ratio == pytest.approx(1.2)
+    assert rows["seed, T=1024: fastest cached (paged) / transformers (hf-gpt2-dynamic)"][0].ratio == pytest.approx(0.3)
+
+
+def test_verdict_reads_the_whole_interval():
+    from kvbench.stats import RatioEstimate
+
+    assert layout_targets.verdict(RatioEstimate(0.6, 0.55, 0.68, 7), 0.70) == "yes"
+    assert layout_targets.verdict(RatioEstimate(0.8, 0.75, 0.87, 7), 0.70) == "**no**"
+    assert layout_targets.verdict(RatioEstimate(0.65, 0.6, 0.75, 7), 0.70) == "undecided, point within"
+    assert layout_targets.verdict(RatioEstimate(0.75, 0.6, 0.9, 7), 0.70) == "undecided, point beyond"
 
 
 def test_a_missed_target_says_no():
-    rows = layout_targets.targets(records(static_medium=0.8, static_long=1.5), EXTERNAL)
-    missed = {name for name, _, _, _, holds in rows if not holds}
-    assert missed == {"medium, T=2048: static / concat", "seed: static at T=2048 / at T=64"}
-    assert "| **no** |" in layout_targets.block(records(static_medium=0.8), EXTERNAL)
+    text = layout_targets.block(records(static_medium=0.8, static_long=1.5), EXTERNAL)
+    assert "| medium, T=2048: static / concat | 0.80 | [0.80, 0.80] | <= 0.70 | **no** |" in text
+    assert "| seed: static per token at T=2048 / at T=64 | 1.50 | [1.50, 1.50] | <= 1.30 | **no** |" in text
 
 
 def test_a_cell_that_failed_the_gate_is_not_a_target_value():
@@ -68,7 +80,7 @@ def test_main_splices_the_block_and_reports_missing_records(tmp_path, monkeypatc
     assert layout_targets.main(["--into", str(readme)]) == 0
     text = readme.read_text()
     assert "STALE CONTENT" not in text and text.startswith("intro\n") and text.endswith("outro\n")
-    assert "medium, T=2048: static / concat | per-token median ratio | 0.60 | <= 0.70 | yes" in text
+    assert "| medium, T=2048: static / concat | 0.60 | [0.60, 0.60] | <= 0.70 | yes |" in text
     paths["medium"].unlink()
     assert layout_targets.main(["--into", str(readme)]) == 2
     assert "medium.json" in capsys.readouterr().err

@@ -1,6 +1,7 @@
 """kvbench.timing: the protocol (order, warmup, repetitions, gc, threads) and run_benchmark's outcome."""
 
 import gc
+import os
 from collections import Counter
 
 import pytest
@@ -263,3 +264,22 @@ def test_run_benchmark_interrupt_during_the_gate_propagates(tiny_model, monkeypa
     monkeypatch.setattr(timing, "check_equivalence", check_equivalence)
     with pytest.raises(KeyboardInterrupt):
         run_benchmark(tiny_model, [4], ["full"], repeats=1)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux's resettable VmHWM")
+def test_memory_profile_shows_the_copies_of_concat():
+    """Static touches its buffers once; concat's per-step copies show as extra peak growth."""
+    from kvbench.decode import token_ids
+    from kvbench.model import DecoderConfig, build_model
+    from kvbench.timing import memory_profile
+
+    model = build_model(DecoderConfig(width=256, heads=8, layers=4, max_length=512), seed=0)
+    ids = token_ids(model.config, 1, 512)
+    for mode in ("static", "concat"):  # first-use allocations (as the gate does in run_benchmark)
+        timing.decode(model, ids, mode)
+    static, concat = memory_profile(model, ids, "static"), memory_profile(model, ids, "concat")
+    retained = 2 * 4 * 8 * 512 * 32 * 4  # 4 MiB
+    assert static["measured_bytes"] == concat["measured_bytes"] == static["expected_bytes"] == retained
+    assert retained * 0.9 <= static["peak_rss_growth_bytes"] <= retained * 1.6
+    assert concat["peak_rss_growth_bytes"] >= 1.5 * static["peak_rss_growth_bytes"]
+    assert "VmHWM" in static["peak_method"]
