@@ -496,18 +496,17 @@ def render_markdown(report: Report, image: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def splice(document: str, block: str, source: str, begin_marker: str = BEGIN_MARKER, end_marker: str = END_MARKER) -> str:
-    """Replace what lies between the begin and end markers in `document` with `block`."""
-    BEGIN_MARKER, END_MARKER = begin_marker, end_marker  # noqa: N806 - the messages below name them
-    begin, end = document.count(BEGIN_MARKER), document.count(END_MARKER)
-    if begin != 1 or end != 1:
-        raise ValueError(f"{source}: expected the markers {BEGIN_MARKER!r} and {END_MARKER!r} once each, "
-                         f"found {begin} and {end}")
-    head, rest = document.split(BEGIN_MARKER)
-    _, tail = rest.split(END_MARKER)
-    if END_MARKER in head:
-        raise ValueError(f"{source}: {END_MARKER!r} comes before {BEGIN_MARKER!r}")
-    return f"{head}{BEGIN_MARKER}\n{block.rstrip()}\n{END_MARKER}{tail}"
+def splice(document: str, block: str, source: str, begin: str = BEGIN_MARKER, end: str = END_MARKER) -> str:
+    """Replace what lies between the `begin` and `end` markers in `document` with `block`."""
+    begins, ends = document.count(begin), document.count(end)
+    if begins != 1 or ends != 1:
+        raise ValueError(f"{source}: expected the markers {begin!r} and {end!r} once each, "
+                         f"found {begins} and {ends}")
+    head, rest = document.split(begin)
+    _, tail = rest.split(end)
+    if end in head:
+        raise ValueError(f"{source}: {end!r} comes before {begin!r}")
+    return f"{head}{begin}\n{block.rstrip()}\n{end}{tail}"
 
 
 # --- html ---------------------------------------------------------------------------------
