@@ -10,18 +10,16 @@ from kvbench.decode import cache_footprint
 from . import common
 
 
-class TrackCacheBytes:
+class TrackCacheBytes(common.Cells):
     """Bytes of key/value storage held after a loop (measured from the cache's tensors).
 
     For ``full`` this is the throwaway cache of its last step: the same positions,
-    which is why every correct kind should report the same number.
+    which is why every correct kind should report the same number. Bytes are a fact
+    about the layout, so they are tracked even for a mode that fails the gate.
     """
 
-    params = (common.MODES, common.LENGTHS)
-    param_names = ("mode", "length")
     unit = "bytes"
     version = "kvbench-cache-bytes-1"
-    setup_cache = staticmethod(common.prepare)
 
     def setup(self, gate, mode, length):
         self.model, self.ids = common.workload(mode, length)
@@ -30,17 +28,15 @@ class TrackCacheBytes:
         return cache_footprint(self.model, self.ids, mode)["measured_bytes"]
 
 
-class TrackEquivalence:
+class TrackEquivalence(common.Cells):
     """max |cached - full| over the last-position logits of every step (the gate's number).
 
     Computed once per commit by the shared setup_cache; a mode that raises fails here.
     """
 
     params = (common.CACHED_MODES, common.LENGTHS)
-    param_names = ("mode", "length")
     unit = "max abs diff"
     version = "kvbench-equivalence-1"
-    setup_cache = staticmethod(common.prepare)
 
     def setup(self, gate, mode, length):
         common.workload(mode, length)  # skips a mode or length this commit does not have

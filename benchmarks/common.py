@@ -22,20 +22,18 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import statistics
 import sys
 from pathlib import Path
 
-from kvbench.decode import FULL, MODES as KVBENCH_MODES, check_equivalence, decode_full, token_ids
+from kvbench.decode import FULL, run_gate, token_ids
+from kvbench.decode import MODES as KVBENCH_MODES
 from kvbench.model import DecoderConfig, build_model
-from kvbench.timing import set_threads
+from kvbench.timing import Protocol, set_threads
 
 LENGTHS_VARIABLE = "KVBENCH_ASV_LENGTHS"
 DEFAULT_LENGTHS = (64, 256)
 KNOWN_MODES = ("full", "concat", "static", "paged")
-SEED = 0
-BATCH = 1
-THREADS = 1
+PROTOCOL = Protocol()  # the seed's workload: batch 1, seed 0, one thread
 
 
 def parse_lengths(text: str | None) -> tuple[int, ...]:
@@ -57,17 +55,18 @@ CACHED_MODES = tuple(m for m in MODES if m != FULL)
 
 def workload(mode: str, length: int):
     """(model, ids) for one cell, seeded; cheap enough for asv's per-sample setup."""
-    set_threads(THREADS)  # before any torch work in this process
+    set_threads(PROTOCOL.threads)  # before any torch work in this process
     if mode not in KVBENCH_MODES:
         raise NotImplementedError(f"mode {mode!r} does not exist at this commit")
     config = DecoderConfig()
     if length > config.max_length:
         raise NotImplementedError(f"length {length} exceeds max_length {config.max_length}")
-    return build_model(config, seed=SEED), token_ids(config, BATCH, length, SEED)
+    return build_model(config, seed=PROTOCOL.seed), token_ids(config, PROTOCOL.batch, length, PROTOCOL.seed)
 
 
 def require_equivalent(gate: dict, mode: str, length: int) -> None:
-    """A mode that fails the gate is not timed as if it were correct: the benchmark fails."""
+    """asv stores bare numbers, so a mode that failed the gate is not timed at all: the benchmark
+    fails (kvbench.decode.run_gate states the policy)."""
     if mode == FULL or mode not in KVBENCH_MODES:
         return
     check = gate.get((mode, length))
@@ -75,14 +74,6 @@ def require_equivalent(gate: dict, mode: str, length: int) -> None:
         raise RuntimeError(f"no equivalence check for {mode} at length {length}")
     if not check["passed"]:
         raise RuntimeError(f"{mode} at length {length} failed the equivalence gate: {check.get('error') or check}")
-
-
-def median_ratio(samples, numerator: str, denominator: str) -> float:
-    """median seconds of `numerator` over median seconds of `denominator` (kvbench's speedup)."""
-    seconds = {numerator: [], denominator: []}
-    for sample in samples:
-        seconds[sample.mode].append(sample.seconds)
-    return statistics.median(seconds[numerator]) / statistics.median(seconds[denominator])
 
 
 def _asvtools():
@@ -106,7 +97,7 @@ def prepare() -> dict:
     Returns {(mode, length): Equivalence dict}; an error in a mode becomes a failed
     check with the error, so one broken cache kind cannot cost the others.
     """
-    set_threads(THREADS)  # the capture then records the threads the benchmarks use
+    set_threads(PROTOCOL.threads)  # the capture then records the threads the benchmarks use
     try:
         asvtools = _asvtools()
         if asvtools is not None:
@@ -115,24 +106,30 @@ def prepare() -> dict:
         print(f"kvbench: capture failed: {type(error).__name__}: {error}", file=sys.stderr)
 
     config = DecoderConfig()
-    model = build_model(config, seed=SEED)
     lengths = [n for n in LENGTHS if n <= config.max_length]
-    gate: dict = {}
     if not lengths:
-        return gate
-    longest = token_ids(config, BATCH, max(lengths), SEED)
-    reference = decode_full(model, longest, keep_logits=True)
-    for length in lengths:
-        for mode in CACHED_MODES:
-            if mode not in KVBENCH_MODES:
-                continue
-            try:
-                result = check_equivalence(model, longest[:, :length], [mode], reference=reference)[mode]
-                gate[(mode, length)] = result.to_dict()
-            except Exception as error:  # noqa: BLE001
-                gate[(mode, length)] = {"mode": mode, "length": length, "passed": False,
-                                        "error": f"{type(error).__name__}: {error}"}
-    return gate
+        return {}
+    model = build_model(config, seed=PROTOCOL.seed)
+    longest = token_ids(config, PROTOCOL.batch, max(lengths), PROTOCOL.seed)
+    return run_gate(model, longest, lengths, [mode for mode in CACHED_MODES if mode in KVBENCH_MODES])
 
 
 prepare.timeout = 900  # the gate at long KVBENCH_ASV_LENGTHS runs the full-prefix loop once
+
+
+class Cells:
+    """The shared shape of kvbench's suites: one benchmark per (mode, length) cell.
+
+    asv runs ``prepare`` once per commit (the gate), then ``setup`` before each sample:
+    it skips a cell this commit lacks, refuses one whose mode failed the gate, and
+    builds the seeded model and ids, so each timed body is a single call.
+    """
+
+    params = (MODES, LENGTHS)
+    param_names = ("mode", "length")
+    setup_cache = staticmethod(prepare)
+    timeout = 600
+
+    def setup(self, gate, mode, length):
+        require_equivalent(gate, mode, length)
+        self.model, self.ids = workload(mode, length)

@@ -11,39 +11,23 @@ from kvbench.decode import decode
 from . import common
 
 
-class TimeDecode:
+class TimeDecode(common.Cells):
     """Seconds per decode loop; asv's median over samples, one loop per sample."""
 
-    params = (common.MODES, common.LENGTHS)
-    param_names = ("mode", "length")
     version = "kvbench-decode-1"
-    setup_cache = staticmethod(common.prepare)
     number = 1  # one loop per sample; setup runs before every sample and is cheap
     repeat = (5, 15, 20.0)  # min and max samples per round, and the time budget
     rounds = 2  # two processes per cell, interleaved with the other benchmarks
     warmup_time = 0.2  # at least one untimed loop first
-    timeout = 600
-
-    def setup(self, gate, mode, length):
-        common.require_equivalent(gate, mode, length)
-        self.model, self.ids = common.workload(mode, length)
 
     def time_decode(self, gate, mode, length):
         decode(self.model, self.ids, mode)
 
 
-class PeakMemDecode:
+class PeakMemDecode(common.Cells):
     """Peak resident memory of a process that runs one decode loop (torch included)."""
 
-    params = (common.MODES, common.LENGTHS)
-    param_names = ("mode", "length")
     version = "kvbench-decode-1"
-    setup_cache = staticmethod(common.prepare)
-    timeout = 600
-
-    def setup(self, gate, mode, length):
-        common.require_equivalent(gate, mode, length)
-        self.model, self.ids = common.workload(mode, length)
 
     def peakmem_decode(self, gate, mode, length):
         decode(self.model, self.ids, mode)

@@ -10,7 +10,9 @@ even though ``asv compare`` lists it under "improved".
 """
 
 from kvbench.decode import FULL
-from kvbench.timing import measure
+from kvbench.record import samples_by_cell
+from kvbench.stats import paired_speedup
+from kvbench.timing import Protocol, measure
 
 from . import common
 
@@ -20,20 +22,15 @@ from . import common
 REPEATS = 31
 
 
-class TrackSpeedup:
+class TrackSpeedup(common.Cells):
     """Median full-prefix seconds over median cached seconds, per cache kind and length."""
 
     params = (common.CACHED_MODES, common.LENGTHS)
-    param_names = ("mode", "length")
     unit = "x"
     version = "kvbench-speedup-1"
-    setup_cache = staticmethod(common.prepare)
     timeout = 900
 
-    def setup(self, gate, mode, length):
-        common.require_equivalent(gate, mode, length)
-        self.model, self.ids = common.workload(mode, length)
-
     def track_speedup(self, gate, mode, length):
-        samples = measure(self.model, {length: self.ids}, [FULL, mode], repeats=REPEATS, warmup=1)
-        return common.median_ratio(samples, FULL, mode)
+        samples = measure(self.model, {length: self.ids}, [FULL, mode], Protocol(repeats=REPEATS))
+        cells = samples_by_cell([sample.to_dict() for sample in samples])
+        return paired_speedup(cells[(FULL, length)], cells[(mode, length)]).ratio

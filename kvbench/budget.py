@@ -17,13 +17,13 @@ SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12
               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
-def parse_size(text: str) -> int:
-    """'24GiB', '80 GB', '1.5e9', '4096' -> bytes."""
+def parse_size(text: str, allow_zero: bool = False) -> int:
+    """'24GiB', '80 GB', '1.5e9', '4096' -> bytes; zero only when `allow_zero`."""
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", text)
     if not match or match.group(2).lower() not in SIZE_UNITS:
         raise ValueError(f"expected a size like 24GiB, 80GB or 1e9, got {text!r}")
     size = float(match.group(1)) * SIZE_UNITS[match.group(2).lower()]
-    if size <= 0:
+    if size < 0 or (size == 0 and not allow_zero):
         raise ValueError(f"expected a positive size, got {text!r}")
     return int(size)
 

@@ -4,17 +4,22 @@ Every mode consumes the same predetermined token ids, so generation choices neve
 change the workload. ``full`` re-runs the whole prefix at every step; a cache kind
 feeds one new token per step and keeps the rest. Both produce, for every step t,
 the logits at the last position (the prediction for token t + 1).
+
+Every loop in kvbench -- the timed loop, the per-step profile, the cache footprint
+and the gate -- drives the one step generator, :func:`decode_steps`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
 import torch
 from torch import Tensor
 
 from kvbench.cache import CACHE_KINDS, Cache, expected_cache_bytes, make_cache
-from kvbench.model import Decoder, DecoderConfig, dtype_name
+from kvbench.config import DecoderConfig, dtype_name
+from kvbench.model import Decoder
 
 FULL = "full"
 MODES = (FULL, *CACHE_KINDS)
@@ -29,6 +34,7 @@ TOLERANCES = {
 
 
 def check_modes(modes: list[str] | tuple[str, ...]) -> list[str]:
+    """The modes as a list, or ValueError naming the first unknown or repeated one."""
     modes = list(modes)
     if not modes:
         raise ValueError(f"at least one mode is required, choose from {list(MODES)}")
@@ -49,66 +55,27 @@ def token_ids(config: DecoderConfig, batch: int, length: int, seed: int = 0) -> 
     return ids[:, :length].clone()
 
 
-def decode_full(model: Decoder, ids: Tensor, keep_logits: bool = False) -> Tensor | None:
-    """Re-run the whole prefix at every step: step t processes ids[:, :t + 1]."""
-    T = ids.shape[1]
-    kept = _new_logits(model, ids) if keep_logits else None
-    with torch.inference_mode():
-        for t in range(T):
-            logits, _ = model(ids[:, : t + 1])
-            if kept is not None:
-                kept[:, t] = logits[:, -1]
-    return kept
+def decode_steps(model: Decoder, ids: Tensor, mode: str) -> Iterator[tuple[Tensor, Cache]]:
+    """One step per position t: yields (last-position logits (B, V), the cache after step t).
 
-
-def decode_cached(model: Decoder, ids: Tensor, kind: str, keep_logits: bool = False) -> Tensor | None:
-    """Feed one token per step into a fresh `kind` cache sized for the whole sequence."""
-    kept = _new_logits(model, ids) if keep_logits else None
-    cache = _cached_loop(model, ids, kind, kept)
-    _release(cache)
-    return kept
-
-
-def _cached_loop(model: Decoder, ids: Tensor, kind: str, kept: Tensor | None) -> Cache:
-    B, T = ids.shape
-    with torch.inference_mode():
-        cache = make_cache(kind, model.config, batch=B, capacity=T)
-        for t in range(T):
-            logits, cache = model(ids[:, t : t + 1], cache)
-            if kept is not None:
-                kept[:, t] = logits[:, -1]
-    return cache
-
-
-def _new_logits(model: Decoder, ids: Tensor) -> Tensor:
-    B, T = ids.shape
-    return torch.empty(B, T, model.config.vocab_size, dtype=model.config.dtype)
-
-
-def _release(cache: Cache) -> None:
-    release = getattr(cache, "release", None)  # paged caches return blocks to their pool
-    if release is not None:
-        release()
-
-
-def cache_footprint(model: Decoder, ids: Tensor, mode: str) -> dict:
-    """Bytes held at the end of a loop: measured from tensors, reserved, and the formula.
-
-    For the full-prefix path this is the throwaway cache of its last step.
+    ``full`` re-runs ids[:, :t + 1] and yields that call's throwaway cache; a cache kind
+    feeds ids[:, t] into one fresh cache sized for the whole sequence, released when the
+    generator finishes or is closed. Drive it inside ``torch.inference_mode()``: the
+    generator leaves the autograd mode to its caller, so it costs nothing per step.
     """
     B, T = ids.shape
     if mode == FULL:
-        with torch.inference_mode():
-            _, cache = model(ids)
-    else:
-        cache = _cached_loop(model, ids, mode, None)
-    footprint = {
-        "expected_bytes": expected_cache_bytes(model.config, B, T),
-        "measured_bytes": cache.nbytes,
-        "reserved_bytes": cache.reserved_bytes,
-    }
-    _release(cache)
-    return footprint
+        for t in range(T):
+            logits, cache = model(ids[:, : t + 1])
+            yield logits[:, -1], cache
+        return
+    cache = make_cache(mode, model.config, batch=B, capacity=T)
+    try:
+        for t in range(T):
+            logits, cache = model(ids[:, t : t + 1], cache)
+            yield logits[:, -1], cache
+    finally:
+        cache.release()
 
 
 def decode(model: Decoder, ids: Tensor, mode: str, keep_logits: bool = False) -> Tensor | None:
@@ -116,6 +83,45 @@ def decode(model: Decoder, ids: Tensor, mode: str, keep_logits: bool = False) ->
     if mode == FULL:
         return decode_full(model, ids, keep_logits)
     return decode_cached(model, ids, mode, keep_logits)
+
+
+def decode_full(model: Decoder, ids: Tensor, keep_logits: bool = False) -> Tensor | None:
+    """Re-run the whole prefix at every step: step t processes ids[:, :t + 1]."""
+    return _drain(model, ids, FULL, keep_logits)
+
+
+def decode_cached(model: Decoder, ids: Tensor, kind: str, keep_logits: bool = False) -> Tensor | None:
+    """Feed one token per step into a fresh `kind` cache sized for the whole sequence."""
+    return _drain(model, ids, kind, keep_logits)
+
+
+def _drain(model: Decoder, ids: Tensor, mode: str, keep_logits: bool) -> Tensor | None:
+    B, T = ids.shape
+    kept = torch.empty(B, T, model.config.vocab_size, dtype=model.config.dtype) if keep_logits else None
+    with torch.inference_mode():
+        for t, (logits, _) in enumerate(decode_steps(model, ids, mode)):
+            if kept is not None:
+                kept[:, t] = logits
+    return kept
+
+
+def cache_footprint(model: Decoder, ids: Tensor, mode: str) -> dict:
+    """Bytes held at the end of a loop: measured from tensors, reserved, and the formula.
+
+    For the full-prefix path this is the throwaway cache of its last step, which is
+    one forward pass over the whole sequence (its earlier steps are independent of it).
+    """
+    B, T = ids.shape
+    footprint = {"expected_bytes": expected_cache_bytes(model.config, B, T)}
+    with torch.inference_mode():
+        if mode == FULL:
+            _, cache = model(ids)
+            footprint.update(measured_bytes=cache.nbytes, reserved_bytes=cache.reserved_bytes)
+            return footprint
+        for t, (_, cache) in enumerate(decode_steps(model, ids, mode)):
+            if t == T - 1:  # before the generator releases the cache
+                footprint.update(measured_bytes=cache.nbytes, reserved_bytes=cache.reserved_bytes)
+    return footprint
 
 
 @dataclass(frozen=True)
@@ -178,7 +184,7 @@ def check_equivalence(
     atol: float | None = None,
     rtol: float | None = None,
 ) -> dict[str, Equivalence]:
-    """The gate: compare every mode's logits with the full-prefix path's at every step.
+    """Compare every mode's logits with the full-prefix path's at every step.
 
     `reference` (B, >= T, V) may be full-prefix logits computed once for a longer
     prefix of the same ids: step t depends only on ids[:, :t + 1].
@@ -195,3 +201,47 @@ def check_equivalence(
         candidate = reference if mode == FULL else decode(model, ids, mode, keep_logits=True)
         results[mode] = compare_logits(mode, candidate, reference, atol, rtol)
     return results
+
+
+def run_gate(model: Decoder, ids: Tensor, lengths: list[int], modes: list[str],
+             reference: Tensor | None = None) -> dict[tuple[str, int], dict]:
+    """The gate of a run: every mode at every length against the full-prefix logits.
+
+    `ids` holds the longest sequence; each length checks its prefix, against one
+    reference computed once at the longest length. Returns {(mode, length): check
+    dict}. A mode that raises becomes a failed check carrying the error, so one broken
+    kind cannot cost the others.
+
+    The policy for a mode that fails, everywhere in kvbench: it is never reported as a
+    valid speedup. A mode whose logits differ still runs, so ``kvbench run`` times it and
+    marks every number derived from it invalid (the record shows what the incorrect
+    code costs); asv stores bare numbers with no validity flag, so its suites refuse to
+    time it (the benchmark fails). A mode that raised cannot be timed anywhere.
+    """
+    if reference is None:
+        reference = decode_full(model, ids[:, : max(lengths)], keep_logits=True)
+    checks = {}
+    for length in lengths:
+        for mode in check_modes(modes):
+            try:
+                result = check_equivalence(model, ids[:, :length], [mode], reference=reference)[mode]
+                checks[(mode, length)] = result.to_dict()
+            except (KeyboardInterrupt, MemoryError):
+                raise
+            except Exception as error:  # noqa: BLE001 - any failure of the kind under test is its result
+                checks[(mode, length)] = failed_check(mode, length, model.config.dtype, error)
+    return checks
+
+
+def failed_check(mode: str, length: int, dtype: torch.dtype, error: BaseException) -> dict:
+    """The check of a mode that raised: failed, with the error and no differences to report."""
+    atol, rtol = tolerances(dtype)
+    text = f"{type(error).__name__}: {error}".splitlines()[0][:300]
+    return {"mode": mode, "length": length, "passed": False, "max_abs_diff": None, "max_rel_diff": None,
+            "first_divergent_position": None, "non_finite": 0, "atol": atol, "rtol": rtol,
+            "dtype": dtype_name(dtype), "error": text}
+
+
+def timeable(check: dict | None) -> bool:
+    """Whether a mode can be timed after the gate (it ran, whatever its logits)."""
+    return check is not None and "error" not in check

@@ -9,9 +9,6 @@ held, C width, H query heads, KVH key/value heads, D head width, V vocabulary.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -20,83 +17,18 @@ from torch import Tensor
 from kvbench.attention import causal_attention
 from kvbench.cache import Cache, ConcatCache
 
-DTYPES = {
-    "float32": torch.float32,
-    "float64": torch.float64,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}
+# Re-exported: `from kvbench.model import DecoderConfig` is part of the public contract.
+from kvbench.config import (
+    DTYPES,
+    PRESETS,
+    DecoderConfig,
+    dtype_name,
+    parse_dtype,
+    preset_config,
+)
 
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def parse_dtype(value: str | torch.dtype) -> torch.dtype:
-    if isinstance(value, torch.dtype):
-        if value not in DTYPES.values():
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype_name(value)}")
-        return value
-    if value not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {value!r}")
-    return DTYPES[value]
-
-
-@dataclass(frozen=True)
-class DecoderConfig:
-    """Model dimensions. The defaults are the source document's lab."""
-
-    vocab_size: int = 128
-    width: int = 32
-    heads: int = 4
-    kv_heads: int | None = None  # None means one KV head per query head (MHA)
-    layers: int = 1
-    max_length: int = 2048
-    mlp_ratio: int = 4
-    dtype: torch.dtype = torch.float32
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "dtype", parse_dtype(self.dtype))
-        if self.kv_heads is None:
-            object.__setattr__(self, "kv_heads", self.heads)
-        for name in ("vocab_size", "width", "heads", "kv_heads", "layers", "max_length", "mlp_ratio"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.width % self.heads:
-            raise ValueError(f"heads must divide width: width {self.width} is not divisible by {self.heads} heads")
-        if self.heads % self.kv_heads:
-            raise ValueError(f"kv_heads must divide heads: {self.heads} heads are not divisible by {self.kv_heads} kv_heads")
-
-    @property
-    def head_dim(self) -> int:
-        return self.width // self.heads
-
-    def to_dict(self) -> dict:
-        fields = dataclasses.asdict(self)
-        fields["dtype"] = dtype_name(self.dtype)
-        return fields
-
-    @classmethod
-    def from_dict(cls, fields: dict) -> "DecoderConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(fields) - known)
-        if unknown:
-            raise ValueError(f"unknown DecoderConfig fields {unknown}; expected a subset of {sorted(known)}")
-        return cls(**fields)
-
-
-# Presets are data: a name and the fields it overrides.
-PRESETS: dict[str, dict] = {
-    "seed": {},
-    "medium": {"width": 256, "heads": 8, "layers": 4, "max_length": 4096},
-}
-
-
-def preset_config(name: str, **overrides) -> DecoderConfig:
-    if name not in PRESETS:
-        raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {name!r}")
-    return DecoderConfig(**{**PRESETS[name], **overrides})
+__all__ = ["DTYPES", "PRESETS", "Block", "Decoder", "DecoderConfig", "build_model", "dtype_name", "parse_dtype",
+           "preset_config"]
 
 
 class Block(nn.Module):

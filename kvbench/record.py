@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
 import jsonschema
+
+from kvbench.files import OutputExistsError, write_bytes_atomic, write_json_atomic
+
+__all__ = ["RecordError", "RecordExistsError", "RecordView", "build_record", "load_record", "validate_record",
+           "write_bytes_atomic", "write_json_atomic", "write_record"]
 
 SCHEMA = "kvbench.record/1"
 SCHEMA_NAME, SCHEMA_VERSION = SCHEMA.split("/")
@@ -28,8 +31,8 @@ class RecordError(ValueError):
     """A record file that cannot be read, or that does not match the schema."""
 
 
-class RecordExistsError(RecordError):
-    """Writing would replace an existing file without --force."""
+class RecordExistsError(RecordError, OutputExistsError):
+    """Writing would replace an existing record, and replacing was not asked for."""
 
 
 _number = {"type": "number"}
@@ -64,7 +67,9 @@ RECORD_SCHEMA = {
             "items": {
                 "type": "object",
                 "required": ["mode", "length", "passed", "max_abs_diff", "max_rel_diff", "first_divergent_position", "atol", "rtol"],
-                "properties": {"passed": {"type": "boolean"}, "max_abs_diff": _number, "max_rel_diff": _number},
+                # The differences are null only for a mode that raised: its check carries the error.
+                "properties": {"passed": {"type": "boolean"}, "max_abs_diff": _nullable_number,
+                               "max_rel_diff": _nullable_number, "error": {"type": "string"}},
             },
         },
         "repetitions": {
@@ -129,22 +134,32 @@ def cell_statistics(seconds: list[float]) -> dict:
     }
 
 
+def samples_by_cell(repetitions: list[dict]) -> dict[tuple[str, int], dict[int, float]]:
+    """{(mode, length): {repetition: seconds}}, cells in the order their first sample ran."""
+    cells: dict[tuple[str, int], dict[int, float]] = {}
+    for rep in repetitions:
+        cells.setdefault((rep["mode"], rep["length"]), {})[rep["repetition"]] = rep["seconds"]
+    return cells
+
+
+def by_cell(entries: list[dict]) -> dict[tuple[str, int], dict]:
+    """{(mode, length): entry} for a list of per-cell entries (checks, memory, summary cells)."""
+    return {(entry["mode"], entry["length"]): entry for entry in entries}
+
+
 def summarize(repetitions: list[dict], checks: list[dict], baseline: str = "full") -> dict:
     """Per (mode, length): median, min, max, quartiles; per length: median ratio full / cached.
 
     A cell is valid only when its mode passed the equivalence gate at that length;
     a speedup is valid only when both of its cells are.
     """
-    passed = {(c["mode"], c["length"]): c["passed"] for c in checks}
-    grouped: dict[tuple[str, int], list[float]] = {}
-    for rep in repetitions:
-        grouped.setdefault((rep["mode"], rep["length"]), []).append(rep["seconds"])
+    passed = {key: check["passed"] for key, check in by_cell(checks).items()}
     cells = []
-    for (mode, length), seconds in grouped.items():
-        stats = cell_statistics(seconds)
+    for (mode, length), samples in samples_by_cell(repetitions).items():
+        stats = cell_statistics(list(samples.values()))
         stats["per_token_median"] = stats["median"] / length
         cells.append({"mode": mode, "length": length, **stats, "valid": passed.get((mode, length), False)})
-    by_key = {(c["mode"], c["length"]): c for c in cells}
+    by_key = by_cell(cells)
     speedups = []
     for cell in cells:
         base = by_key.get((baseline, cell["length"]))
@@ -216,7 +231,8 @@ def _check_consistency(record: dict, source: str) -> None:
             raise RecordError(f"{source}: mode {key[0]!r} at length {key[1]} has repetition {rep['repetition']} twice")
         indices.add(index)
     if record["status"] == "complete":
-        for key in sorted(expected_cells):
+        untimeable = {key for key, check in by_cell(record["checks"]).items() if "error" in check}
+        for key in sorted(expected_cells - untimeable):
             if seen.get(key, 0) != run["repeats"]:
                 raise RecordError(f"{source}: mode {key[0]!r} at length {key[1]}: expected {run['repeats']} repetitions, found {seen.get(key, 0)}")
     for entry in record.get("per_step", []):
@@ -226,28 +242,32 @@ def _check_consistency(record: dict, source: str) -> None:
             raise RecordError(f"{source}: per_step for mode {entry['mode']!r} at length {entry['length']} "
                               f"has {len(entry['seconds'])} step durations, expected {entry['length']}")
     recomputed = summarize(record["repetitions"], record["checks"], record["summary"].get("baseline", "full"))
-    stored = {(c["mode"], c["length"]): c for c in record["summary"]["cells"]}
+    stored_cells = by_cell(record["summary"]["cells"])
     for cell in recomputed["cells"]:
-        key = (cell["mode"], cell["length"])
-        mine = stored.get(key)
-        if mine is None:
-            raise RecordError(f"{source}: summary has no cell for mode {key[0]!r} at length {key[1]}")
+        mine = stored_entry(stored_cells, cell, "cell", source)
+        where = f"mode {cell['mode']!r} at length {cell['length']}"
         for stat in ("median", "min", "max", "q1", "q3"):
             if not math.isclose(mine[stat], cell[stat], rel_tol=1e-9, abs_tol=1e-15):
-                raise RecordError(f"{source}: summary {stat} for mode {key[0]!r} at length {key[1]} is {mine[stat]}, but its repetitions give {cell[stat]}")
+                raise RecordError(f"{source}: summary {stat} for {where} is {mine[stat]}, but its repetitions give {cell[stat]}")
         if mine["valid"] != cell["valid"]:
-            raise RecordError(f"{source}: summary marks mode {key[0]!r} at length {key[1]} valid={mine['valid']}, but its check gives valid={cell['valid']}")
-    stored_speedups = {(s["mode"], s["length"]): s for s in record["summary"]["speedups"]}
+            raise RecordError(f"{source}: summary marks {where} valid={mine['valid']}, but its check gives valid={cell['valid']}")
+    stored_speedups = by_cell(record["summary"]["speedups"])
     for speedup in recomputed["speedups"]:
-        key = (speedup["mode"], speedup["length"])
-        mine = stored_speedups.get(key)
-        if mine is None:
-            raise RecordError(f"{source}: summary has no speedup for mode {key[0]!r} at length {key[1]}")
+        mine = stored_entry(stored_speedups, speedup, "speedup", source)
         if not math.isclose(mine["speedup"], speedup["speedup"], rel_tol=1e-9) or mine["valid"] != speedup["valid"]:
             raise RecordError(
-                f"{source}: summary speedup for mode {key[0]!r} at length {key[1]} is {mine['speedup']} (valid={mine['valid']}), "
-                f"but the repetitions and checks give {speedup['speedup']} (valid={speedup['valid']})"
+                f"{source}: summary speedup for mode {speedup['mode']!r} at length {speedup['length']} is "
+                f"{mine['speedup']} (valid={mine['valid']}), but the repetitions and checks give "
+                f"{speedup['speedup']} (valid={speedup['valid']})"
             )
+
+
+def stored_entry(stored: dict[tuple[str, int], dict], expected: dict, what: str, source: str) -> dict:
+    """The record's own summary entry for the cell of `expected`, or RecordError naming the cell."""
+    entry = stored.get((expected["mode"], expected["length"]))
+    if entry is None:
+        raise RecordError(f"{source}: summary has no {what} for mode {expected['mode']!r} at length {expected['length']}")
+    return entry
 
 
 def default_record_path(directory: Path | str = DEFAULT_RECORDS_DIR) -> Path:
@@ -258,48 +278,10 @@ def default_record_path(directory: Path | str = DEFAULT_RECORDS_DIR) -> Path:
 def write_record(record: dict, path: Path | str, force: bool = False) -> Path:
     """Validate, then write atomically; refuse to replace a file unless `force`."""
     validate_record(record)
-    return write_json_atomic(record, path, force)
-
-
-def write_json_atomic(data: object, path: Path | str, force: bool = False) -> Path:
-    return write_bytes_atomic(path, (json.dumps(data, indent=1, allow_nan=False) + "\n").encode(), force)
-
-
-def write_bytes_atomic(path: Path | str, content: bytes, force: bool = False) -> Path:
-    """Temp file + fsync + link (or rename with `force`): readers never see half a file,
-    and an existing file is never replaced silently. A replaced file keeps its mode."""
-    path = Path(path)
-    if path.exists() and not force:
-        raise RecordExistsError(f"{path} already exists; pass --force to overwrite it")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        # mkstemp's 0600 would hide records from teammates and change a spliced README's mode.
-        os.fchmod(descriptor, path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_umask())
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(content)
-            handle.flush()
-            os.fsync(handle.fileno())
-        if force:
-            os.replace(temporary, path)
-        else:
-            # link() fails if the name was taken meanwhile: no silent overwrite race.
-            try:
-                os.link(temporary, path)
-            except FileExistsError:
-                raise RecordExistsError(f"{path} already exists; pass --force to overwrite it") from None
-            os.unlink(temporary)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
-    return path
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+        return write_json_atomic(record, path, force)
+    except OutputExistsError as error:
+        raise RecordExistsError(str(error)) from None
 
 
 def load_record(path: Path | str) -> dict:
@@ -315,3 +297,81 @@ def load_record(path: Path | str) -> dict:
     except json.JSONDecodeError as error:
         raise RecordError(f"{path}: not valid JSON (truncated or corrupt?): {error.msg} at line {error.lineno} column {error.colno}") from None
     return validate_record(record, str(path))
+
+
+def record_from_run(outcome, *, command: list[str], preset: str, config, lengths: list[int], modes: list[str],
+                    protocol, threads_in_effect: dict, environment: dict) -> dict:
+    """The record of one run: its settings (a DecoderConfig and a timing.Protocol) beside its outcome."""
+    return build_record(
+        command=command, config=config.to_dict(), run=protocol.run_section(preset, lengths, modes),
+        protocol=protocol.describe(threads_in_effect), environment=environment, checks=outcome.checks,
+        repetitions=outcome.repetitions, memory=outcome.memory, per_step=outcome.per_step,
+        status="incomplete" if outcome.interrupted else "complete",
+    )
+
+
+class RecordView:
+    """Read-only access to a validated record, indexed once: every reader goes through it.
+
+    Cells are (mode, length) pairs. The record's sections are attributes (status,
+    created_utc, command, config, run, protocol, environment, baseline, modes, lengths);
+    accessors return the record's own entries (do not modify them) or None where the
+    record has none for that cell.
+    """
+
+    def __init__(self, record: dict, source: str = "record") -> None:
+        self.record = record
+        self.source = source
+        self.status: str = record["status"]
+        self.complete = self.status == "complete"
+        self.created_utc: str = record["created_utc"]
+        self.command: list[str] = list(record["command"])
+        self.config: dict = record["config"]
+        self.run: dict = record["run"]
+        self.protocol: dict = record["protocol"]
+        self.environment: dict = record["environment"]
+        self.baseline: str = record["summary"].get("baseline", "full")
+        self.modes: list[str] = list(self.run["modes"])
+        self.lengths: list[int] = list(self.run["lengths"])
+        self.planned_repeats: int = self.run["repeats"]
+        self.per_step: list[dict] = record.get("per_step") or []
+        self._samples = samples_by_cell(record["repetitions"])
+        self._checks = by_cell(record["checks"])
+        self._memory = by_cell(record["memory"])
+        self._summaries = by_cell(record["summary"]["cells"])
+        self._speedups = by_cell(record["summary"]["speedups"])
+
+    @classmethod
+    def load(cls, path: Path | str) -> RecordView:
+        return cls(load_record(path), str(path))
+
+    def grid(self) -> list[tuple[str, int]]:
+        """Every planned cell in the run's order: lengths outer, modes inner."""
+        return [(mode, length) for length in self.lengths for mode in self.modes]
+
+    def cells(self) -> list[tuple[str, int]]:
+        """The planned cells that have at least one repetition, in the run's order."""
+        return [cell for cell in self.grid() if cell in self._samples]
+
+    def samples(self, mode: str, length: int) -> dict[int, float]:
+        """{repetition index: seconds} of one cell (empty when it never ran)."""
+        return dict(self._samples.get((mode, length), {}))
+
+    def seconds(self, mode: str, length: int) -> list[float]:
+        return list(self._samples.get((mode, length), {}).values())
+
+    def check(self, mode: str, length: int) -> dict | None:
+        return self._checks.get((mode, length))
+
+    def memory(self, mode: str, length: int) -> dict | None:
+        return self._memory.get((mode, length))
+
+    def summary(self, mode: str, length: int) -> dict | None:
+        return self._summaries.get((mode, length))
+
+    def speedup(self, mode: str, length: int) -> dict | None:
+        return self._speedups.get((mode, length))
+
+    def passed(self, mode: str, length: int) -> bool:
+        check = self.check(mode, length)
+        return bool(check and check["passed"])

@@ -20,9 +20,10 @@ import torch
 
 from kvbench import capture
 from kvbench.decode import decode, token_ids
+from kvbench.files import write_json_atomic
 from kvbench.model import DecoderConfig, build_model
-from kvbench.record import utc_now, write_json_atomic
-from kvbench.timing import measure_loops, set_threads
+from kvbench.record import utc_now
+from kvbench.timing import Protocol, measure_loops, set_threads
 
 
 def hf_models(config: DecoderConfig) -> dict:
@@ -54,7 +55,7 @@ def hf_loop(model, ids: torch.Tensor) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--length", type=int, default=1024)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=Protocol.repeats)
     parser.add_argument("--output", type=Path, default=Path("results/external/hf-dynamic-cache.json"))
     parser.add_argument("--force", action="store_true")
     args = parser.parse_args(argv)
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     loops = {mode: (lambda mode=mode: decode(model, ids, mode)) for mode in ("concat", "static", "paged")}
     for name, hf_model in hf_models(config).items():
         loops[name] = lambda hf_model=hf_model: hf_loop(hf_model, ids)
-    samples = measure_loops({args.length: loops}, repeats=args.repeats, warmup=1)
+    samples = measure_loops({args.length: loops}, Protocol(repeats=args.repeats))
 
     medians = {mode: statistics.median(s.seconds for s in samples if s.mode == mode) for mode in loops}
     fastest_kvbench = min(("concat", "static", "paged"), key=medians.get)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from report_fixtures import synthetic_record
+from records import synthetic_record, view
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("layout_targets", ROOT / "scripts" / "layout_targets.py")
@@ -21,10 +21,10 @@ def records(static_medium=0.6, paged_medium=0.65, static_seed=1.0, static_long=1
     long = synthetic_record({("static", 64): [64 / 1024] * 3, ("static", 2048): [2 * static_long] * 3})
     medium = synthetic_record({("concat", 2048): [concat] * 3, ("static", 2048): [static_medium] * 3,
                                ("paged", 2048): [paged_medium] * 3})
-    return {"seed": seed, "seed-long": long, "medium": medium}
+    return {"seed": view(seed, "seed.json"), "seed-long": view(long, "seed-long.json"), "medium": view(medium, "medium.json")}
 
 
-EXTERNAL = {"length": 1024, "fastest_kvbench_mode": "paged", "fastest_hf_mode": "hf-gpt2-dynamic",
+EXTERNAL = {"source": "hf.json", "length": 1024, "fastest_kvbench_mode": "paged", "fastest_hf_mode": "hf-gpt2-dynamic",
             "ratio_fastest_kvbench_to_fastest_hf": 0.3, "transformers_version": "5.0",
             "per_token_median_us": {"paged": 300.0, "hf-gpt2-dynamic": 1000.0},
             "repetitions": [{"mode": mode, "length": 1024, "repetition": r, "order": 0, "seconds": seconds}
@@ -60,27 +60,29 @@ def test_a_missed_target_says_no():
 
 def test_a_cell_that_failed_the_gate_is_not_a_target_value():
     bad = records()
-    bad["medium"] = synthetic_record({("concat", 2048): [1.0] * 3, ("static", 2048): [0.5] * 3,
-                                      ("paged", 2048): [0.5] * 3}, failed={("static", 2048)})
+    bad["medium"] = view(synthetic_record({("concat", 2048): [1.0] * 3, ("static", 2048): [0.5] * 3,
+                                           ("paged", 2048): [0.5] * 3}, failed={("static", 2048)}))
     with pytest.raises(ValueError, match="static at length 2048 failed the equivalence gate"):
         layout_targets.targets(bad, EXTERNAL)
 
 
-def test_main_splices_the_block_and_reports_missing_records(tmp_path, monkeypatch, capsys):
-    paths = {}
+def test_main_splices_the_block_and_reports_missing_records(tmp_path, capsys):
+    argv = []
     for name, record in records().items():
-        paths[name] = tmp_path / f"{name}.json"
-        paths[name].write_text(json.dumps(record))
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(record.record))
+        argv += [f"--{name}", str(path)]
     external = tmp_path / "hf.json"
     external.write_text(json.dumps(EXTERNAL))
-    monkeypatch.setattr(layout_targets, "RECORDS", paths)
-    monkeypatch.setattr(layout_targets, "EXTERNAL", external)
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{layout_targets.BEGIN}\nSTALE CONTENT\n{layout_targets.END}\noutro\n")
-    assert layout_targets.main(["--into", str(readme)]) == 0
+    readme.chmod(0o640)
+    assert layout_targets.main(["--into", str(readme), *argv, "--external", str(external)]) == 0
     text = readme.read_text()
     assert "STALE CONTENT" not in text and text.startswith("intro\n") and text.endswith("outro\n")
     assert "| medium, T=2048: static / concat | 0.60 | [0.60, 0.60] | <= 0.70 | yes |" in text
-    paths["medium"].unlink()
-    assert layout_targets.main(["--into", str(readme)]) == 2
+    assert f"`{tmp_path / 'medium.json'}`" in text  # the records named are the ones read
+    assert readme.stat().st_mode & 0o777 == 0o640  # rewritten atomically, keeping its mode
+    (tmp_path / "medium.json").unlink()
+    assert layout_targets.main(["--into", str(readme), *argv, "--external", str(external)]) == 2
     assert "medium.json" in capsys.readouterr().err

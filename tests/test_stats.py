@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from kvbench import stats
-from kvbench.compare import FACTOR
-from report_fixtures import noisy
+from kvbench.report.compare import FACTOR
+from records import noisy
 
 
 # --- paired speedup (within one record) ---------------------------------------------------

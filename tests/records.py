@@ -1,6 +1,7 @@
-"""Synthetic records for the report and compare tests: known numbers, a canned environment.
+"""The one builder of synthetic records for tests: known numbers, a canned environment.
 
-Plain functions (not fixtures) so that each test states the numbers it needs.
+Plain functions (not fixtures) so that each test states the numbers it needs; the
+`make_record` fixture in conftest.py is this module's `synthetic_record`.
 """
 
 from __future__ import annotations
@@ -9,9 +10,13 @@ import copy
 
 import numpy as np
 
-from kvbench.model import DecoderConfig
-from kvbench.record import build_record
+from kvbench.config import DecoderConfig
+from kvbench.record import RecordView, build_record
 from kvbench.timing import mode_orders
+
+PASSED_DIFF = 1e-7  # max_abs_diff of a passed check
+FAILED_DIFF = 0.5  # max_abs_diff of a failed check
+FAILED_POSITION = 2  # first_divergent_position of a failed check
 
 ENVIRONMENT = {
     "timestamp_utc": "2026-01-01T00:00:00+00:00",
@@ -35,33 +40,40 @@ def noisy(center: float, count: int, spread: float = 0.01, seed: int = 0) -> lis
     return [float(center * (1 + spread * x)) for x in rng.uniform(-1, 1, count)]
 
 
-def synthetic_record(seconds: dict[tuple[str, int], list[float]], *, failed=(), status="complete",
-                     repeats=None, environment=None, per_step=None, lengths=None, config=None) -> dict:
+def check(mode: str, length: int, passed: bool = True) -> dict:
+    return {"mode": mode, "length": length, "passed": passed,
+            "max_abs_diff": PASSED_DIFF if passed else FAILED_DIFF, "max_rel_diff": 1e-6,
+            "first_divergent_position": None if passed else FAILED_POSITION, "non_finite": 0,
+            "atol": 1e-5, "rtol": 1e-5, "dtype": "float32"}
+
+
+def synthetic_record(seconds: dict[tuple[str, int], list[float]], *, failed=(), status="complete", repeats=None,
+                     environment=None, per_step=None, lengths=None, config=None, checks=None) -> dict:
     """A valid record with these raw seconds per (mode, length), in the protocol's rotating order."""
     modes = list(dict.fromkeys(mode for mode, _ in seconds))
     lengths = lengths or sorted({length for _, length in seconds})
     repeats = repeats or max(len(v) for v in seconds.values())
-    orders = mode_orders(modes, repeats)
+    orders = mode_orders(modes, max(repeats, *(len(v) for v in seconds.values())))
     repetitions = [
         {"mode": mode, "length": length, "repetition": r, "order": orders[r].index(mode), "seconds": s}
         for (mode, length), values in seconds.items() for r, s in enumerate(values)
     ]
-    checks = [
-        {"mode": mode, "length": length, "passed": (mode, length) not in failed,
-         "max_abs_diff": 0.5 if (mode, length) in failed else 2e-7, "max_rel_diff": 1e-6,
-         "first_divergent_position": 3 if (mode, length) in failed else None,
-         "atol": 1e-5, "rtol": 1e-5, "dtype": "float32"}
-        for mode, length in seconds
-    ]
+    if checks is None:
+        checks = [check(mode, length, (mode, length) not in failed) for mode, length in seconds]
     memory = [{"mode": mode, "length": length, "expected_bytes": 256 * length, "measured_bytes": 256 * length,
                "reserved_bytes": 512 * length} for mode, length in seconds]
     run = {"preset": "seed", "lengths": lengths, "modes": modes, "batch": 1, "seed": 0, "repeats": repeats,
            "warmup": 1, "threads": 1, "per_step_length": per_step and per_step[0]["length"]}
     return build_record(
         command=["kvbench", "run"], config=config or DecoderConfig().to_dict(), run=run,
-        protocol={"repeats": repeats, "warmup": 1, "threads": 1}, environment=copy.deepcopy(environment or ENVIRONMENT),
+        protocol={"repeats": repeats, "warmup": 1, "threads": 1},
+        environment=copy.deepcopy(ENVIRONMENT if environment is None else environment),
         checks=checks, repetitions=repetitions, memory=memory, status=status, per_step=per_step,
     )
+
+
+def view(record: dict, source: str = "rec.json") -> RecordView:
+    return RecordView(record, source)
 
 
 def scaling_seconds(modes=("full", "concat"), lengths=(16, 32, 64, 128), repeats=7, slow=None, seed=0):

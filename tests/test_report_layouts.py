@@ -6,11 +6,12 @@ from html.parser import HTMLParser
 
 import pytest
 
-from kvbench import report as rpt
 from kvbench import stats
 from kvbench.cli import main
 from kvbench.record import write_record
-from report_fixtures import scaling_seconds, synthetic_record
+from kvbench.report import markdown, terminal
+from kvbench.report.model import build_report
+from records import scaling_seconds, synthetic_record, view
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -31,7 +32,7 @@ def record():
 
 @pytest.fixture(scope="module")
 def report(record):
-    return rpt.build_report(record, source="rec.json")
+    return build_report(view(record))
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +63,7 @@ def test_marks_on_failed_noisy_and_partial_cells(report, record):
     assert "noisy" in row(report, "static", 32).marks and row(report, "static", 32).spread > stats.NOISY_SPREAD
     partial = {k: v[:3] for k, v in scaling_seconds(lengths=(16, 32)).items()}
     partial[("concat", 32)] = partial[("concat", 32)][:2]
-    incomplete = rpt.build_report(synthetic_record(partial, status="incomplete", repeats=7, lengths=[16, 32, 64]))
+    incomplete = build_report(view(synthetic_record(partial, status="incomplete", repeats=7, lengths=[16, 32, 64])))
     assert "partial" in incomplete.rows[0].marks
     assert incomplete.missing == [("full", 64), ("concat", 64)]
     assert incomplete.notes[0].startswith("INCOMPLETE")
@@ -82,13 +83,13 @@ def test_profile_crossover(report):
 
 
 def test_report_is_deterministic(record):
-    assert rpt.render_markdown(rpt.build_report(record)) == rpt.render_markdown(rpt.build_report(record))
+    assert markdown.render_report(build_report(view(record))) == markdown.render_report(build_report(view(record)))
 
 
 # --- text and markdown -------------------------------------------------------------------------
 
 def test_text_layout(report):
-    text = rpt.render_text(report, width=120)  # what `kvbench report | less` gets
+    text = terminal.render_report(report, width=120)  # what `kvbench report | less` gets
     assert "…" not in text  # nothing truncated to fit
     lines = text.splitlines()
     (failed,) = [l for l in lines if "FAILED" in l]
@@ -100,7 +101,7 @@ def test_text_layout(report):
 
 
 def test_markdown_layout(report):
-    md = rpt.render_markdown(report, image="img/plot.svg")
+    md = markdown.render_report(report, image="img/plot.svg")
     table = [l for l in md.splitlines() if l.startswith("| ") and l.split("|")[1].strip().isdigit()]
     assert len(table) == 12
     static64 = [l for l in table if "| static |" in l and l.startswith("| 64 ")][0]
@@ -120,12 +121,12 @@ def test_incomplete_record_is_marked_in_every_layout(tmp_path, capsys):
 
 
 def test_splice_replaces_only_the_marked_block():
-    doc = f"# Title\n\nintro\n\n{rpt.BEGIN_MARKER}\nold table\n{rpt.END_MARKER}\n\nafter\n"
-    out = rpt.splice(doc, "new table\n", "README.md")
-    assert out == f"# Title\n\nintro\n\n{rpt.BEGIN_MARKER}\nnew table\n{rpt.END_MARKER}\n\nafter\n"
-    assert rpt.splice(out, "new table\n", "README.md") == out  # idempotent
+    doc = f"# Title\n\nintro\n\n{markdown.BEGIN_MARKER}\nold table\n{markdown.END_MARKER}\n\nafter\n"
+    out = markdown.splice(doc, "new table\n", "README.md")
+    assert out == f"# Title\n\nintro\n\n{markdown.BEGIN_MARKER}\nnew table\n{markdown.END_MARKER}\n\nafter\n"
+    assert markdown.splice(out, "new table\n", "README.md") == out  # idempotent
     with pytest.raises(ValueError, match="README.md: expected the markers"):
-        rpt.splice("no markers", "x", "README.md")
+        markdown.splice("no markers", "x", "README.md")
 
 
 # --- html ------------------------------------------------------------------------------------------
@@ -201,13 +202,13 @@ def test_plot_files_and_overwrite_protection(record_file, tmp_path, capsys):
 
 def test_into_splices_the_markdown_block_with_a_relative_image_link(record_file, tmp_path, capsys):
     readme = tmp_path / "README.md"
-    readme.write_text(f"# kvbench\n\n{rpt.BEGIN_MARKER}\nstale\n{rpt.END_MARKER}\n\nmore\n")
+    readme.write_text(f"# kvbench\n\n{markdown.BEGIN_MARKER}\nstale\n{markdown.END_MARKER}\n\nmore\n")
     readme.chmod(0o640)
     plot = tmp_path / "docs" / "results.svg"
     argv = ["report", str(record_file), "--format", "markdown", "--plot", str(plot), "--into", str(readme), "--force"]
     assert main(argv) == 0
     text = readme.read_text()
-    assert "stale" not in text and text.endswith(f"{rpt.END_MARKER}\n\nmore\n")
+    assert "stale" not in text and text.endswith(f"{markdown.END_MARKER}\n\nmore\n")
     assert "](docs/results.svg)" in text and plot.exists()
     assert readme.stat().st_mode & 0o777 == 0o640  # the atomic rewrite keeps the file's mode
     assert main(["report", str(record_file), "--into", str(readme)]) == 2

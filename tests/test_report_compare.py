@@ -1,14 +1,15 @@
-"""kvbench.compare and `kvbench compare`: ranked environment diff, per-cell verdicts, exit codes."""
+"""kvbench.report.compare and `kvbench compare`: ranked environment diff, per-cell verdicts, exit codes."""
 
 import copy
 import json
 
 import pytest
 
-from kvbench import compare, stats
+from kvbench import stats
 from kvbench.cli import main
-from kvbench.record import write_record
-from report_fixtures import ENVIRONMENT, scaling_seconds, synthetic_record
+from kvbench.record import RecordView, write_record
+from kvbench.report import compare
+from records import ENVIRONMENT, PASSED_DIFF, scaling_seconds, synthetic_record
 
 
 def changed_environment(**changes):
@@ -22,6 +23,10 @@ def changed_environment(**changes):
 
 def write(tmp_path, name, record):
     return write_record(record, tmp_path / name)
+
+
+def compare_records(old, new, **options):
+    return compare.compare_records(RecordView(old, "OLD"), RecordView(new, "NEW"), **options)
 
 
 # --- environment and config diff ---------------------------------------------------------
@@ -71,7 +76,7 @@ def test_environment_diff_shows_the_first_differing_line_of_long_text():
 def test_config_diff_ranks_workload_changes_critical_and_statistics_notable():
     old = synthetic_record(scaling_seconds(repeats=5))
     new = synthetic_record(scaling_seconds(repeats=7), config={**old["config"], "dtype": "bfloat16"})
-    ranks = {d.key: d.rank for d in compare.config_diff(old, new)}
+    ranks = {d.key: d.rank for d in compare.config_diff(RecordView(old), RecordView(new))}
     assert ranks["config.dtype"] == "critical"
     assert ranks["run.repeats"] == "notable"
     assert list(ranks)[0] == "config.dtype"
@@ -81,7 +86,7 @@ def test_config_diff_ranks_workload_changes_critical_and_statistics_notable():
 
 def test_identical_records_are_unchanged_everywhere_with_ratio_one():
     record = synthetic_record(scaling_seconds())
-    result = compare.compare_records(record, copy.deepcopy(record))
+    result = compare_records(record, copy.deepcopy(record))
     assert result.environment == [] and result.config == [] and result.skipped == []
     assert {c.verdict for c in result.cells} == {stats.UNCHANGED}
     for cell in result.cells:
@@ -91,7 +96,7 @@ def test_identical_records_are_unchanged_everywhere_with_ratio_one():
 def test_a_2x_slowdown_in_one_cell_is_the_only_slower_cell():
     old = synthetic_record(scaling_seconds(seed=1))
     new = synthetic_record(scaling_seconds(seed=2, slow={("concat", 64): 2.0}))
-    result = compare.compare_records(old, new)
+    result = compare_records(old, new)
     verdicts = {(c.mode, c.length): c.verdict for c in result.cells}
     assert verdicts.pop(("concat", 64)) == stats.SLOWER
     assert set(verdicts.values()) == {stats.UNCHANGED}  # a different seed's 1 % noise is no change
@@ -102,7 +107,7 @@ def test_a_2x_slowdown_in_one_cell_is_the_only_slower_cell():
 def test_only_cells_in_both_records_are_compared_and_the_rest_are_named():
     old = synthetic_record(scaling_seconds(lengths=(16, 32, 64)))
     new = synthetic_record(scaling_seconds(modes=("full", "concat", "static"), lengths=(32, 64, 128)))
-    result = compare.compare_records(old, new)
+    result = compare_records(old, new)
     assert {(c.mode, c.length) for c in result.cells} == {(m, n) for m in ("full", "concat") for n in (32, 64)}
     assert result.skipped == ["full@16 only in OLD", "concat@16 only in OLD", "static@32 only in NEW",
                               "static@64 only in NEW", "full@128 only in NEW", "concat@128 only in NEW",
@@ -113,22 +118,22 @@ def test_no_shared_cell_is_an_error_naming_both_grids():
     old = synthetic_record(scaling_seconds(lengths=(16,)))
     new = synthetic_record(scaling_seconds(lengths=(32,)))
     with pytest.raises(ValueError, match="no cell measured in both records: OLD has full@16, concat@16; NEW has full@32"):
-        compare.compare_records(old, new)
+        compare_records(old, new)
 
 
 def test_equivalence_change_is_reported():
     old = synthetic_record(scaling_seconds())
     new = synthetic_record(scaling_seconds(), failed={("concat", 32)})
-    (cell,) = [c for c in compare.compare_records(old, new).cells if (c.mode, c.length) == ("concat", 32)]
+    (cell,) = [c for c in compare_records(old, new).cells if (c.mode, c.length) == ("concat", 32)]
     assert "equivalence now FAILS" in cell.notes
-    assert cell.old_check["max_abs_diff"] == 2e-7 and cell.new_check["max_abs_diff"] == 0.5
+    assert cell.old_check["max_abs_diff"] == PASSED_DIFF and cell.new_check["max_abs_diff"] == 0.5
 
 
 def test_differing_workloads_and_incomplete_records_are_stated():
     old = synthetic_record(scaling_seconds())
     partial = {key: values[:2] for key, values in scaling_seconds().items()}
     new = synthetic_record(partial, status="incomplete", repeats=7, config={**old["config"], "width": 64})
-    result = compare.compare_records(old, new)
+    result = compare_records(old, new)
     notes = " | ".join(result.notes)
     assert "NEW is INCOMPLETE" in notes
     assert "different workloads" in notes
@@ -144,14 +149,14 @@ def test_smallest_p_value_of_the_exact_test():
 
 
 @pytest.mark.parametrize("factor, alpha, message", [
-    (1.0, 0.05, "--factor must be greater than 1, got 1"),
-    (1.1, 0.0, "--alpha must lie strictly between 0 and 1, got 0"),
-    (1.1, 1.5, "--alpha must lie strictly between 0 and 1, got 1.5"),
+    (1.0, 0.05, "^factor must be greater than 1, got 1"),
+    (1.1, 0.0, "^alpha must lie strictly between 0 and 1, got 0"),
+    (1.1, 1.5, "^alpha must lie strictly between 0 and 1, got 1.5"),
 ])
-def test_bad_thresholds_are_rejected(factor, alpha, message):
+def test_bad_thresholds_are_rejected_naming_values_not_options(factor, alpha, message):
     record = synthetic_record(scaling_seconds())
     with pytest.raises(ValueError, match=message):
-        compare.compare_records(record, record, factor=factor, alpha=alpha)
+        compare_records(record, record, factor=factor, alpha=alpha)
 
 
 # --- the command: output order and exit codes --------------------------------------------------

@@ -16,7 +16,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogFormatter, NullFormatter
 
-from kvbench.report import Report
+from kvbench.report.model import Report
 
 PLOT_FORMATS = {".png": "image/png", ".svg": "image/svg+xml"}
 DPI = 110

@@ -1,10 +1,13 @@
-"""kvbench.report: rows and tables generated from hand-built records."""
+"""kvbench.report.terminal's quick table (run, show) and the rows behind it, from hand-built records."""
 
 import io
 
 from rich.console import Console
 
-from kvbench.report import format_bytes, summary_rows, summary_table
+from kvbench.report.format import format_bytes
+from kvbench.report.model import build_report
+from kvbench.report.terminal import quick_table
+from records import view
 
 SECONDS = {("full", 4): [1.0, 2.0, 3.0, 4.0], ("concat", 4): [0.5, 0.25, 1.0, 0.75],
            ("full", 8): [4.0, 4.0, 8.0, 6.0], ("concat", 8): [2.0, 1.0, 1.5, 3.0]}
@@ -21,23 +24,31 @@ def line_of(text: str, *words: str) -> str:
     return line
 
 
-def test_summary_rows_in_run_order_join_everything(make_record):
+def summary_table(record):
+    return quick_table(build_report(view(record)))
+
+
+def rows_of(record):
+    return build_report(view(record)).rows
+
+
+def test_rows_in_run_order_join_everything(make_record):
     record = make_record(SECONDS, failed={("concat", 8)})
-    rows = summary_rows(record)
-    assert [(r["length"], r["mode"]) for r in rows] == [(4, "full"), (4, "concat"), (8, "full"), (8, "concat")]
-    by_key = {(r["mode"], r["length"]): r for r in rows}
-    assert by_key[("full", 4)]["cell"]["median"] == 2.5
-    assert by_key[("full", 4)]["speedup"] is None  # the baseline has no speedup
-    assert by_key[("concat", 4)]["speedup"]["speedup"] == 4.0
-    assert by_key[("concat", 8)]["check"]["passed"] is False
-    assert by_key[("concat", 8)]["speedup"]["valid"] is False
-    assert by_key[("concat", 8)]["memory"]["measured_bytes"] == 256 * 8
+    rows = rows_of(record)
+    assert [(r.length, r.mode) for r in rows] == [(4, "full"), (4, "concat"), (8, "full"), (8, "concat")]
+    by_key = {(r.mode, r.length): r for r in rows}
+    assert by_key[("full", 4)].median == 2.5
+    assert by_key[("full", 4)].speedup is None and by_key[("full", 4)].is_baseline
+    assert by_key[("concat", 4)].speedup.ratio == 4.0
+    assert by_key[("concat", 8)].check["passed"] is False
+    assert by_key[("concat", 8)].speedup_valid is False
+    assert by_key[("concat", 8)].memory["measured_bytes"] == 256 * 8
 
 
-def test_summary_rows_skip_cells_an_interrupted_run_never_reached(make_record):
-    record = make_record({("full", 4): [1.0, 2.0], ("concat", 4): [0.5]}, status="incomplete", repeats=2)
-    record["run"]["lengths"] = [4, 8]
-    assert [(r["length"], r["mode"]) for r in summary_rows(record)] == [(4, "full"), (4, "concat")]
+def test_rows_skip_cells_an_interrupted_run_never_reached(make_record):
+    record = make_record({("full", 4): [1.0, 2.0], ("concat", 4): [0.5]}, status="incomplete", repeats=2,
+                         lengths=[4, 8])
+    assert [(r.length, r.mode) for r in rows_of(record)] == [(4, "full"), (4, "concat")]
 
 
 def test_summary_table_values(make_record):

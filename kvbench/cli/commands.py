@@ -1,0 +1,150 @@
+"""The reading and tool commands: show, report, compare, env, budget, asv-machine, asv-show.
+
+Each `cmd_*` checks its options against each other, turns them into typed values and
+calls the library; the library's errors speak of values, never of options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from kvbench import capture
+from kvbench.budget import kv_budget
+from kvbench.cli.options import PLOT_SUFFIXES, CliError
+from kvbench.config import preset_config
+from kvbench.files import write_bytes_atomic
+from kvbench.record import RecordView
+from kvbench.report import compare, markdown, model, terminal
+from kvbench.report.format import p_value, stdout_console
+
+
+def config_from_args(args: argparse.Namespace):
+    fields = {"width": args.width, "heads": args.heads, "kv_heads": args.kv_heads, "layers": args.layers,
+              "vocab_size": args.vocab_size, "max_length": args.max_length, "dtype": args.dtype}
+    return preset_config(args.preset, **{name: value for name, value in fields.items() if value is not None})
+
+
+def check_output(path: Path, force: bool, option: str = "--output") -> None:
+    """Refuse an output path before any work is done."""
+    if path.is_dir():
+        raise CliError(f"{option} {path} is a directory; expected a file path")
+    if path.exists() and not force:
+        raise CliError(f"{path} already exists; pass --force to overwrite it")
+
+
+def load_view(path: Path) -> RecordView:
+    return RecordView.load(path)
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    stdout_console().print(terminal.quick_table(model.build_report(load_view(args.record))))
+    return 0
+
+
+def check_report_options(args: argparse.Namespace) -> None:
+    if args.into is not None and args.output is not None:
+        raise CliError("--output and --into are exclusive: --into edits a file in place")
+    if args.into is not None and args.format != "markdown":
+        raise CliError(f"--into splices a markdown block: use --format markdown, not {args.format}")
+    if args.plot is not None and args.plot.suffix.lower() not in PLOT_SUFFIXES:
+        raise CliError(f"--plot {args.plot}: the file name must end in {' or '.join(PLOT_SUFFIXES)}")
+    for option, target in (("--output", args.output), ("--plot", args.plot)):
+        if target is not None:
+            check_output(target, args.force, option)
+    if args.into is not None and not args.into.is_file():
+        raise CliError(f"--into {args.into}: no such file")
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    check_report_options(args)
+    report = model.build_report(load_view(args.record))
+    if args.plot is not None:
+        from kvbench.report import plots
+
+        write_bytes_atomic(args.plot, plots.render_overview(report, args.plot.suffix.lower()), args.force)
+    if args.format == "text":
+        if args.output is None:
+            console = stdout_console()
+            for item in terminal.report_renderables(report):
+                console.print(item)
+            return 0
+        content = terminal.render_report(report)
+    elif args.format == "markdown":
+        target = args.into or args.output
+        anchor = target.parent if target else Path.cwd()
+        image = os.path.relpath(args.plot.resolve(), anchor.resolve()) if args.plot is not None else None
+        content = markdown.render_report(report, image=image and Path(image).as_posix())
+        if args.into is not None:
+            content = markdown.splice(args.into.read_text(), content, str(args.into))
+            write_bytes_atomic(args.into, content.encode(), force=True)
+            return 0
+    else:
+        from kvbench.report import html, plots
+
+        content = html.render_report(report, plots.render_panels(report))
+    if args.output is None:
+        sys.stdout.write(content)
+    else:
+        write_bytes_atomic(args.output, content.encode(), args.force)
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    if not args.factor > 1:
+        raise CliError(f"--factor must be greater than 1, got {args.factor:g}")
+    if not 0 < args.alpha < 1:
+        raise CliError(f"--alpha must lie strictly between 0 and 1, got {args.alpha:g}")
+    comparison = compare.compare_records(load_view(args.old), load_view(args.new), factor=args.factor, alpha=args.alpha)
+    if args.format == "markdown":
+        sys.stdout.write(markdown.render_comparison(comparison))
+    else:
+        console = stdout_console()
+        for item in terminal.compare_renderables(comparison):
+            console.print(item)
+    if args.fail_on_regression and comparison.regressions:
+        worst = max(comparison.regressions, key=lambda cell: cell.ratio.ratio)
+        print(f"kvbench: regression: {len(comparison.regressions)} cell(s) significantly slower by more than "
+              f"{args.factor:g}x; worst {worst.mode} at length {worst.length}: {worst.ratio.ratio:.2f}x "
+              f"(p = {p_value(worst.p_value)})", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    print(json.dumps(capture.collect_environment(), indent=2))
+    return 0
+
+
+def cmd_budget(args: argparse.Namespace) -> int:
+    result = kv_budget(args.layers, args.kv_heads, args.head_dim, args.dtype, args.tokens, args.memory,
+                       block_size=args.block_size, max_length=args.max_length, reserved_bytes=args.reserved,
+                       int8_group=args.int8_group)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+        return 0
+    console = stdout_console()
+    for item in terminal.budget_renderables(result):
+        console.print(item)
+    return 0
+
+
+def cmd_asv_machine(args: argparse.Namespace) -> int:
+    from kvbench import asvtools
+
+    info, replaced = asvtools.register_machine(args.name)
+    print(f"{'updated' if replaced else 'registered'} asv machine {info['machine']!r} in {asvtools.machine_file_path()}")
+    for key in ("os", "arch", "cpu", "num_cpu", "ram"):
+        print(f"  {key}: {info[key]}")
+    print(f"run: asv run --machine {info['machine']}  (results under {asvtools.RESULTS_DIR / info['machine']}/)")
+    return 0
+
+
+def cmd_asv_show(args: argparse.Namespace) -> int:
+    from kvbench.report import asvresult
+
+    print(asvresult.show_result(args.result))
+    return 0

@@ -1,0 +1,194 @@
+"""The command line's surface: the parser, its option groups and argument types, one error type.
+
+Every default comes from where it is defined once (the protocol's from
+kvbench.timing.Protocol, the comparison's from kvbench.report.compare), and `--help`
+shows it. Argument types reject a value with one line naming what was given.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from kvbench.budget import parse_size
+from kvbench.config import DTYPES, PRESETS
+from kvbench.decode import MODES, check_modes
+from kvbench.report.compare import ALPHA, FACTOR
+from kvbench.timing import DEFAULT_LENGTHS, Protocol
+
+REPORT_FORMATS = ("text", "markdown", "html")
+COMPARE_FORMATS = ("text", "markdown")
+PLOT_SUFFIXES = (".png", ".svg")
+EXAMPLES = """examples:
+  kvbench run                                   # the default grid, all modes
+  kvbench run --lengths 64,256 --modes full,static --repeats 11
+  kvbench run --preset medium --lengths 2048 --modes concat,static,paged
+  kvbench show results/records/run-*.json
+  kvbench env
+"""
+
+
+class CliError(Exception):
+    """A user error: reported as one line, exit status 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse prints usage too; one line is the rule here
+        raise CliError(f"{self.prog}: {message}")
+
+
+def _int_at_least(minimum: int, expected: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
+        return value
+
+    return parse
+
+
+positive_int = _int_at_least(1, "a positive integer")
+non_negative_int = _int_at_least(0, "an integer >= 0")
+
+
+def int_list(text: str) -> list[int]:
+    values = []
+    for part in text.split(","):
+        try:
+            values.append(positive_int(part.strip()))
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {part.strip()!r} in {text!r}") from None
+    if len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"lengths must be distinct, got {text!r}")
+    return values
+
+
+def mode_list(text: str) -> list[str]:
+    try:
+        return check_modes([part.strip() for part in text.split(",")])
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def size(text: str) -> int:
+    try:
+        return parse_size(text, allow_zero=True)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def positive_size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("model (a preset, then per-field overrides)")
+    group.add_argument("--preset", choices=sorted(PRESETS), default="seed", help="named model dimensions; seed = the source document's lab")
+    group.add_argument("--width", type=positive_int, help="model width C (default: the preset's)")
+    group.add_argument("--heads", type=positive_int, help="query heads H (default: the preset's)")
+    group.add_argument("--kv-heads", type=positive_int, help="key/value heads, dividing --heads (default: = heads)")
+    group.add_argument("--layers", type=positive_int, help="decoder blocks (default: the preset's)")
+    group.add_argument("--vocab-size", type=positive_int, help="vocabulary size (default: the preset's)")
+    group.add_argument("--max-length", type=positive_int, help="position capacity (default: the preset's)")
+    group.add_argument("--dtype", choices=sorted(DTYPES), help="parameter and cache dtype (default: float32)")
+
+
+def add_run_parser(commands) -> None:
+    run = commands.add_parser("run", help="check equivalence, time every mode and length, write a record",
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    run.add_argument("--lengths", type=int_list, default=list(DEFAULT_LENGTHS), metavar="N,N,...", help="sequence lengths (tokens decoded per loop)")
+    run.add_argument("--modes", type=mode_list, default=list(MODES), metavar="M,M,...", help=f"modes among {','.join(MODES)}")
+    run.add_argument("--repeats", type=positive_int, default=Protocol.repeats, help="timed repetitions per mode and length")
+    run.add_argument("--warmup", type=non_negative_int, default=Protocol.warmup, help="untimed loops per mode before timing")
+    run.add_argument("--batch", type=positive_int, default=Protocol.batch, help="sequences per request")
+    run.add_argument("--seed", type=non_negative_int, default=Protocol.seed, help="seed for weights and token ids")
+    run.add_argument("--threads", type=positive_int, default=Protocol.threads, help="torch intra- and inter-op threads")
+    run.add_argument("--per-step", type=positive_int, metavar="LENGTH", help="also record every step's duration of one loop at LENGTH")
+    run.add_argument("--output", type=Path, help="record path (default: a new timestamped file under results/records/)")
+    run.add_argument("--force", action="store_true", help="overwrite --output if it exists")
+    run.add_argument("--no-progress", action="store_true", help="do not show progress bars")
+    add_model_options(run)
+
+
+def add_reading_parsers(commands) -> None:
+    formatter = argparse.ArgumentDefaultsHelpFormatter
+    show = commands.add_parser("show", help="print the table of a saved record", formatter_class=formatter)
+    show.add_argument("record", type=Path)
+
+    report = commands.add_parser(
+        "report", help="timings with spread, speedups with 95%% CIs, scaling fit, per-step profile, plots",
+        formatter_class=formatter, epilog="example: kvbench report run.json --format html --output run.html --plot run.svg",
+    )
+    report.add_argument("record", type=Path)
+    report.add_argument("--format", choices=REPORT_FORMATS, default="text", help="layout of the report")
+    report.add_argument("--plot", type=Path, metavar="PATH.png|.svg", help="also write the four plots to one image")
+    report.add_argument("--output", type=Path, help="write the report here instead of stdout")
+    report.add_argument("--into", type=Path, metavar="FILE.md",
+                        help="replace the marked block in FILE.md with the markdown report (for the README)")
+    report.add_argument("--force", action="store_true", help="overwrite --output / --plot if they exist")
+
+    compare = commands.add_parser(
+        "compare", help="environment diff, then per cell NEW/OLD ratio with 95%% CI and Mann-Whitney U",
+        formatter_class=formatter,
+        epilog="exit status: 0; 1 with --fail-on-regression when a cell is significantly slower by more than --factor; 2 on bad input",
+    )
+    compare.add_argument("old", type=Path, metavar="OLD")
+    compare.add_argument("new", type=Path, metavar="NEW")
+    compare.add_argument("--factor", type=float, default=FACTOR, help="a ratio of medians within [1/factor, factor] is unchanged")
+    compare.add_argument("--alpha", type=float, default=ALPHA, help="significance level of the Mann-Whitney U test")
+    compare.add_argument("--fail-on-regression", action="store_true",
+                         help="exit 1 when a cell is significantly slower by more than --factor")
+    compare.add_argument("--format", choices=COMPARE_FORMATS, default="text", help="layout of the comparison")
+
+
+def add_tool_parsers(commands) -> None:
+    formatter = argparse.ArgumentDefaultsHelpFormatter
+    commands.add_parser("env", help="print the captured environment as JSON", formatter_class=formatter)
+
+    budget = commands.add_parser(
+        "budget", help="KV-cache bytes per token and request, and how many requests fit", formatter_class=formatter,
+        epilog="example: kvbench budget --layers 32 --kv-heads 8 --head-dim 128 --dtype bfloat16 --tokens 4096 --memory 80GiB",
+    )
+    budget.add_argument("--layers", type=positive_int, required=True)
+    budget.add_argument("--kv-heads", type=positive_int, required=True, help="key/value heads (the GQA count)")
+    budget.add_argument("--head-dim", type=positive_int, required=True, help="head width D")
+    budget.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "int8"], default="bfloat16")
+    budget.add_argument("--int8-group", type=positive_int, help="int8 elements per float16 scale (default: head width)")
+    budget.add_argument("--tokens", type=positive_int, required=True, help="tokens retained per request")
+    budget.add_argument("--max-length", type=positive_int, help="positions a contiguous cache preallocates per request (default: --tokens)")
+    budget.add_argument("--block-size", type=positive_int, default=16, help="positions per paged block")
+    budget.add_argument("--memory", type=positive_size, required=True, help="memory limit for KV caches, e.g. 24GiB, 80GB")
+    budget.add_argument("--reserved", type=size, default=0, help="part of --memory kept for weights and workspace")
+    budget.add_argument("--json", action="store_true", help="print the numbers as JSON")
+
+    asv_machine = commands.add_parser(
+        "asv-machine", help="register this machine with asv (~/.asv-machine.json) from the capture, no prompts",
+        formatter_class=formatter, epilog="example: kvbench asv-machine --name ci-runner-1 && asv run --machine ci-runner-1",
+    )
+    asv_machine.add_argument("--name", help="asv machine name; results go to results/asv/NAME/ (default: the hostname, as asv)")
+
+    asv_show = commands.add_parser(
+        "asv-show", help="print an asv result file's samples, medians and CIs beside its captured environment",
+        formatter_class=formatter, epilog="example: kvbench asv-show results/asv/MACHINE/1a2b3c4d-virtualenv-py3.11-....json",
+    )
+    asv_show.add_argument("result", type=Path, help="an asv result file under results/asv/<machine>/")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from kvbench import __version__
+
+    parser = Parser(prog="kvbench", description="What a KV cache saves, measured against full-prefix decoding.",
+                    epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"kvbench {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    commands.required = True
+    add_run_parser(commands)
+    add_reading_parsers(commands)
+    add_tool_parsers(commands)
+    return parser

@@ -1,0 +1,7 @@
+"""Everything kvbench shows is generated from records: tables, reports, plots, comparisons.
+
+Modules, bottom up: ``format`` (numbers, bytes, checks, escaping), ``model`` (the rows
+and the report built from a record), ``columns`` (the tables' columns), ``compare``
+(two records side by side), then one module per layout: ``terminal``, ``markdown``,
+``html``, ``plots``; ``asvresult`` shows an asv result file beside its capture.
+"""

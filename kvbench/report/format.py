@@ -1,0 +1,92 @@
+"""Formatting shared by every layout: numbers, bytes, checks, escaping, markdown tables, consoles.
+
+The bottom of the report package: it imports nothing else of kvbench's, so every
+renderer, the comparison and the CLI format a value the same way.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+
+from rich.console import Console
+from rich.markup import escape as rich_escape
+
+__all__ = ["check_text", "escape_html", "escape_markdown", "format_bytes", "markdown_table", "ms", "p_value",
+           "ratio", "render_plain", "rich_escape", "stdout_console"]
+
+
+def format_bytes(count: int | float | None) -> str:
+    if count is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(count) < 1024 or unit == "GiB":
+            return f"{count:,.0f} {unit}" if unit == "B" else f"{count:,.1f} {unit}"
+        count /= 1024
+    raise AssertionError("unreachable")
+
+
+def ms(seconds: float) -> str:
+    """Milliseconds with three significant figures or more."""
+    value = seconds * 1e3
+    return f"{value:.3f}" if value < 1 else f"{value:.2f}" if value < 10 else f"{value:,.1f}"
+
+
+def ratio(value: float) -> str:
+    return f"{value:.2f}"
+
+
+def p_value(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}" if value >= 0.001 else f"{value:.0e}"
+
+
+def check_text(check: dict | None) -> str:
+    """One equivalence check in words: the largest difference, or where and how it failed."""
+    if check is None:
+        return "not checked"
+    if check.get("error"):
+        return f"FAILED: {check['error']}"
+    if check["passed"]:
+        return f"ok {check['max_abs_diff']:.1e}"
+    if check.get("non_finite"):
+        return f"FAILED {check['non_finite']} non-finite @ {check['first_divergent_position']}"
+    return f"FAILED {check['max_abs_diff']:.1e} @ {check['first_divergent_position']}"
+
+
+def escape_markdown(text: object) -> str:
+    """Text from a record (a mode name, a path) as literal markdown: no markup, no HTML.
+
+    Table pipes are escaped by markdown_table, for every cell alike.
+    """
+    text = str(text).replace("\\", "\\\\")
+    for char in "*_`[]#!~":
+        text = text.replace(char, "\\" + char)
+    return html.escape(text, quote=False).replace("\n", " ")
+
+
+def escape_html(text: object) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def markdown_table(header: tuple[str, ...] | list[str], rows: list[list[str]],
+                   left: tuple[str, ...] = ("mode", "equivalence", "marks")) -> list[str]:
+    """GitHub table lines; cells are markdown already (escape plain text with escape_markdown)."""
+    align = ["---" if name in left else "--:" for name in header]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return lines
+
+
+def stdout_console() -> Console:
+    console = Console()
+    # Piped output (CI logs, files) would otherwise be cut to 80 columns.
+    return console if console.is_terminal else Console(width=120)
+
+
+def render_plain(renderables, width: int = 150) -> str:
+    """rich renderables as plain text (no colour codes), for files and pipes."""
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=width, color_system=None, force_terminal=False, highlight=False)
+    for item in renderables:
+        console.print(item)
+    return buffer.getvalue()

@@ -1,0 +1,159 @@
+"""The HTML layout: one self-contained page (inline CSS, images as data: URIs, no scripts, no URL).
+
+Every text that comes from a record is escaped; the table's semantic styles become CSS classes.
+"""
+
+from __future__ import annotations
+
+import base64
+
+from kvbench import stats
+from kvbench.report.columns import (
+    FIT_COLUMNS,
+    TABLE_COLUMNS,
+    Column,
+    fit_cells,
+    profile_sentences,
+)
+from kvbench.report.format import escape_html, format_bytes
+from kvbench.report.model import MARKS, Report, Row, environment_line
+
+CSS = """
+body { font: 15px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: #1d1d1f;
+       max-width: 1180px; margin: 24px auto; padding: 0 16px; }
+h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 18px; margin-top: 28px; border-bottom: 1px solid #ddd; }
+.meta { color: #555; margin: 2px 0; }
+.banner { background: #fff3cd; border: 1px solid #e0b000; padding: 8px 12px; font-weight: 600; margin: 12px 0; }
+table { border-collapse: collapse; font-variant-numeric: tabular-nums; font-size: 13.5px; }
+.scroll { overflow-x: auto; }
+th, td { padding: 3px 7px; border-bottom: 1px solid #e4e4e4; text-align: right; white-space: nowrap; }
+th { background: #f4f4f6; } td.l, th.l { text-align: left; }
+tr.first td { border-top: 2px solid #c8c8cc; }
+td.failed { background: #fde2e1; color: #a40000; font-weight: 600; }
+td.noisy { background: #fff6d6; }
+.mark-failed { color: #c00000; font-weight: 700; } .mark-noisy { color: #a07000; font-weight: 700; }
+.mark-partial { color: #8a2be2; font-weight: 700; }
+.legend, .note { color: #444; font-size: 13.5px; }
+.grid { display: grid; grid-template-columns: repeat(auto-fit, minmax(520px, 1fr)); gap: 16px; }
+figure { margin: 0; } figure img { width: 100%; height: auto; border: 1px solid #eee; }
+figcaption { color: #444; font-size: 13px; }
+code { background: #f4f4f6; padding: 0 3px; }
+"""
+
+
+CLASSES = {"failed": "failed", "invalid": "failed", "noisy": "noisy"}
+PANEL_CAPTIONS = {
+    "time": "Total time of one decode loop against length, log-log; bars are the interquartile range, "
+            "dashed lines the fitted a·T^b.",
+    "speedup": "Speedup of each cached mode over the full prefix; the band is the 95% bootstrap interval. "
+               "Above 1 the cache pays.",
+    "per_token": "Cost per generated token: flat means linear total cost; rising means the prefix still costs.",
+    "per_step": "Duration of every step of one loop (points) and its running median (lines); the dotted line "
+                "marks where caching starts to pay.",
+}
+
+
+def data_uri(content: bytes, mime: str) -> str:
+    return f"data:{mime};base64,{base64.b64encode(content).decode('ascii')}"
+
+
+def _fact(key: str, value: object) -> str:
+    if value is None:
+        return "—"
+    return format_bytes(value) if key.endswith("_bytes") and isinstance(value, int) else str(value)
+
+
+def _td(content: str, classes: list[str]) -> str:
+    return f'<td class="{" ".join(classes)}">{content}</td>' if classes else f"<td>{content}</td>"
+
+
+def _row_cell(column: Column, row: Row, first: bool) -> str:
+    style = column.style(row)
+    if style == "marks":
+        content = " ".join(f'<span class="mark-{m}" title="{escape_html(MARKS[m][1])}">{escape_html(MARKS[m][0])}'
+                           "</span>" for m in row.marks)
+    elif column.name == "length" and not first:
+        content = ""
+    else:
+        content = escape_html(column.text(row))
+    classes = (["l"] if column.left else []) + ([CLASSES[style]] if style in CLASSES else [])
+    return _td(content, classes)
+
+
+def _table(header: list[str], body: list[str], left: tuple[str, ...]) -> str:
+    out = ['<div class="scroll"><table><thead><tr>']
+    out += [f'<th class="l">{escape_html(name)}</th>' if name in left else f"<th>{escape_html(name)}</th>"
+            for name in header]
+    out.append("</tr></thead><tbody>")
+    out += body
+    out.append("</tbody></table></div>")
+    return "".join(out)
+
+
+def _rows_table(report: Report) -> str:
+    body, previous = [], None
+    for row in report.rows:
+        first = row.length != previous
+        body.append(('<tr class="first">' if first else "<tr>")
+                    + "".join(_row_cell(column, row, first) for column in TABLE_COLUMNS) + "</tr>")
+        previous = row.length
+    return _table([c.name for c in TABLE_COLUMNS], body, tuple(c.name for c in TABLE_COLUMNS if c.left))
+
+
+def _plain_table(header: tuple[str, ...], rows: list[list[str]], left: tuple[str, ...]) -> str:
+    body = ["<tr>" + "".join(_td(escape_html(text), ["l"] if name in left else [])
+                             for name, text in zip(header, row)) + "</tr>" for row in rows]
+    return _table(list(header), body, left)
+
+
+def render_report(report: Report, images: dict[str, tuple[bytes, str]]) -> str:
+    """One self-contained page: inline CSS, images as data: URIs, no scripts, no external URL."""
+    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+             f"<title>{escape_html(report.title)}</title><style>{CSS}</style></head><body>",
+             f"<h1>{escape_html(report.title)}</h1>",
+             f'<p class="meta">record <code>{escape_html(report.source)}</code> · created '
+             f"{escape_html(report.created_utc)}</p>",
+             f'<p class="meta">{escape_html(environment_line(report.environment))}</p>']
+    if not report.complete:
+        parts.append('<div class="banner">INCOMPLETE record: the run was interrupted; only the completed '
+                     'repetitions are reported (cells marked †).</div>')
+    parts.append("<h2>Timings and speedups</h2>")
+    parts.append(_rows_table(report))
+    legend = [f'<span class="mark-{m}">{escape_html(MARKS[m][0])}</span> {escape_html(MARKS[m][1])}'
+              for m in report.marks_used()]
+    parts.append(f'<p class="legend">Speedup = median {escape_html(report.baseline)} / median mode. 95% CI: '
+                 "percentile bootstrap over repetition indices, keeping each repetition's pair together "
+                 f"({stats.RESAMPLES:,} resamples, seed {stats.SEED}).{'<br>' + '<br>'.join(legend) if legend else ''}</p>")
+    for note in report.notes[0 if report.complete else 1:]:  # the banner already says INCOMPLETE
+        parts.append(f'<p class="note"><strong>Note:</strong> {escape_html(note)}</p>')
+
+    parts.append("<h2>Scaling fit: time ≈ a · T<sup>b</sup></h2>")
+    parts.append(_plain_table(FIT_COLUMNS, [[mode, *fit_cells(fit)] for mode, fit in report.fits.items()], ("mode",)))
+    parts.append('<p class="legend">Least squares on log(median time) against log(length). A full-prefix loop '
+                 "grows like T² to T³, a cached loop like T to T²; fixed overhead at short lengths pulls b down, "
+                 "so the slope between the two longest lengths shows where the growth is heading.</p>")
+
+    parts.append("<h2>Per-step profile</h2>")
+    if report.profile is None:
+        parts.append('<p class="note">No per-step profile in this record; '
+                     "<code>kvbench run --per-step LENGTH</code> records one.</p>")
+    else:
+        head, *rest = profile_sentences(report.profile, report.baseline)
+        parts.append(f"<p>{escape_html(head[0].upper() + head[1:])}</p><ul>")
+        parts += [f"<li>{escape_html(line.strip())}</li>" for line in rest]
+        parts.append("</ul>")
+
+    if images:
+        parts.append('<h2>Plots</h2><div class="grid">')
+        for name, (content, mime) in images.items():
+            caption = PANEL_CAPTIONS.get(name, "")
+            parts.append(f'<figure><img src="{data_uri(content, mime)}" alt="{escape_html(caption or name)}">'
+                         f"<figcaption>{escape_html(caption)}</figcaption></figure>")
+        parts.append("</div>")
+
+    parts.append("<h2>Environment</h2>")
+    facts = [[key, _fact(key, value)] for key, value in report.environment.items()]
+    parts.append(_plain_table(("key", "value"), facts, ("key", "value")))
+    parts.append(f'<p class="meta">command: <code>{escape_html(" ".join(report.command))}</code></p>')
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"

@@ -1,0 +1,179 @@
+"""Terminal layouts (rich): the quick table of `run`/`show`, the report, the comparison, the budget.
+
+Every text that comes from a record or a file name is escaped before rich sees it, so
+a mode name cannot smuggle markup into the terminal.
+"""
+
+from __future__ import annotations
+
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+from kvbench import stats
+from kvbench.report.columns import (
+    FIT_COLUMNS,
+    QUICK_COLUMNS,
+    TEXT_COLUMNS,
+    Column,
+    fit_cells,
+    profile_sentences,
+)
+from kvbench.report.compare import (
+    COMPARE_HEADER,
+    CRITICAL,
+    INFORMATIONAL,
+    NOTABLE,
+    Comparison,
+    cell_texts,
+    summary_line,
+)
+from kvbench.report.format import format_bytes, render_plain, rich_escape
+from kvbench.report.model import MARKS, Report, Row, environment_line
+
+STYLES = {"failed": "bold red", "invalid": "red", "noisy": "yellow", "unchecked": "yellow"}
+MARK_STYLES = {"failed": "bold red", "noisy": "yellow", "partial": "magenta"}
+
+
+def _cell(column: Column, row: Row) -> str:
+    style = column.style(row)
+    if style == "marks":
+        return " ".join(f"[{MARK_STYLES[m]}]{MARKS[m][0]}[/]" for m in row.marks)
+    text = rich_escape(column.text(row))
+    return f"[{STYLES[style]}]{text}[/]" if style in STYLES else text
+
+
+def rows_table(rows: list[Row], columns: tuple[Column, ...], **options) -> Table:
+    """One line per row; a length is printed only where it changes."""
+    table = Table(**options)
+    for column in columns:
+        table.add_column(column.name, justify="left" if column.left else "right", no_wrap=True)
+    previous = None
+    for row in rows:
+        cells = [_cell(column, row) for column in columns]
+        if row.length == previous:
+            cells[0] = ""
+        table.add_row(*cells, end_section=False)
+        previous = row.length
+    return table
+
+
+def quick_table(report: Report) -> Table:
+    """`kvbench run` and `kvbench show`: timings, speedups, bytes and checks at a glance."""
+    title = rich_escape(report.title)
+    if not report.complete:
+        title += " [bold yellow](INCOMPLETE: interrupted run)[/]"
+    return rows_table(report.rows, QUICK_COLUMNS, title=title, title_justify="left")
+
+
+def report_renderables(report: Report) -> list:
+    out: list = []
+    status = "" if report.complete else " [bold yellow](INCOMPLETE: interrupted run)[/]"
+    out.append(f"[bold]{rich_escape(report.title)}[/]{status}")
+    out.append(f"record {rich_escape(report.source)} · created {rich_escape(report.created_utc)}")
+    out.append(rich_escape(environment_line(report.environment)))
+    out.append(rows_table(report.rows, TEXT_COLUMNS, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True))
+    if any(row.memory and row.memory["reserved_bytes"] != row.memory["measured_bytes"] for row in report.rows):
+        out.append("  KV bytes a/b: a retained, b reserved (allocated) by the cache")
+    for name in report.marks_used():
+        out.append(f"  {MARKS[name][0]} {MARKS[name][1]}")
+    out.append(f"speedup = median {rich_escape(report.baseline)} / median mode; 95% CI: percentile bootstrap over "
+               f"repetition indices (pairs from the same rotation kept together), {stats.RESAMPLES:,} resamples, "
+               f"seed {stats.SEED}")
+    for note in report.notes:
+        out.append(f"[yellow]{rich_escape(note)}[/]")
+
+    fits = Table(title="scaling fit: time ≈ a · T^b (least squares on log-log medians)", title_justify="left",
+                 box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in FIT_COLUMNS:
+        fits.add_column(name, justify="left" if name == "mode" else "right", no_wrap=True)
+    for mode, fit in report.fits.items():
+        fits.add_row(rich_escape(mode), *fit_cells(fit))
+    out.append(fits)
+    if report.profile is not None:
+        out.extend(Text(line) for line in profile_sentences(report.profile, report.baseline))
+    else:
+        out.append("no per-step profile in this record (kvbench run --per-step LENGTH records one)")
+    return out
+
+
+def render_report(report: Report, width: int = 150) -> str:
+    return render_plain(report_renderables(report), width)
+
+
+RANK_STYLES = {CRITICAL: "bold red", NOTABLE: "yellow", INFORMATIONAL: "dim"}
+VERDICT_STYLES = {stats.SLOWER: "bold red", stats.FASTER: "bold green", stats.UNTESTED: "yellow"}
+
+
+def _differences_table(title: str, diffs) -> Table | str:
+    if not diffs:
+        return f"{title}: identical"
+    critical = sum(d.rank == CRITICAL for d in diffs)
+    table = Table(title=f"{title} differences ({critical} critical, {len(diffs)} in all), ranked by how much "
+                        "they can move a timing", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("rank", "key", "OLD", "NEW"):
+        table.add_column(name, overflow="fold")
+    for d in diffs:
+        table.add_row(f"[{RANK_STYLES[d.rank]}]{d.rank}[/]", rich_escape(d.key), rich_escape(d.old), rich_escape(d.new))
+    return table
+
+
+def compare_renderables(c: Comparison) -> list:
+    out: list = [f"[bold]kvbench compare[/]  OLD {rich_escape(c.old_source)} ({c.old_status})  →  "
+                 f"NEW {rich_escape(c.new_source)} ({c.new_status})"]
+    out.append(_differences_table("environment", c.environment))
+    out.append(_differences_table("run settings", c.config))
+    if c.skipped:
+        out.append(f"[yellow]skipped (not in both records): {rich_escape(', '.join(c.skipped))}[/]")
+    for note in c.notes:
+        out.append(f"[yellow]note: {rich_escape(note)}[/]")
+
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for name in COMPARE_HEADER[:-1]:  # notes go below the table
+        table.add_column(name, justify="left" if name in ("mode", "verdict", "max |Δ| old → new") else "right",
+                         no_wrap=True)
+    previous = None
+    for cell in c.cells:
+        texts = [rich_escape(t) for t in cell_texts(cell)][:-1]  # notes go below the table
+        texts[0] = texts[0] if cell.length != previous else ""
+        if cell.verdict in VERDICT_STYLES:
+            texts[8] = f"[{VERDICT_STYLES[cell.verdict]}]{texts[8]}[/]"
+        if cell.new_check is not None and not cell.new_check["passed"]:
+            texts[9] = f"[bold red]{texts[9]}[/]"
+        table.add_row(*texts)
+        previous = cell.length
+    out.append(table)
+    for cell in c.cells:
+        if cell.notes:
+            out.append(f"  {rich_escape(cell.mode)} at {cell.length}: " + rich_escape("; ".join(cell.notes)))
+    out.append(summary_line(c))
+    out.append(f"ratio = median NEW / median OLD (above 1: NEW is slower); 95% CI: percentile bootstrap, each "
+               f"record resampled on its own ({stats.RESAMPLES:,} resamples, seed {stats.SEED})")
+    return out
+
+
+def render_comparison(c: Comparison, width: int = 150) -> str:
+    return render_plain(compare_renderables(c), width)
+
+
+def budget_renderables(result) -> list:
+    """`kvbench budget`: bytes per token, then how many requests fit in each layout."""
+    table = Table(title=f"{result.tokens} tokens per request, "
+                        f"{format_bytes(result.memory_bytes - result.reserved_bytes)} for KV caches",
+                  title_justify="left")
+    for name in ("layout", "bytes per request", "wasted per request", "requests that fit"):
+        table.add_column(name, justify="left" if name == "layout" else "right")
+    table.add_row("exact (no slack)", format_bytes(result.request_bytes), "0 B", f"{result.exact_requests:,}")
+    table.add_row(f"contiguous ({result.max_length} positions)", format_bytes(result.contiguous_request_bytes),
+                  format_bytes(result.contiguous_request_bytes - result.request_bytes),
+                  f"{result.contiguous_requests:,}")
+    table.add_row(f"paged ({result.block_size}-position blocks)", format_bytes(result.paged_request_bytes),
+                  format_bytes(result.paged_waste_bytes), f"{result.paged_requests:,}")
+    out: list = [f"bytes per token: {result.bytes_per_token:,.0f} (2 x layers x KV heads x head width x "
+                 f"{result.bytes_per_element:g} bytes per element)"]
+    if result.dtype == "int8":
+        out.append(f"int8 includes one float16 scale per {result.int8_group} elements: "
+                   f"+{result.scale_overhead:.2%} over the int8 elements")
+    out.append(table)
+    out.append("Counts key/value storage only: weights, activations and allocator slack need --reserved.")
+    return out

@@ -1,0 +1,107 @@
+"""The shape of the code, checked: imports run one way, no cycles, rooms a newcomer can read.
+
+Every module of kvbench is parsed with `ast`, imports inside functions included, so a
+cycle cannot hide behind a late import.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "kvbench"
+MAX_MODULE_LINES = 420  # "about 400"
+MAX_FUNCTION_LINES = 60
+LONG_MARK = "# long:"  # a function may run longer when a comment on its def line or above says why
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imported_modules(name: str, path: Path) -> set[str]:
+    """kvbench modules that `name` imports anywhere in its file (a `from x import y` of a
+    submodule y counts as an import of x.y)."""
+    found = set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return {module for module in found if module in MODULES and module != name}
+
+
+GRAPH = {name: imported_modules(name, path) for name, path in MODULES.items()}
+
+
+def test_the_graph_sees_imports_inside_functions():
+    assert "kvbench.report.plots" in GRAPH["kvbench.cli.commands"]  # imported where it is used
+    assert "kvbench.cache" in GRAPH["kvbench.model"] and "kvbench.config" in GRAPH["kvbench.cache.base"]
+
+
+def test_no_import_cycle():
+    state: dict[str, str] = {}
+
+    def visit(module: str, trail: list[str]) -> None:
+        state[module] = "open"
+        for target in sorted(GRAPH[module]):
+            if state.get(target) == "open":
+                cycle = trail[trail.index(target):] + [target] if target in trail else [module, target]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if target not in state:
+                visit(target, [*trail, target])
+        state[module] = "done"
+
+    for module in MODULES:
+        if module not in state:
+            visit(module, [module])
+
+
+def test_nothing_imports_the_cli():
+    importers = [name for name, targets in GRAPH.items() if any(t.startswith("kvbench.cli") for t in targets)
+                 and not name.startswith("kvbench.cli") and name != "kvbench.__main__"]
+    assert importers == []
+
+
+@pytest.mark.parametrize("root", ["kvbench", "benchmarks", "scripts"])
+def test_no_module_imports_another_modules_underscore_names(root):
+    offenders = []
+    for path in sorted((ROOT / root).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+                offenders += [f"{path.relative_to(ROOT)}: {alias.name}" for alias in node.names
+                              if alias.name.startswith("_") and not alias.name.startswith("__")]
+            elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                owner = node.value
+                if isinstance(owner, ast.Name) and owner.id not in ("self", "cls", "child", "other"):
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: {owner.id}.{node.attr}")
+    assert offenders == []
+
+
+@pytest.mark.parametrize("root", ["kvbench", "benchmarks", "scripts"])
+def test_modules_and_functions_stay_readable_in_one_sitting(root):
+    too_long = []
+    for path in sorted((ROOT / root).rglob("*.py")):
+        lines = path.read_text().splitlines()
+        if len(lines) > MAX_MODULE_LINES:
+            too_long.append(f"{path.relative_to(ROOT)}: {len(lines)} lines")
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                explained = any(LONG_MARK in line for line in lines[max(0, first - 3): node.lineno])
+                if length > MAX_FUNCTION_LINES and not explained:
+                    too_long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {length} lines")
+    assert too_long == []
