@@ -340,18 +340,15 @@ def load_capture(path: Path | str) -> dict:
 
 
 def read_json_file(path: Path, what: str):
+    """A capture or result file, read as kvbench reads records: a regular file, bounded, finite JSON."""
+    # Imported here: this module also runs from the checkout against older commits' kvbench
+    # (see benchmarks/common.py), which have no kvbench.files; only the CLI reads files.
+    from kvbench.files import UnreadableFileError, read_json
+
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise AsvToolError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise AsvToolError(f"{path}: is a directory, expected an asv {what} file") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise AsvToolError(f"{path}: cannot read: {error}") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as error:
-        raise AsvToolError(f"{path}: not valid JSON (truncated or corrupt?): {error.msg} at line {error.lineno}") from None
+        return read_json(path, f"asv {what} file")
+    except UnreadableFileError as error:
+        raise AsvToolError(str(error)) from None
 
 
 # --- kvbench asv-machine ---------------------------------------------------------

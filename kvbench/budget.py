@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 
 ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}
 INT8_SCALE_BYTES = 2  # one float16 scale per group of int8 elements
+MAX_SIZE = 2**64  # bytes: more than any machine's memory, and finite
 SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
@@ -23,6 +24,8 @@ def parse_size(text: str, allow_zero: bool = False) -> int:
     if not match or match.group(2).lower() not in SIZE_UNITS:
         raise ValueError(f"expected a size like 24GiB, 80GB or 1e9, got {text!r}")
     size = float(match.group(1)) * SIZE_UNITS[match.group(2).lower()]
+    if not math.isfinite(size) or size > MAX_SIZE:
+        raise ValueError(f"expected a size of at most {MAX_SIZE:,} bytes (16 EiB), got {text!r}")
     if size < 0 or (size == 0 and not allow_zero):
         raise ValueError(f"expected a positive size, got {text!r}")
     return int(size)

@@ -138,6 +138,7 @@ class Equivalence:
     atol: float
     rtol: float
     dtype: str
+    tolerance_used: float  # largest |diff| / (atol + rtol |reference|): above 1 fails
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -156,7 +157,8 @@ def compare_logits(mode: str, candidate: Tensor, reference: Tensor, atol: float,
     difference = (candidate - reference).abs()
     relative = difference / reference.abs().clamp_min(torch.finfo(torch.float32).tiny)
     non_finite = ~torch.isfinite(candidate)
-    outside = (difference > atol + rtol * reference.abs()) | non_finite
+    bound = atol + rtol * reference.abs()
+    outside = (difference > bound) | non_finite
     failing_steps = outside.any(dim=-1).any(dim=0).nonzero()
     first = int(failing_steps[0]) if len(failing_steps) else None
     # NaN/inf logits make the differences non-finite too, and JSON cannot hold them:
@@ -173,6 +175,8 @@ def compare_logits(mode: str, candidate: Tensor, reference: Tensor, atol: float,
         atol=atol,
         rtol=rtol,
         dtype=dtype,
+        tolerance_used=float((difference / bound.clamp_min(torch.finfo(torch.float64).tiny))[finite].max())
+        if finite.any() else 0.0,
     )
 
 

@@ -1,21 +1,71 @@
-"""The one way kvbench writes a file: atomically, and never over something it was not asked to replace.
+"""The one way kvbench reads and writes a file.
 
-Records, environment captures, reports, plots and the README's generated blocks all go
-through :func:`write_bytes_atomic`: a temporary file in the target's directory, fsync,
-then a hard link (which fails if the name was taken meanwhile, so nothing is replaced by
-a race) or, when replacing was asked for, a rename. Readers never see half a file.
+Writing: records, environment captures, reports, plots and the README's generated blocks
+all go through :func:`write_bytes_atomic`: a temporary file in the target's directory,
+fsync, then a hard link (which fails if the name was taken meanwhile, so nothing is
+replaced by a race) or, when replacing was asked for, a rename. Readers never see half a
+file, only a regular file is ever replaced, and :func:`check_output` finds what would make
+the write fail before any work is done. Every file written is listed in ``WRITTEN``, so a
+message about an interrupted command can say truthfully what is on disk.
+
+Reading: :func:`read_json` reads only regular files (a FIFO never blocks it, /dev/zero
+never fills memory), at most ``MAX_READ_BYTES``, and refuses NaN, infinities and nesting
+deeper than ``MAX_JSON_DEPTH``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
+
+MAX_READ_BYTES = 64 << 20  # a record of 10,000 repetitions is about 2 MiB
+MAX_JSON_DEPTH = 32  # records and captures nest 5 levels deep
+NAME_MAX_DEFAULT = 255
+WRITTEN: list[Path] = []  # every file written by this process, in order
 
 
 class OutputExistsError(ValueError):
     """Writing would replace an existing file, and replacing was not asked for."""
+
+
+class OutputError(ValueError):
+    """A path kvbench cannot or must not write: its reason names the path and the obstacle."""
+
+
+class UnreadableFileError(ValueError):
+    """A file kvbench will not read: missing, not a regular file, too large, or not sound JSON."""
+
+
+# --- writing -------------------------------------------------------------------------------------
+
+
+def check_output(path: Path | str, force: bool = False) -> None:
+    """Raise OutputExistsError or OutputError unless `path` can be written (or, with `force`,
+    replaced). Nothing is created: a missing parent is checked at its nearest existing ancestor."""
+    path = Path(path)
+    ancestor = _nearest_existing(path.parent)
+    name_max = _name_max(ancestor)
+    for part in path.parts:
+        if len(part.encode()) > name_max:
+            raise OutputError(f"{path.parent / (part[:24] + '...')}: a name of {len(part.encode())} bytes, "
+                              f"longer than the {name_max} bytes the filesystem allows")
+    kind = file_kind(path)
+    if kind == "regular file":
+        if not force:
+            raise OutputExistsError(f"{path} already exists")
+    elif kind is not None:
+        raise OutputError(f"{path} is {with_article(kind)}; kvbench replaces only regular files")
+    if not ancestor.is_dir():
+        raise OutputError(f"{path}: {ancestor} is {with_article(file_kind(ancestor) or 'missing')}, not a directory")
+    try:  # root passes every permission check, so try it for real: read-only mounts, /proc, quotas
+        descriptor, probe = tempfile.mkstemp(prefix=".kvbench-probe.", dir=ancestor)
+        os.close(descriptor)
+        os.unlink(probe)
+    except OSError as error:
+        raise OutputError(f"{path}: cannot write in {ancestor}: {error.strerror or error}") from None
 
 
 def write_json_atomic(data: object, path: Path | str, force: bool = False) -> Path:
@@ -26,34 +76,172 @@ def write_bytes_atomic(path: Path | str, content: bytes, force: bool = False) ->
     """Temp file + fsync + link (or rename with `force`): readers never see half a file,
     and an existing file is never replaced silently. A replaced file keeps its mode."""
     path = Path(path)
-    if path.exists() and not force:
-        raise OutputExistsError(f"{path} already exists")
+    check_output(path, force)
     path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{_short(path.name)}.", suffix=".tmp", dir=path.parent)
     try:
+        existing = _regular_mode(path)
         # mkstemp's 0600 would hide records from teammates and change a spliced README's mode.
-        os.fchmod(descriptor, path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~current_umask())
+        os.fchmod(descriptor, existing if existing is not None else 0o666 & ~current_umask())
         with os.fdopen(descriptor, "wb") as handle:
             handle.write(content)
             handle.flush()
             os.fsync(handle.fileno())
-        if force:
-            os.replace(temporary, path)
-        else:
-            # link() fails if the name was taken meanwhile: no silent overwrite race.
-            try:
-                os.link(temporary, path)
-            except FileExistsError:
-                raise OutputExistsError(f"{path} already exists") from None
-            os.unlink(temporary)
+        _place(temporary, path, force)
     except BaseException:
-        if os.path.exists(temporary):
+        if os.path.lexists(temporary):
             os.unlink(temporary)
         raise
     return path
+
+
+def _place(temporary: str, path: Path, force: bool) -> None:
+    """Give the finished temporary file its name: link (never over anything) or, with force,
+    rename over a regular file only."""
+    if force and file_kind(path) == "regular file":
+        os.replace(temporary, path)
+        WRITTEN.append(path)
+        return
+    if force and file_kind(path) is not None:  # became something else since check_output
+        raise OutputError(f"{path} is {with_article(file_kind(path))}; kvbench replaces only regular files")
+    try:
+        os.link(temporary, path)  # fails if the name was taken meanwhile: no silent overwrite race
+    except FileExistsError:
+        raise OutputExistsError(f"{path} already exists") from None
+    WRITTEN.append(path)
+    os.unlink(temporary)
+
+
+def file_kind(path: Path) -> str | None:
+    """What is at `path` without following a final symbolic link; None when nothing is."""
+    try:
+        mode = os.lstat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError:
+        return "unreadable path"
+    for test, kind in ((stat.S_ISREG, "regular file"), (stat.S_ISDIR, "directory"), (stat.S_ISLNK, "symbolic link"),
+                       (stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
+                       (stat.S_ISSOCK, "socket")):
+        if test(mode):
+            return kind
+    return "special file"
+
+
+def with_article(kind: str) -> str:
+    return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
 
 
 def current_umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def _regular_mode(path: Path) -> int | None:
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None
+    return info.st_mode & 0o7777 if stat.S_ISREG(info.st_mode) else None
+
+
+def _nearest_existing(path: Path) -> Path:
+    path = Path(os.path.abspath(path))
+    while not os.path.lexists(path) and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _name_max(directory: Path) -> int:
+    try:
+        return os.pathconf(directory, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return NAME_MAX_DEFAULT
+
+
+def _short(name: str) -> str:
+    """A prefix for the temporary file that leaves room for its random part within NAME_MAX."""
+    encoded = name.encode()
+    return name if len(encoded) <= 200 else encoded[:200].decode(errors="ignore")
+
+
+# --- reading -------------------------------------------------------------------------------------
+
+
+def read_regular_file(path: Path | str, what: str = "file", limit: int = MAX_READ_BYTES) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes; UnreadableFileError naming the path otherwise."""
+    path = Path(path)
+    try:
+        # O_NONBLOCK: opening a FIFO must not wait for a writer; fstat below refuses it.
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise UnreadableFileError(f"{path}: no such file") from None
+    except OSError as error:
+        raise UnreadableFileError(f"{path}: cannot read: {error.strerror or error}") from None
+    try:
+        info = os.fstat(descriptor)
+        if stat.S_ISDIR(info.st_mode):
+            raise UnreadableFileError(f"{path}: is a directory, expected {with_article(what)}")
+        if not stat.S_ISREG(info.st_mode):
+            kind = file_kind(path) or "special file"
+            raise UnreadableFileError(f"{path}: is {with_article(kind)}, not a regular file; expected {with_article(what)}")
+        if info.st_size > limit:
+            raise UnreadableFileError(f"{path}: {info.st_size:,} bytes, larger than the {limit:,} bytes "
+                                      f"{with_article(what)} may have")
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(descriptor, min(1 << 20, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit:  # it grew while being read
+            raise UnreadableFileError(f"{path}: larger than the {limit:,} bytes {with_article(what)} may have")
+        return b"".join(chunks)
+    except OSError as error:
+        raise UnreadableFileError(f"{path}: cannot read: {error.strerror or error}") from None
+    finally:
+        os.close(descriptor)
+
+
+def read_json(path: Path | str, what: str = "JSON file", limit: int = MAX_READ_BYTES) -> object:
+    """A regular file's JSON: finite numbers only, nested at most MAX_JSON_DEPTH levels."""
+    content = read_regular_file(path, what, limit)
+    try:
+        text = content.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise UnreadableFileError(f"{path}: not UTF-8 text (byte {error.start}); expected {with_article(what)}") from None
+    try:
+        data = json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as error:
+        raise UnreadableFileError(f"{path}: not valid JSON (truncated or corrupt?): {error.msg} at line "
+                                  f"{error.lineno} column {error.colno}") from None
+    except RecursionError:
+        raise UnreadableFileError(f"{path}: JSON nested more than {MAX_JSON_DEPTH} levels deep") from None
+    except ValueError as error:
+        raise UnreadableFileError(f"{path}: {error}") from None
+    depth = json_depth(data)
+    if depth > MAX_JSON_DEPTH:
+        raise UnreadableFileError(f"{path}: JSON nested more than {MAX_JSON_DEPTH} levels deep")
+    return data
+
+
+def _reject_constant(name: str) -> object:
+    raise ValueError(f"non-finite number {name} in JSON; only finite numbers are expected")
+
+
+def json_depth(data: object) -> int:
+    """Nesting depth of parsed JSON, computed without recursion."""
+    deepest, stack = 0, [(data, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list):
+            deepest = max(deepest, depth)
+            if depth <= MAX_JSON_DEPTH:  # no need to walk further than what is refused anyway
+                stack.extend((child, depth + 1) for child in item)
+            else:
+                return depth
+    return deepest

@@ -16,6 +16,8 @@ from typing import Callable
 import psutil
 from torch import Tensor
 
+from kvbench.cache import expected_cache_bytes
+from kvbench.config import DecoderConfig
 from kvbench.decode import FULL, cache_footprint, decode
 from kvbench.model import Decoder
 
@@ -76,3 +78,30 @@ def memory_profile(model: Decoder, ids: Tensor, mode: str) -> dict:
     else:
         footprint, peak = peak_memory_growth(lambda: cache_footprint(model, ids, mode))
     return {**footprint, **peak}
+
+
+def estimate_run_bytes(config: DecoderConfig, batch: int, lengths: list[int], modes: list[str]) -> dict[str, int]:
+    """What a run allocates at its peak, part by part, before it allocates any of it.
+
+    Conservative on purpose: the weights, the token ids (drawn for max_length), the
+    logits the gate keeps and compares in float64, a cache of the longest length and
+    concat's copy of it, and the activations of the full-prefix path's last step
+    (attention scores of (B, H, T, T) included).
+    """
+    T, B, elt = max(lengths), batch, config.element_bytes
+    C, V, H, KVH, D, m = config.width, config.vocab_size, config.heads, config.kv_heads, config.head_dim, config.mlp_ratio
+    qkv = (H + 2 * KVH) * D
+    per_layer = C * qkv + qkv + C * C + C + 2 * m * C * C + m * C + C + 4 * C
+    parts = {
+        "weights": (V * C + config.max_length * C + config.layers * per_layer + 2 * C + C * V + V) * elt,
+        "token ids": 2 * B * config.max_length * 8,
+        "gate logits": B * T * V * (2 * elt + 4 * 8 + 2),
+        "caches": 2 * expected_cache_bytes(config, B, T),
+    }
+    if FULL in modes:
+        parts["full-prefix activations"] = B * T * ((4 + 2 * m) * C + qkv + 2 * V) * elt + 2 * B * H * T * T * elt
+    return parts
+
+
+def available_bytes() -> int:
+    return psutil.virtual_memory().available

@@ -18,14 +18,7 @@ from kvbench.attention import causal_attention
 from kvbench.cache import Cache, ConcatCache
 
 # Re-exported: `from kvbench.model import DecoderConfig` is part of the public contract.
-from kvbench.config import (
-    DTYPES,
-    PRESETS,
-    DecoderConfig,
-    dtype_name,
-    parse_dtype,
-    preset_config,
-)
+from kvbench.config import DTYPES, PRESETS, DecoderConfig, dtype_name, parse_dtype, preset_config
 
 __all__ = ["DTYPES", "PRESETS", "Block", "Decoder", "DecoderConfig", "build_model", "dtype_name", "parse_dtype",
            "preset_config"]
@@ -89,10 +82,14 @@ class Decoder(nn.Module):
             raise ValueError(token_range_message(ids, self.config)) from None
         # Positions offset..offset+L-1 are a slice of the table (check_append kept them in range).
         x = x + self.position.weight[offset : offset + L]
-        cache.reserve(L)  # paged caches allocate blocks here; nothing was mutated before
-        for layer, block in enumerate(self.blocks):
-            x = block(x, cache, layer, offset)
-        cache.commit(L)
+        try:  # one transaction: the cache commits all L positions, or rolls back to where it was
+            cache.reserve(L)  # paged caches allocate blocks here; nothing was mutated before
+            for layer, block in enumerate(self.blocks):
+                x = block(x, cache, layer, offset)
+            cache.commit(L)
+        except BaseException:  # whatever the failure, Ctrl-C included
+            cache.rollback()
+            raise
         x = F.layer_norm(x, (self.config.width,), self.final.weight, self.final.bias)
         return F.linear(x, self.head.weight, self.head.bias), cache
 
@@ -102,6 +99,8 @@ def check_token_ids(ids: Tensor, config: DecoderConfig) -> tuple[int, int]:
         raise ValueError(f"ids must be a LongTensor of shape (batch, length), got {type(ids).__name__}")
     if ids.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"ids must have dtype int64, got {dtype_name(ids.dtype)}")
+    if not ids.is_cpu:  # the model and every cache kind live on the CPU
+        raise ValueError(f"ids must be on the CPU, where the model and its caches are, got device {ids.device}")
     if ids.dim() != 2:
         raise ValueError(f"ids must have shape (batch, length), got {ids.dim()} dimensions {tuple(ids.shape)}")
     batch, length = ids.shape

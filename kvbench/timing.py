@@ -10,21 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Callable
 
 import torch
 from torch import Tensor
 
-from kvbench.decode import (
-    check_modes,
-    decode,
-    decode_steps,
-    run_gate,
-    timeable,
-    token_ids,
-)
+from kvbench.decode import check_modes, decode, decode_full, decode_steps, run_gate, timeable, token_ids
 from kvbench.memory import memory_profile
 from kvbench.model import Decoder
 
@@ -85,6 +79,9 @@ def set_threads(threads: int) -> dict:
     """
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"threads must be a positive integer, got {threads!r}")
+    available = os.cpu_count() or 1
+    if threads > available:  # far more threads than CPUs only oversubscribes, and crashes torch's attention
+        raise ValueError(f"threads must be at most the {available} logical CPUs of this machine, got {threads}")
     torch.set_num_threads(threads)
     note = None
     if torch.get_num_interop_threads() != threads:
@@ -178,56 +175,64 @@ def per_step_seconds(model: Decoder, ids: Tensor, mode: str, warmup: int = 1) ->
 
 @dataclass
 class RunOutcome:
-    """Everything one benchmark run produced, as plain data for the record."""
+    """Everything one benchmark run produced, as plain data for the record.
 
-    checks: list[dict]
-    repetitions: list[dict]
-    memory: list[dict]
-    per_step: list[dict] | None
-    interrupted: bool
+    ``interrupted`` says that a KeyboardInterrupt (Ctrl-C, or a signal the caller turned
+    into one) ended the run early: everything completed before it is kept.
+    """
+
+    checks: list[dict] = field(default_factory=list)
+    repetitions: list[dict] = field(default_factory=list)
+    memory: list[dict] = field(default_factory=list)
+    per_step: list[dict] | None = None
+    interrupted: bool = False
 
 
 def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol: Protocol = Protocol(),
                   on_progress: Callable[[str, int, int], None] | None = None) -> RunOutcome:
-    """The gate first, then bytes and peak memory, then the timed repetitions.
+    """The gate first, then bytes and peak memory, then the timed repetitions, then the profile.
 
-    A Ctrl-C during timing keeps the repetitions completed so far and marks the
-    outcome interrupted; one during the gate propagates (nothing to keep).
+    An interrupt at any stage ends the run with everything completed so far kept and the
+    outcome marked interrupted; nothing after it is run.
     """
     modes = check_modes(modes)
     progress = on_progress or (lambda stage, done, total: None)
-    longest = token_ids(model.config, protocol.batch, max(lengths), protocol.seed)
-
-    progress("reference", 0, 1)
-    gate = run_gate(model, longest, lengths, modes)
-    checks, memory = [], []
-    cells = len(lengths) * len(modes)
-    for length in lengths:
-        for mode in modes:
-            check = gate[(mode, length)]
-            checks.append(check)
-            if timeable(check):
-                memory.append({"mode": mode, "length": length,
-                               **memory_profile(model, longest[:, :length], mode)})
-            progress("check", len(checks), cells)
-
-    repetitions: list[dict] = []
-    total = cells * protocol.repeats
-    interrupted = False
+    outcome = RunOutcome()
     try:
-        for length in lengths:
-            timed = [mode for mode in modes if timeable(gate[(mode, length)])]
-            measure(model, {length: longest[:, :length]}, timed, protocol,
-                    on_sample=lambda s: (repetitions.append(s.to_dict()), progress("time", len(repetitions), total)))
+        longest = token_ids(model.config, protocol.batch, max(lengths), protocol.seed)
+        progress("reference", 0, 1)
+        reference = decode_full(model, longest, keep_logits=True)
+        gate: dict[tuple[str, int], dict] = {}
+        for length in lengths:  # one length at a time, so an interrupt keeps the lengths already checked
+            gate.update(run_gate(model, longest, [length], modes, reference=reference))
+            for mode in modes:
+                outcome.checks.append(gate[(mode, length)])
+                if timeable(gate[(mode, length)]):
+                    outcome.memory.append({"mode": mode, "length": length,
+                                           **memory_profile(model, longest[:, :length], mode)})
+                progress("check", len(outcome.checks), len(lengths) * len(modes))
+        _time_every_length(model, longest, lengths, modes, gate, protocol, outcome, progress)
+        if protocol.per_step_length is not None:
+            outcome.per_step = _profile_steps(model, modes, lengths, gate, protocol)
     except KeyboardInterrupt:
-        interrupted = True
+        outcome.interrupted = True
+    return outcome
 
-    per_step = None
-    if protocol.per_step_length is not None and not interrupted:
-        ids = token_ids(model.config, protocol.batch, protocol.per_step_length, protocol.seed)
-        per_step = [
-            {"mode": mode, "length": protocol.per_step_length,
+
+def _time_every_length(model, longest, lengths, modes, gate, protocol, outcome, progress) -> None:
+    total = len(lengths) * len(modes) * protocol.repeats
+
+    def keep(sample: Sample) -> None:
+        outcome.repetitions.append(sample.to_dict())
+        progress("time", len(outcome.repetitions), total)
+
+    for length in lengths:
+        timed = [mode for mode in modes if timeable(gate[(mode, length)])]
+        measure(model, {length: longest[:, :length]}, timed, protocol, on_sample=keep)
+
+
+def _profile_steps(model, modes, lengths, gate, protocol) -> list[dict]:
+    ids = token_ids(model.config, protocol.batch, protocol.per_step_length, protocol.seed)
+    return [{"mode": mode, "length": protocol.per_step_length,
              "seconds": per_step_seconds(model, ids, mode, protocol.warmup)}
-            for mode in modes if all(timeable(gate[(mode, length)]) for length in lengths)
-        ]
-    return RunOutcome(checks, repetitions, memory, per_step, interrupted)
+            for mode in modes if all(timeable(gate[(mode, length)]) for length in lengths)]

@@ -1,9 +1,9 @@
 """Shared fixtures: a tiny model and the synthetic-record builder of tests/records.py."""
 
 import pytest
+from records import synthetic_record
 
 from kvbench.model import DecoderConfig, build_model
-from records import synthetic_record
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ import copy
 
 import numpy as np
 
+from kvbench.cache import expected_cache_bytes
 from kvbench.config import DecoderConfig
 from kvbench.record import RecordView, build_record
 from kvbench.timing import mode_orders
@@ -60,12 +61,15 @@ def synthetic_record(seconds: dict[tuple[str, int], list[float]], *, failed=(), 
     ]
     if checks is None:
         checks = [check(mode, length, (mode, length) not in failed) for mode, length in seconds]
-    memory = [{"mode": mode, "length": length, "expected_bytes": 256 * length, "measured_bytes": 256 * length,
-               "reserved_bytes": 512 * length} for mode, length in seconds]
+    config = config or DecoderConfig().to_dict()
+    per_position = expected_cache_bytes(DecoderConfig.from_dict(config), 1, 1)  # 256 bytes for the seed's lab
+    memory = [{"mode": mode, "length": length, "expected_bytes": per_position * length,
+               "measured_bytes": per_position * length, "reserved_bytes": 2 * per_position * length}
+              for mode, length in seconds]
     run = {"preset": "seed", "lengths": lengths, "modes": modes, "batch": 1, "seed": 0, "repeats": repeats,
            "warmup": 1, "threads": 1, "per_step_length": per_step and per_step[0]["length"]}
     return build_record(
-        command=["kvbench", "run"], config=config or DecoderConfig().to_dict(), run=run,
+        command=["kvbench", "run"], config=config, run=run,
         protocol={"repeats": repeats, "warmup": 1, "threads": 1},
         environment=copy.deepcopy(ENVIRONMENT if environment is None else environment),
         checks=checks, repetitions=repetitions, memory=memory, status=status, per_step=per_step,

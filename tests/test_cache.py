@@ -230,6 +230,7 @@ BAD_IDS = {
     "float ids": (torch.zeros(2, 1), r"int64.*float32"),
     "1-d ids": (torch.zeros(3, dtype=torch.long), r"\(batch, length\).*1 dimensions"),
     "batch mismatch": (torch.zeros(3, 1, dtype=torch.long), r"batch mismatch.*batch 2.*batch 3"),
+    "ids on another device": (torch.zeros(2, 1, dtype=torch.long, device="meta"), r"on the CPU.*got device meta"),
 }
 
 
@@ -241,6 +242,63 @@ def test_bad_ids_rejected_and_cache_unchanged(seed_model, kind, case):
     with torch.inference_mode(), pytest.raises(ValueError, match=message):
         seed_model(ids, cache)
     assert_unchanged(cache, before)
+
+
+class Failure(Exception):
+    """Raised by attention in the middle of an append, after the cache reserved storage."""
+
+
+def fail_attention_at(monkeypatch, call: int, error: BaseException):
+    """Make the model's attention raise `error` on its `call`-th call (counting from 1)."""
+    import kvbench.model as model_module
+
+    real, calls = model_module.causal_attention, []
+
+    def attention(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == call:
+            raise error
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(model_module, "causal_attention", attention)
+
+
+@pytest.mark.parametrize("error", [Failure("boom"), KeyboardInterrupt()], ids=["exception", "ctrl-c"])
+@pytest.mark.parametrize("chunk", [1, 7], ids=["one token", "a chunk crossing a block"])
+def test_a_failure_after_reserve_leaves_the_cache_as_it_was(monkeypatch, kind, chunk, error):
+    model = build_model(CONFIGS["gqa-layers2-wide"], seed=0)
+    cache = primed(model, kind, batch=2, length=16 if kind == "paged" else 5, capacity=32)
+    before = snapshot(cache)
+    free = cache.pool.free_blocks if kind == "paged" else None
+    fail_attention_at(monkeypatch, call=2, error=error)  # layer 1 of 2: layer 0 already wrote its keys
+    with torch.inference_mode(), pytest.raises(type(error)):
+        model(ids_for(model.config, 2, chunk, seed=7), cache)
+    assert_unchanged(cache, before)
+    if kind == "paged":
+        assert cache.pool.free_blocks == free  # no block kept by the failed append
+    monkeypatch.undo()
+    ids = ids_for(model.config, 2, chunk, seed=7)  # the cache still works, and still matches the full path
+    with torch.inference_mode():
+        logits, cache = model(ids, cache)
+    assert cache.length == before[0] + chunk
+
+
+def test_a_failed_append_after_copy_on_write_gives_the_shared_block_back(monkeypatch):
+    from kvbench.cache import PagedCache
+
+    model = build_model(SEED_CONFIG, seed=0)
+    parent = make_cache("paged", model.config, batch=1, capacity=64)
+    assert isinstance(parent, PagedCache)
+    with torch.inference_mode():
+        _, parent = model(ids_for(model.config, 1, 5), parent)
+        child = parent.fork()
+        shared = child.block_table.tolist()
+        free, refcount = parent.pool.free_blocks, parent.pool.refcount(shared[0][0])
+        fail_attention_at(monkeypatch, call=1, error=Failure("boom"))
+        with pytest.raises(Failure):
+            model(ids_for(model.config, 1, 1, seed=3), child)  # copies the shared tail block first
+    assert child.block_table.tolist() == shared and child.length == 5
+    assert parent.pool.free_blocks == free and parent.pool.refcount(shared[0][0]) == refcount == 2
 
 
 MISMATCHED = {

@@ -5,7 +5,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from records import synthetic_record, view
 
 ROOT = Path(__file__).resolve().parents[1]

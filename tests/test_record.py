@@ -8,11 +8,11 @@ import pytest
 
 from kvbench.decode import compare_logits
 from kvbench.record import (
-    RecordView,
     RECORD_SCHEMA,
     SCHEMA,
     RecordError,
     RecordExistsError,
+    RecordView,
     cell_statistics,
     load_record,
     summarize,
@@ -259,8 +259,9 @@ def test_failed_check_with_non_finite_logits_can_be_recorded(make_record, tmp_pa
     reference = torch.zeros(1, 4, 3)
     candidate = reference.clone()
     candidate[0, 2, 1] = float("nan")
-    check = compare_logits("concat", candidate, reference, atol=1e-5, rtol=1e-5).to_dict()
-    checks = [{**check, "length": length, "mode": mode, "passed": mode == "full" or check["passed"]}
+    failed = compare_logits("concat", candidate, reference, atol=1e-5, rtol=1e-5).to_dict()
+    passed = compare_logits("full", reference, reference, atol=1e-5, rtol=1e-5).to_dict()
+    checks = [{**(passed if mode == "full" else failed), "length": length, "mode": mode}
               for mode in ("full", "concat") for length in (4, 8)]
     record = make_record(SECONDS, checks=checks)
     loaded = load_record(write_record(record, tmp_path / "nan.json"))

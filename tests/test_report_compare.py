@@ -4,12 +4,12 @@ import copy
 import json
 
 import pytest
+from records import ENVIRONMENT, PASSED_DIFF, scaling_seconds, synthetic_record
 
 from kvbench import stats
 from kvbench.cli import main
 from kvbench.record import RecordView, write_record
 from kvbench.report import compare
-from records import ENVIRONMENT, PASSED_DIFF, scaling_seconds, synthetic_record
 
 
 def changed_environment(**changes):

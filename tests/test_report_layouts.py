@@ -5,13 +5,13 @@ import json
 from html.parser import HTMLParser
 
 import pytest
+from records import scaling_seconds, synthetic_record, view
 
 from kvbench import stats
 from kvbench.cli import main
 from kvbench.record import write_record
 from kvbench.report import markdown, terminal
 from kvbench.report.model import build_report
-from records import scaling_seconds, synthetic_record, view
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -2,12 +2,12 @@
 
 import io
 
+from records import view
 from rich.console import Console
 
 from kvbench.report.format import format_bytes
 from kvbench.report.model import build_report
 from kvbench.report.terminal import quick_table
-from records import view
 
 SECONDS = {("full", 4): [1.0, 2.0, 3.0, 4.0], ("concat", 4): [0.5, 0.25, 1.0, 0.75],
            ("full", 8): [4.0, 4.0, 8.0, 6.0], ("concat", 8): [2.0, 1.0, 1.5, 3.0]}

@@ -4,11 +4,10 @@ import math
 
 import numpy as np
 import pytest
+from records import noisy
 
 from kvbench import stats
 from kvbench.report.compare import FACTOR
-from records import noisy
-
 
 # --- paired speedup (within one record) ---------------------------------------------------
 

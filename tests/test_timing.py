@@ -12,7 +12,6 @@ from kvbench.decode import MODES, token_ids
 from kvbench.record import build_record
 from kvbench.timing import Protocol, measure, mode_orders, per_step_seconds, run_benchmark, set_threads, time_call
 
-
 # -- mode order -----------------------------------------------------------------------------
 
 
@@ -274,13 +273,31 @@ def test_run_benchmark_interrupted_keeps_completed_repetitions(tiny_model, monke
         build_record(**fields, status="complete")
 
 
-def test_run_benchmark_interrupt_during_the_gate_propagates(tiny_model, monkeypatch):
-    def check_equivalence(*args, **kwargs):
-        raise KeyboardInterrupt
+def test_run_benchmark_interrupt_during_the_gate_keeps_the_lengths_already_checked(tiny_model, monkeypatch):
+    real, calls = decode_module.check_equivalence, []
+
+    def check_equivalence(model, ids, modes, **kwargs):
+        calls.append(ids.shape[1])
+        if ids.shape[1] == 8:
+            raise KeyboardInterrupt
+        return real(model, ids, modes, **kwargs)
 
     monkeypatch.setattr(decode_module, "check_equivalence", check_equivalence)
-    with pytest.raises(KeyboardInterrupt):
-        run_benchmark(tiny_model, [4], ["full"], Protocol(repeats=1))
+    outcome = run_benchmark(tiny_model, [4, 8], ["full", "static"], Protocol(repeats=1))
+    assert outcome.interrupted is True
+    assert [(c["mode"], c["length"]) for c in outcome.checks] == [("full", 4), ("static", 4)]
+    assert [(m["mode"], m["length"]) for m in outcome.memory] == [("full", 4), ("static", 4)]
+    assert outcome.repetitions == [] and outcome.per_step is None
+
+
+def test_run_benchmark_interrupt_during_the_profile_keeps_every_repetition(tiny_model, monkeypatch):
+    def per_step_seconds(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(timing, "per_step_seconds", per_step_seconds)
+    outcome = run_benchmark(tiny_model, [4], ["full", "static"], Protocol(repeats=2, warmup=0, per_step_length=4))
+    assert outcome.interrupted is True and outcome.per_step is None
+    assert len(outcome.repetitions) == 4 and len(outcome.checks) == 2
 
 
 def test_run_benchmark_does_not_time_a_mode_that_raised_in_the_gate(tiny_model, monkeypatch):

@@ -6,9 +6,10 @@
     cache.reserve(length)                      # claim storage (paged allocates blocks here)
     k, v = cache.update(layer, k_new, v_new)   # per layer: stage new positions, return 0..T-1
     cache.commit(length)                       # the new positions become valid
+    cache.rollback()                           # instead of commit, on any failure after reserve
 
-Until ``commit`` the valid prefix is untouched, so a rejected call leaves the cache
-exactly as it was. ``release()`` ends the request (a pool takes its blocks back; other
+Until ``commit`` the valid prefix is untouched and ``rollback`` undoes what ``reserve`` and
+``update`` did, so a rejected or failed call leaves the cache exactly as it was. ``release()`` ends the request (a pool takes its blocks back; other
 kinds have nothing to return). Shapes: (B, KVH, T, D) = batch, key/value heads, positions,
 head width.
 """
@@ -67,6 +68,10 @@ class Cache:
 
     def commit(self, length: int) -> None:
         self.length += length
+
+    def rollback(self) -> None:
+        """Forget a reserved append that failed. Writes beyond the valid prefix are invisible,
+        so a kind that only writes there has nothing to undo."""
 
     def release(self) -> None:
         """End the request. Only a pool-backed kind has storage to give back; here nothing."""

@@ -38,6 +38,9 @@ class ConcatCache(Cache):
         self._values, self._staged_values = self._staged_values, list(self._staged_values)
         super().commit(length)
 
+    def rollback(self) -> None:
+        self._staged_keys, self._staged_values = list(self._keys), list(self._values)
+
     def keys(self, layer: int = 0) -> Tensor:
         return self._keys[layer]
 

@@ -145,6 +145,7 @@ class PagedCache(Cache):
         self._tail_shared = False  # set by fork(): the partly filled last block may be shared
         self._first_block: int | None = None  # set while one sequence's blocks are consecutive
         self._slots: Tensor | None = None  # pool slots of the positions being appended
+        self._undo: list | None = None  # how to give back what the last reserve took, until commit
 
     # -- protocol -------------------------------------------------------------------------
 
@@ -153,6 +154,25 @@ class PagedCache(Cache):
         super().check_append(config, batch, length)
         if self.length + length > self._held * self.block_size or self._tail_shared:
             self._check_free_blocks(length)
+
+    def commit(self, length: int) -> None:
+        self._undo = None
+        super().commit(length)
+
+    def rollback(self) -> None:
+        """Undo the last reserve: hand back the blocks it took, re-share the blocks it copied."""
+        undo, self._undo = self._undo, None
+        if not undo:
+            return
+        for row, where, shared, taken in reversed(undo[1:]):
+            if shared is None:  # blocks appended to the row
+                del row[where]
+                self.pool.release(taken)
+            else:  # a copy-on-write: the row gets its shared block back
+                row[where] = shared
+                self.pool.share([shared])
+                self.pool.release([taken])
+        self._held, self._tail_shared, self._first_block = undo[0]
 
     def reserve(self, length: int) -> None:
         """Copy a shared partial last block, allocate the blocks `length` more positions need."""
@@ -283,21 +303,26 @@ class PagedCache(Cache):
             )
 
     def _reserve_blocks(self, length: int) -> None:
+        """Take blocks for `length` more positions, logging how to give them back (see rollback)."""
         pool, size, start = self.pool, self.block_size, self.length
         self._check_free_blocks(length)
+        undo = self._undo = [(self._held, self._tail_shared, self._first_block)]
         if start % size and self._tail_shared:  # the next position falls in a shared block: copy it
             index = start // size
             for row in self._rows:
                 if pool.refcount(row[index]) > 1:
-                    (fresh,) = pool.allocate(1)
-                    pool.copy_block(row[index], fresh)
-                    pool.release([row[index]])
+                    shared, (fresh,) = row[index], pool.allocate(1)
+                    undo.append((row, index, shared, fresh))
+                    pool.copy_block(shared, fresh)
+                    pool.release([shared])
                     row[index] = fresh
         self._tail_shared = False  # from here on the last block is this request's own
         missing = ceil_div(start + length, size) - self._held
         if missing > 0:
             for row in self._rows:
-                row.extend(pool.allocate(missing))
+                blocks = pool.allocate(missing)
+                undo.append((row, slice(len(row), None), None, blocks))
+                row.extend(blocks)
             self._held += missing
         row = self._rows[0]
         consecutive = self.batch == 1 and row == list(range(row[0], row[0] + len(row))) if row else False

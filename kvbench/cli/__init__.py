@@ -8,19 +8,14 @@ user can cause ends the same way: one line on stderr, exit status 2.
 
 from __future__ import annotations
 
+import signal
 import sys
 
-from kvbench.cli.commands import (
-    cmd_asv_machine,
-    cmd_asv_show,
-    cmd_budget,
-    cmd_compare,
-    cmd_env,
-    cmd_report,
-    cmd_show,
-)
+from kvbench import files
+from kvbench.cli.commands import cmd_asv_machine, cmd_asv_show, cmd_budget, cmd_compare, cmd_env, cmd_report, cmd_show
 from kvbench.cli.options import CliError, build_parser
 from kvbench.cli.run import cmd_run
+from kvbench.cli.signals import Interrupted, SignalGuard
 from kvbench.files import OutputExistsError
 
 __all__ = ["COMMANDS", "CliError", "build_parser", "main"]
@@ -30,20 +25,33 @@ COMMANDS = {"run": cmd_run, "show": cmd_show, "report": cmd_report, "compare": c
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-        args.argv = [str(a) for a in (sys.argv[1:] if argv is None else argv)]  # recorded with each run
-        return COMMANDS[args.command](args)
-    except OutputExistsError as error:
-        print(f"kvbench: error: {first_line(error)}; pass --force to overwrite it", file=sys.stderr)
-        return 2
-    except (CliError, ValueError, OSError) as error:  # RecordError is a ValueError
-        print(f"kvbench: error: {first_line(error)}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # run keeps completed repetitions itself; elsewhere nothing is half-written
-        print("kvbench: interrupted; nothing was written", file=sys.stderr)
-        return 130
+    with SignalGuard() as signals:
+        try:
+            args = build_parser().parse_args(argv)
+            args.argv = [str(a) for a in (sys.argv[1:] if argv is None else argv)]  # recorded with each run
+            args.signals = signals
+            return signals.exit_status(COMMANDS[args.command](args))
+        except OutputExistsError as error:
+            return fail(f"{first_line(error)}; pass --force to overwrite it")
+        except (CliError, ValueError, OSError) as error:  # RecordError is a ValueError
+            return fail(first_line(error))
+        except MemoryError:
+            return fail("out of memory: the machine could not allocate what the command needed")
+        except RuntimeError as error:
+            if "allocate" not in str(error):  # torch's allocator failing is the user's size, anything else a bug
+                raise
+            return fail(f"out of memory: {first_line(error)}")
+        except KeyboardInterrupt as interrupt:  # the first SIGINT or SIGTERM (Interrupted), or a bare Ctrl-C
+            signum = interrupt.signum if isinstance(interrupt, Interrupted) else signal.SIGINT
+            written = ", ".join(str(path) for path in files.WRITTEN)
+            print(f"kvbench: interrupted by {signal.Signals(signum).name}; "
+                  + (f"wrote {written} before it" if written else "nothing was written"), file=sys.stderr)
+            return 128 + signum
+
+
+def fail(message: str) -> int:
+    print(f"kvbench: error: {message}", file=sys.stderr)
+    return 2
 
 
 def first_line(error: BaseException) -> str:

@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from kvbench import capture
+from kvbench import capture, files
 from kvbench.budget import kv_budget
 from kvbench.cli.options import PLOT_SUFFIXES, CliError
 from kvbench.config import preset_config
@@ -28,12 +28,23 @@ def config_from_args(args: argparse.Namespace):
     return preset_config(args.preset, **{name: value for name, value in fields.items() if value is not None})
 
 
-def check_output(path: Path, force: bool, option: str = "--output") -> None:
-    """Refuse an output path before any work is done."""
-    if path.is_dir():
-        raise CliError(f"{option} {path} is a directory; expected a file path")
-    if path.exists() and not force:
-        raise CliError(f"{path} already exists; pass --force to overwrite it")
+def check_output(path: Path, force: bool, option: str = "--output", reading: Path | None = None) -> None:
+    """Refuse an output path before any work is done (`reading`: the input it must not replace)."""
+    if reading is not None and same_file(path, reading):
+        raise CliError(f"{option} {path} is the record being read; choose another file")
+    try:
+        files.check_output(path, force)
+    except files.OutputExistsError:
+        raise CliError(f"{path} already exists; pass --force to overwrite it") from None
+    except files.OutputError as error:
+        raise CliError(f"{option} {error}") from None
+
+
+def same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.abspath(a) == os.path.abspath(b)
 
 
 def load_view(path: Path) -> RecordView:
@@ -52,9 +63,9 @@ def check_report_options(args: argparse.Namespace) -> None:
         raise CliError(f"--into splices a markdown block: use --format markdown, not {args.format}")
     if args.plot is not None and args.plot.suffix.lower() not in PLOT_SUFFIXES:
         raise CliError(f"--plot {args.plot}: the file name must end in {' or '.join(PLOT_SUFFIXES)}")
-    for option, target in (("--output", args.output), ("--plot", args.plot)):
+    for option, target in (("--output", args.output), ("--plot", args.plot), ("--into", args.into)):
         if target is not None:
-            check_output(target, args.force, option)
+            check_output(target, args.force or option == "--into", option, reading=args.record)
     if args.into is not None and not args.into.is_file():
         raise CliError(f"--into {args.into}: no such file")
 
@@ -79,7 +90,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         image = os.path.relpath(args.plot.resolve(), anchor.resolve()) if args.plot is not None else None
         content = markdown.render_report(report, image=image and Path(image).as_posix())
         if args.into is not None:
-            content = markdown.splice(args.into.read_text(), content, str(args.into))
+            content = markdown.splice(files.read_regular_file(args.into, "markdown file").decode(), content,
+                                      str(args.into))
             write_bytes_atomic(args.into, content.encode(), force=True)
             return 0
     else:

@@ -8,6 +8,9 @@ shows it. Argument types reject a value with one line naming what was given.
 from __future__ import annotations
 
 import argparse
+import math
+import os
+import re
 from pathlib import Path
 
 from kvbench.budget import parse_size
@@ -19,6 +22,8 @@ from kvbench.timing import DEFAULT_LENGTHS, Protocol
 REPORT_FORMATS = ("text", "markdown", "html")
 COMPARE_FORMATS = ("text", "markdown")
 PLOT_SUFFIXES = (".png", ".svg")
+MAX_REPEATS = 100_000  # a week of the default grid; more is a typo
+MAX_WARMUP = 1_000
 EXAMPLES = """examples:
   kvbench run                                   # the default grid, all modes
   kvbench run --lengths 64,256 --modes full,static --repeats 11
@@ -37,28 +42,53 @@ class Parser(argparse.ArgumentParser):
         raise CliError(f"{self.prog}: {message}")
 
 
-def _int_at_least(minimum: int, expected: str):
+INT64_MAX = 2**63 - 1  # no tensor dimension or seed is larger
+DIGITS = re.compile(r"[0-9]+")  # ASCII digits only: int() would also take "8_0" and "٨"
+
+
+def integer(lowest: int, highest: int = INT64_MAX):
+    """An argparse type: a plain decimal integer in [lowest, highest]."""
+    expected = f"an integer >= {lowest}" if highest == INT64_MAX else f"an integer in [{lowest}, {highest}]"
+
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
-        if value < minimum:
+        stripped = text.strip()
+        negative = stripped.startswith("-") and DIGITS.fullmatch(stripped[1:])
+        if not (DIGITS.fullmatch(stripped) or negative):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        value = int(stripped)
+        if value < lowest:
             raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
+        if value > highest:
+            raise argparse.ArgumentTypeError(f"expected an integer in [{lowest}, {highest}], got {value}")
         return value
 
     return parse
 
 
-positive_int = _int_at_least(1, "a positive integer")
-non_negative_int = _int_at_least(0, "an integer >= 0")
+positive_int = integer(1)
+non_negative_int = integer(0)
+
+
+def thread_count(text: str) -> int:
+    """Threads, at most the logical CPUs this machine offers: more only oversubscribes (or crashes torch)."""
+    return integer(1, os.cpu_count() or 1)(text)
+
+
+def finite_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
 
 
 def int_list(text: str) -> list[int]:
     values = []
     for part in text.split(","):
         try:
-            values.append(positive_int(part.strip()))
+            values.append(positive_int(part))
         except argparse.ArgumentTypeError:
             raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {part.strip()!r} in {text!r}") from None
     if len(set(values)) != len(values):
@@ -104,11 +134,12 @@ def add_run_parser(commands) -> None:
                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     run.add_argument("--lengths", type=int_list, default=list(DEFAULT_LENGTHS), metavar="N,N,...", help="sequence lengths (tokens decoded per loop)")
     run.add_argument("--modes", type=mode_list, default=list(MODES), metavar="M,M,...", help=f"modes among {','.join(MODES)}")
-    run.add_argument("--repeats", type=positive_int, default=Protocol.repeats, help="timed repetitions per mode and length")
-    run.add_argument("--warmup", type=non_negative_int, default=Protocol.warmup, help="untimed loops per mode before timing")
+    run.add_argument("--repeats", type=integer(1, MAX_REPEATS), default=Protocol.repeats, help="timed repetitions per mode and length")
+    run.add_argument("--warmup", type=integer(0, MAX_WARMUP), default=Protocol.warmup, help="untimed loops per mode before timing")
     run.add_argument("--batch", type=positive_int, default=Protocol.batch, help="sequences per request")
     run.add_argument("--seed", type=non_negative_int, default=Protocol.seed, help="seed for weights and token ids")
-    run.add_argument("--threads", type=positive_int, default=Protocol.threads, help="torch intra- and inter-op threads")
+    run.add_argument("--threads", type=thread_count, default=Protocol.threads,
+                     help="torch intra- and inter-op threads, at most the machine's logical CPUs")
     run.add_argument("--per-step", type=positive_int, metavar="LENGTH", help="also record every step's duration of one loop at LENGTH")
     run.add_argument("--output", type=Path, help="record path (default: a new timestamped file under results/records/)")
     run.add_argument("--force", action="store_true", help="overwrite --output if it exists")
@@ -140,8 +171,8 @@ def add_reading_parsers(commands) -> None:
     )
     compare.add_argument("old", type=Path, metavar="OLD")
     compare.add_argument("new", type=Path, metavar="NEW")
-    compare.add_argument("--factor", type=float, default=FACTOR, help="a ratio of medians within [1/factor, factor] is unchanged")
-    compare.add_argument("--alpha", type=float, default=ALPHA, help="significance level of the Mann-Whitney U test")
+    compare.add_argument("--factor", type=finite_float, default=FACTOR, help="a ratio of medians within [1/factor, factor] is unchanged")
+    compare.add_argument("--alpha", type=finite_float, default=ALPHA, help="significance level of the Mann-Whitney U test")
     compare.add_argument("--fail-on-regression", action="store_true",
                          help="exit 1 when a cell is significantly slower by more than --factor")
     compare.add_argument("--format", choices=COMPARE_FORMATS, default="text", help="layout of the comparison")

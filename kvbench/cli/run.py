@@ -3,50 +3,101 @@
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
 
-from kvbench import capture, record, timing
+from kvbench import capture, memory, record, timing
 from kvbench.cli.commands import check_output, config_from_args
 from kvbench.cli.options import CliError
+from kvbench.config import DecoderConfig
 from kvbench.model import build_model
 from kvbench.report import model as report_model
 from kvbench.report import terminal
-from kvbench.report.format import stdout_console
+from kvbench.report.format import format_bytes, stdout_console
 from kvbench.timing import Protocol
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    config = config_from_args(args)
-    too_long = [n for n in [*args.lengths, args.per_step or 0] if n > config.max_length]
-    if too_long:
-        raise CliError(f"length {too_long[0]} exceeds max_length {config.max_length} of preset {args.preset!r}")
-    protocol = Protocol(repeats=args.repeats, warmup=args.warmup, batch=args.batch, seed=args.seed,
-                        threads=args.threads, per_step_length=args.per_step)
+    config, protocol = settings(args)
     output = args.output or record.default_record_path()
-    check_output(output, args.force)
-
+    check_output(output, args.force)  # before any measurement: a bad path costs nothing
+    check_fits_in_memory(config, protocol, args.lengths, args.modes)
     threads = timing.set_threads(protocol.threads)  # before any torch work in this process
+    environment = capture.collect_environment()  # first, so that no interrupt can cost it
     model = build_model(config, seed=protocol.seed)
     stderr = Console(stderr=True)
     with ProgressBar(stderr, disabled=args.no_progress) as on_progress:
         outcome = timing.run_benchmark(model, args.lengths, args.modes, protocol, on_progress=on_progress)
-    result = record.record_from_run(
-        outcome, command=["kvbench", *args.argv], preset=args.preset, config=config, lengths=args.lengths,
-        modes=args.modes, protocol=protocol, threads_in_effect=threads, environment=capture.collect_environment(),
-    )
-    path = record.write_record(result, output, force=args.force)
+    with args.signals.deferred():  # from here on a signal is only counted: the record is saved first
+        if outcome.interrupted and not (outcome.checks or outcome.repetitions):
+            raise args.signals.first or KeyboardInterrupt()  # nothing was completed: nothing to save
+        result = record.record_from_run(
+            outcome, command=["kvbench", *args.argv], preset=args.preset, config=config, lengths=args.lengths,
+            modes=args.modes, protocol=protocol, threads_in_effect=threads, environment=environment,
+        )
+        path = save_record(result, output, args.force)
     console = stdout_console()
     console.print(terminal.quick_table(report_model.build_report(record.RecordView(result, str(path)))))
     failed = [check for check in outcome.checks if not check["passed"]]
     for check in failed:
         stderr.print(f"[bold red]EQUIVALENCE FAILED[/]: {failure_sentence(check)}")
     console.print(f"record: {path}")
-    if outcome.interrupted:
-        stderr.print("[yellow]interrupted: the record keeps the completed repetitions and is marked incomplete[/]")
+    if outcome.interrupted or args.signals.received:
+        print(interrupted_sentence(args.signals.first, outcome, protocol, args.lengths, args.modes, path), file=sys.stderr)
         return 130
     return 1 if failed else 0
+
+
+def settings(args: argparse.Namespace) -> tuple[DecoderConfig, Protocol]:
+    config = config_from_args(args)
+    too_long = [n for n in [*args.lengths, args.per_step or 0] if n > config.max_length]
+    if too_long:
+        raise CliError(f"length {too_long[0]} exceeds max_length {config.max_length} of preset {args.preset!r}")
+    protocol = Protocol(repeats=args.repeats, warmup=args.warmup, batch=args.batch, seed=args.seed,
+                        threads=args.threads, per_step_length=args.per_step)
+    return config, protocol
+
+
+def check_fits_in_memory(config: DecoderConfig, protocol: Protocol, lengths: list[int], modes: list[str]) -> None:
+    """Refuse a run whose model, ids, logits and caches cannot fit, before allocating any of them."""
+    parts = memory.estimate_run_bytes(config, protocol.batch, lengths, modes)
+    needed, available = sum(parts.values()), memory.available_bytes()
+    if needed > available:
+        detail = ", ".join(f"{name} {format_bytes(size)}" for name, size in parts.items())
+        raise CliError(f"the run would need about {format_bytes(needed)} ({detail}), "
+                       f"but {format_bytes(available)} of memory is available")
+
+
+def save_record(result: dict, output: Path, force: bool) -> Path:
+    """Write the record to `output`; if that fails, to a fallback place, and say where."""
+    try:
+        return record.write_record(result, output, force=force)
+    except (OSError, ValueError) as error:
+        reason = f"cannot write {output}: {getattr(error, 'strerror', None) or error}"
+    for directory in (record.DEFAULT_RECORDS_DIR, Path(tempfile.gettempdir())):
+        try:
+            path = record.write_record(result, record.default_record_path(directory))
+        except (OSError, ValueError):
+            continue
+        raise CliError(f"{reason}; the record was saved to {path} instead")
+    sys.stdout.write(json.dumps(result, indent=1) + "\n")  # the last place left: nothing measured is lost
+    raise CliError(f"{reason}, nor under {record.DEFAULT_RECORDS_DIR} or {tempfile.gettempdir()}; "
+                   "the record was printed on stdout")
+
+
+def interrupted_sentence(signal, outcome, protocol: Protocol, lengths: list[int], modes: list[str], path: Path) -> str:
+    name = signal.name if signal is not None else "SIGINT"
+    planned = len(lengths) * len(modes)
+    if not outcome.interrupted:
+        return f"kvbench: {name} arrived while the record was saved; it is complete: {path}"
+    return (f"kvbench: interrupted by {name}: the record keeps {len(outcome.repetitions)} of "
+            f"{planned * protocol.repeats} repetitions and {len(outcome.checks)} of {planned} checks, "
+            f"marked incomplete: {path}")
 
 
 def failure_sentence(check: dict) -> str:
@@ -62,13 +113,7 @@ class ProgressBar:
     """A rich progress bar on stderr, fed by run_benchmark's (stage, done, total) events."""
 
     def __init__(self, console, disabled: bool) -> None:
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-        )
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.progress = None if disabled else Progress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

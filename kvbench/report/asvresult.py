@@ -8,13 +8,7 @@ import math
 import re
 from pathlib import Path
 
-from kvbench.asvtools import (
-    ASV_METADATA_FILES,
-    AsvToolError,
-    capture_path_for_result,
-    load_capture,
-    read_json_file,
-)
+from kvbench.asvtools import ASV_METADATA_FILES, AsvToolError, capture_path_for_result, load_capture, read_json_file
 from kvbench.capture import summarize_environment
 
 

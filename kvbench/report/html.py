@@ -8,13 +8,7 @@ from __future__ import annotations
 import base64
 
 from kvbench import stats
-from kvbench.report.columns import (
-    FIT_COLUMNS,
-    TABLE_COLUMNS,
-    Column,
-    fit_cells,
-    profile_sentences,
-)
+from kvbench.report.columns import FIT_COLUMNS, TABLE_COLUMNS, Column, fit_cells, profile_sentences
 from kvbench.report.format import escape_html, format_bytes
 from kvbench.report.model import MARKS, Report, Row, environment_line
 

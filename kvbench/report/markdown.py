@@ -7,20 +7,8 @@ words kvbench generates are written as they are.
 from __future__ import annotations
 
 from kvbench import stats
-from kvbench.report.columns import (
-    FIT_COLUMNS,
-    TABLE_COLUMNS,
-    Column,
-    fit_cells,
-    profile_sentences,
-)
-from kvbench.report.compare import (
-    COMPARE_HEADER,
-    CRITICAL,
-    Comparison,
-    cell_texts,
-    summary_line,
-)
+from kvbench.report.columns import FIT_COLUMNS, TABLE_COLUMNS, Column, fit_cells, profile_sentences
+from kvbench.report.compare import COMPARE_HEADER, CRITICAL, Comparison, cell_texts, summary_line
 from kvbench.report.format import escape_markdown, markdown_table
 from kvbench.report.model import MARKS, Report, Row, environment_line
 

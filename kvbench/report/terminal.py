@@ -11,14 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kvbench import stats
-from kvbench.report.columns import (
-    FIT_COLUMNS,
-    QUICK_COLUMNS,
-    TEXT_COLUMNS,
-    Column,
-    fit_cells,
-    profile_sentences,
-)
+from kvbench.report.columns import FIT_COLUMNS, QUICK_COLUMNS, TEXT_COLUMNS, Column, fit_cells, profile_sentences
 from kvbench.report.compare import (
     COMPARE_HEADER,
     CRITICAL,

@@ -1,0 +1,290 @@
+"""What a sound record is: its JSON schema, then its meaning.
+
+The schema (checked with jsonschema) fixes shapes and types. The meaning checks then
+hold the record to what kvbench itself would have written: a config the model accepts,
+known modes only, checks whose verdicts agree with their own numbers, bytes that equal
+the formula, a summary recomputed from the raw repetitions and nothing more, finite
+numbers everywhere. A record that fails is rejected with its source and the first
+problem, never believed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jsonschema
+
+from kvbench.cache import expected_cache_bytes
+from kvbench.config import DTYPES, DecoderConfig
+from kvbench.decode import MODES
+from kvbench.record.summary import by_cell, summarize
+
+SCHEMA = "kvbench.record/1"
+SCHEMA_NAME, SCHEMA_VERSION = SCHEMA.split("/")
+STATUSES = ("complete", "incomplete")
+MODE_NAME = r"^[a-z][a-z0-9_-]{0,39}$"  # plain words: nothing a terminal, markdown or HTML would interpret
+
+
+class RecordError(ValueError):
+    """A record file that cannot be read, or that does not match the schema."""
+
+
+_count = {"type": "integer", "minimum": 0}
+_positive = {"type": "integer", "minimum": 1}
+_mode = {"type": "string", "pattern": MODE_NAME}
+_bytes = {"type": "integer", "minimum": 0}
+_difference = {"type": ["number", "null"], "minimum": 0}
+_cell = {"mode": _mode, "length": _positive}
+
+RECORD_SCHEMA = {
+    "type": "object",
+    "required": [
+        "schema", "status", "created_utc", "command", "config", "run", "protocol",
+        "environment", "checks", "repetitions", "summary", "memory",
+    ],
+    "properties": {
+        "schema": {"const": SCHEMA},
+        "status": {"enum": list(STATUSES)},
+        "created_utc": {"type": "string"},
+        "command": {"type": "array", "items": {"type": "string"}},
+        "config": {
+            "type": "object",
+            "required": ["vocab_size", "width", "heads", "kv_heads", "layers", "max_length", "dtype"],
+            "properties": {**dict.fromkeys(("vocab_size", "width", "heads", "kv_heads", "layers", "max_length",
+                                            "mlp_ratio"), _positive), "dtype": {"enum": sorted(DTYPES)}},
+            "additionalProperties": False,
+        },
+        "run": {
+            "type": "object",
+            "required": ["preset", "lengths", "modes", "batch", "seed", "repeats", "warmup", "threads"],
+            "properties": {
+                "preset": {"type": "string", "pattern": MODE_NAME},
+                "lengths": {"type": "array", "minItems": 1, "uniqueItems": True, "items": _positive},
+                "modes": {"type": "array", "minItems": 1, "uniqueItems": True, "items": _mode},
+                "batch": _positive, "seed": _count, "repeats": _positive, "warmup": _count, "threads": _positive,
+                "per_step_length": {"type": ["integer", "null"], "minimum": 1},
+            },
+        },
+        "protocol": {"type": "object"},
+        "environment": {"type": "object"},
+        "checks": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["mode", "length", "passed", "max_abs_diff", "max_rel_diff", "first_divergent_position", "atol", "rtol"],
+                # The differences are null only for a mode that raised: its check carries the error.
+                "properties": {**_cell, "passed": {"type": "boolean"}, "max_abs_diff": _difference,
+                               "max_rel_diff": _difference, "first_divergent_position": {"type": ["integer", "null"], "minimum": 0},
+                               "non_finite": _count, "atol": {"type": "number", "minimum": 0},
+                               "rtol": {"type": "number", "minimum": 0}, "dtype": {"enum": sorted(DTYPES)},
+                               "tolerance_used": {"type": "number", "minimum": 0}, "error": {"type": "string"}},
+            },
+        },
+        "repetitions": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["mode", "length", "repetition", "order", "seconds"],
+                "properties": {**_cell, "repetition": _count, "order": _count,
+                               "seconds": {"type": "number", "exclusiveMinimum": 0}},
+            },
+        },
+        "summary": {
+            "type": "object",
+            "required": ["cells", "speedups"],
+            "properties": {
+                "cells": {"type": "array", "items": {"type": "object", "properties": _cell, "required": [
+                    "mode", "length", "median", "min", "max", "q1", "q3", "repetitions", "valid"]}},
+                "speedups": {"type": "array", "items": {"type": "object", "properties": _cell,
+                                                        "required": ["mode", "length", "speedup", "valid"]}},
+            },
+        },
+        "memory": {
+            "type": "array",
+            "items": {"type": "object", "required": ["mode", "length", "expected_bytes", "measured_bytes", "reserved_bytes"],
+                      "properties": {**_cell, "expected_bytes": _bytes, "measured_bytes": _bytes,
+                                     "reserved_bytes": _bytes, "peak_rss_growth_bytes": _bytes}},
+        },
+        "per_step": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["mode", "length", "seconds"],
+                "properties": {**_cell, "seconds": {"type": "array", "minItems": 1, "items": {"type": "number", "minimum": 0}}},
+            },
+        },
+    },
+}
+
+
+def validate_record(record: object, source: str = "record") -> dict:
+    """Raise RecordError naming the first problem; return the record when it is sound."""
+    if not isinstance(record, dict):
+        raise RecordError(f"{source}: expected a JSON object with schema {SCHEMA!r}, got {type(record).__name__}")
+    found = record.get("schema")
+    if found != SCHEMA:
+        if isinstance(found, str) and found.startswith(SCHEMA_NAME + "/"):
+            raise RecordError(f"{source}: unsupported schema version {found!r}; this kvbench reads {SCHEMA!r}")
+        raise RecordError(f"{source}: not a kvbench record: expected schema {SCHEMA!r}, got {found!r}")
+    where = first_non_finite(record)
+    if where is not None:
+        raise RecordError(f"{source}: {where}: not a finite number")
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(RECORD_SCHEMA).iter_errors(record))
+    if error is not None:
+        where = "/".join(str(part) for part in error.absolute_path) or "(top level)"
+        raise RecordError(f"{source}: {where}: {error.message}")
+    for check in (check_run, check_checks, check_repetitions, check_memory, check_per_step, check_summary):
+        problem = check(record)
+        if problem:
+            raise RecordError(f"{source}: {problem}")
+    return record
+
+
+def first_non_finite(data: object, path: str = "") -> str | None:
+    """The path of the first NaN or infinity in parsed JSON, or None."""
+    stack = [(path, data)]
+    while stack:
+        where, item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return where or "(top level)"
+        if isinstance(item, dict):
+            stack.extend((f"{where}/{key}".lstrip("/"), value) for key, value in item.items())
+        elif isinstance(item, list):
+            stack.extend((f"{where}/{index}".lstrip("/"), value) for index, value in enumerate(item))
+    return None
+
+
+def _config(record: dict) -> DecoderConfig:
+    return DecoderConfig.from_dict(record["config"])
+
+
+def check_run(record: dict) -> str | None:
+    try:
+        config = _config(record)
+    except ValueError as error:
+        return f"config: {error}"
+    run = record["run"]
+    unknown = [mode for mode in run["modes"] if mode not in MODES]
+    if unknown:
+        return f"run/modes: unknown mode {unknown[0]!r}; expected modes among {list(MODES)}"
+    too_long = [length for length in [*run["lengths"], run.get("per_step_length") or 0] if length > config.max_length]
+    if too_long:
+        return f"run/lengths: length {too_long[0]} exceeds the config's max_length {config.max_length}"
+    return None
+
+
+def _outside(record: dict, section: str, entries: list[dict]) -> str | None:
+    run = record["run"]
+    for index, entry in enumerate(entries):
+        if entry["mode"] not in run["modes"] or entry["length"] not in run["lengths"]:
+            return (f"{section}/{index}: mode {entry['mode']!r} at length {entry['length']} is outside "
+                    f"run.modes {run['modes']} x run.lengths {run['lengths']}")
+    if len(by_cell(entries)) != len(entries):
+        return f"{section}: a (mode, length) cell appears twice"
+    return None
+
+
+def entries(section: str, check_entry):
+    """A check over one per-cell section: every entry inside the grid, once, and sound by `check_entry`."""
+    def check(record: dict) -> str | None:
+        problem = _outside(record, section, record[section])
+        for index, entry in enumerate(record[section]):
+            if problem:
+                break
+            problem = check_entry(record, entry, f"{section}/{index} ({entry['mode']} at length {entry['length']})")
+        return problem
+
+    return check
+
+
+def sound_check(record: dict, check: dict, where: str) -> str | None:
+    if "error" in check:
+        return f"{where}: passed is true, but the check carries an error" if check["passed"] else None
+    if check["max_abs_diff"] is None or check["max_rel_diff"] is None:
+        return f"{where}: differences are null without an error"
+    position, non_finite = check["first_divergent_position"], check.get("non_finite", 0)
+    if check["passed"] and (position is not None or non_finite):
+        return f"{where}: passed is true, but it diverges at position {position} with {non_finite} non-finite logits"
+    used = check.get("tolerance_used")
+    if used is not None and check["passed"] != (used <= 1 and not non_finite):
+        return (f"{where}: passed is {str(check['passed']).lower()}, but its largest difference uses "
+                f"{used:.3g} times its tolerance (atol {check['atol']:g} + rtol {check['rtol']:g} * |logit|)")
+    if not check["passed"] and (position is None or position >= check["length"]):
+        return f"{where}: failed without a diverging position in [0, {check['length'] - 1}], got {position}"
+    return None
+
+
+def sound_memory(record: dict, entry: dict, where: str) -> str | None:
+    formula = expected_cache_bytes(_config(record), record["run"]["batch"], entry["length"])
+    if entry["expected_bytes"] != formula:
+        return f"{where}: expected_bytes is {entry['expected_bytes']}, but the formula gives {formula}"
+    if entry["measured_bytes"] != formula:
+        return f"{where}: measured_bytes {entry['measured_bytes']} contradicts the formula's {formula}"
+    if entry["reserved_bytes"] < entry["measured_bytes"]:
+        return f"{where}: reserved_bytes {entry['reserved_bytes']} is below measured_bytes {entry['measured_bytes']}"
+    return None
+
+
+check_checks = entries("checks", sound_check)
+check_memory = entries("memory", sound_memory)
+
+
+def check_repetitions(record: dict) -> str | None:
+    run = record["run"]
+    expected_cells = {(m, n) for m in run["modes"] for n in run["lengths"]}
+    seen: dict[tuple[str, int], int] = {}
+    indices: set[tuple[str, int, int]] = set()
+    for rep in record["repetitions"]:
+        key = (rep["mode"], rep["length"])
+        if key not in expected_cells:
+            return f"repetition for mode {key[0]!r} at length {key[1]} is outside run.modes {run['modes']} x run.lengths {run['lengths']}"
+        if rep["order"] >= len(run["modes"]):
+            return f"repetition for mode {key[0]!r} at length {key[1]} has order {rep['order']}, but only {len(run['modes'])} modes ran"
+        seen[key] = seen.get(key, 0) + 1
+        index = (*key, rep["repetition"])
+        if index in indices:  # the report pairs modes by repetition index: it must be unique
+            return f"mode {key[0]!r} at length {key[1]} has repetition {rep['repetition']} twice"
+        indices.add(index)
+    if record["status"] == "complete":
+        untimeable = {key for key, check in by_cell(record["checks"]).items() if "error" in check}
+        for key in sorted(expected_cells - untimeable):
+            if seen.get(key, 0) != run["repeats"]:
+                return f"mode {key[0]!r} at length {key[1]}: expected {run['repeats']} repetitions, found {seen.get(key, 0)}"
+    return None
+
+
+def check_per_step(record: dict) -> str | None:
+    run = record["run"]
+    for entry in record.get("per_step", []):
+        if entry["mode"] not in run["modes"]:
+            return f"per_step entry for mode {entry['mode']!r} is outside run.modes {run['modes']}"
+        if len(entry["seconds"]) != entry["length"]:
+            return (f"per_step for mode {entry['mode']!r} at length {entry['length']} "
+                    f"has {len(entry['seconds'])} step durations, expected {entry['length']}")
+    return None
+
+
+def check_summary(record: dict) -> str | None:
+    """The summary must be exactly what the repetitions and checks give: no cell more, none less."""
+    recomputed = summarize(record["repetitions"], record["checks"], record["summary"].get("baseline", "full"))
+    for section, stats in (("cells", ("median", "min", "max", "q1", "q3")), ("speedups", ("speedup",))):
+        stored, derived = by_cell(record["summary"][section]), by_cell(recomputed[section])
+        extra = sorted(set(stored) - set(derived))
+        if extra:
+            mode, length = extra[0]
+            return f"summary has a {section[:-1]} for mode {mode!r} at length {length}, which its repetitions do not give"
+        for key, mine in derived.items():
+            theirs = stored.get(key)
+            where = f"mode {key[0]!r} at length {key[1]}"
+            if theirs is None:
+                return f"summary has no {section[:-1]} for {where}"
+            for stat in stats:
+                if not math.isclose(theirs[stat], mine[stat], rel_tol=1e-9, abs_tol=1e-15):
+                    return f"summary {stat} for {where} is {theirs[stat]}, but its repetitions give {mine[stat]}"
+            if theirs["valid"] != mine["valid"]:
+                return f"summary marks {where} valid={theirs['valid']}, but its check gives valid={mine['valid']}"
+    return None
+
+
+__all__ = ["MODE_NAME", "RECORD_SCHEMA", "SCHEMA", "SCHEMA_NAME", "SCHEMA_VERSION", "STATUSES", "RecordError",
+           "validate_record"]

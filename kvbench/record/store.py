@@ -1,0 +1,79 @@
+"""Records on disk: built from a run, validated, written atomically, read back safely."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+
+from kvbench.files import OutputExistsError, UnreadableFileError, read_json, write_json_atomic
+from kvbench.record.schema import SCHEMA, RecordError, validate_record
+from kvbench.record.summary import summarize
+
+DEFAULT_RECORDS_DIR = Path("results") / "records"
+
+
+class RecordExistsError(RecordError, OutputExistsError):
+    """Writing would replace an existing record, and replacing was not asked for."""
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def build_record(
+    *, command: list[str], config: dict, run: dict, protocol: dict, environment: dict,
+    checks: list[dict], repetitions: list[dict], memory: list[dict], status: str = "complete",
+    per_step: list[dict] | None = None,
+) -> dict:
+    record = {
+        "schema": SCHEMA,
+        "status": status,
+        "created_utc": utc_now(),
+        "command": list(command),
+        "config": config,
+        "run": run,
+        "protocol": protocol,
+        "environment": environment,
+        "checks": checks,
+        "repetitions": repetitions,
+        "summary": summarize(repetitions, checks),
+        "memory": memory,
+    }
+    if per_step is not None:
+        record["per_step"] = per_step
+    validate_record(record)
+    return record
+
+
+def default_record_path(directory: Path | str = DEFAULT_RECORDS_DIR) -> Path:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+    return Path(directory) / f"run-{stamp}.json"
+
+
+def write_record(record: dict, path: Path | str, force: bool = False) -> Path:
+    """Validate, then write atomically; refuse to replace a file unless `force`."""
+    validate_record(record)
+    try:
+        return write_json_atomic(record, path, force)
+    except OutputExistsError as error:
+        raise RecordExistsError(str(error)) from None
+
+
+def load_record(path: Path | str) -> dict:
+    """Read a record from a regular file (bounded, finite, shallow JSON) and validate it."""
+    try:
+        record = read_json(path, "kvbench record")
+    except UnreadableFileError as error:
+        raise RecordError(str(error)) from None
+    return validate_record(record, str(path))
+
+
+def record_from_run(outcome, *, command: list[str], preset: str, config, lengths: list[int], modes: list[str],
+                    protocol, threads_in_effect: dict, environment: dict) -> dict:
+    """The record of one run: its settings (a DecoderConfig and a timing.Protocol) beside its outcome."""
+    return build_record(
+        command=command, config=config.to_dict(), run=protocol.run_section(preset, lengths, modes),
+        protocol=protocol.describe(threads_in_effect), environment=environment, checks=outcome.checks,
+        repetitions=outcome.repetitions, memory=outcome.memory, per_step=outcome.per_step,
+        status="incomplete" if outcome.interrupted else "complete",
+    )

@@ -1,0 +1,395 @@
+"""What a hostile or careless user does to kvbench, done the way a user does it.
+
+Every test here runs the real command line in a subprocess, with real files (FIFOs,
+devices, names too long for the filesystem, paths under a regular file, /proc) and real
+signals. Where a signal must land in one particular phase, the child sends it to itself
+from inside that phase (a one-line wrapper around the library function that starts the
+phase), so the test never depends on how fast this machine is.
+
+The promise under test (README, "When things go wrong"): a bad input ends with exit status
+2 and one line naming the problem, before any measurement; SIGINT and SIGTERM end a run
+with everything completed saved and marked incomplete (130 / 143); nothing that is not a
+regular file is ever replaced; no temporary file is left behind; every message tells the
+truth about what is on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from kvbench.record import load_record
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--lengths", "4,8", "--modes", "full,concat", "--repeats", "2", "--warmup", "0", "--no-progress"]
+SLOW = ["--lengths", "256,512", "--repeats", "200", "--no-progress"]  # minutes: only a refusal ends it fast
+
+
+def kvbench(*args, cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kvbench", *map(str, args)], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def with_signal_in(target: str, *args, cwd: Path, signals=(signal.SIGTERM,), after: int = 1, storm: float = 0.0):
+    """Run kvbench in a child that sends itself `signals` when `target` ("module:function") is
+    entered for the `after`-th time; the function then carries on as if nothing happened.
+    With `storm`, a thread then keeps sending SIGINT and SIGTERM every 5 ms for that many seconds,
+    so that later signals land in every phase of ending the command."""
+    module, function = target.split(":")
+    script = textwrap.dedent(f"""
+        import os, sys, time, importlib, signal, threading
+        sys.argv = ["kvbench", *{[str(a) for a in args]!r}]
+        module = importlib.import_module({module!r})
+        real, calls = getattr(module, {function!r}), []
+        def storm():
+            end = time.monotonic() + {storm!r}
+            while time.monotonic() < end:
+                for signum in (signal.SIGINT, signal.SIGTERM):
+                    os.kill(os.getpid(), signum)
+                    time.sleep(0.005)
+        def wrapper(*a, **k):
+            calls.append(1)
+            if len(calls) == {after}:
+                if {storm!r}:
+                    threading.Thread(target=storm, daemon=True).start()
+                for signum in {[int(s) for s in signals]!r}:
+                    os.kill(os.getpid(), signum)
+            return real(*a, **k)
+        setattr(module, {function!r}, wrapper)
+        from kvbench.cli import main
+        raise SystemExit(main())
+    """)
+    return subprocess.run([sys.executable, "-c", script], cwd=cwd, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def one_line_error(done: subprocess.CompletedProcess, *fragments: str) -> str:
+    assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvbench: error: "), done.stderr[-2000:]
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def no_temporaries(directory: Path) -> None:
+    assert [p.name for p in directory.rglob(".*.tmp")] == []
+
+
+# --- 1. output paths are checked before any measurement ----------------------------------------------
+
+
+@pytest.mark.parametrize("make_path, fragment", [
+    (lambda tmp: tmp / "file.txt" / "rec.json", "is a regular file, not a directory"),
+    (lambda tmp: tmp / ("x" * 300 + ".json"), "a name of 305 bytes, longer than the 255 bytes the filesystem allows"),
+    (lambda tmp: tmp, "is a directory"),
+    (lambda tmp: Path("/proc/kvbench-record.json"), "cannot write in /proc"),
+], ids=["under a regular file", "name too long", "a directory", "a read-only place"])
+def test_a_bad_output_is_refused_before_measuring(tmp_path, make_path, fragment):
+    (tmp_path / "file.txt").write_text("not a directory")
+    started = time.monotonic()
+    done = kvbench("run", *SLOW, "--output", make_path(tmp_path), cwd=tmp_path)
+    one_line_error(done, fragment)
+    assert time.monotonic() - started < 60  # the slow grid would take minutes: nothing was measured
+    assert (tmp_path / "file.txt").read_text() == "not a directory"
+    no_temporaries(tmp_path)
+
+
+def test_an_existing_output_without_force_is_refused_before_measuring(tmp_path):
+    output = tmp_path / "rec.json"
+    output.write_text("precious")
+    started = time.monotonic()
+    one_line_error(kvbench("run", *SLOW, "--output", output, cwd=tmp_path), "already exists", "--force")
+    assert time.monotonic() - started < 60 and output.read_text() == "precious"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "devnull", "symlink"])
+def test_force_never_replaces_what_is_not_a_regular_file(tmp_path, kind):
+    if kind == "fifo":
+        target = tmp_path / "pipe"
+        os.mkfifo(target)
+    elif kind == "symlink":
+        (tmp_path / "real.json").write_text("kept")
+        target = tmp_path / "link.json"
+        target.symlink_to(tmp_path / "real.json")
+    else:
+        target = Path(os.devnull)
+    done = kvbench("run", *TINY, "--output", target, "--force", cwd=tmp_path)
+    one_line_error(done, "kvbench replaces only regular files")
+    mode = os.lstat(target).st_mode
+    assert {"fifo": stat.S_ISFIFO, "devnull": stat.S_ISCHR, "symlink": stat.S_ISLNK}[kind](mode)
+    if kind == "symlink":
+        assert (tmp_path / "real.json").read_text() == "kept"
+    no_temporaries(tmp_path)
+
+
+def test_report_refuses_to_overwrite_the_record_it_reads(tmp_path):
+    record = tmp_path / "rec.json"
+    assert kvbench("run", *TINY, "--output", record, cwd=tmp_path).returncode == 0
+    before = record.read_bytes()
+    one_line_error(kvbench("report", record, "--output", record, "--force", cwd=tmp_path), "is the record being read")
+    one_line_error(kvbench("report", record, "--plot", tmp_path / "x.pdf", cwd=tmp_path), "must end in .png or .svg")
+    assert record.read_bytes() == before
+
+
+def test_a_failed_final_write_saves_the_record_elsewhere_and_says_where(tmp_path, monkeypatch, capsys):
+    """The output passed every check, then the disk filled up: the record goes to results/records/."""
+    import errno
+
+    from kvbench import record as record_module
+    from kvbench.cli import main
+
+    real, calls = record_module.write_record, []
+
+    def write_record(result, path, force=False):
+        calls.append(path)
+        if len(calls) == 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(result, path, force)
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(record_module, "write_record", write_record)
+    assert main(["run", *TINY, "--output", str(tmp_path / "rec.json")]) == 2
+    line = capsys.readouterr().err.strip()
+    saved = Path(line.rsplit(" ", 2)[-2])
+    assert line.startswith(f"kvbench: error: cannot write {tmp_path / 'rec.json'}: No space left on device; "
+                           "the record was saved to results/records/run-") and line.endswith(" instead")
+    assert load_record(tmp_path / saved)["status"] == "complete" and not (tmp_path / "rec.json").exists()
+
+
+# --- 2. signals never cost completed work -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("signum, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_during_timing_keeps_the_completed_repetitions(tmp_path, signum, status):
+    output = tmp_path / "rec.json"
+    done = with_signal_in("kvbench.timing:time_call", "run", *TINY, "--output", output, cwd=tmp_path,
+                          signals=(signum,), after=5)
+    assert done.returncode == status, done.stderr
+    record = load_record(output)
+    assert record["status"] == "incomplete" and 1 <= len(record["repetitions"]) <= 5
+    assert f"interrupted by {signal.Signals(signum).name}: the record keeps {len(record['repetitions'])} of 8 " \
+           f"repetitions and 4 of 4 checks, marked incomplete: {output}" in done.stderr
+    assert "Traceback" not in done.stderr
+    no_temporaries(tmp_path)
+
+
+def test_a_storm_of_signals_after_the_first_does_not_lose_the_record(tmp_path):
+    """Ctrl-C, then Ctrl-C again and a `timeout` SIGTERM while the record is being saved."""
+    output = tmp_path / "rec.json"
+    done = with_signal_in("kvbench.timing:time_call", "run", *TINY, "--output", output, cwd=tmp_path,
+                          signals=(signal.SIGINT,), after=3, storm=2.0)
+    assert done.returncode == 130, done.stderr
+    assert load_record(output)["status"] == "incomplete"
+    assert "Traceback" not in done.stderr and f"marked incomplete: {output}" in done.stderr
+    no_temporaries(tmp_path)
+
+
+def test_a_signal_during_the_gate_keeps_the_lengths_already_checked(tmp_path):
+    output = tmp_path / "rec.json"
+    done = with_signal_in("kvbench.decode:check_equivalence", "run", *TINY, "--output", output, cwd=tmp_path,
+                          after=3)  # the first mode of the second length
+    assert done.returncode == 143, done.stderr
+    record = load_record(output)
+    assert [(c["mode"], c["length"]) for c in record["checks"]] == [("full", 4), ("concat", 4)]
+    assert record["repetitions"] == [] and record["status"] == "incomplete"
+
+
+def test_a_signal_during_the_per_step_profile_keeps_every_repetition(tmp_path):
+    output = tmp_path / "rec.json"
+    done = with_signal_in("kvbench.timing:per_step_seconds", "run", *TINY, "--per-step", "4", "--output", output,
+                          cwd=tmp_path)
+    assert done.returncode == 143, done.stderr
+    record = load_record(output)
+    assert len(record["repetitions"]) == 8 and record["status"] == "incomplete" and "per_step" not in record
+
+
+def test_a_signal_during_the_environment_capture_says_nothing_was_written(tmp_path):
+    output = tmp_path / "rec.json"
+    done = with_signal_in("kvbench.capture:collect_environment", "run", *TINY, "--output", output, cwd=tmp_path)
+    assert done.returncode == 143
+    assert done.stderr.strip() == "kvbench: interrupted by SIGTERM; nothing was written"
+    assert not output.exists()
+    no_temporaries(tmp_path)
+
+
+def test_a_signal_during_the_final_write_finishes_the_write_first(tmp_path):
+    output = tmp_path / "rec.json"
+    done = with_signal_in("os:fsync", "run", *TINY, "--output", output, cwd=tmp_path,
+                          signals=(signal.SIGTERM, signal.SIGINT))
+    assert done.returncode == 143, done.stderr
+    assert load_record(output)["status"] == "complete"  # everything had been measured
+    assert f"SIGTERM arrived while the record was saved; it is complete: {output}" in done.stderr
+    no_temporaries(tmp_path)
+
+
+def test_a_signal_while_report_writes_leaves_no_half_file_and_says_what_was_written(tmp_path):
+    record = tmp_path / "rec.json"
+    assert kvbench("run", *TINY, "--output", record, cwd=tmp_path).returncode == 0
+    plot, report = tmp_path / "plot.svg", tmp_path / "report.html"
+    done = with_signal_in("os:fsync", "report", record, "--format", "html", "--plot", plot, "--output", report,
+                          cwd=tmp_path, after=2)  # the plot is written, then the report's fsync is hit
+    assert done.returncode == 143
+    assert done.stderr.strip() == f"kvbench: interrupted by SIGTERM; wrote {plot} before it"
+    assert plot.exists() and not report.exists()
+    no_temporaries(tmp_path)
+
+
+def test_sigterm_from_outside_during_a_real_run(tmp_path):
+    """No hook at all: the signal comes from another process, as `timeout` or a CI runner sends it."""
+    output = tmp_path / "rec.json"
+    process = subprocess.Popen([sys.executable, "-m", "kvbench", "run", *SLOW, "--output", str(output)],
+                               cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONPATH": str(ROOT)})
+    time.sleep(25)  # imports, the gate at 512 and some timing
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 143, err
+    record = load_record(output)
+    assert record["status"] == "incomplete" and f"marked incomplete: {output}" in err
+    no_temporaries(tmp_path)
+
+
+# --- 3. resource limits end in one line, never in the allocator or a segfault --------------------------
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--batch", "100000000"], "the run would need about"),
+    (["--vocab-size", "1000000000000"], "weights"),
+    (["--width", "1000000000", "--heads", "4"], "of memory is available"),
+    (["--max-length", "100000000000"], "the run would need about"),
+    (["--threads", "100000"], "--threads: expected an integer in [1, "),
+])
+def test_a_run_that_cannot_fit_is_refused_with_the_estimate(tmp_path, args, fragment):
+    done = kvbench("run", "--lengths", "4", "--no-progress", *args, "--output", tmp_path / "r.json", cwd=tmp_path)
+    one_line_error(done, fragment)
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_records_are_read_only_from_regular_files_of_bounded_size_and_depth(tmp_path):
+    fifo = tmp_path / "pipe.json"
+    os.mkfifo(fifo)
+    one_line_error(kvbench("show", fifo, cwd=tmp_path, timeout=60), "is a FIFO, not a regular file")
+    one_line_error(kvbench("report", "/dev/zero", cwd=tmp_path, timeout=60), "is a character device")
+    huge = tmp_path / "huge.json"
+    with open(huge, "wb") as handle:
+        handle.truncate(200 << 20)  # sparse: 200 MiB of zeros without the disk space
+    one_line_error(kvbench("show", huge, cwd=tmp_path, timeout=60), "larger than the")
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    one_line_error(kvbench("compare", deep, deep, cwd=tmp_path, timeout=60), "nested more than 32 levels deep")
+    shallow_but_deep = tmp_path / "deep2.json"
+    shallow_but_deep.write_text('{"schema": "kvbench.record/1", "x": ' + "[" * 50 + "]" * 50 + "}")
+    one_line_error(kvbench("show", shallow_but_deep, cwd=tmp_path), "nested more than 32 levels deep")
+
+
+@pytest.mark.parametrize("memory", ["1e400", "1e30", "-5GiB", "nan", "inf"])
+def test_budget_sizes_must_be_finite_and_in_range(tmp_path, memory):
+    done = kvbench("budget", "--layers", "1", "--kv-heads", "1", "--head-dim", "8", "--tokens", "16",
+                   "--memory", memory, cwd=tmp_path, timeout=60)
+    one_line_error(done, "--memory")
+
+
+# --- 4. records are checked for meaning, and every renderer escapes -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def sound_record(tmp_path_factory) -> dict:
+    directory = tmp_path_factory.mktemp("sound")
+    assert kvbench("run", *TINY, "--output", directory / "rec.json", cwd=directory).returncode == 0
+    return json.loads((directory / "rec.json").read_text())
+
+
+def tampered(record: dict, change) -> dict:
+    copy = json.loads(json.dumps(record))
+    change(copy)
+    return copy
+
+
+def concat_check(record, length=4):
+    return next(c for c in record["checks"] if c["mode"] == "concat" and c["length"] == length)
+
+
+TAMPERING = {
+    "NaN in a check": (lambda r: concat_check(r).update(max_abs_diff=float("nan")), "non-finite number NaN"),
+    "infinity in memory": (lambda r: r["memory"][0].update(peak_rss_growth_bytes=float("inf")),
+                           "non-finite number Infinity"),
+    "passed beyond its tolerance": (lambda r: concat_check(r).update(max_abs_diff=0.5, tolerance_used=5e4),
+                                    "uses 5e+04 times its tolerance"),
+    "passed with a divergence": (lambda r: concat_check(r).update(first_divergent_position=2), "but it diverges"),
+    "bytes contradicting the formula": (lambda r: r["memory"][1].update(measured_bytes=12345), "contradicts the formula"),
+    "a wrong formula": (lambda r: r["memory"][1].update(expected_bytes=1), "the formula gives"),
+    "width of the wrong type": (lambda r: r["config"].update(width="wide"), "config/width: 'wide' is not of type 'integer'"),
+    "an unknown config field": (lambda r: r["config"].update(colour="red"), "Additional properties"),
+    "heads not dividing width": (lambda r: r["config"].update(heads=5), "heads must divide width"),
+    "a summary cell for a mode that never ran": (
+        lambda r: r["summary"]["cells"].append({**r["summary"]["cells"][0], "mode": "static"}),
+        "summary has a cell for mode 'static'"),
+    "an unknown mode": (lambda r: r["run"]["modes"].append("turbo"), "unknown mode 'turbo'"),
+    "terminal markup in a mode": (lambda r: r["run"]["modes"].append("[bold red]x[/]"), "does not match"),
+    "HTML in a mode": (lambda r: r["run"]["modes"].append("<script>alert(1)</script>"), "does not match"),
+    "a length beyond max_length": (lambda r: r["run"]["lengths"].append(5000), "exceeds the config's max_length"),
+}
+
+
+@pytest.mark.parametrize("case", list(TAMPERING))
+def test_a_record_that_means_something_impossible_is_rejected(tmp_path, sound_record, case, capsys):
+    from kvbench.cli import main
+
+    change, fragment = TAMPERING[case]
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(tampered(sound_record, change), allow_nan=True))
+    one_line_error(kvbench("show", path, cwd=tmp_path, timeout=60), str(path), fragment)
+    for command in (["report", path, "--format", "markdown"], ["compare", path, path]):  # the same reader
+        assert main([str(a) for a in command]) == 2
+        assert fragment in capsys.readouterr().err
+
+
+def test_every_renderer_escapes_what_a_record_carries():
+    """Defence in depth: the schema refuses such names, and the layouts would not interpret them anyway."""
+    from kvbench.report import html, markdown, model, terminal
+    from kvbench.report.format import render_plain
+    from kvbench.stats import RatioEstimate
+
+    nasty = "[bold red]x[/]<script>*_y_*"
+    row = model.Row(length=4, mode=nasty, samples=3, planned=3, median=1.0, q1=0.9, q3=1.1, is_baseline=False,
+                    speedup=RatioEstimate(2.0, 1.9, 2.1, 3), speedup_valid=True, check=None, memory=None, marks=())
+    report = model.Report(title=f"kvbench {nasty}", source="<b>src</b>", status="complete", created_utc="now",
+                          command=["kvbench", nasty], baseline="full", environment={}, rows=[row],
+                          fits={nasty: None}, profile=None, missing=[])
+    text = render_plain(terminal.report_renderables(report))
+    assert "[bold red]x[/]" in text  # printed literally, not interpreted as markup
+    page = html.render_report(report, images={})
+    assert "<script>" not in page and "&lt;script&gt;" in page
+    md = markdown.render_report(report)
+    assert "<script>" not in md and "\\*\\_y\\_\\*" in md
+
+
+# --- 6. numbers ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["run", "--lengths", "8_0"], "--lengths: expected comma-separated positive integers, got '8_0'"),
+    (["run", "--lengths", "٨"], "--lengths: expected comma-separated positive integers, got '٨'"),
+    (["run", "--repeats", "٣"], "--repeats: expected an integer in [1, 100000], got '٣'"),
+    (["run", "--seed", str(2**70)], "--seed: expected an integer in [0, 9223372036854775807], got 1180591620717411303424"),
+    (["run", "--repeats", "10000000"], "--repeats: expected an integer in [1, 100000], got 10000000"),
+    (["run", "--batch", "+3"], "--batch: expected an integer >= 1, got '+3'"),
+    (["compare", "a.json", "b.json", "--factor", "inf"], "--factor: expected a finite number, got 'inf'"),
+    (["compare", "a.json", "b.json", "--factor", "nan"], "--factor: expected a finite number, got 'nan'"),
+    (["compare", "a.json", "b.json", "--alpha", "nan"], "--alpha: expected a finite number, got 'nan'"),
+    (["compare", "a.json", "b.json", "--factor", "1"], "--factor must be greater than 1, got 1"),
+    (["budget", "--layers", "1", "--kv-heads", "1", "--head-dim", "8", "--tokens", "8", "--memory", "1GiB",
+      "--block-size", "0"], "--block-size: expected an integer >= 1, got 0"),
+])
+def test_numbers_are_plain_finite_and_in_range(tmp_path, args, fragment):
+    one_line_error(kvbench(*args, cwd=tmp_path, timeout=60), fragment)
