@@ -7,7 +7,7 @@ TORCH_VERSION ?= 2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvbench-installed
 
-.PHONY: bench test test-virtualenv report layouts venv clean
+.PHONY: bench test test-virtualenv report layouts reproducibility noise-study venv clean
 
 venv: $(STAMP)
 
@@ -64,6 +64,17 @@ report: $(STAMP)
 	$(BIN)/kvbench report $(REFERENCE_RECORD) --format markdown --plot docs/results.svg --into README.md --force
 	$(BIN)/python scripts/layout_targets.py --into README.md > /dev/null
 
+# Does a verdict survive a rerun? Five A/A pairs of `kvbench run` with the test-only slowed kind,
+# compared (about 20 minutes on 2 cores); records and summary.json under results/reproducibility/.
+reproducibility: $(STAMP)
+	$(BIN)/python scripts/reproducibility.py --out results/reproducibility
+
+# The A/A evidence behind the estimator, interval, order and pinning defaults (docs/statistics.md):
+# 18 runs of 31 rotations, variants interleaved (about 45 minutes), then the tables.
+noise-study: $(STAMP)
+	$(BIN)/python scripts/noise_study.py collect --runs 6 --rotations 31 --out results/noise
+	$(BIN)/python scripts/noise_study.py analyze results/noise > docs/noise-study.md
+
 # The records behind the README's layout targets (about 10 minutes on 2 cores).
 # The medium preset's full-prefix loop at T=2048 would take minutes per repetition,
 # so that record times the cached kinds only; its targets are ratios between them.
@@ -72,4 +83,5 @@ layouts: $(STAMP)
 	$(BIN)/kvbench run --no-progress --lengths 64,1024 --repeats 15 --output results/layouts/seed.json --force
 	$(BIN)/kvbench run --no-progress --lengths 64,2048 --modes concat,static,paged --repeats 15 --output results/layouts/seed-long.json --force
 	$(BIN)/kvbench run --no-progress --preset medium --lengths 2048 --modes concat,static,paged --repeats 5 --output results/layouts/medium.json --force
-	$(BIN)/python scripts/hf_dynamic_cache.py --length 1024 --force
+	$(BIN)/python scripts/hf_peers.py dynamic --length 1024 --force
+	$(BIN)/python scripts/hf_peers.py quantized --preset medium --length 1024 --force

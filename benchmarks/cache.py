@@ -46,3 +46,29 @@ class TrackEquivalence(common.Cells):
         if "error" in check:
             raise RuntimeError(f"{mode} at length {length}: {check['error']}")
         return check["max_abs_diff"]
+
+
+class TrackDrift(common.Cells):
+    """How far a lossy kind's logits drift from the full prefix's (the gate's metrics, per commit).
+
+    A commit that makes a quantized cache less faithful shows here as an increase, which
+    asv compare flags as it flags a slowdown. Exact kinds have no drift to track.
+    """
+
+    params = (common.LOSSY_MODES, common.LENGTHS)
+    version = "kvbench-drift-1"
+
+    def setup(self, gate, mode, length):
+        common.workload(mode, length)  # skips a mode or length this commit does not have
+
+    def track_kl_mean(self, gate, mode, length):
+        """Mean KL divergence of the next-token distributions, KL(full || kind), in nats."""
+        return common.drift(gate, mode, length)["kl_mean"]
+
+    track_kl_mean.unit = "nats"
+
+    def track_top1_disagreement(self, gate, mode, length):
+        """Share of steps whose most likely next token differs from the full prefix's."""
+        return 1.0 - common.drift(gate, mode, length)["top1_agreement"]
+
+    track_top1_disagreement.unit = "share"

@@ -1,36 +1,42 @@
-"""What a cache saves, measured by kvbench's own paired protocol inside one process.
+"""What a cache saves, measured by kvbench's own sampling protocol inside one process.
 
-``kvbench.timing.measure`` runs a warmup per mode, then alternates full and cached
-loops for ``REPEATS`` repetitions; the result is median(full) / median(cached), the
-speedup ``kvbench run`` reports. Both modes see the same machine state, so this
-ratio stays put when the machine drifts, unlike the ratio of two ``time_`` results.
+``kvbench.sampling.sample`` runs a warmup per mode, then rotations of full and the cached
+mode in a seeded random order until the speedup's 95% interval is within ``PROTOCOL``'s
+precision (or its cap or time budget, well inside asv's timeout); the result is
+kvbench's speedup (the median over rotations of full / cached). Both modes see the same
+machine state, so this ratio stays put when the machine drifts, unlike the ratio of two
+``time_`` results. How precise each value is, why sampling stopped and what the noise
+telemetry saw go into the environment capture beside asv's result (``track_speedup``).
 
 asv treats every number as lower-is-better: a *lower* speedup is a regression,
 even though ``asv compare`` lists it under "improved".
 """
 
-from kvbench.decode import FULL
+from kvbench import stats
+from kvbench.decode import FULL, decode
 from kvbench.record import samples_by_cell
-from kvbench.stats import paired_speedup
-from kvbench.timing import Protocol, measure
+from kvbench.sampling import sample
+from kvbench.timing import Protocol
 
 from . import common
 
-# Odd, so each median is one of the samples. Interference from other processes only
-# ever adds time and comes in bursts; 31 alternating pairs (about 10 s at length 256)
-# spread each median over enough bursts to keep it put.
-REPEATS = 31
+# Tighter than kvbench run's default: asv compares single numbers across commits, so each
+# number must hold still; 90 s per parameter keeps the whole benchmark inside its timeout.
+PROTOCOL = Protocol(repeats=11, precision=0.04, max_repeats=301, max_seconds=90.0, control="none")
 
 
 class TrackSpeedup(common.Cells):
-    """Median full-prefix seconds over median cached seconds, per cache kind and length."""
+    """kvbench's speedup of a cache kind over the full prefix, sampled until precise, per kind and length."""
 
     params = (common.CACHED_MODES, common.LENGTHS)
     unit = "x"
-    version = "kvbench-speedup-1"
+    version = "kvbench-speedup-2"
     timeout = 900
 
     def track_speedup(self, gate, mode, length):
-        samples = measure(self.model, {length: self.ids}, [FULL, mode], Protocol(repeats=REPEATS))
-        cells = samples_by_cell([sample.to_dict() for sample in samples])
-        return paired_speedup(cells[(FULL, length)], cells[(mode, length)]).ratio
+        loops = {length: {name: (lambda name=name: decode(self.model, self.ids, name)) for name in (FULL, mode)}}
+        state = sample(loops, PROTOCOL)
+        cells = samples_by_cell([kept.to_dict() for kept in state.samples])
+        estimate = stats.speedup(cells[(FULL, length)], cells[(mode, length)], key=(mode, length))
+        common.note_speedup(mode, length, estimate, state)
+        return estimate.ratio

@@ -177,9 +177,13 @@ def machine_file_path() -> Path:
 
 def read_machine_file(path: Path | None = None) -> dict[str, dict]:
     path = path or machine_file_path()
+    if not path.is_file():  # missing, or a FIFO that would block the read
+        return {}
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
         return {}
     return {name: info for name, info in data.items() if name != "version" and isinstance(info, dict)}
 
@@ -320,6 +324,24 @@ def capture_beside_results() -> Path | None:
     return None
 
 
+def annotate_capture(section: str, key: str, value: dict) -> Path | None:
+    """Add `value` under capture[section][key] of this asv run's capture (a benchmark's own
+    facts beside the environment, e.g. the precision a track_speedup reached). Never raises."""
+    try:
+        run = current_asv_run()
+        path = run.capture_path
+        document = json.loads(path.read_text()) if path.is_file() else None
+        if not isinstance(document, dict) or document.get("schema") != CAPTURE_SCHEMA:
+            return None  # setup_cache writes the capture first; without one there is nothing to annotate
+        document.setdefault(section, {})[key] = value
+        return json_writer()(document, path, force=True)
+    except NoAsvRun:
+        return None
+    except Exception as error:  # noqa: BLE001 - the benchmarks must run regardless
+        print(f"kvbench: capture annotation failed: {type(error).__name__}: {error}", file=sys.stderr)
+        return None
+
+
 def load_capture(path: Path | str) -> dict:
     """Read and check a capture file; AsvToolError naming the first problem."""
     from kvbench import capture
@@ -381,6 +403,13 @@ def register_machine(name: str | None = None, environment: dict | None = None) -
     info = machine_info(name, capture.collect_environment() if environment is None else environment)
     if not re.fullmatch(r"[\w.+-]+", info["machine"]):
         raise AsvToolError(f"machine name must be letters, digits, '.', '_', '+' or '-' (it names a folder), got {info['machine']!r}")
+    path = machine_file_path()
+    if os.path.lexists(path) and not os.path.isfile(path):  # asv would block on a FIFO, or fail on a directory
+        raise AsvToolError(f"{path} is not a regular file; asv keeps its machines there")
     replaced = info["machine"] in read_machine_file()
-    MachineCollection.save(info["machine"], info)
+    try:
+        MachineCollection.save(info["machine"], info)
+    except Exception as error:  # noqa: BLE001 - asv raises UserError, ValueError, OSError for a bad machine file
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise AsvToolError(f"{path}: asv cannot use it: {message}") from None
     return info, replaced

@@ -1,9 +1,10 @@
-"""Causal attention with an offset-aware rectangular mask.
+"""Causal attention with an offset-aware rectangular mask, and an optional sliding window.
 
 Both decoding paths call :func:`causal_attention`: the full-prefix path with
 ``offset = 0`` and every position as a query, the cached path with the cached
 prefix length as ``offset`` and only the new positions as queries. Visibility is
-defined on absolute positions: the query at position p sees keys 0..p.
+defined on absolute positions: the query at position p sees keys 0..p, or with a
+window W only keys p-W+1..p.
 """
 
 from __future__ import annotations
@@ -25,28 +26,54 @@ def causal_mask(offset: int, length: int, device: torch.device | None = None) ->
     return key_positions[None, :] <= query_positions[:, None]
 
 
-def causal_attention(q: Tensor, k: Tensor, v: Tensor, offset: int) -> Tensor:
-    """Attend new queries to the prefix plus themselves.
+def visibility(query_positions: Tensor, key_positions: Tensor, window: int | None) -> Tensor:
+    """Boolean [queries, keys] from absolute positions: key k is visible to query q when
+    k <= q, and with a window W also k > q - W."""
+    seen = key_positions[None, :] <= query_positions[:, None]
+    if window is not None:
+        seen &= key_positions[None, :] > query_positions[:, None] - window
+    return seen
+
+
+def causal_attention(q: Tensor, k: Tensor, v: Tensor, offset: int, window: int | None = None,
+                     key_positions: Tensor | None = None) -> Tensor:
+    """Attend new queries to the keys they may see.
 
     q: (B, H, L, D) queries at absolute positions offset..offset+L-1
-    k, v: (B, KVH, offset + L, D) keys and values for positions 0..offset+L-1,
-          with H % KVH == 0 (grouped-query attention shares each KV head)
+    k, v: (B, KVH, S, D), with H % KVH == 0 (grouped-query attention shares each KV head):
+          without key_positions, the contiguous positions offset+L-S..offset+L-1 (S = offset + L
+          unless a window lets the earliest go); with key_positions (S,), those positions in any order
+    window: None (every earlier key is visible) or W (only the last W positions)
     returns (B, H, L, D)
     """
     length, key_length = q.shape[-2], k.shape[-2]
-    if key_length != offset + length:
-        raise ValueError(
-            f"attention expects offset + queries = keys; got offset {offset} + "
-            f"{length} queries but {key_length} keys"
-        )
     grouped = q.shape[1] != k.shape[1]
+    if key_positions is not None:  # a ring buffer's keys: the mask comes from their positions
+        queries = torch.arange(offset, offset + length, device=q.device)
+        mask = visibility(queries, key_positions, window)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=grouped)
+    start = offset + length - key_length  # absolute position of the first key
+    if start < 0 or (start > 0 and window is None):
+        raise ValueError(
+            f"attention expects offset + queries = keys; got offset {offset} + {length} queries but {key_length} keys"
+        )
+    if window is not None and offset - window + 1 > start:  # keys no query can see: leave them out
+        first = offset - window + 1
+        k, v, start = k[:, :, first - start :], v[:, :, first - start :], first
+    if start > 0:  # a window dropped the earliest keys: the band is what remains to mask
+        if length == 1:  # the newest query sees every key left
+            return F.scaled_dot_product_attention(q, k, v, enable_gqa=grouped)
+        queries = torch.arange(offset, offset + length, device=q.device)
+        mask = visibility(queries, torch.arange(start, offset + length, device=q.device), window)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=grouped)
     # The three cases below are the same mask, chosen by shape so that the
     # one-token decode step never builds a mask over the whole prefix.
     if length == 1:
         # The newest query sees every key: nothing to mask.
         return F.scaled_dot_product_attention(q, k, v, enable_gqa=grouped)
-    if offset == 0:
+    if offset == 0 and (window is None or length <= window):
         # Square case: the rectangular mask is the ordinary lower triangle.
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=grouped)
-    mask = causal_mask(offset, length, device=q.device)
+    queries = torch.arange(offset, offset + length, device=q.device)
+    mask = visibility(queries, torch.arange(offset + length, device=q.device), window)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=grouped)

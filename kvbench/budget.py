@@ -1,8 +1,10 @@
-"""Serving-budget arithmetic: how much KV state a request retains, and how many fit.
+"""Serving-budget arithmetic: how much KV state a request retains, and how many requests fit.
 
-Counts key/value element storage only (plus int8 scales), the same quantity as
-``expected_cache_bytes``: not weights, activations, allocator slack or metadata,
-unless the caller subtracts them from the limit with ``reserved``.
+The same formulas as the caches themselves: ``expected_cache_bytes`` for a float cache,
+``quantized_cache_bytes`` (int8 / int4 codes, float16 scales and minimums, the newest
+positions in full precision) for a quantized one. Key/value storage only: not weights,
+activations, allocator slack or metadata, unless the caller subtracts them from the limit
+with ``reserved``.
 """
 
 from __future__ import annotations
@@ -11,8 +13,12 @@ import math
 import re
 from dataclasses import asdict, dataclass
 
-ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}
-INT8_SCALE_BYTES = 2  # one float16 scale per group of int8 elements
+from kvbench.cache import expected_cache_bytes, quantized_cache_bytes
+from kvbench.cache.quantized import GROUP_SIZE, RESIDUAL
+from kvbench.config import DecoderConfig
+
+DTYPES = ("float32", "bfloat16", "float16")
+QUANTIZATIONS = {"int8": 8, "int4": 4}
 MAX_SIZE = 2**64  # bytes: more than any machine's memory, and finite
 SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -37,60 +43,80 @@ class Budget:
     kv_heads: int
     head_dim: int
     dtype: str
+    quantize: str | None
+    group_size: int | None
+    residual: int | None
     tokens: int
     max_length: int
     block_size: int
     memory_bytes: int
     reserved_bytes: int
-    int8_group: int
-    bytes_per_element: float
-    scale_overhead: float  # fraction of element bytes spent on int8 scales
-    bytes_per_token: float
-    request_bytes: float  # exact: tokens * bytes_per_token
-    contiguous_request_bytes: float  # preallocated to max_length
-    paged_request_bytes: float  # whole blocks
-    paged_waste_bytes: float  # unused part of the last block
+    bytes_per_token: float  # request bytes / tokens (a quantized cache's recent positions cost more)
+    full_precision_bytes: int  # the same request as a float cache of `dtype`
+    request_bytes: int  # exact: what a cache holding `tokens` positions retains
+    contiguous_request_bytes: int  # preallocated to max_length
+    paged_request_bytes: int | None  # whole blocks of a float paged cache (None for a quantized one)
+    paged_waste_bytes: int | None  # unused part of the last block
     contiguous_requests: int
-    paged_requests: int
+    paged_requests: int | None
     exact_requests: int
+    assumptions: str
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def kv_budget(
-    layers: int, kv_heads: int, head_dim: int, dtype: str, tokens: int, memory_bytes: int,
-    block_size: int = 16, max_length: int | None = None, reserved_bytes: int = 0, int8_group: int | None = None,
-) -> Budget:
-    for name, value in (("layers", layers), ("kv_heads", kv_heads), ("head_dim", head_dim),
-                        ("tokens", tokens), ("block_size", block_size), ("memory_bytes", memory_bytes)):
+def _positive(**values: int) -> None:
+    for name, value in values.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if dtype not in ELEMENT_BYTES:
-        raise ValueError(f"dtype must be one of {list(ELEMENT_BYTES)}, got {dtype!r}")
+
+
+def kv_budget(
+    layers: int, kv_heads: int, head_dim: int, dtype: str, tokens: int, memory_bytes: int,
+    block_size: int = 16, max_length: int | None = None, reserved_bytes: int = 0, quantize: str | None = None,
+    group_size: int = GROUP_SIZE, residual: int = RESIDUAL,
+) -> Budget:
+    _positive(layers=layers, kv_heads=kv_heads, head_dim=head_dim, tokens=tokens, block_size=block_size,
+              memory_bytes=memory_bytes, group_size=group_size)
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
+    if quantize is not None and quantize not in QUANTIZATIONS:
+        raise ValueError(f"quantize must be one of {list(QUANTIZATIONS)} or None, got {quantize!r}")
+    if quantize == "int4" and head_dim % 2:
+        raise ValueError(f"int4 packs two values per byte: expected an even head width, got {head_dim}")
+    if isinstance(residual, bool) or not isinstance(residual, int) or residual < 0:
+        raise ValueError(f"residual must be an integer >= 0, got {residual!r}")
     max_length = tokens if max_length is None else max_length
     if max_length < tokens:
         raise ValueError(f"max_length must be >= tokens per request ({tokens}), got {max_length}")
     if reserved_bytes < 0 or reserved_bytes >= memory_bytes:
         raise ValueError(f"reserved bytes must be in [0, memory limit {memory_bytes}), got {reserved_bytes}")
-    int8_group = head_dim if int8_group is None else int8_group
-    if int8_group < 1:
-        raise ValueError(f"int8 group must be a positive integer, got {int8_group}")
+    config = DecoderConfig(vocab_size=1, width=kv_heads * head_dim, heads=kv_heads, layers=layers,
+                           max_length=max_length, dtype=dtype)
 
-    element = ELEMENT_BYTES[dtype]
-    scale_overhead = INT8_SCALE_BYTES / int8_group / element if dtype == "int8" else 0.0
-    per_element = element * (1 + scale_overhead)
-    per_token = 2 * layers * kv_heads * head_dim * per_element  # 2: keys and values
-    blocks = math.ceil(tokens / block_size)
+    def retained(length: int) -> int:
+        if quantize is None:
+            return expected_cache_bytes(config, 1, length)
+        return quantized_cache_bytes(config, 1, length, QUANTIZATIONS[quantize], group_size, residual)
+
     available = memory_bytes - reserved_bytes
-    contiguous = per_token * max_length
-    paged = per_token * blocks * block_size
+    request, contiguous = retained(tokens), retained(max_length)
+    paged = None if quantize else retained(math.ceil(tokens / block_size) * block_size)
+    if quantize is None:
+        assumptions = (f"2 (keys and values) x {layers} layers x {kv_heads} KV heads x {head_dim} head width x "
+                       f"{config.element_bytes} bytes of {dtype} per position")
+    else:
+        assumptions = (f"{quantize} codes; float16 scale and minimum per channel per {group_size} tokens (keys) and per "
+                       f"token per {math.gcd(group_size, head_dim)} channels (values); the newest {residual} to "
+                       f"{residual + group_size - 1} positions in {dtype}")
     return Budget(
-        layers=layers, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, tokens=tokens, max_length=max_length,
-        block_size=block_size, memory_bytes=memory_bytes, reserved_bytes=reserved_bytes, int8_group=int8_group,
-        bytes_per_element=per_element, scale_overhead=scale_overhead, bytes_per_token=per_token,
-        request_bytes=per_token * tokens, contiguous_request_bytes=contiguous, paged_request_bytes=paged,
-        paged_waste_bytes=paged - per_token * tokens,
-        contiguous_requests=int(available // contiguous), paged_requests=int(available // paged),
-        exact_requests=int(available // (per_token * tokens)),
+        layers=layers, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, quantize=quantize,
+        group_size=group_size if quantize else None, residual=residual if quantize else None, tokens=tokens,
+        max_length=max_length, block_size=block_size, memory_bytes=memory_bytes, reserved_bytes=reserved_bytes,
+        bytes_per_token=request / tokens, full_precision_bytes=expected_cache_bytes(config, 1, tokens),
+        request_bytes=request, contiguous_request_bytes=contiguous, paged_request_bytes=paged,
+        paged_waste_bytes=None if paged is None else paged - request,
+        contiguous_requests=available // contiguous, paged_requests=None if paged is None else available // paged,
+        exact_requests=available // request, assumptions=assumptions,
     )

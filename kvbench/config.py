@@ -46,6 +46,7 @@ class DecoderConfig:
     max_length: int = 2048
     mlp_ratio: int = 4
     dtype: torch.dtype = torch.float32
+    window: int | None = None  # sliding window: a query sees only the last W positions (None: all)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", parse_dtype(self.dtype))
@@ -55,6 +56,9 @@ class DecoderConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.window is not None and (isinstance(self.window, bool) or not isinstance(self.window, int)
+                                        or self.window < 1):
+            raise ValueError(f"window must be a positive integer or None, got {self.window!r}")
         if self.width % self.heads:
             raise ValueError(f"heads must divide width: width {self.width} is not divisible by {self.heads} heads")
         if self.heads % self.kv_heads:

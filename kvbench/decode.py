@@ -17,12 +17,18 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor
 
-from kvbench.cache import CACHE_KINDS, Cache, expected_cache_bytes, make_cache
+from kvbench.cache import CACHE_KINDS, KINDS, Cache, expected_bytes, expected_cache_bytes, make_cache
 from kvbench.config import DecoderConfig, dtype_name
 from kvbench.model import Decoder
 
 FULL = "full"
-MODES = (FULL, *CACHE_KINDS)
+MODES = (FULL, *CACHE_KINDS)  # every mode kvbench ships
+DEFAULT_MODES = (FULL, "concat", "static", "paged")  # kvbench run's default: the exact layouts of any model
+
+
+def known_modes() -> tuple[str, ...]:
+    """Every mode this process can run: the shipped ones and any kind registered since."""
+    return (FULL, *KINDS)
 
 # (atol, rtol) per dtype; float32 is the source document's 1e-5.
 TOLERANCES = {
@@ -35,12 +41,12 @@ TOLERANCES = {
 
 def check_modes(modes: list[str] | tuple[str, ...]) -> list[str]:
     """The modes as a list, or ValueError naming the first unknown or repeated one."""
-    modes = list(modes)
+    modes, known = list(modes), known_modes()
     if not modes:
-        raise ValueError(f"at least one mode is required, choose from {list(MODES)}")
-    unknown = [m for m in modes if m not in MODES]
+        raise ValueError(f"at least one mode is required, choose from {list(known)}")
+    unknown = [m for m in modes if m not in known]
     if unknown:
-        raise ValueError(f"unknown mode {unknown[0]!r}: expected one of {list(MODES)}")
+        raise ValueError(f"unknown mode {unknown[0]!r}: expected one of {list(known)}")
     if len(set(modes)) != len(modes):
         raise ValueError(f"modes must be distinct, got {modes}")
     return modes
@@ -55,13 +61,15 @@ def token_ids(config: DecoderConfig, batch: int, length: int, seed: int = 0) -> 
     return ids[:, :length].clone()
 
 
-def decode_steps(model: Decoder, ids: Tensor, mode: str) -> Iterator[tuple[Tensor, Cache]]:
+def decode_steps(model: Decoder, ids: Tensor, mode: str, options: dict | None = None) -> Iterator[tuple[Tensor, Cache]]:
     """One step per position t: yields (last-position logits (B, V), the cache after step t).
 
     ``full`` re-runs ids[:, :t + 1] and yields that call's throwaway cache; a cache kind
     feeds ids[:, t] into one fresh cache sized for the whole sequence, released when the
     generator finishes or is closed. Drive it inside ``torch.inference_mode()``: the
     generator leaves the autograd mode to its caller, so it costs nothing per step.
+    `options` maps a kind to the keyword arguments its cache is made with (e.g. a quantized
+    kind's group_size and residual).
     """
     B, T = ids.shape
     if mode == FULL:
@@ -69,7 +77,7 @@ def decode_steps(model: Decoder, ids: Tensor, mode: str) -> Iterator[tuple[Tenso
             logits, cache = model(ids[:, : t + 1])
             yield logits[:, -1], cache
         return
-    cache = make_cache(mode, model.config, batch=B, capacity=T)
+    cache = make_cache(mode, model.config, batch=B, capacity=T, **(options or {}).get(mode, {}))
     try:
         for t in range(T):
             logits, cache = model(ids[:, t : t + 1], cache)
@@ -78,47 +86,51 @@ def decode_steps(model: Decoder, ids: Tensor, mode: str) -> Iterator[tuple[Tenso
         cache.release()
 
 
-def decode(model: Decoder, ids: Tensor, mode: str, keep_logits: bool = False) -> Tensor | None:
+def decode(model: Decoder, ids: Tensor, mode: str, keep_logits: bool = False, options: dict | None = None) -> Tensor | None:
     """One teacher-forced decode loop of `mode` over all of `ids`: the unit that is timed."""
     if mode == FULL:
         return decode_full(model, ids, keep_logits)
-    return decode_cached(model, ids, mode, keep_logits)
+    return decode_cached(model, ids, mode, keep_logits, options)
 
 
 def decode_full(model: Decoder, ids: Tensor, keep_logits: bool = False) -> Tensor | None:
     """Re-run the whole prefix at every step: step t processes ids[:, :t + 1]."""
-    return _drain(model, ids, FULL, keep_logits)
+    return _drain(model, ids, FULL, keep_logits, None)
 
 
-def decode_cached(model: Decoder, ids: Tensor, kind: str, keep_logits: bool = False) -> Tensor | None:
+def decode_cached(model: Decoder, ids: Tensor, kind: str, keep_logits: bool = False,
+                  options: dict | None = None) -> Tensor | None:
     """Feed one token per step into a fresh `kind` cache sized for the whole sequence."""
-    return _drain(model, ids, kind, keep_logits)
+    return _drain(model, ids, kind, keep_logits, options)
 
 
-def _drain(model: Decoder, ids: Tensor, mode: str, keep_logits: bool) -> Tensor | None:
+def _drain(model: Decoder, ids: Tensor, mode: str, keep_logits: bool, options: dict | None) -> Tensor | None:
     B, T = ids.shape
     kept = torch.empty(B, T, model.config.vocab_size, dtype=model.config.dtype) if keep_logits else None
     with torch.inference_mode():
-        for t, (logits, _) in enumerate(decode_steps(model, ids, mode)):
+        for t, (logits, _) in enumerate(decode_steps(model, ids, mode, options)):
             if kept is not None:
                 kept[:, t] = logits
     return kept
 
 
-def cache_footprint(model: Decoder, ids: Tensor, mode: str) -> dict:
-    """Bytes held at the end of a loop: measured from tensors, reserved, and the formula.
+def cache_footprint(model: Decoder, ids: Tensor, mode: str, options: dict | None = None) -> dict:
+    """Bytes held at the end of a loop: measured from tensors, reserved, and the kind's formula.
 
     For the full-prefix path this is the throwaway cache of its last step, which is
     one forward pass over the whole sequence (its earlier steps are independent of it).
     """
     B, T = ids.shape
-    footprint = {"expected_bytes": expected_cache_bytes(model.config, B, T)}
+    kind_options = (options or {}).get(mode, {})
+    formula = expected_cache_bytes(model.config, B, T) if mode == FULL else \
+        expected_bytes(mode, model.config, B, T, **kind_options)
+    footprint = {"expected_bytes": formula}
     with torch.inference_mode():
         if mode == FULL:
             _, cache = model(ids)
             footprint.update(measured_bytes=cache.nbytes, reserved_bytes=cache.reserved_bytes)
             return footprint
-        for t, (_, cache) in enumerate(decode_steps(model, ids, mode)):
+        for t, (_, cache) in enumerate(decode_steps(model, ids, mode, options)):
             if t == T - 1:  # before the generator releases the cache
                 footprint.update(measured_bytes=cache.nbytes, reserved_bytes=cache.reserved_bytes)
     return footprint
@@ -139,6 +151,7 @@ class Equivalence:
     rtol: float
     dtype: str
     tolerance_used: float  # largest |diff| / (atol + rtol |reference|): above 1 fails
+    exact: bool = True
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -180,6 +193,66 @@ def compare_logits(mode: str, candidate: Tensor, reference: Tensor, atol: float,
     )
 
 
+@dataclass(frozen=True)
+class Drift:
+    """How far a lossy kind's logits drift from the full-prefix path's, judged by the kind's own limits.
+
+    A lossy kind is never called exact: it passes when every metric is within its limit.
+    KL is of the next-token distributions, full-prefix as the truth: KL(P_full || P_kind).
+    """
+
+    mode: str
+    length: int
+    passed: bool
+    max_abs_diff: float
+    max_rel_diff: float
+    first_divergent_position: int | None  # earliest step whose top-1 token differs
+    non_finite: int
+    atol: float
+    rtol: float
+    dtype: str
+    kl_mean: float
+    kl_max: float
+    top1_agreement: float  # share of steps (and sequences) whose top-1 token agrees
+    limits: dict
+    exact: bool = False
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+DRIFT_METRICS = {  # metric -> whether a value passes its limit
+    "max_abs_diff": lambda value, limit: value <= limit,
+    "kl_mean": lambda value, limit: value <= limit,
+    "kl_max": lambda value, limit: value <= limit,
+    "top1_agreement": lambda value, limit: value >= limit,
+}
+
+
+def within_limits(drift: dict, limits: dict) -> bool:
+    return drift["non_finite"] == 0 and all(DRIFT_METRICS[name](drift[name], limit) for name, limit in limits.items())
+
+
+def compare_drift(mode: str, candidate: Tensor, reference: Tensor, limits: dict, atol: float, rtol: float) -> Drift:
+    """candidate, reference: (B, T, V) last-position logits per step."""
+    exact = compare_logits(mode, candidate, reference, atol, rtol)
+    candidate, reference = candidate.double(), reference.double()
+    finite = torch.isfinite(candidate).all(dim=-1)  # (B, T) steps whose distribution exists
+    truth = torch.log_softmax(reference, dim=-1)
+    kl = (truth.exp() * (truth - torch.log_softmax(candidate, dim=-1))).sum(dim=-1)[finite]  # nats per step
+    agree = candidate.argmax(dim=-1) == reference.argmax(dim=-1)  # (B, T)
+    disagreeing = (~agree).any(dim=0).nonzero()
+    metrics = {"max_abs_diff": exact.max_abs_diff, "kl_mean": float(kl.mean()) if kl.numel() else 0.0,
+               "kl_max": float(kl.max()) if kl.numel() else 0.0, "top1_agreement": float(agree.double().mean()),
+               "non_finite": exact.non_finite}
+    return Drift(
+        mode=mode, length=reference.shape[1], passed=within_limits(metrics, limits), max_abs_diff=exact.max_abs_diff,
+        max_rel_diff=exact.max_rel_diff, first_divergent_position=int(disagreeing[0]) if len(disagreeing) else None,
+        non_finite=exact.non_finite, atol=atol, rtol=rtol, dtype=exact.dtype, kl_mean=metrics["kl_mean"],
+        kl_max=metrics["kl_max"], top1_agreement=metrics["top1_agreement"], limits=dict(limits),
+    )
+
+
 def check_equivalence(
     model: Decoder,
     ids: Tensor,
@@ -187,8 +260,10 @@ def check_equivalence(
     reference: Tensor | None = None,
     atol: float | None = None,
     rtol: float | None = None,
-) -> dict[str, Equivalence]:
-    """Compare every mode's logits with the full-prefix path's at every step.
+    options: dict | None = None,
+) -> dict[str, Equivalence | Drift]:
+    """Compare every mode's logits with the full-prefix path's at every step: an exact kind
+    within the dtype's tolerance (Equivalence), a lossy kind within its own drift limits (Drift).
 
     `reference` (B, >= T, V) may be full-prefix logits computed once for a longer
     prefix of the same ids: step t depends only on ids[:, :t + 1].
@@ -202,13 +277,17 @@ def check_equivalence(
     reference = reference[:, :T]
     results = {}
     for mode in check_modes(modes):
-        candidate = reference if mode == FULL else decode(model, ids, mode, keep_logits=True)
-        results[mode] = compare_logits(mode, candidate, reference, atol, rtol)
+        candidate = reference if mode == FULL else decode(model, ids, mode, keep_logits=True, options=options)
+        kind = KINDS.get(mode)
+        if kind is not None and not kind.exact:
+            results[mode] = compare_drift(mode, candidate, reference, kind.drift_limits, atol, rtol)
+        else:
+            results[mode] = compare_logits(mode, candidate, reference, atol, rtol)
     return results
 
 
 def run_gate(model: Decoder, ids: Tensor, lengths: list[int], modes: list[str],
-             reference: Tensor | None = None) -> dict[tuple[str, int], dict]:
+             reference: Tensor | None = None, options: dict | None = None) -> dict[tuple[str, int], dict]:
     """The gate of a run: every mode at every length against the full-prefix logits.
 
     `ids` holds the longest sequence; each length checks its prefix, against one
@@ -228,7 +307,7 @@ def run_gate(model: Decoder, ids: Tensor, lengths: list[int], modes: list[str],
     for length in lengths:
         for mode in check_modes(modes):
             try:
-                result = check_equivalence(model, ids[:, :length], [mode], reference=reference)[mode]
+                result = check_equivalence(model, ids[:, :length], [mode], reference=reference, options=options)[mode]
                 checks[(mode, length)] = result.to_dict()
             except (KeyboardInterrupt, MemoryError):
                 raise

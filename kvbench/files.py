@@ -24,6 +24,7 @@ from pathlib import Path
 MAX_READ_BYTES = 64 << 20  # a record of 10,000 repetitions is about 2 MiB
 MAX_JSON_DEPTH = 32  # records and captures nest 5 levels deep
 NAME_MAX_DEFAULT = 255
+PATH_MAX_DEFAULT = 4096
 WRITTEN: list[Path] = []  # every file written by this process, in order
 
 
@@ -47,17 +48,20 @@ def check_output(path: Path | str, force: bool = False) -> None:
     replaced). Nothing is created: a missing parent is checked at its nearest existing ancestor."""
     path = Path(path)
     ancestor = _nearest_existing(path.parent)
-    name_max = _name_max(ancestor)
+    name_max, path_max = _limits(ancestor)
+    if len(os.fsencode(os.path.abspath(path))) > path_max:
+        raise OutputError(f"{str(path)[:40]}...: path too long: {len(os.fsencode(os.path.abspath(path)))} bytes, "
+                          f"the system allows {path_max}")
     for part in path.parts:
         if len(part.encode()) > name_max:
-            raise OutputError(f"{path.parent / (part[:24] + '...')}: a name of {len(part.encode())} bytes, "
-                              f"longer than the {name_max} bytes the filesystem allows")
+            raise OutputError(f"{path.parent / (part[:24] + '...')}: name too long: {len(part.encode())} bytes, "
+                              f"the filesystem allows {name_max}")
     kind = file_kind(path)
     if kind == "regular file":
         if not force:
             raise OutputExistsError(f"{path} already exists")
     elif kind is not None:
-        raise OutputError(f"{path} is {with_article(kind)}; kvbench replaces only regular files")
+        raise OutputError(f"{path} already exists and is {with_article(kind)}; kvbench replaces only regular files")
     if not ancestor.is_dir():
         raise OutputError(f"{path}: {ancestor} is {with_article(file_kind(ancestor) or 'missing')}, not a directory")
     try:  # root passes every permission check, so try it for real: read-only mounts, /proc, quotas
@@ -77,8 +81,11 @@ def write_bytes_atomic(path: Path | str, content: bytes, force: bool = False) ->
     and an existing file is never replaced silently. A replaced file keeps its mode."""
     path = Path(path)
     check_output(path, force)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{_short(path.name)}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        descriptor, temporary = tempfile.mkstemp(prefix=f".{_short(path.name)}.", suffix=".tmp", dir=path.parent)
+    except OSError as error:
+        raise OutputError(f"cannot write {path}: {error.strerror or error}") from error
     try:
         existing = _regular_mode(path)
         # mkstemp's 0600 would hide records from teammates and change a spliced README's mode.
@@ -88,9 +95,11 @@ def write_bytes_atomic(path: Path | str, content: bytes, force: bool = False) ->
             handle.flush()
             os.fsync(handle.fileno())
         _place(temporary, path, force)
-    except BaseException:
+    except BaseException as error:
         if os.path.lexists(temporary):
             os.unlink(temporary)
+        if isinstance(error, OSError):  # a full disk, a quota: say which file could not be written
+            raise OutputError(f"cannot write {path}: {error.strerror or error}") from error
         raise
     return path
 
@@ -120,7 +129,10 @@ def file_kind(path: Path) -> str | None:
         return None
     except OSError:
         return "unreadable path"
-    for test, kind in ((stat.S_ISREG, "regular file"), (stat.S_ISDIR, "directory"), (stat.S_ISLNK, "symbolic link"),
+    if stat.S_ISLNK(mode):
+        target = file_kind(Path(os.path.realpath(path))) if os.path.exists(path) else None
+        return f"symbolic link to {with_article(target)}" if target else "dangling symbolic link"
+    for test, kind in ((stat.S_ISREG, "regular file"), (stat.S_ISDIR, "directory"),
                        (stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
                        (stat.S_ISSOCK, "socket")):
         if test(mode):
@@ -153,11 +165,15 @@ def _nearest_existing(path: Path) -> Path:
     return path
 
 
-def _name_max(directory: Path) -> int:
-    try:
-        return os.pathconf(directory, "PC_NAME_MAX")
-    except (OSError, ValueError):
-        return NAME_MAX_DEFAULT
+def _limits(directory: Path) -> tuple[int, int]:
+    """NAME_MAX and PATH_MAX where `directory` lives."""
+    limits = []
+    for name, default in (("PC_NAME_MAX", NAME_MAX_DEFAULT), ("PC_PATH_MAX", PATH_MAX_DEFAULT)):
+        try:
+            limits.append(os.pathconf(directory, name))
+        except (OSError, ValueError):
+            limits.append(default)
+    return limits[0], limits[1]
 
 
 def _short(name: str) -> str:

@@ -70,13 +70,13 @@ def peak_memory_growth(run: Callable[[], object]) -> tuple[object, dict]:
     return result, {"peak_rss_growth_bytes": max(0, after - before), "peak_method": "psutil rss after - before"}
 
 
-def memory_profile(model: Decoder, ids: Tensor, mode: str) -> dict:
+def memory_profile(model: Decoder, ids: Tensor, mode: str, options: dict | None = None) -> dict:
     """Cache bytes (formula, measured, reserved) and peak RSS growth of one decode loop."""
     if mode == FULL:
         _, peak = peak_memory_growth(lambda: decode(model, ids, mode))
         footprint = cache_footprint(model, ids, mode)
     else:
-        footprint, peak = peak_memory_growth(lambda: cache_footprint(model, ids, mode))
+        footprint, peak = peak_memory_growth(lambda: cache_footprint(model, ids, mode, options))
     return {**footprint, **peak}
 
 

@@ -28,6 +28,7 @@ class Block(nn.Module):
     def __init__(self, config: DecoderConfig) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = config.heads, config.kv_heads, config.head_dim
+        self.window = config.window
         self.norm1 = nn.LayerNorm(config.width)
         # One projection for q, k and v (as in the source document); k and v
         # get kv_heads heads each, so GQA shrinks this and the cache alike.
@@ -47,8 +48,8 @@ class Block(nn.Module):
         q = q.view(B, L, H, D).transpose(1, 2)  # (B, H, L, D)
         k = k.view(B, L, KVH, D).transpose(1, 2)  # (B, KVH, L, D)
         v = v.view(B, L, KVH, D).transpose(1, 2)
-        k, v = cache.update(layer, k, v)  # (B, KVH, T, D), T = offset + L
-        y = causal_attention(q, k, v, offset=offset)  # (B, H, L, D)
+        k, v = cache.update(layer, k, v)  # (B, KVH, T, D), T = offset + L (fewer in a window's ring)
+        y = causal_attention(q, k, v, offset, self.window, cache.key_positions)  # (B, H, L, D)
         x = x + F.linear(y.transpose(1, 2).reshape(B, L, C), self.out.weight, self.out.bias)
         h = F.layer_norm(x, (C,), self.norm2.weight, self.norm2.bias)
         # GPT-2's tanh GELU: exact (erf) GELU has a fixed ~17 us per call on small

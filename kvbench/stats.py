@@ -1,4 +1,4 @@
-"""Statistics for reports and comparisons: bootstrap intervals, Mann-Whitney U, power-law fits.
+"""Statistics for sampling, reports and comparisons: speedup estimators and intervals, trends, power-law fits.
 
 Everything here takes plain lists of seconds and returns plain numbers, so it can
 be tested against known cases without a record. Bootstraps are seeded per call
@@ -38,15 +38,76 @@ def _percentile_interval(estimates: np.ndarray, confidence: float) -> tuple[floa
 
 @dataclass(frozen=True)
 class RatioEstimate:
-    """A ratio of medians with its percentile-bootstrap interval."""
+    """A ratio (a speedup, a change) with its interval, and how both were computed."""
 
     ratio: float
     low: float
     high: float
     pairs: int  # repetitions (paired) or min(len(a), len(b)) (unpaired) behind it
+    estimator: str = "ratio-of-medians"
+    interval: str = "percentile bootstrap"
 
     def contains(self, value: float) -> bool:
         return self.low <= value <= self.high
+
+    @property
+    def half_width(self) -> float:
+        """Relative half-width of the interval: (high - low) / (2 * ratio)."""
+        return (self.high - self.low) / (2 * self.ratio)
+
+
+# Speedup estimators over paired repetitions (rotation r of the baseline and of a mode ran
+# back to back). docs/statistics.md gives the A/A evidence behind the default.
+ESTIMATORS = {
+    "median-of-ratios": "median over rotations of baseline / mode seconds, each pair from one rotation",
+    "ratio-of-medians": "median baseline seconds / median mode seconds",
+    "ratio-of-p20": "20th percentile of baseline seconds / 20th percentile of mode seconds",
+}
+
+
+def median_interval(values: np.ndarray | list[float], confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Distribution-free interval for the median: the order statistics x_(l), x_(n+1-l) whose
+    coverage P(l <= Binomial(n, 1/2) < n + 1 - l) is at least `confidence` (below 6 values,
+    the range, whose coverage 1 - 2^(1-n) is below 95%)."""
+    from scipy import stats as sps
+
+    ordered = np.sort(np.asarray(values, dtype=float))
+    n = len(ordered)
+    tail = (1 - confidence) / 2
+    below = int(sps.binom.ppf(tail, n, 0.5))  # values below the lower bound, at most `tail` likely
+    if sps.binom.cdf(below, n, 0.5) > tail:
+        below -= 1
+    below = max(below, 0)
+    return float(ordered[below]), float(ordered[n - 1 - below])
+
+
+def paired_ratio(baseline: dict[int, float], cached: dict[int, float], estimator: str = "median-of-ratios", *,
+                 seed: int = SEED, key: tuple = (), resamples: int = RESAMPLES,
+                 confidence: float = CONFIDENCE) -> RatioEstimate | None:
+    """baseline / cached by `estimator`, with its interval; None when no repetition is shared.
+
+    The median of per-pair ratios gets the exact order-statistic interval of a median; the
+    other estimators a percentile bootstrap that draws repetition indices and keeps each
+    drawn pair together.
+    """
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"estimator must be one of {list(ESTIMATORS)}, got {estimator!r}")
+    shared = sorted(set(baseline) & set(cached))
+    if not shared:
+        return None
+    base = np.array([baseline[r] for r in shared])
+    mine = np.array([cached[r] for r in shared])
+    if estimator == "median-of-ratios":
+        ratios = base / mine
+        ratio = float(np.median(ratios))
+        low, high = median_interval(ratios, confidence)
+        return RatioEstimate(ratio, min(low, ratio), max(high, ratio), len(shared), estimator, "order statistics")
+    level = 50 if estimator == "ratio-of-medians" else 20
+    ratio = float(np.percentile(base, level) / np.percentile(mine, level))
+    draws = rng_for(seed, "paired", *key).integers(0, len(shared), size=(resamples, len(shared)))
+    estimates = np.percentile(base[draws], level, axis=1) / np.percentile(mine[draws], level, axis=1)
+    low, high = _percentile_interval(estimates, confidence)
+    return RatioEstimate(ratio, min(low, ratio), max(high, ratio), len(shared), estimator)
 
 
 def paired_speedup(
@@ -89,48 +150,6 @@ def unpaired_ratio(
     estimates = np.median(b[draws_b], axis=1) / np.median(a[draws_a], axis=1)
     low, high = _percentile_interval(estimates, confidence)
     return RatioEstimate(ratio, min(low, ratio), max(high, ratio), min(len(a), len(b)))
-
-
-def mann_whitney_p(old: list[float], new: list[float]) -> float | None:
-    """Two-sided Mann-Whitney U p-value; None when either side has fewer than two samples.
-
-    Exact for small samples without ties. Note the floor: with n samples per side
-    the smallest possible p is 2 / C(2n, n) -- 0.1 for n = 3, 0.029 for n = 4,
-    0.0079 for n = 5 -- so three repetitions can never be significant at 0.05.
-    """
-    if len(old) < 2 or len(new) < 2:
-        return None
-    if len(set(old) | set(new)) == 1:
-        return 1.0  # all equal: no evidence of any difference (scipy would divide by zero)
-    from scipy import stats as sps
-
-    return float(sps.mannwhitneyu(new, old, alternative="two-sided").pvalue)
-
-
-def smallest_p_value(n_old: int, n_new: int) -> float:
-    """The smallest two-sided p the exact Mann-Whitney U test can give for these sample sizes."""
-    return min(1.0, 2 / math.comb(n_old + n_new, n_old))
-
-
-FASTER, SLOWER, UNCHANGED, UNTESTED = "faster", "slower", "unchanged", "untested"
-
-
-def verdict(ratio: float, p_value: float | None, factor: float, alpha: float) -> str:
-    """slower / faster only when the ratio passes the factor *and* the test is significant.
-
-    A large ratio without significance is noise as far as kvbench can tell
-    (unchanged); a significant but tiny change is below what the user cares about
-    (unchanged). UNTESTED when there are too few samples to test at all.
-    """
-    if p_value is None:
-        return UNTESTED
-    if p_value >= alpha:
-        return UNCHANGED
-    if ratio > factor:
-        return SLOWER
-    if ratio < 1 / factor:
-        return FASTER
-    return UNCHANGED
 
 
 @dataclass(frozen=True)
@@ -210,3 +229,104 @@ def crossover_step(full: list[float], cached: list[float], window: int = RUNNING
 def spread(q1: float, q3: float, median: float) -> float:
     """IQR / median: the relative width of the middle half of the repetitions."""
     return (q3 - q1) / median if median > 0 else math.inf
+
+
+DEFAULT_ESTIMATOR = "median-of-ratios"
+INTERVALS = {
+    "within": "95% confidence interval from this run's samples alone (what the run itself can resolve)",
+    "confidence": "95% confidence interval of the speedup on this machine: this run's sampling error and the "
+                  "variation between runs of the same code, combined",
+    "rerun": "95% interval for what an identical rerun reports: the confidence interval widened by sqrt(2) "
+             "in log scale, since a rerun carries its own errors",
+}
+DEFAULT_INTERVAL = "rerun"
+# Relative standard deviation between runs of the same code on the same machine that no sample count
+# inside one run can reveal (process layout, machine state from one run to the next): a speedup, and a
+# cell's median seconds. Measured from A/A runs on a 2-core VM (docs/statistics.md, "Between runs");
+# `kvbench run --between-run` sets the speedup's for another machine.
+BETWEEN_RUN = {"speedup": 0.01, "seconds": 0.02}
+
+
+def speedup(baseline: dict[int, float], cached: dict[int, float], *, estimator: str | None = None,
+            interval: str | None = None, between_run: float | None = None, key: tuple = (), seed: int = SEED,
+            confidence: float = CONFIDENCE) -> RatioEstimate | None:
+    """kvbench's speedup: an estimator (default DEFAULT_ESTIMATOR) with an interval (default DEFAULT_INTERVAL)
+    that allows for `between_run` (default BETWEEN_RUN["speedup"]) unless it is "within"."""
+    interval = interval or DEFAULT_INTERVAL
+    if interval not in INTERVALS:
+        raise ValueError(f"interval must be one of {list(INTERVALS)}, got {interval!r}")
+    estimate = paired_ratio(baseline, cached, estimator or DEFAULT_ESTIMATOR, seed=seed, key=key, confidence=confidence)
+    if estimate is None or interval == "within":
+        return estimate
+    between_run = BETWEEN_RUN["speedup"] if between_run is None else between_run
+    widened = with_between_run(estimate, between_run, confidence)
+    return rerun_interval(widened) if interval == "rerun" else widened
+
+
+def with_between_run(estimate: RatioEstimate, between_run: float, confidence: float = CONFIDENCE) -> RatioEstimate:
+    """The interval of a run-level quantity: each side's log half-width combined in quadrature with
+    z * `between_run`, the variation between runs that one run's samples cannot show (a random
+    effect per run, as in Kalibera & Jones 2013, "Rigorous benchmarking in reasonable time")."""
+    if not between_run:
+        return estimate
+    extra = normal_quantile(0.5 + confidence / 2) * between_run
+    below = math.hypot(math.log(estimate.ratio / estimate.low), extra)
+    above = math.hypot(math.log(estimate.high / estimate.ratio), extra)
+    return RatioEstimate(estimate.ratio, estimate.ratio * math.exp(-below), estimate.ratio * math.exp(above),
+                         estimate.pairs, estimate.estimator, f"{estimate.interval} + between runs {between_run:.1%}")
+
+
+def rerun_interval(estimate: RatioEstimate) -> RatioEstimate:
+    """Where an identical rerun's estimate falls: the difference of two estimates with the same
+    standard error has sqrt(2) times that error, so each side of the interval (log scale) is
+    widened by sqrt(2)."""
+    low = estimate.ratio * (estimate.low / estimate.ratio) ** math.sqrt(2)
+    high = estimate.ratio * (estimate.high / estimate.ratio) ** math.sqrt(2)
+    return RatioEstimate(estimate.ratio, low, high, estimate.pairs, estimate.estimator,
+                         f"rerun ({estimate.interval} x sqrt 2)")
+
+
+def rerun_floor(between_run: float, confidence: float = CONFIDENCE) -> float:
+    """The narrowest relative half-width a rerun interval can reach, however many samples: the
+    between-run variation alone."""
+    return math.sinh(math.sqrt(2) * normal_quantile(0.5 + confidence / 2) * between_run)  # as half_width measures
+
+
+TREND_P = 0.01  # a cell drifts when its samples trend over time this significantly...
+TREND_SIZE = 0.05  # ...and by at least this much of their median across the run
+
+
+@dataclass(frozen=True)
+class Trend:
+    """Kendall's tau of seconds against start time, and the Theil-Sen change across the run."""
+
+    tau: float
+    p_value: float
+    change: float  # fitted change from the first to the last sample, relative to the median
+
+    @property
+    def drifting(self) -> bool:
+        return self.p_value < TREND_P and abs(self.change) >= TREND_SIZE
+
+
+def trend(started: list[float], seconds: list[float]) -> Trend | None:
+    """Whether a cell's samples drift over the run (warm-up not over, machine changing); None below 8 samples."""
+    if len(seconds) < 8 or len(set(started)) < 2:
+        return None
+    from scipy import stats as sps
+
+    tau, p_value = sps.kendalltau(started, seconds)
+    slope = sps.theilslopes(seconds, started).slope
+    change = slope * (max(started) - min(started)) / statistics.median(seconds)
+    return Trend(float(tau), float(p_value) if p_value == p_value else 1.0, float(change))
+
+
+def normal_quantile(probability: float) -> float:
+    from scipy import stats as sps
+
+    return float(sps.norm.ppf(probability))
+
+
+def log_standard_error(estimate: RatioEstimate, confidence: float = CONFIDENCE) -> float:
+    """The standard error of log(ratio) that a `confidence` interval of this width implies."""
+    return (math.log(estimate.high) - math.log(estimate.low)) / (2 * normal_quantile(0.5 + confidence / 2))

@@ -1,56 +1,102 @@
-"""The measurement protocol. Returns raw samples; statistics belong to the report.
+"""The measurement protocol's settings and its smallest parts: one timed call, mode orders, threads, CPU.
 
-Fixed seed, batch, model dimensions, dtype and thread count; one warmup per mode;
-N repetitions whose mode order rotates so that every mode runs in every position
-equally often; each sample times one whole decode loop with perf_counter_ns.
-:class:`Protocol` holds every setting and its default, once.
+:class:`Protocol` holds every setting of a run and its default, once: the CLI reads its
+defaults from here, the asv suites and the scripts build one. Each sample times one whole
+decode loop with perf_counter_ns, the collector paused, its noise telemetry read around it.
+The rounds that decide how many samples to take are in kvbench.sampling; statistics belong
+to kvbench.stats and the report.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import math
 import os
+import random
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Callable
 
 import torch
 from torch import Tensor
 
-from kvbench.decode import check_modes, decode, decode_full, decode_steps, run_gate, timeable, token_ids
-from kvbench.memory import memory_profile
+from kvbench import stats
+from kvbench.decode import decode, decode_steps
 from kvbench.model import Decoder
+from kvbench.telemetry import Probe
 
 DEFAULT_LENGTHS = (16, 32, 64, 128, 256, 512)
+ORDERS = ("random", "rotate")
 GC_POLICY = "collect before each sample, disabled while timing"
-ORDER_RULE = "rotating: repetition r runs modes[r % m:] + modes[:r % m]"
+ORDER_RULES = {
+    "rotate": "rotating: rotation r runs modes[r % m:] + modes[:r % m]",
+    "random": "random: each rotation runs the modes in an order drawn from a generator seeded by (seed, length, r)",
+}
 CLOCK = "time.perf_counter_ns"
+CONTROL = "control"  # the A/A label: a cached mode timed a second time in the same rotations
 
 
 @dataclass(frozen=True)
 class Protocol:
-    """How a run measures: the one source of its settings and their defaults."""
+    """How a run measures: the one source of its settings and their defaults.
 
-    repeats: int = 7  # timed repetitions per mode and length
+    With a `precision`, each length runs at least `repeats` rotations, then more until the
+    95% interval of every cached mode's speedup is that narrow (relative half-width), or
+    `max_repeats` rotations or `max_seconds` of timing are reached. Without one, every
+    length runs exactly `repeats` rotations: the source document's fixed protocol.
+    """
+
+    repeats: int = 7  # rotations per length: exactly, or at least when a precision is targeted
+    precision: float | None = 0.05  # target relative half-width of every speedup's 95% interval
+    max_repeats: int = 101  # rotations per length at most
+    max_seconds: float = 75.0  # timing budget for the rotations beyond `repeats`, all lengths together
+    between_run: float = stats.BETWEEN_RUN["speedup"]  # relative SD of a speedup between runs (stats.BETWEEN_RUN)
+    order: str = "random"  # mode order within a rotation (ORDER_RULES)
+    cpu: str = "none"  # "none", "auto" (the least busy CPU) or a CPU number to pin the process to
+    control: str = "auto"  # A/A control: "auto" (the first cached mode), "none", or a cached mode
     warmup: int = 1  # untimed loops per mode and length before timing
     batch: int = 1  # sequences per request
-    seed: int = 0  # seeds the weights and the token ids
+    seed: int = 0  # seeds the weights, the token ids and the random orders
     threads: int = 1  # torch intra- and inter-op threads
     per_step_length: int | None = None  # also profile every step of one loop at this length
 
     def __post_init__(self) -> None:
         for item in fields(self):
-            value, lowest = getattr(self, item.name), 0 if item.name in ("warmup", "seed") else 1
-            if value is None and item.name == "per_step_length":
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
-                raise ValueError(f"{item.name} must be an integer >= {lowest}, got {value!r}")
+            value = getattr(self, item.name)
+            if item.name in ("repeats", "max_repeats", "batch", "threads", "warmup", "seed", "per_step_length"):
+                lowest = 0 if item.name in ("warmup", "seed") else 1
+                if value is None and item.name == "per_step_length":
+                    continue
+                if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
+                    raise ValueError(f"{item.name} must be an integer >= {lowest}, got {value!r}")
+        if self.precision is not None and not (isinstance(self.precision, (int, float))
+                                               and 0 < self.precision < 1 and math.isfinite(self.precision)):
+            raise ValueError(f"precision must be a relative half-width in (0, 1) or None, got {self.precision!r}")
+        if not (isinstance(self.max_seconds, (int, float)) and 0 < self.max_seconds < math.inf):
+            raise ValueError(f"max_seconds must be a positive finite number, got {self.max_seconds!r}")
+        if not (isinstance(self.between_run, (int, float)) and 0 <= self.between_run < 0.5):
+            raise ValueError(f"between_run must be a relative standard deviation in [0, 0.5), got {self.between_run!r}")
+        floor = stats.rerun_floor(self.between_run)
+        if self.precision is not None and self.precision <= floor:
+            raise ValueError(f"precision {self.precision:g} cannot be reached: a rerun's speedup varies by "
+                             f"±{floor:.1%} whatever the sample count, with between-run variation "
+                             f"{self.between_run:.1%}; ask for more than {floor:.3f}")
+        if self.precision is not None and self.max_repeats < self.repeats:
+            raise ValueError(f"max_repeats must be at least repeats ({self.repeats}), got {self.max_repeats}")
+        if self.order not in ORDERS:
+            raise ValueError(f"order must be one of {list(ORDERS)}, got {self.order!r}")
+        if self.cpu not in ("none", "auto") and not (isinstance(self.cpu, str) and self.cpu.isdigit()):
+            raise ValueError(f"cpu must be 'none', 'auto' or a CPU number, got {self.cpu!r}")
 
-    def describe(self, threads_in_effect: dict) -> dict:
-        """The record's "protocol" section: the settings that shape the samples, and what took effect."""
-        return {"repeats": self.repeats, "warmup": self.warmup, "threads": self.threads, "gc": GC_POLICY,
-                "order": ORDER_RULE, "clock": CLOCK, "threads_in_effect": threads_in_effect}
+    @classmethod
+    def fixed(cls, repeats: int = 7, **settings) -> Protocol:
+        """The source document's protocol: exactly `repeats` rotations per length."""
+        return cls(repeats=repeats, precision=None, **settings)
+
+    def describe(self, in_effect: dict) -> dict:
+        """The record's "protocol" section: every setting that shapes the samples, and what took effect."""
+        return {**asdict(self), "gc": GC_POLICY, "order_rule": ORDER_RULES[self.order], "clock": CLOCK, **in_effect}
 
     def run_section(self, preset: str, lengths: list[int], modes: list[str]) -> dict:
         """The record's "run" section: what was measured, with these settings."""
@@ -63,12 +109,17 @@ class Protocol:
 class Sample:
     mode: str
     length: int
-    repetition: int
-    order: int  # position of this mode within its repetition, from 0
+    repetition: int  # the rotation at this length, from 0
+    order: int  # position of this mode within its rotation, from 0
     seconds: float
+    round: int = 0  # the round of the run (one rotation of every length still sampling)
+    started: float = 0.0  # seconds since the first timed sample of the run
+    telemetry: dict | None = None
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        data = asdict(self)
+        telemetry = data.pop("telemetry") or {}
+        return {**data, **telemetry}
 
 
 def set_threads(threads: int) -> dict:
@@ -99,11 +150,55 @@ def set_threads(threads: int) -> dict:
     return in_effect
 
 
+def pin_cpu(choice: str) -> dict:
+    """Pin this process to one CPU ("auto": the least busy over a quarter second); say what took effect."""
+    if not hasattr(os, "sched_setaffinity"):
+        return {"requested": choice, "cpus": None, "note": "CPU affinity cannot be set on this platform"}
+    allowed = sorted(os.sched_getaffinity(0))
+    if choice == "none":
+        return {"requested": choice, "cpus": allowed}
+    cpu = least_busy_cpu(allowed) if choice == "auto" else int(choice)
+    if cpu not in allowed:
+        raise ValueError(f"cpu must be one of the CPUs this process may use {allowed}, got {cpu}")
+    os.sched_setaffinity(0, {cpu})
+    return {"requested": choice, "cpus": sorted(os.sched_getaffinity(0))}
+
+
+def least_busy_cpu(allowed: list[int], window: float = 0.25) -> int:
+    def busy() -> dict[int, int]:
+        out = {}
+        try:
+            with open("/proc/stat") as stat:
+                for line in stat:
+                    name, *ticks = line.split()
+                    if name.startswith("cpu") and name[3:].isdigit():
+                        values = [int(t) for t in ticks]
+                        out[int(name[3:])] = sum(values) - values[3] - values[4]  # all but idle and iowait
+        except OSError:
+            pass
+        return out
+
+    before = busy()
+    time.sleep(window)
+    after = busy()
+    return min(allowed, key=lambda cpu: (after.get(cpu, 0) - before.get(cpu, 0), -cpu))
+
+
 def mode_orders(modes: list[str], repeats: int) -> list[list[str]]:
     """A rotation per repetition: with m modes and repeats a multiple of m, each
     mode runs in each position equally often (for two modes: alternation)."""
     m = len(modes)
     return [modes[r % m :] + modes[: r % m] for r in range(repeats)]
+
+
+def rotation_order(modes: list[str], rotation: int, order: str, seed: int, length: int) -> list[str]:
+    """The modes of one rotation, in the protocol's order (seeded: the same run, the same orders)."""
+    if order == "rotate":
+        m = len(modes)
+        return modes[rotation % m :] + modes[: rotation % m]
+    shuffled = list(modes)
+    random.Random(f"kvbench-order:{seed}:{length}:{rotation}").shuffle(shuffled)
+    return shuffled
 
 
 @contextlib.contextmanager
@@ -128,111 +223,27 @@ def time_call(run: Callable[[], object]) -> float:
     return elapsed / 1e9
 
 
-def measure(model: Decoder, ids_by_length: dict[int, Tensor], modes: list[str],
-            protocol: Protocol = Protocol(), on_sample: Callable[[Sample], None] | None = None) -> list[Sample]:
-    """Time every mode at every length; returns every repetition in the order run."""
-    modes = check_modes(modes)
-    loops = {
-        length: {mode: (lambda ids=ids, mode=mode: decode(model, ids, mode)) for mode in modes}
-        for length, ids in ids_by_length.items()
-    }
-    return measure_loops(loops, protocol, on_sample)
+def time_observed(run: Callable[[], object], probe: Probe) -> tuple[float, dict]:
+    """Seconds for one call and what the telemetry saw during it (read outside the timed region)."""
+    with collector_paused():
+        before = probe.read(machine_wide=False)  # the last sample's end stands for the costly counters
+        start = time.perf_counter_ns()
+        run()
+        elapsed = time.perf_counter_ns() - start
+        after = probe.read()
+    return elapsed / 1e9, probe.difference(before, after)
 
 
-def measure_loops(loops: dict[int, dict[str, Callable[[], object]]], protocol: Protocol = Protocol(),
-                  on_sample: Callable[[Sample], None] | None = None) -> list[Sample]:
-    """The protocol itself, for any named loops: per length, `warmup` untimed calls per
-    mode, then `repeats` repetitions in rotating mode order."""
-    samples = []
-    for length, by_mode in loops.items():
-        modes = list(by_mode)
-        for mode in modes:
-            for _ in range(protocol.warmup):
-                by_mode[mode]()
-        for repetition, order in enumerate(mode_orders(modes, protocol.repeats)):
-            for position, mode in enumerate(order):
-                sample = Sample(mode, length, repetition, position, time_call(by_mode[mode]))
-                samples.append(sample)
-                if on_sample is not None:
-                    on_sample(sample)
-    return samples
-
-
-def per_step_seconds(model: Decoder, ids: Tensor, mode: str, warmup: int = 1) -> list[float]:
+def per_step_seconds(model: Decoder, ids: Tensor, mode: str, warmup: int = 1, options: dict | None = None) -> list[float]:
     """Duration of every decode step of one loop (step t = position t)."""
     for _ in range(warmup):
-        decode(model, ids, mode)
+        decode(model, ids, mode, options=options)
     durations = []
     with collector_paused(), torch.inference_mode():
-        steps = decode_steps(model, ids, mode)
+        steps = decode_steps(model, ids, mode, options)
         while True:
             start = time.perf_counter_ns()
             if next(steps, None) is None:
                 break
             durations.append((time.perf_counter_ns() - start) / 1e9)
     return durations
-
-
-@dataclass
-class RunOutcome:
-    """Everything one benchmark run produced, as plain data for the record.
-
-    ``interrupted`` says that a KeyboardInterrupt (Ctrl-C, or a signal the caller turned
-    into one) ended the run early: everything completed before it is kept.
-    """
-
-    checks: list[dict] = field(default_factory=list)
-    repetitions: list[dict] = field(default_factory=list)
-    memory: list[dict] = field(default_factory=list)
-    per_step: list[dict] | None = None
-    interrupted: bool = False
-
-
-def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol: Protocol = Protocol(),
-                  on_progress: Callable[[str, int, int], None] | None = None) -> RunOutcome:
-    """The gate first, then bytes and peak memory, then the timed repetitions, then the profile.
-
-    An interrupt at any stage ends the run with everything completed so far kept and the
-    outcome marked interrupted; nothing after it is run.
-    """
-    modes = check_modes(modes)
-    progress = on_progress or (lambda stage, done, total: None)
-    outcome = RunOutcome()
-    try:
-        longest = token_ids(model.config, protocol.batch, max(lengths), protocol.seed)
-        progress("reference", 0, 1)
-        reference = decode_full(model, longest, keep_logits=True)
-        gate: dict[tuple[str, int], dict] = {}
-        for length in lengths:  # one length at a time, so an interrupt keeps the lengths already checked
-            gate.update(run_gate(model, longest, [length], modes, reference=reference))
-            for mode in modes:
-                outcome.checks.append(gate[(mode, length)])
-                if timeable(gate[(mode, length)]):
-                    outcome.memory.append({"mode": mode, "length": length,
-                                           **memory_profile(model, longest[:, :length], mode)})
-                progress("check", len(outcome.checks), len(lengths) * len(modes))
-        _time_every_length(model, longest, lengths, modes, gate, protocol, outcome, progress)
-        if protocol.per_step_length is not None:
-            outcome.per_step = _profile_steps(model, modes, lengths, gate, protocol)
-    except KeyboardInterrupt:
-        outcome.interrupted = True
-    return outcome
-
-
-def _time_every_length(model, longest, lengths, modes, gate, protocol, outcome, progress) -> None:
-    total = len(lengths) * len(modes) * protocol.repeats
-
-    def keep(sample: Sample) -> None:
-        outcome.repetitions.append(sample.to_dict())
-        progress("time", len(outcome.repetitions), total)
-
-    for length in lengths:
-        timed = [mode for mode in modes if timeable(gate[(mode, length)])]
-        measure(model, {length: longest[:, :length]}, timed, protocol, on_sample=keep)
-
-
-def _profile_steps(model, modes, lengths, gate, protocol) -> list[dict]:
-    ids = token_ids(model.config, protocol.batch, protocol.per_step_length, protocol.seed)
-    return [{"mode": mode, "length": protocol.per_step_length,
-             "seconds": per_step_seconds(model, ids, mode, protocol.warmup)}
-            for mode in modes if all(timeable(gate[(mode, length)]) for length in lengths)]

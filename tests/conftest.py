@@ -11,6 +11,20 @@ def tiny_model():
     return build_model(DecoderConfig(max_length=64), seed=0)
 
 
+TEST_WINDOW = 5  # shorter than the tests' sequences, so the window really slides
+
+
+@pytest.fixture(scope="session")
+def windowed_model():
+    return build_model(DecoderConfig(max_length=64, window=TEST_WINDOW), seed=0)
+
+
+@pytest.fixture(scope="session")
+def model_for(tiny_model, windowed_model):
+    """model_for(mode) -> the tiny model, or for the window kind the same model with a sliding window."""
+    return lambda mode: windowed_model if mode == "window" else tiny_model
+
+
 @pytest.fixture
 def make_record():
     """make_record({(mode, length): [seconds, ...]}, failed={(mode, length)}, status=...) -> record dict."""

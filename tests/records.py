@@ -15,6 +15,9 @@ from kvbench.config import DecoderConfig
 from kvbench.record import RecordView, build_record
 from kvbench.timing import mode_orders
 
+NO_TELEMETRY = {"cpu_seconds": None, "voluntary_switches": None, "involuntary_switches": None,
+                "runqueue_seconds": None, "steal_seconds": None, "throttled_seconds": None, "cpu_start": None,
+                "cpu_end": None}
 PASSED_DIFF = 1e-7  # max_abs_diff of a passed check
 FAILED_DIFF = 0.5  # max_abs_diff of a failed check
 FAILED_POSITION = 2  # first_divergent_position of a failed check
@@ -56,7 +59,8 @@ def synthetic_record(seconds: dict[tuple[str, int], list[float]], *, failed=(), 
     repeats = repeats or max(len(v) for v in seconds.values())
     orders = mode_orders(modes, max(repeats, *(len(v) for v in seconds.values())))
     repetitions = [
-        {"mode": mode, "length": length, "repetition": r, "order": orders[r].index(mode), "seconds": s}
+        {"mode": mode, "length": length, "repetition": r, "order": orders[r].index(mode), "seconds": s,
+         "round": r, "started": round(r + orders[r].index(mode) / 100, 6), **NO_TELEMETRY}
         for (mode, length), values in seconds.items() for r, s in enumerate(values)
     ]
     if checks is None:

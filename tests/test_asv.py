@@ -39,9 +39,9 @@ import time as _slowdown_time
 _fast_decode_cached = decode_cached
 
 
-def decode_cached(model, ids, kind, keep_logits=False):
+def decode_cached(model, ids, kind, keep_logits=False, options=None):
     _slowdown_time.sleep(0.001 * ids.shape[1])  # 1 ms per token: several times a cached loop
-    return _fast_decode_cached(model, ids, kind, keep_logits)
+    return _fast_decode_cached(model, ids, kind, keep_logits, options)
 '''
 # asv compare flags a ratio beyond --factor that is also significant (Mann-Whitney
 # on the recorded samples); 1.5 keeps the full-prefix path clear of this noisy
@@ -135,6 +135,9 @@ def suites(monkeypatch):
     import benchmarks.speedup
 
     monkeypatch.setattr(benchmarks.common, "LENGTHS", (16,))
+    from kvbench.timing import Protocol
+
+    monkeypatch.setattr(benchmarks.speedup, "PROTOCOL", Protocol.fixed(3, warmup=0, control="none"))
     return benchmarks
 
 

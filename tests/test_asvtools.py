@@ -231,6 +231,19 @@ def test_capture_once_per_asv_invocation(tmp_path, monkeypatch, environment):
     assert json.loads(first.read_text())["asv"]["invocation"] == "2@2.00"
 
 
+def test_a_benchmark_annotates_the_capture_beside_its_result(tmp_path, monkeypatch, environment):
+    run = a_run(tmp_path)
+    monkeypatch.setattr(asvtools, "current_asv_run", lambda: run)
+    assert asvtools.annotate_capture("track_speedup", "static@64", {"speedup": 2.0}) is None  # no capture yet
+    path = asvtools.write_capture(run, environment)
+    assert asvtools.annotate_capture("track_speedup", "static@64", {"speedup": 2.0, "half_width": 0.01}) == path
+    asvtools.annotate_capture("track_speedup", "paged@64", {"speedup": 2.1})
+    document = asvtools.load_capture(path)
+    assert document["track_speedup"] == {"static@64": {"speedup": 2.0, "half_width": 0.01},
+                                         "paged@64": {"speedup": 2.1}}
+    assert document["environment"] == environment
+
+
 def test_capture_never_raises(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(asvtools, "current_asv_run", lambda: (_ for _ in ()).throw(asvtools.NoAsvRun("dry run")))
     assert asvtools.capture_beside_results() is None

@@ -6,16 +6,19 @@ import torch
 from kvbench.attention import causal_attention, causal_mask
 
 
-def reference_attention(q, k, v, offset):
+def reference_attention(q, k, v, offset, window=None, key_positions=None):
     """Explicit scores, softmax and a mask from absolute positions, one head at a time."""
     B, H, L, D = q.shape
     group = H // k.shape[1]
+    positions = key_positions if key_positions is not None else torch.arange(k.shape[2])
     out = torch.empty_like(q)
     for h in range(H):
         kh, vh = k[:, h // group], v[:, h // group]
         scores = q[:, h] @ kh.transpose(-1, -2) / math.sqrt(D)
         for i in range(L):
-            scores[:, i, offset + i + 1 :] = float("-inf")
+            query = offset + i
+            hidden = (positions > query) | ((positions <= query - window) if window else torch.zeros_like(positions, dtype=torch.bool))
+            scores[:, i, hidden] = float("-inf")
         out[:, h] = scores.softmax(-1) @ vh
     return out
 
@@ -63,3 +66,43 @@ def test_key_count_must_match_offset_plus_queries():
     q, k = torch.zeros(1, 4, 2, 8), torch.zeros(1, 4, 5, 8)
     with pytest.raises(ValueError, match="offset 2 \\+ 2 queries but 5 keys"):
         causal_attention(q, k, k, offset=2)
+
+
+# --- a sliding window ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("offset, length, window", [
+    (0, 1, 3), (0, 6, 3), (0, 6, 10), (5, 1, 3), (7, 5, 3), (7, 5, 20), (9, 1, 10), (2, 6, 4),
+])
+@pytest.mark.parametrize("heads, kv_heads", [(4, 4), (4, 2)])
+def test_a_window_matches_the_explicit_reference(offset, length, window, heads, kv_heads):
+    generator = torch.Generator().manual_seed(offset * 100 + length * 10 + window)
+    q = torch.randn(2, heads, length, 8, generator=generator)
+    k = torch.randn(2, kv_heads, offset + length, 8, generator=generator)
+    v = torch.randn(2, kv_heads, offset + length, 8, generator=generator)
+    torch.testing.assert_close(causal_attention(q, k, v, offset, window),
+                               reference_attention(q, k, v, offset, window), atol=1e-5, rtol=1e-5)
+
+
+def test_a_window_with_the_keys_in_ring_order_and_their_positions():
+    """A ring buffer hands over its keys in slot order: positions say who is who."""
+    generator = torch.Generator().manual_seed(3)
+    window, offset, length = 4, 9, 3
+    q = torch.randn(1, 4, length, 8, generator=generator)
+    k = torch.randn(1, 4, offset + length, 8, generator=generator)
+    v = torch.randn(1, 4, offset + length, 8, generator=generator)
+    expected = reference_attention(q, k, v, offset, window)
+    kept = torch.tensor([7, 8, 5, 6, 9, 10, 11])  # the ring (positions 5..8 in slot order), then the chunk
+    got = causal_attention(q, k[:, :, kept], v[:, :, kept], offset, window, key_positions=kept)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_the_last_w_keys_in_any_order_need_no_mask_for_one_query():
+    generator = torch.Generator().manual_seed(4)
+    q = torch.randn(1, 4, 1, 8, generator=generator)
+    k = torch.randn(1, 4, 12, 8, generator=generator)
+    v = torch.randn(1, 4, 12, 8, generator=generator)
+    expected = reference_attention(q, k, v, offset=11, window=4)
+    ring = torch.tensor([10, 11, 8, 9])  # slot order of a ring of four after twelve positions
+    got = causal_attention(q, k[:, :, ring], v[:, :, ring], offset=11, window=4)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)

@@ -28,14 +28,19 @@ def test_paged_last_block_waste_and_contiguous_preallocation():
     assert budget.contiguous_requests == 48
 
 
-def test_int8_scale_overhead_is_counted():
-    # One float16 scale per 128 int8 elements: 1 + 2/128 bytes per element.
-    budget = kv_budget(32, 8, 128, "int8", tokens=1000, memory_bytes=24 * GIB)
-    assert budget.bytes_per_element == 1.015625
-    assert budget.scale_overhead == pytest.approx(2 / 128)
-    assert budget.bytes_per_token == 66_560
-    assert budget.exact_requests == 387
-    assert budget.paged_requests == 384
+def test_quantized_representations_count_codes_scales_and_the_full_precision_residual():
+    """1000 tokens, G=32, R=128: 864 quantized (27 groups), 136 kept in bfloat16; 32 layers, 8 KV heads, D=128."""
+    int8 = kv_budget(32, 8, 128, "bfloat16", tokens=1000, memory_bytes=24 * GIB, quantize="int8")
+    codes = 2 * 8 * 864 * 128  # keys and values, one byte each
+    scales = 8 * 27 * 128 * 2 * 2 + 8 * 864 * (128 // 32) * 2 * 2  # per channel per group; per token per 32 channels
+    recent = 2 * 8 * 136 * 128 * 2
+    assert int8.request_bytes == 32 * (codes + scales + recent)
+    assert int8.full_precision_bytes == 1000 * 131_072
+    int4 = kv_budget(32, 8, 128, "bfloat16", tokens=1000, memory_bytes=24 * GIB, quantize="int4")
+    assert int4.request_bytes == 32 * (codes // 2 + scales + recent)
+    assert int4.request_bytes < int8.request_bytes < int8.full_precision_bytes
+    assert int8.paged_request_bytes is None and int8.exact_requests == 24 * GIB // int8.request_bytes
+    assert "newest 128 to 159 positions in bfloat16" in int8.assumptions
 
 
 def test_float32_seed_lab_matches_the_source_document():
@@ -65,6 +70,8 @@ def test_parse_size_rejects(text):
     [
         ({"layers": 0}, "layers must be a positive integer, got 0"),
         ({"dtype": "float8"}, r"dtype must be one of .*got 'float8'"),
+        ({"quantize": "int3"}, r"quantize must be one of \['int8', 'int4'\] or None, got 'int3'"),
+        ({"quantize": "int4", "head_dim": 7}, "even head width, got 7"),
         ({"max_length": 10}, r"max_length must be >= tokens per request \(4096\), got 10"),
         ({"reserved_bytes": 100 * GIB}, "reserved bytes must be in"),
     ],
@@ -92,7 +99,8 @@ def test_cli_table(capsys):
 
 @pytest.mark.parametrize(
     "change",
-    [["--layers", "0"], ["--memory", "lots"], ["--dtype", "float8"], ["--max-length", "5"], ["--reserved", "90GiB"]],
+    [["--layers", "0"], ["--memory", "lots"], ["--dtype", "float8"], ["--max-length", "5"], ["--reserved", "90GiB"],
+     ["--quantize", "int2"]],
 )
 def test_cli_bad_input_exits_2_with_one_line(capsys, change):
     argv = list(BASE)
@@ -103,3 +111,9 @@ def test_cli_bad_input_exits_2_with_one_line(capsys, change):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_cli_quantized_table(capsys):
+    assert main([*BASE, "--quantize", "int4"]) == 0
+    out = capsys.readouterr().out
+    assert "int4: int4 codes" in out and "of the bfloat16 cache" in out and "paged" not in out

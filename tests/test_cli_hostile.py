@@ -90,8 +90,8 @@ def no_temporaries(directory: Path) -> None:
 
 @pytest.mark.parametrize("make_path, fragment", [
     (lambda tmp: tmp / "file.txt" / "rec.json", "is a regular file, not a directory"),
-    (lambda tmp: tmp / ("x" * 300 + ".json"), "a name of 305 bytes, longer than the 255 bytes the filesystem allows"),
-    (lambda tmp: tmp, "is a directory"),
+    (lambda tmp: tmp / ("x" * 300 + ".json"), "name too long: 305 bytes, the filesystem allows 255"),
+    (lambda tmp: tmp, "already exists and is a directory"),
     (lambda tmp: Path("/proc/kvbench-record.json"), "cannot write in /proc"),
 ], ids=["under a regular file", "name too long", "a directory", "a read-only place"])
 def test_a_bad_output_is_refused_before_measuring(tmp_path, make_path, fragment):
@@ -124,7 +124,7 @@ def test_force_never_replaces_what_is_not_a_regular_file(tmp_path, kind):
     else:
         target = Path(os.devnull)
     done = kvbench("run", *TINY, "--output", target, "--force", cwd=tmp_path)
-    one_line_error(done, "kvbench replaces only regular files")
+    one_line_error(done, "already exists and is a", "kvbench replaces only regular files")
     mode = os.lstat(target).st_mode
     assert {"fifo": stat.S_ISFIFO, "devnull": stat.S_ISCHR, "symlink": stat.S_ISLNK}[kind](mode)
     if kind == "symlink":
@@ -172,12 +172,12 @@ def test_a_failed_final_write_saves_the_record_elsewhere_and_says_where(tmp_path
 @pytest.mark.parametrize("signum, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_during_timing_keeps_the_completed_repetitions(tmp_path, signum, status):
     output = tmp_path / "rec.json"
-    done = with_signal_in("kvbench.timing:time_call", "run", *TINY, "--output", output, cwd=tmp_path,
+    done = with_signal_in("kvbench.sampling:time_observed", "run", *TINY, "--output", output, cwd=tmp_path,
                           signals=(signum,), after=5)
     assert done.returncode == status, done.stderr
     record = load_record(output)
     assert record["status"] == "incomplete" and 1 <= len(record["repetitions"]) <= 5
-    assert f"interrupted by {signal.Signals(signum).name}: the record keeps {len(record['repetitions'])} of 8 " \
+    assert f"interrupted by {signal.Signals(signum).name}: the record keeps {len(record['repetitions'])} " \
            f"repetitions and 4 of 4 checks, marked incomplete: {output}" in done.stderr
     assert "Traceback" not in done.stderr
     no_temporaries(tmp_path)
@@ -186,7 +186,7 @@ def test_a_signal_during_timing_keeps_the_completed_repetitions(tmp_path, signum
 def test_a_storm_of_signals_after_the_first_does_not_lose_the_record(tmp_path):
     """Ctrl-C, then Ctrl-C again and a `timeout` SIGTERM while the record is being saved."""
     output = tmp_path / "rec.json"
-    done = with_signal_in("kvbench.timing:time_call", "run", *TINY, "--output", output, cwd=tmp_path,
+    done = with_signal_in("kvbench.sampling:time_observed", "run", *TINY, "--output", output, cwd=tmp_path,
                           signals=(signal.SIGINT,), after=3, storm=2.0)
     assert done.returncode == 130, done.stderr
     assert load_record(output)["status"] == "incomplete"
@@ -206,11 +206,11 @@ def test_a_signal_during_the_gate_keeps_the_lengths_already_checked(tmp_path):
 
 def test_a_signal_during_the_per_step_profile_keeps_every_repetition(tmp_path):
     output = tmp_path / "rec.json"
-    done = with_signal_in("kvbench.timing:per_step_seconds", "run", *TINY, "--per-step", "4", "--output", output,
+    done = with_signal_in("kvbench.benchmark:per_step_seconds", "run", *TINY, "--per-step", "4", "--output", output,
                           cwd=tmp_path)
     assert done.returncode == 143, done.stderr
     record = load_record(output)
-    assert len(record["repetitions"]) == 8 and record["status"] == "incomplete" and "per_step" not in record
+    assert len(record["repetitions"]) == 12 and record["status"] == "incomplete" and "per_step" not in record
 
 
 def test_a_signal_during_the_environment_capture_says_nothing_was_written(tmp_path):

@@ -63,7 +63,8 @@ def test_token_ids_length_beyond_max_length_is_rejected():
 
 @pytest.mark.parametrize("kind", CACHE_KINDS)
 @pytest.mark.parametrize("batch", [1, 2])
-def test_cached_logits_match_full_prefix_logits(tiny_model, kind, batch):
+def test_cached_logits_match_full_prefix_logits(model_for, kind, batch):
+    tiny_model = model_for(kind)
     ids = token_ids(tiny_model.config, batch, 12, seed=2)
     full = decode_full(tiny_model, ids, keep_logits=True)
     cached = decode_cached(tiny_model, ids, kind, keep_logits=True)
@@ -77,14 +78,16 @@ def test_cached_logits_match_full_prefix_logits(tiny_model, kind, batch):
 
 @pytest.mark.parametrize("kind", CACHE_KINDS)
 def test_cached_logits_match_under_grouped_query_attention(kind):
-    model = build_model(DecoderConfig(max_length=32, heads=4, kv_heads=2, layers=2), seed=3)
+    window = 4 if kind == "window" else None
+    model = build_model(DecoderConfig(max_length=32, heads=4, kv_heads=2, layers=2, window=window), seed=3)
     ids = token_ids(model.config, 1, 10)
     full = decode_full(model, ids, keep_logits=True)
     torch.testing.assert_close(decode_cached(model, ids, kind, keep_logits=True), full, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_decode_returns_logits_only_when_asked(tiny_model, mode):
+def test_decode_returns_logits_only_when_asked(model_for, mode):
+    tiny_model = model_for(mode)
     ids = token_ids(tiny_model.config, 1, 4)
     assert decode(tiny_model, ids, mode) is None
     assert decode(tiny_model, ids, mode, keep_logits=True).shape == (1, 4, tiny_model.config.vocab_size)
@@ -147,9 +150,11 @@ def test_compare_logits_shape_mismatch_is_a_value_error():
 # -- the gate -------------------------------------------------------------------------------
 
 
-def test_check_equivalence_passes_for_every_mode(tiny_model):
-    ids = token_ids(tiny_model.config, 1, 10)
-    results = check_equivalence(tiny_model, ids, list(MODES))
+def test_check_equivalence_passes_for_every_mode(windowed_model):
+    """On a model with a sliding window every mode applies: the window kind keeps the window, the
+    others keep every position and attention leaves out what the window hides."""
+    ids = token_ids(windowed_model.config, 1, 10)
+    results = check_equivalence(windowed_model, ids, list(MODES))
     assert list(results) == list(MODES)
     for mode, result in results.items():
         assert result.passed, result
@@ -245,12 +250,14 @@ def test_check_modes_errors(modes, message):
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("batch, length", [(1, 5), (2, 9)])
-def test_cache_footprint_measured_equals_expected(tiny_model, mode, batch, length):
+def test_cache_footprint_measured_equals_expected(model_for, mode, batch, length):
+    tiny_model = model_for(mode)
     ids = token_ids(tiny_model.config, batch, length)
     footprint = cache_footprint(tiny_model, ids, mode)
-    expected = expected_cache_bytes(tiny_model.config, batch, length)
+    held = min(length, tiny_model.config.window or length)  # the window kind keeps the last W positions
+    expected = expected_cache_bytes(tiny_model.config, batch, held if mode == "window" else length)
     # 2 (k, v) * 1 layer * B * 4 kv heads * T * 8 head dim * 4 bytes
-    assert expected == 2 * 1 * batch * 4 * length * 8 * 4
+    assert expected == 2 * 1 * batch * 4 * (held if mode == "window" else length) * 8 * 4
     assert footprint["expected_bytes"] == expected
     assert footprint["measured_bytes"] == expected
     assert footprint["reserved_bytes"] >= footprint["measured_bytes"]

@@ -37,7 +37,7 @@ def test_a_failed_write_leaves_no_temporary_file(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(files.os, "fsync", fail)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(files.OutputError, match=r"cannot write .*run.json: disk full"):
         write_json_atomic({"a": 1}, tmp_path / "run.json")
     assert os.listdir(tmp_path) == []
 

@@ -7,7 +7,6 @@ import pytest
 from records import noisy
 
 from kvbench import stats
-from kvbench.report.compare import FACTOR
 
 # --- paired speedup (within one record) ---------------------------------------------------
 
@@ -58,85 +57,77 @@ def test_interval_contains_the_true_ratio_for_a_known_speedup():
     assert 2.8 < estimate.low and estimate.high < 3.2
 
 
-# --- comparing two records: unpaired ratio, Mann-Whitney U, verdict --------------------------
+# --- comparing two records: the unpaired ratio ------------------------------------------------
 
-def test_identical_samples_compare_as_ratio_one_with_a_tight_interval_and_unchanged():
-    old = noisy(0.01, 7, spread=0.01)
+def test_identical_samples_compare_as_ratio_one_with_a_tight_interval():
+    old = noisy(1e-3, 9)
     estimate = stats.unpaired_ratio(old, list(old))
-    assert estimate.ratio == 1.0
-    assert estimate.contains(1.0)
-    assert estimate.high - estimate.low < 0.04  # +-1 % noise gives an interval of a few percent
-    p_value = stats.mann_whitney_p(old, list(old))
-    assert p_value == pytest.approx(1.0)
-    assert stats.verdict(estimate.ratio, p_value, FACTOR, 0.05) == stats.UNCHANGED
+    assert estimate.ratio == 1.0 and estimate.contains(1.0) and estimate.high - estimate.low < 0.03
 
 
+def test_a_2x_slowdown_is_inside_its_unpaired_interval():
+    estimate = stats.unpaired_ratio(noisy(1e-3, 9, seed=1), noisy(2e-3, 9, seed=2))
+    assert estimate.contains(2.0) and estimate.low > 1.9
 
 
-def test_a_2x_slowdown_is_slower_and_significant():
-    old = noisy(0.01, 7, spread=0.03, seed=5)
-    new = noisy(0.02, 7, spread=0.03, seed=6)
-    estimate = stats.unpaired_ratio(old, new)
-    p_value = stats.mann_whitney_p(old, new)
-    assert estimate.ratio == pytest.approx(2.0, rel=0.05)
-    assert estimate.low > 1.8 and estimate.contains(2.0)
-    assert p_value < 0.001  # exact test, complete separation of 7 vs 7: 2 / C(14, 7)
-    assert stats.verdict(estimate.ratio, p_value, 1.1, 0.05) == stats.SLOWER
+# --- the speedup estimators ------------------------------------------------------------------------
+
+def test_the_median_interval_uses_the_order_statistics_of_the_binomial():
+    assert stats.median_interval(list(range(1, 11))) == (2.0, 9.0)  # n = 10: x(2), x(9), coverage 97.9 %
+    assert stats.median_interval(list(range(1, 32))) == (10.0, 22.0)  # n = 31: x(10), x(22), coverage 97.1 %
+    assert stats.median_interval([3.0, 1.0, 2.0]) == (1.0, 3.0)  # too few for 95 %: the range
 
 
-def test_a_2x_speedup_is_faster():
-    old = noisy(0.02, 7, spread=0.03, seed=7)
-    new = noisy(0.01, 7, spread=0.03, seed=8)
-    estimate = stats.unpaired_ratio(old, new)
-    assert stats.verdict(estimate.ratio, stats.mann_whitney_p(old, new), 1.1, 0.05) == stats.FASTER
+def test_the_median_interval_covers_the_median_as_promised():
+    rng = np.random.default_rng(7)
+    covered = sum(lo <= 0.0 <= hi for lo, hi in (stats.median_interval(rng.normal(size=15)) for _ in range(2000)))
+    assert 0.95 <= covered / 2000 <= 0.995  # exact coverage 96.5 % for n = 15
 
 
-def test_a_noise_level_change_is_unchanged():
-    old = noisy(0.01, 7, spread=0.03, seed=9)
-    new = noisy(0.0101, 7, spread=0.03, seed=10)  # +1 % under +-3 % noise
-    estimate = stats.unpaired_ratio(old, new)
-    p_value = stats.mann_whitney_p(old, new)
-    assert estimate.contains(1.0)
-    assert p_value > 0.05
-    assert stats.verdict(estimate.ratio, p_value, 1.1, 0.05) == stats.UNCHANGED
+@pytest.mark.parametrize("estimator", list(stats.ESTIMATORS))
+def test_every_estimator_recovers_a_known_speedup_inside_its_interval(estimator):
+    base = dict(enumerate(noisy(3e-3, 31, seed=1)))
+    mine = dict(enumerate(noisy(1e-3, 31, seed=2)))
+    estimate = stats.paired_ratio(base, mine, estimator, key=("x",))
+    assert estimate.contains(3.0) and estimate.estimator == estimator and estimate.pairs == 31
+    assert 0 < estimate.half_width < 0.05
 
 
-def test_a_significant_change_below_the_factor_is_unchanged():
-    old = noisy(0.01, 7, spread=0.001, seed=11)
-    new = [s * 1.03 for s in old]  # a clean 3 % shift: significant, but below 1.1x
-    p_value = stats.mann_whitney_p(old, new)
-    assert p_value < 0.05
-    assert stats.verdict(1.03, p_value, 1.1, 0.05) == stats.UNCHANGED
+def test_median_of_ratios_keeps_pairs_together():
+    """Drift that slows both sides of a rotation alike cancels in each per-rotation ratio."""
+    drift = [1.0 + 0.5 * (r % 5) for r in range(21)]
+    base = {r: 2e-3 * d for r, d in enumerate(drift)}
+    mine = {r: 1e-3 * d for r, d in enumerate(drift)}
+    estimate = stats.paired_ratio(base, mine, "median-of-ratios")
+    assert (estimate.ratio, estimate.low, estimate.high) == (2.0, 2.0, 2.0)
 
 
-def test_three_repetitions_can_never_be_significant():
-    old, new = [1.0, 1.01, 1.02], [3.0, 3.01, 3.02]  # 3x slower, complete separation
-    p_value = stats.mann_whitney_p(old, new)
-    assert p_value == pytest.approx(0.1)  # the floor 2 / C(6, 3)
-    assert stats.verdict(3.0, p_value, 1.1, 0.05) == stats.UNCHANGED
+def test_the_rerun_interval_is_sqrt_2_wider_in_log_scale():
+    estimate = stats.RatioEstimate(2.0, 1.8, 2.2, 31, "median-of-ratios", "order statistics")
+    rerun = stats.rerun_interval(estimate)
+    assert math.log(2.0 / rerun.low) == pytest.approx(math.sqrt(2) * math.log(2.0 / 1.8))
+    assert math.log(rerun.high / 2.0) == pytest.approx(math.sqrt(2) * math.log(2.2 / 2.0))
+    assert rerun.interval.startswith("rerun")
 
 
-def test_too_few_samples_are_untested():
-    assert stats.mann_whitney_p([1.0], [2.0, 3.0]) is None
-    assert stats.verdict(2.0, None, 1.1, 0.05) == stats.UNTESTED
-    with pytest.raises(ValueError, match="need samples on both sides"):
-        stats.unpaired_ratio([], [1.0])
+def test_speedup_is_the_default_estimator_with_the_default_interval():
+    base, mine = dict(enumerate(noisy(3e-3, 15, seed=3))), dict(enumerate(noisy(1e-3, 15, seed=4)))
+    default = stats.speedup(base, mine)
+    assert default.estimator == stats.DEFAULT_ESTIMATOR
+    confidence = stats.speedup(base, mine, interval="confidence")
+    assert confidence.half_width < default.half_width
+    with pytest.raises(ValueError, match="estimator must be one of"):
+        stats.paired_ratio(base, mine, "mean")
 
 
-def test_all_equal_samples_have_p_one():
-    assert stats.mann_whitney_p([1.0] * 5, [1.0] * 5) == 1.0
+def test_a_trend_over_the_run_is_found_and_a_flat_cell_is_not():
+    started = [float(i) for i in range(30)]
+    rising = [1.0 + 0.01 * i for i in range(30)]
+    flat = noisy(1.0, 30, spread=0.01, seed=5)
+    assert stats.trend(started, rising).drifting and stats.trend(started, rising).change > 0.25
+    assert not stats.trend(started, flat).drifting
+    assert stats.trend(started[:5], rising[:5]) is None
 
-
-@pytest.mark.parametrize("ratio, p_value, expected", [
-    (1.5, 0.01, stats.SLOWER), (1.5, 0.2, stats.UNCHANGED), (1.05, 0.001, stats.UNCHANGED),
-    (0.5, 0.01, stats.FASTER), (1 / 1.1 - 1e-9, 0.01, stats.FASTER), (1.1, 0.01, stats.UNCHANGED),
-    (0.5, 0.05, stats.UNCHANGED),  # p must be below alpha
-])
-def test_verdict_needs_both_factor_and_significance(ratio, p_value, expected):
-    assert stats.verdict(ratio, p_value, 1.1, 0.05) == expected
-
-
-# --- scaling fit ----------------------------------------------------------------------------
 
 def test_fit_recovers_a_quadratic_exactly():
     lengths = [16, 32, 64, 128, 256]

@@ -1,18 +1,66 @@
-"""kvbench.timing: the protocol (order, warmup, repetitions, gc, threads) and run_benchmark's outcome."""
+"""kvbench.timing: the protocol's settings, one timed call, mode orders, threads and CPU pinning."""
 
 import gc
+import os
+import time
 from collections import Counter
 
 import pytest
 import torch
 
-import kvbench.decode as decode_module
-import kvbench.timing as timing
 from kvbench.decode import MODES, token_ids
-from kvbench.record import build_record
-from kvbench.timing import Protocol, measure, mode_orders, per_step_seconds, run_benchmark, set_threads, time_call
+from kvbench.telemetry import FIELDS, Probe
+from kvbench.timing import (
+    Protocol,
+    mode_orders,
+    per_step_seconds,
+    pin_cpu,
+    rotation_order,
+    set_threads,
+    time_call,
+    time_observed,
+)
 
-# -- mode order -----------------------------------------------------------------------------
+# -- the protocol's settings ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"repeats": 0}, "repeats must be an integer >= 1, got 0"),
+    ({"warmup": -1}, "warmup must be an integer >= 0, got -1"),
+    ({"batch": True}, "batch must be an integer >= 1, got True"),
+    ({"threads": 1.5}, "threads must be an integer >= 1, got 1.5"),
+    ({"per_step_length": 0}, "per_step_length must be an integer >= 1, got 0"),
+    ({"precision": 0.0}, r"precision must be a relative half-width in \(0, 1\) or None, got 0.0"),
+    ({"precision": float("nan")}, "precision must be a relative half-width"),
+    ({"max_seconds": float("inf")}, "max_seconds must be a positive finite number, got inf"),
+    ({"repeats": 9, "max_repeats": 8}, r"max_repeats must be at least repeats \(9\), got 8"),
+    ({"order": "shuffle"}, "order must be one of \\['random', 'rotate'\\], got 'shuffle'"),
+    ({"cpu": "fast"}, "cpu must be 'none', 'auto' or a CPU number, got 'fast'"),
+])
+def test_protocol_rejects_bad_settings(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Protocol(**kwargs)
+
+
+def test_protocol_defaults_target_a_precision_and_fixed_keeps_the_source_documents_protocol():
+    default = Protocol()
+    assert (default.repeats, default.precision, default.order, default.control) == (7, 0.05, "random", "auto")
+    fixed = Protocol.fixed(7)
+    assert fixed.precision is None and fixed.repeats == 7
+
+
+def test_protocol_describes_the_run_for_the_record():
+    protocol = Protocol.fixed(5, warmup=0, batch=2, seed=3, threads=1, per_step_length=8)
+    assert protocol.run_section("seed", [4, 8], ["full", "static"]) == {
+        "preset": "seed", "lengths": [4, 8], "modes": ["full", "static"], "batch": 2, "seed": 3,
+        "repeats": 5, "warmup": 0, "threads": 1, "per_step_length": 8}
+    described = protocol.describe({"threads_in_effect": {"requested": 1}, "cpu_in_effect": {"cpus": [0]}})
+    assert (described["repeats"], described["warmup"], described["precision"]) == (5, 0, None)
+    assert described["threads_in_effect"] == {"requested": 1} and described["cpu_in_effect"] == {"cpus": [0]}
+    assert described["clock"] == "time.perf_counter_ns" and described["order_rule"].startswith("random")
+
+
+# -- mode order -------------------------------------------------------------------------------
 
 
 def test_mode_orders_two_modes_alternate():
@@ -40,97 +88,23 @@ def test_mode_orders_one_mode_and_first_order():
     assert mode_orders(["a", "b", "c"], 1) == [["a", "b", "c"]]
 
 
-# -- measure ------------------------------------------------------------------------------
+def test_rotation_order_rotate_is_mode_orders():
+    modes = ["full", "concat", "static"]
+    assert [rotation_order(modes, r, "rotate", 0, 16) for r in range(6)] == mode_orders(modes, 6)
 
 
-@pytest.fixture
-def fake_decode(monkeypatch):
-    """Replace the timed loop by a recorder: calls[i] = (mode, length)."""
-    calls = []
-
-    def decode(model, ids, mode, keep_logits=False):
-        calls.append((mode, ids.shape[1]))
-        sum(range(200))  # a few microseconds, so durations are never zero
-
-    monkeypatch.setattr(timing, "decode", decode)
-    monkeypatch.setattr(gc, "collect", lambda *args: 0)  # a full collection per sample is slow here
-    return calls
+def test_random_orders_are_seeded_permutations_that_vary():
+    modes = ["full", "concat", "static", "paged", "control"]
+    orders = [rotation_order(modes, r, "random", 0, 64) for r in range(40)]
+    assert all(sorted(order) == sorted(modes) for order in orders)
+    assert orders == [rotation_order(modes, r, "random", 0, 64) for r in range(40)]  # the same run, the same orders
+    assert len({tuple(order) for order in orders}) > 20  # they really vary
+    assert orders != [rotation_order(modes, r, "random", 1, 64) for r in range(40)]  # another seed, other orders
+    firsts = Counter(order[0] for order in orders)
+    assert set(firsts) == set(modes)  # every mode gets to run first
 
 
-@pytest.mark.parametrize("modes", [["full", "concat"], ["full", "concat", "static"], list(MODES)])
-def test_measure_runs_warmup_then_recorded_order(tiny_model, fake_decode, modes):
-    lengths, repeats, warmup = [4, 8], 3, 2
-    ids_by_length = {n: token_ids(tiny_model.config, 1, n) for n in lengths}
-    seen = []
-    samples = measure(tiny_model, ids_by_length, modes, Protocol(repeats=repeats, warmup=warmup), on_sample=seen.append)
-
-    assert seen == samples
-    assert len(samples) == repeats * len(modes) * len(lengths)
-    assert len(fake_decode) == len(samples) + warmup * len(modes) * len(lengths)
-    orders = mode_orders(modes, repeats)
-    expected_samples = [
-        (mode, length, r, position)
-        for length in lengths
-        for r, order in enumerate(orders)
-        for position, mode in enumerate(order)
-    ]
-    assert [(s.mode, s.length, s.repetition, s.order) for s in samples] == expected_samples
-    # The calls actually made: warmups for every mode first (not recorded), then the recorded order.
-    per_length = warmup * len(modes) + repeats * len(modes)
-    for i, length in enumerate(lengths):
-        block = fake_decode[i * per_length : (i + 1) * per_length]
-        assert all(n == length for _, n in block)
-        warmups, timed = block[: warmup * len(modes)], block[warmup * len(modes) :]
-        assert Counter(mode for mode, _ in warmups) == {mode: warmup for mode in modes}
-        assert [mode for mode, _ in timed] == [mode for order in orders for mode in order]
-    assert all(isinstance(s.seconds, float) and s.seconds > 0 for s in samples)
-
-
-def test_measure_without_warmup_makes_only_timed_calls(tiny_model, fake_decode):
-    samples = measure(tiny_model, {4: token_ids(tiny_model.config, 1, 4)}, ["static"], Protocol(repeats=2, warmup=0))
-    assert len(samples) == 2 and len(fake_decode) == 2
-
-
-def test_measure_real_decode_gives_positive_seconds(tiny_model):
-    ids = {4: token_ids(tiny_model.config, 1, 4)}
-    samples = measure(tiny_model, ids, ["full", "static"], Protocol(repeats=2, warmup=1))
-    assert [(s.mode, s.repetition, s.order) for s in samples] == [
-        ("full", 0, 0), ("static", 0, 1), ("static", 1, 0), ("full", 1, 1)
-    ]
-    assert all(0 < s.seconds < 5 for s in samples)
-    assert samples[0].to_dict() == {"mode": "full", "length": 4, "repetition": 0, "order": 0,
-                                    "seconds": samples[0].seconds}
-
-
-@pytest.mark.parametrize("kwargs, message", [
-    ({"repeats": 0}, "repeats must be an integer >= 1, got 0"),
-    ({"warmup": -1}, "warmup must be an integer >= 0, got -1"),
-    ({"batch": True}, "batch must be an integer >= 1, got True"),
-    ({"threads": 1.5}, "threads must be an integer >= 1, got 1.5"),
-    ({"per_step_length": 0}, "per_step_length must be an integer >= 1, got 0"),
-])
-def test_protocol_rejects_bad_settings(kwargs, message):
-    with pytest.raises(ValueError, match=message):
-        Protocol(**kwargs)
-
-
-def test_protocol_describes_the_run_for_the_record():
-    protocol = Protocol(repeats=5, warmup=0, batch=2, seed=3, threads=1, per_step_length=8)
-    assert protocol.run_section("seed", [4, 8], ["full", "static"]) == {
-        "preset": "seed", "lengths": [4, 8], "modes": ["full", "static"], "batch": 2, "seed": 3,
-        "repeats": 5, "warmup": 0, "threads": 1, "per_step_length": 8}
-    described = protocol.describe({"requested": 1, "intra_op": 1, "inter_op": 1})
-    assert (described["repeats"], described["warmup"], described["threads"]) == (5, 0, 1)
-    assert described["threads_in_effect"] == {"requested": 1, "intra_op": 1, "inter_op": 1}
-    assert described["clock"] == "time.perf_counter_ns" and "rotating" in described["order"]
-
-
-def test_measure_rejects_unknown_modes(tiny_model):
-    with pytest.raises(ValueError, match="unknown mode"):
-        measure(tiny_model, {4: token_ids(tiny_model.config, 1, 4)}, ["full", "bogus"])
-
-
-# -- time_call and gc ---------------------------------------------------------------------
+# -- one timed call -----------------------------------------------------------------------------
 
 
 def test_time_call_disables_gc_only_while_timing():
@@ -164,9 +138,20 @@ def test_time_call_leaves_a_disabled_gc_disabled():
 
 
 def test_time_call_measures_the_call():
-    import time
 
     assert 0.009 < time_call(lambda: time.sleep(0.01)) < 1.0
+
+
+def test_time_observed_reads_the_telemetry_around_the_call():
+    probe = Probe()
+    try:
+        seconds, telemetry = time_observed(lambda: sum(range(200_000)), probe)
+    finally:
+        probe.close()
+    assert set(telemetry) == set(FIELDS)
+    assert 0 < seconds < 1
+    if telemetry["cpu_seconds"] is not None:  # thread CPU time of a busy loop: most of its wall time
+        assert 0 < telemetry["cpu_seconds"] <= seconds * 1.05 + 1e-4
 
 
 # -- threads --------------------------------------------------------------------------------
@@ -199,11 +184,35 @@ def test_set_threads_rejects_non_positive_integers(restore_threads, threads):
     assert torch.get_num_threads() == before
 
 
+def test_set_threads_refuses_more_threads_than_cpus(restore_threads):
+    with pytest.raises(ValueError, match=f"at most the {os.cpu_count()} logical CPUs of this machine, got 100000"):
+        set_threads(100_000)
+
+
+@pytest.fixture
+def restore_affinity():
+    before = os.sched_getaffinity(0)
+    yield
+    os.sched_setaffinity(0, before)
+
+
+def test_pin_cpu_pins_to_the_cpu_asked_or_the_least_busy_and_says_so(restore_affinity):
+    allowed = sorted(os.sched_getaffinity(0))
+    assert pin_cpu("none") == {"requested": "none", "cpus": allowed}
+    assert pin_cpu(str(allowed[-1])) == {"requested": str(allowed[-1]), "cpus": [allowed[-1]]}
+    os.sched_setaffinity(0, set(allowed))
+    automatic = pin_cpu("auto")
+    assert len(automatic["cpus"]) == 1 and automatic["cpus"][0] in allowed
+    with pytest.raises(ValueError, match="cpu must be one of the CPUs this process may use"):
+        pin_cpu("4096")
+
+
 # -- per-step -------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_per_step_seconds_one_duration_per_step(tiny_model, mode):
+def test_per_step_seconds_one_duration_per_step(model_for, mode):
+    tiny_model = model_for(mode)
     ids = token_ids(tiny_model.config, 1, 6)
     durations = per_step_seconds(tiny_model, ids, mode, warmup=0)
     assert len(durations) == 6
@@ -211,111 +220,3 @@ def test_per_step_seconds_one_duration_per_step(tiny_model, mode):
     assert gc.isenabled()
 
 
-# -- run_benchmark --------------------------------------------------------------------------
-
-
-def test_run_benchmark_checks_memory_and_repetitions(tiny_model):
-    lengths, modes, repeats = [4, 8], ["full", "concat", "static", "paged"], 2
-    events = []
-    outcome = run_benchmark(tiny_model, lengths, modes, Protocol(repeats=repeats, warmup=1, per_step_length=5),
-                            on_progress=lambda stage, done, total: events.append((stage, done, total)))
-    assert outcome.interrupted is False
-    cells = {(m, n) for m in modes for n in lengths}
-
-    assert len(outcome.checks) == len(cells)
-    assert {(c["mode"], c["length"]) for c in outcome.checks} == cells
-    assert all(c["passed"] and c["max_abs_diff"] <= 1e-5 for c in outcome.checks)
-
-    assert {(m["mode"], m["length"]) for m in outcome.memory} == cells
-    for row in outcome.memory:
-        assert row["expected_bytes"] == row["measured_bytes"] == 2 * 4 * row["length"] * 8 * 4
-        assert row["reserved_bytes"] >= row["measured_bytes"]
-        assert isinstance(row["peak_rss_growth_bytes"], int) and row["peak_method"]
-
-    assert len(outcome.repetitions) == len(cells) * repeats
-    assert Counter((r["mode"], r["length"]) for r in outcome.repetitions) == {cell: repeats for cell in cells}
-    for r in outcome.repetitions:
-        assert r["seconds"] > 0
-        assert mode_orders(modes, repeats)[r["repetition"]][r["order"]] == r["mode"]
-
-    assert [(p["mode"], p["length"], len(p["seconds"])) for p in outcome.per_step] == [(m, 5, 5) for m in modes]
-    assert ("time", len(cells) * repeats, len(cells) * repeats) in events
-    assert ("check", len(cells), len(cells)) in events
-
-
-def test_run_benchmark_interrupted_keeps_completed_repetitions(tiny_model, monkeypatch):
-    real_time_call, calls = timing.time_call, []
-
-    def time_call(run):
-        calls.append(1)
-        if len(calls) == 6:
-            raise KeyboardInterrupt
-        return real_time_call(run)
-
-    monkeypatch.setattr(timing, "time_call", time_call)
-    lengths, modes, repeats = [4, 8], ["full", "concat"], 2
-    outcome = run_benchmark(tiny_model, lengths, modes, Protocol(repeats=repeats, warmup=0, per_step_length=4))
-    assert outcome.interrupted is True
-    assert outcome.per_step is None  # nothing more is run after Ctrl-C
-    assert len(outcome.checks) == len(outcome.memory) == 4  # the gate finished before timing
-    assert [(r["mode"], r["length"], r["repetition"], r["order"]) for r in outcome.repetitions] == [
-        ("full", 4, 0, 0), ("concat", 4, 0, 1), ("concat", 4, 1, 0), ("full", 4, 1, 1), ("full", 8, 0, 0),
-    ]
-    # Such an outcome makes a valid incomplete record (and not a complete one).
-    fields = dict(
-        command=["kvbench"], config=tiny_model.config.to_dict(), protocol={}, environment={},
-        run={"preset": "seed", "lengths": lengths, "modes": modes, "batch": 1, "seed": 0,
-             "repeats": repeats, "warmup": 0, "threads": 1},
-        checks=outcome.checks, repetitions=outcome.repetitions, memory=outcome.memory,
-    )
-    assert build_record(**fields, status="incomplete")["status"] == "incomplete"
-    with pytest.raises(ValueError, match="at length 8: expected 2 repetitions, found [01]"):
-        build_record(**fields, status="complete")
-
-
-def test_run_benchmark_interrupt_during_the_gate_keeps_the_lengths_already_checked(tiny_model, monkeypatch):
-    real, calls = decode_module.check_equivalence, []
-
-    def check_equivalence(model, ids, modes, **kwargs):
-        calls.append(ids.shape[1])
-        if ids.shape[1] == 8:
-            raise KeyboardInterrupt
-        return real(model, ids, modes, **kwargs)
-
-    monkeypatch.setattr(decode_module, "check_equivalence", check_equivalence)
-    outcome = run_benchmark(tiny_model, [4, 8], ["full", "static"], Protocol(repeats=1))
-    assert outcome.interrupted is True
-    assert [(c["mode"], c["length"]) for c in outcome.checks] == [("full", 4), ("static", 4)]
-    assert [(m["mode"], m["length"]) for m in outcome.memory] == [("full", 4), ("static", 4)]
-    assert outcome.repetitions == [] and outcome.per_step is None
-
-
-def test_run_benchmark_interrupt_during_the_profile_keeps_every_repetition(tiny_model, monkeypatch):
-    def per_step_seconds(*args, **kwargs):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(timing, "per_step_seconds", per_step_seconds)
-    outcome = run_benchmark(tiny_model, [4], ["full", "static"], Protocol(repeats=2, warmup=0, per_step_length=4))
-    assert outcome.interrupted is True and outcome.per_step is None
-    assert len(outcome.repetitions) == 4 and len(outcome.checks) == 2
-
-
-def test_run_benchmark_does_not_time_a_mode_that_raised_in_the_gate(tiny_model, monkeypatch):
-    from kvbench.cache import KINDS, StaticCache
-
-    class Exploding(StaticCache):
-        def update(self, layer, k, v):
-            raise RuntimeError("kernel exploded")
-
-    monkeypatch.setitem(KINDS, "static", Exploding)
-    outcome = run_benchmark(tiny_model, [4], ["full", "static"], Protocol(repeats=2, warmup=0))
-    (static,) = [c for c in outcome.checks if c["mode"] == "static"]
-    assert static["passed"] is False and static["error"] == "RuntimeError: kernel exploded"
-    assert static["max_abs_diff"] is None
-    assert {r["mode"] for r in outcome.repetitions} == {"full"}
-    assert [m["mode"] for m in outcome.memory] == ["full"]
-    record = build_record(command=["kvbench"], config=tiny_model.config.to_dict(), protocol={}, environment={},
-                          run={"preset": "seed", "lengths": [4], "modes": ["full", "static"], "batch": 1, "seed": 0,
-                               "repeats": 2, "warmup": 0, "threads": 1},
-                          checks=outcome.checks, repetitions=outcome.repetitions, memory=outcome.memory)
-    assert record["status"] == "complete"  # a mode that cannot be timed is not a missing repetition

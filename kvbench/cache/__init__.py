@@ -7,16 +7,45 @@ a fresh cache of a kind by name.
 
 from __future__ import annotations
 
+import re
+
 from kvbench.cache.base import Cache, expected_cache_bytes
 from kvbench.cache.contiguous import ConcatCache, StaticCache
 from kvbench.cache.paged import BlockPool, PagedCache
+from kvbench.cache.quantized import QuantizedCache, QuantizedInt4Cache, quantized_cache_bytes
+from kvbench.cache.window import WindowCache
 from kvbench.config import DecoderConfig
 
-KINDS: dict[str, type[Cache]] = {"concat": ConcatCache, "static": StaticCache, "paged": PagedCache}
-CACHE_KINDS = tuple(KINDS)
+KINDS: dict[str, type[Cache]] = {
+    "concat": ConcatCache, "static": StaticCache, "paged": PagedCache,
+    "quantized-int8": QuantizedCache, "quantized-int4": QuantizedInt4Cache, "window": WindowCache,
+}
+CACHE_KINDS = tuple(KINDS)  # the kinds kvbench ships; register_kind adds others for this process
+KIND_NAME = re.compile(r"[a-z][a-z0-9_-]{0,39}")
 
-__all__ = ["CACHE_KINDS", "KINDS", "BlockPool", "Cache", "ConcatCache", "PagedCache", "StaticCache",
-           "expected_cache_bytes", "make_cache"]
+__all__ = ["CACHE_KINDS", "KINDS", "BlockPool", "Cache", "ConcatCache", "PagedCache", "QuantizedCache",
+           "QuantizedInt4Cache", "StaticCache", "WindowCache", "expected_bytes", "expected_cache_bytes", "make_cache",
+           "quantized_cache_bytes", "register_kind"]
+
+
+def register_kind(name: str, factory: type[Cache]) -> None:
+    """Make a cache kind of your own available by name to make_cache, the gate, `kvbench run`
+    (through --plugin) and the report. `factory(config, batch, capacity)` returns a fresh Cache."""
+    if not isinstance(name, str) or not KIND_NAME.fullmatch(name) or name in ("full", "control"):
+        raise ValueError(f"a kind name is a plain lowercase word (letters, digits, '-', '_'), not 'full' or "
+                         f"'control', got {name!r}")
+    if KINDS.get(name, factory) is not factory:
+        raise ValueError(f"cache kind {name!r} is already registered (as {KINDS[name].__name__})")
+    if not callable(factory):
+        raise ValueError(f"a cache kind's factory must be callable, got {type(factory).__name__}")
+    KINDS[name] = factory
+
+
+def expected_bytes(kind: str, config: DecoderConfig, batch: int, length: int, **options) -> int:
+    """The bytes a `kind` cache retains for `length` positions, by its own formula."""
+    if kind not in KINDS:
+        raise ValueError(f"cache kind must be one of {list(KINDS)}, got {kind!r}")
+    return KINDS[kind].expected_bytes(config, batch, length, **options)
 
 
 def make_cache(kind: str, config: DecoderConfig, batch: int = 1, capacity: int | None = None, **options) -> Cache:

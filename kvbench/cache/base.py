@@ -34,6 +34,14 @@ class Cache:
     """What every kind shares: ownership of one request, its length and its checks."""
 
     kind = "abstract"
+    exact = True  # reproduces the full-prefix logits within the dtype's tolerance (a lossy kind: False)
+    drift_limits: dict[str, float] | None = None  # a lossy kind's own thresholds (see decode.compare_drift)
+    key_positions: Tensor | None = None  # absolute positions of the keys update() returned, when not 0..T-1
+
+    @classmethod
+    def expected_bytes(cls, config: DecoderConfig, batch: int, length: int, **options) -> int:
+        """This kind's retained bytes for `length` positions: the formula its nbytes must equal."""
+        return expected_cache_bytes(config, batch, length)
 
     def __init__(self, config: DecoderConfig, batch: int = 1, capacity: int | None = None) -> None:
         capacity = config.max_length if capacity is None else capacity

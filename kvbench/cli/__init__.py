@@ -8,6 +8,7 @@ user can cause ends the same way: one line on stderr, exit status 2.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
@@ -24,7 +25,49 @@ COMMANDS = {"run": cmd_run, "show": cmd_show, "report": cmd_report, "compare": c
             "budget": cmd_budget, "asv-machine": cmd_asv_machine, "asv-show": cmd_asv_show}
 
 
+class StdoutError(OSError):
+    """Standard output cannot be written (a full disk, a closed pipe)."""
+
+
+class GuardedStdout:
+    """sys.stdout for the length of a command: a failed write becomes a StdoutError, told apart
+    from the errors of files kvbench writes, and reported once instead of at interpreter exit."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except OSError as error:
+            raise StdoutError(error.errno, error.strerror) from None
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except OSError as error:
+            raise StdoutError(error.errno, error.strerror) from None
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
 def main(argv: list[str] | None = None) -> int:
+    real, sys.stdout = sys.stdout, GuardedStdout(sys.stdout)
+    try:
+        status = run_command(argv)
+        sys.stdout.flush()
+        return status
+    except StdoutError as error:
+        real = open(os.devnull, "w")  # nothing more can reach it; interpreter exit must not try again
+        written = ", ".join(str(path) for path in files.WRITTEN)
+        return fail(f"cannot write to standard output: {error.strerror or error}"
+                    + (f"; {written} was written" if written else ""))
+    finally:
+        sys.stdout = real
+
+
+def run_command(argv: list[str] | None) -> int:
     with SignalGuard() as signals:
         try:
             args = build_parser().parse_args(argv)
@@ -33,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
             return signals.exit_status(COMMANDS[args.command](args))
         except OutputExistsError as error:
             return fail(f"{first_line(error)}; pass --force to overwrite it")
+        except StdoutError:
+            raise
         except (CliError, ValueError, OSError) as error:  # RecordError is a ValueError
             return fail(first_line(error))
         except MemoryError:

@@ -19,12 +19,13 @@ from kvbench.config import preset_config
 from kvbench.files import write_bytes_atomic
 from kvbench.record import RecordView
 from kvbench.report import compare, markdown, model, terminal
-from kvbench.report.format import p_value, stdout_console
+from kvbench.report.format import stdout_console
 
 
 def config_from_args(args: argparse.Namespace):
     fields = {"width": args.width, "heads": args.heads, "kv_heads": args.kv_heads, "layers": args.layers,
-              "vocab_size": args.vocab_size, "max_length": args.max_length, "dtype": args.dtype}
+              "vocab_size": args.vocab_size, "max_length": args.max_length, "dtype": args.dtype,
+              "window": args.window}
     return preset_config(args.preset, **{name: value for name, value in fields.items() if value is not None})
 
 
@@ -52,7 +53,9 @@ def load_view(path: Path) -> RecordView:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    stdout_console().print(terminal.quick_table(model.build_report(load_view(args.record))))
+    console = stdout_console()
+    for item in terminal.quick_renderables(model.build_report(load_view(args.record))):
+        console.print(item)
     return 0
 
 
@@ -63,6 +66,9 @@ def check_report_options(args: argparse.Namespace) -> None:
         raise CliError(f"--into splices a markdown block: use --format markdown, not {args.format}")
     if args.plot is not None and args.plot.suffix.lower() not in PLOT_SUFFIXES:
         raise CliError(f"--plot {args.plot}: the file name must end in {' or '.join(PLOT_SUFFIXES)}")
+    targets = [target for target in (args.output, args.plot, args.into) if target is not None]
+    if len({os.path.abspath(target) for target in targets}) < len(targets):
+        raise CliError("--output, --plot and --into must name different files")
     for option, target in (("--output", args.output), ("--plot", args.plot), ("--into", args.into)):
         if target is not None:
             check_output(target, args.force or option == "--into", option, reading=args.record)
@@ -110,7 +116,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise CliError(f"--factor must be greater than 1, got {args.factor:g}")
     if not 0 < args.alpha < 1:
         raise CliError(f"--alpha must lie strictly between 0 and 1, got {args.alpha:g}")
-    comparison = compare.compare_records(load_view(args.old), load_view(args.new), factor=args.factor, alpha=args.alpha)
+    mapping = dict(args.pair)
+    if len(mapping) < len(args.pair):
+        raise CliError("--pair names a NEW mode twice")
+    comparison = compare.compare_records(load_view(args.old), load_view(args.new), factor=args.factor,
+                                         alpha=args.alpha, mapping=mapping)
     if args.format == "markdown":
         sys.stdout.write(markdown.render_comparison(comparison))
     else:
@@ -118,10 +128,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
         for item in terminal.compare_renderables(comparison):
             console.print(item)
     if args.fail_on_regression and comparison.regressions:
-        worst = max(comparison.regressions, key=lambda cell: cell.ratio.ratio)
-        print(f"kvbench: regression: {len(comparison.regressions)} cell(s) significantly slower by more than "
-              f"{args.factor:g}x; worst {worst.mode} at length {worst.length}: {worst.ratio.ratio:.2f}x "
-              f"(p = {p_value(worst.p_value)})", file=sys.stderr)
+        worst = max(comparison.regressions, key=lambda cell: cell.judged.ratio)
+        judged = worst.judged
+        print(f"kvbench: regression: {len(comparison.regressions)} cell(s) slower beyond their MDE and "
+              f"{args.factor:g}x; worst {worst.mode} at length {worst.length}: {judged.ratio:.2f}x "
+              f"[{judged.low:.2f}, {judged.high:.2f}], MDE ±{judged.mde:.1%}", file=sys.stderr)
         return 1
     return 0
 
@@ -134,7 +145,7 @@ def cmd_env(args: argparse.Namespace) -> int:
 def cmd_budget(args: argparse.Namespace) -> int:
     result = kv_budget(args.layers, args.kv_heads, args.head_dim, args.dtype, args.tokens, args.memory,
                        block_size=args.block_size, max_length=args.max_length, reserved_bytes=args.reserved,
-                       int8_group=args.int8_group)
+                       quantize=args.quantize, group_size=args.quant_group, residual=args.quant_residual)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
         return 0

@@ -13,17 +13,21 @@ import os
 import re
 from pathlib import Path
 
-from kvbench.budget import parse_size
+from kvbench.budget import DTYPES as BUDGET_DTYPES
+from kvbench.budget import QUANTIZATIONS, parse_size
+from kvbench.cache import KIND_NAME
+from kvbench.cache.quantized import GROUP_SIZE, RESIDUAL
 from kvbench.config import DTYPES, PRESETS
-from kvbench.decode import MODES, check_modes
+from kvbench.decode import DEFAULT_MODES, MODES
 from kvbench.report.compare import ALPHA, FACTOR
-from kvbench.timing import DEFAULT_LENGTHS, Protocol
+from kvbench.timing import DEFAULT_LENGTHS, ORDERS, Protocol
 
 REPORT_FORMATS = ("text", "markdown", "html")
 COMPARE_FORMATS = ("text", "markdown")
 PLOT_SUFFIXES = (".png", ".svg")
 MAX_REPEATS = 100_000  # a week of the default grid; more is a typo
 MAX_WARMUP = 1_000
+MAX_SECONDS = 7 * 24 * 3600.0
 EXAMPLES = """examples:
   kvbench run                                   # the default grid, all modes
   kvbench run --lengths 64,256 --modes full,static --repeats 11
@@ -84,6 +88,40 @@ def finite_float(text: str) -> float:
     return value
 
 
+def fraction(text: str) -> float:
+    value = finite_float(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1) such as 0.05, got {text!r}")
+    return value
+
+
+def between_run_sd(text: str) -> float:
+    value = finite_float(text)
+    if not 0 <= value < 0.5:
+        raise argparse.ArgumentTypeError(f"expected a relative standard deviation in [0, 0.5) such as 0.01, got {text!r}")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    value = finite_float(text)
+    if not 0 < value <= MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"expected seconds in (0, {MAX_SECONDS}], got {text!r}")
+    return value
+
+
+def cpu_choice(text: str) -> str:
+    if text in ("auto", "none") or DIGITS.fullmatch(text):
+        return text
+    raise argparse.ArgumentTypeError(f"expected auto, none or a CPU number, got {text!r}")
+
+
+def mode_pair(text: str) -> tuple[str, str]:
+    new, _, old = text.partition("=")
+    if not (KIND_NAME.fullmatch(new) and KIND_NAME.fullmatch(old)):
+        raise argparse.ArgumentTypeError(f"expected NEW_MODE=OLD_MODE such as mine=static, got {text!r}")
+    return new, old
+
+
 def int_list(text: str) -> list[int]:
     values = []
     for part in text.split(","):
@@ -97,10 +135,14 @@ def int_list(text: str) -> list[int]:
 
 
 def mode_list(text: str) -> list[str]:
-    try:
-        return check_modes([part.strip() for part in text.split(",")])
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
+    """Distinct plain-word names; whether each is a known mode is checked once plugins are loaded."""
+    modes = [part.strip() for part in text.split(",")]
+    bad = [mode for mode in modes if not KIND_NAME.fullmatch(mode) and mode != "full"]
+    if bad:
+        raise argparse.ArgumentTypeError(f"expected comma-separated mode names such as {','.join(MODES)}, got {bad[0]!r}")
+    if len(set(modes)) != len(modes):
+        raise argparse.ArgumentTypeError(f"modes must be distinct, got {text!r}")
+    return modes
 
 
 def size(text: str) -> int:
@@ -127,14 +169,50 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--vocab-size", type=positive_int, help="vocabulary size (default: the preset's)")
     group.add_argument("--max-length", type=positive_int, help="position capacity (default: the preset's)")
     group.add_argument("--dtype", choices=sorted(DTYPES), help="parameter and cache dtype (default: float32)")
+    group.add_argument("--window", type=positive_int, metavar="W",
+                       help="sliding-window attention: each query sees the last W positions (every mode; the "
+                            "window kind keeps only those)")
+    kinds = parser.add_argument_group("quantized kinds (quantized-int8, quantized-int4)")
+    kinds.add_argument("--quant-group", type=integer(1, 4096), default=GROUP_SIZE, metavar="G",
+                       help="tokens per key group (per-channel scales), channels per value group at most")
+    kinds.add_argument("--quant-residual", type=integer(0, 1 << 20), default=RESIDUAL, metavar="R",
+                       help="newest positions kept in full precision, at least")
 
 
 def add_run_parser(commands) -> None:
     run = commands.add_parser("run", help="check equivalence, time every mode and length, write a record",
                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     run.add_argument("--lengths", type=int_list, default=list(DEFAULT_LENGTHS), metavar="N,N,...", help="sequence lengths (tokens decoded per loop)")
-    run.add_argument("--modes", type=mode_list, default=list(MODES), metavar="M,M,...", help=f"modes among {','.join(MODES)}")
-    run.add_argument("--repeats", type=integer(1, MAX_REPEATS), default=Protocol.repeats, help="timed repetitions per mode and length")
+    run.add_argument("--modes", type=mode_list, default=list(DEFAULT_MODES), metavar="M,M,...",
+                     help=f"modes among {','.join(MODES)} and the kinds of --plugin files (window needs --window)")
+    run.add_argument("--plugin", type=Path, action="append", default=[], metavar="FILE.py",
+                     help="a Python file registering cache kinds of your own (kvbench.cache.register_kind); repeatable")
+    sampling = run.add_argument_group(
+        "sampling (whole rotations of every mode, in rounds over the lengths)",
+        "By default each length runs at least --min-repeats rotations, then more until the 95% interval of every "
+        "speedup is within --precision, or --max-repeats or --max-seconds is reached. --repeats N runs exactly N "
+        "rotations per length instead: the source document's fixed protocol.")
+    sampling.add_argument("--repeats", type=integer(1, MAX_REPEATS), metavar="N",
+                          help="exactly N rotations per length (the fixed protocol; no precision target)")
+    sampling.add_argument("--precision", type=fraction, metavar="REL",
+                          help=f"target relative half-width of every speedup's 95%% interval "
+                               f"(default: {Protocol.precision})")
+    sampling.add_argument("--min-repeats", type=integer(1, MAX_REPEATS), metavar="N",
+                          help=f"rotations per length before the precision is checked (default: {Protocol.repeats})")
+    sampling.add_argument("--max-repeats", type=integer(1, MAX_REPEATS), metavar="N",
+                          help=f"rotations per length at most (default: {Protocol.max_repeats})")
+    sampling.add_argument("--max-seconds", type=positive_seconds, metavar="S",
+                          help=f"timing budget beyond the minimum rotations (default: {Protocol.max_seconds:g})")
+    sampling.add_argument("--between-run", type=between_run_sd, default=Protocol.between_run, metavar="SD",
+                          help="relative standard deviation of a speedup between runs of the same code on this "
+                               "machine, which every interval allows for (docs/statistics.md; `make noise-study` "
+                               "measures yours)")
+    sampling.add_argument("--order", choices=ORDERS, default=Protocol.order, help="mode order within a rotation")
+    sampling.add_argument("--cpu", type=cpu_choice, default=Protocol.cpu, metavar="auto|none|N",
+                          help="pin the process to one CPU: the least busy (auto), CPU N, or not at all")
+    sampling.add_argument("--control", default=Protocol.control, metavar="auto|none|MODE",
+                          help="A/A control: time a cached mode a second time under the label 'control'; "
+                               "its ratio (1 but for noise) is the run's noise floor")
     run.add_argument("--warmup", type=integer(0, MAX_WARMUP), default=Protocol.warmup, help="untimed loops per mode before timing")
     run.add_argument("--batch", type=positive_int, default=Protocol.batch, help="sequences per request")
     run.add_argument("--seed", type=non_negative_int, default=Protocol.seed, help="seed for weights and token ids")
@@ -165,16 +243,21 @@ def add_reading_parsers(commands) -> None:
     report.add_argument("--force", action="store_true", help="overwrite --output / --plot if they exist")
 
     compare = commands.add_parser(
-        "compare", help="environment diff, then per cell NEW/OLD ratio with 95%% CI and Mann-Whitney U",
+        "compare", help="environment diff, then per cell NEW/OLD with 95%% CI, minimum detectable effect and verdict",
         formatter_class=formatter,
-        epilog="exit status: 0; 1 with --fail-on-regression when a cell is significantly slower by more than --factor; 2 on bad input",
+        epilog="exit status: 0; 1 with --fail-on-regression when a cell is slower beyond its MDE and --factor; "
+               "2 on bad input. example: kvbench compare main.json branch.json --pair mine=static",
     )
     compare.add_argument("old", type=Path, metavar="OLD")
     compare.add_argument("new", type=Path, metavar="NEW")
-    compare.add_argument("--factor", type=finite_float, default=FACTOR, help="a ratio of medians within [1/factor, factor] is unchanged")
-    compare.add_argument("--alpha", type=finite_float, default=ALPHA, help="significance level of the Mann-Whitney U test")
+    compare.add_argument("--factor", type=finite_float, default=FACTOR,
+                         help="a detectable change within [1/factor, factor] is reported unchanged")
+    compare.add_argument("--alpha", type=finite_float, default=ALPHA,
+                         help="1 - the level of the intervals; the MDE is detected at this level with 80%% power")
+    compare.add_argument("--pair", type=mode_pair, action="append", default=[], metavar="NEW_MODE=OLD_MODE",
+                         help="compare NEW's NEW_MODE with OLD's OLD_MODE (a kind against the one it replaces)")
     compare.add_argument("--fail-on-regression", action="store_true",
-                         help="exit 1 when a cell is significantly slower by more than --factor")
+                         help="exit 1 when a cell is slower beyond its MDE and --factor")
     compare.add_argument("--format", choices=COMPARE_FORMATS, default="text", help="layout of the comparison")
 
 
@@ -189,8 +272,14 @@ def add_tool_parsers(commands) -> None:
     budget.add_argument("--layers", type=positive_int, required=True)
     budget.add_argument("--kv-heads", type=positive_int, required=True, help="key/value heads (the GQA count)")
     budget.add_argument("--head-dim", type=positive_int, required=True, help="head width D")
-    budget.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "int8"], default="bfloat16")
-    budget.add_argument("--int8-group", type=positive_int, help="int8 elements per float16 scale (default: head width)")
+    budget.add_argument("--dtype", choices=BUDGET_DTYPES, default="bfloat16",
+                        help="element type of the cache (of a quantized cache's newest positions)")
+    budget.add_argument("--quantize", choices=sorted(QUANTIZATIONS),
+                        help="keys and values as int8 or int4 codes, KIVI-style, as the quantized kinds store them")
+    budget.add_argument("--quant-group", type=integer(1, 4096), default=GROUP_SIZE, metavar="G",
+                        help="with --quantize: tokens per key group, channels per value group at most")
+    budget.add_argument("--quant-residual", type=integer(0, 1 << 20), default=RESIDUAL, metavar="R",
+                        help="with --quantize: newest positions kept in --dtype, at least")
     budget.add_argument("--tokens", type=positive_int, required=True, help="tokens retained per request")
     budget.add_argument("--max-length", type=positive_int, help="positions a contiguous cache preallocates per request (default: --tokens)")
     budget.add_argument("--block-size", type=positive_int, default=16, help="positions per paged block")

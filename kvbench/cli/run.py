@@ -11,10 +11,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from kvbench import capture, memory, record, timing
+from kvbench import benchmark, capture, memory, plugins, record, timing
 from kvbench.cli.commands import check_output, config_from_args
 from kvbench.cli.options import CliError
 from kvbench.config import DecoderConfig
+from kvbench.decode import check_modes
 from kvbench.model import build_model
 from kvbench.report import model as report_model
 from kvbench.report import terminal
@@ -27,22 +28,26 @@ def cmd_run(args: argparse.Namespace) -> int:
     output = args.output or record.default_record_path()
     check_output(output, args.force)  # before any measurement: a bad path costs nothing
     check_fits_in_memory(config, protocol, args.lengths, args.modes)
-    threads = timing.set_threads(protocol.threads)  # before any torch work in this process
+    in_effect = {"threads_in_effect": timing.set_threads(protocol.threads),  # before any torch work
+                 "cpu_in_effect": timing.pin_cpu(protocol.cpu)}
     environment = capture.collect_environment()  # first, so that no interrupt can cost it
     model = build_model(config, seed=protocol.seed)
     stderr = Console(stderr=True)
     with ProgressBar(stderr, disabled=args.no_progress) as on_progress:
-        outcome = timing.run_benchmark(model, args.lengths, args.modes, protocol, on_progress=on_progress)
+        outcome = benchmark.run_benchmark(model, args.lengths, args.modes, protocol, on_progress=on_progress,
+                                          options=args.cache_options)
     with args.signals.deferred():  # from here on a signal is only counted: the record is saved first
         if outcome.interrupted and not (outcome.checks or outcome.repetitions):
             raise args.signals.first or KeyboardInterrupt()  # nothing was completed: nothing to save
         result = record.record_from_run(
             outcome, command=["kvbench", *args.argv], preset=args.preset, config=config, lengths=args.lengths,
-            modes=args.modes, protocol=protocol, threads_in_effect=threads, environment=environment,
+            modes=args.modes, protocol=protocol, in_effect=in_effect, environment=environment, plugins=args.plugins,
+            cache_options=args.cache_options,
         )
         path = save_record(result, output, args.force)
     console = stdout_console()
-    console.print(terminal.quick_table(report_model.build_report(record.RecordView(result, str(path)))))
+    for item in terminal.quick_renderables(report_model.build_report(record.RecordView(result, str(path)))):
+        console.print(item)
     failed = [check for check in outcome.checks if not check["passed"]]
     for check in failed:
         stderr.print(f"[bold red]EQUIVALENCE FAILED[/]: {failure_sentence(check)}")
@@ -54,12 +59,35 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def settings(args: argparse.Namespace) -> tuple[DecoderConfig, Protocol]:
+    args.plugins = [plugins.load_plugin(path) for path in args.plugin]  # before the modes are checked
+    try:
+        check_modes(args.modes)
+    except ValueError as error:
+        raise CliError(f"--modes: {error}") from None
     config = config_from_args(args)
+    if "window" in args.modes and config.window is None:
+        raise CliError("--modes window needs --window W: the sliding window the window kind keeps")
+    args.cache_options = {mode: {"group_size": args.quant_group, "residual": args.quant_residual}
+                          for mode in args.modes if mode.startswith("quantized-")}
     too_long = [n for n in [*args.lengths, args.per_step or 0] if n > config.max_length]
     if too_long:
         raise CliError(f"length {too_long[0]} exceeds max_length {config.max_length} of preset {args.preset!r}")
-    protocol = Protocol(repeats=args.repeats, warmup=args.warmup, batch=args.batch, seed=args.seed,
-                        threads=args.threads, per_step_length=args.per_step)
+    targeted = {"precision": args.precision, "min_repeats": args.min_repeats, "max_repeats": args.max_repeats,
+                "max_seconds": args.max_seconds}
+    if args.repeats is not None:
+        given = [f"--{name.replace('_', '-')}" for name, value in targeted.items() if value is not None]
+        if given:
+            raise CliError(f"--repeats runs exactly N rotations; it cannot be combined with {', '.join(given)}")
+        sampling = {"repeats": args.repeats, "precision": None}
+    else:
+        sampling = {name.replace("min_repeats", "repeats"): value for name, value in targeted.items()
+                    if value is not None}
+    try:
+        protocol = Protocol(**sampling, between_run=args.between_run, order=args.order, cpu=args.cpu, control=args.control, warmup=args.warmup,
+                            batch=args.batch, seed=args.seed, threads=args.threads, per_step_length=args.per_step)
+        benchmark.control_mode(protocol.control, args.modes)
+    except ValueError as error:
+        raise CliError(str(error)) from None
     return config, protocol
 
 
@@ -95,9 +123,8 @@ def interrupted_sentence(signal, outcome, protocol: Protocol, lengths: list[int]
     planned = len(lengths) * len(modes)
     if not outcome.interrupted:
         return f"kvbench: {name} arrived while the record was saved; it is complete: {path}"
-    return (f"kvbench: interrupted by {name}: the record keeps {len(outcome.repetitions)} of "
-            f"{planned * protocol.repeats} repetitions and {len(outcome.checks)} of {planned} checks, "
-            f"marked incomplete: {path}")
+    return (f"kvbench: interrupted by {name}: the record keeps {len(outcome.repetitions)} repetitions "
+            f"and {len(outcome.checks)} of {planned} checks, marked incomplete: {path}")
 
 
 def failure_sentence(check: dict) -> str:

@@ -10,17 +10,24 @@ problem, never believed.
 
 from __future__ import annotations
 
+import copy
 import math
 
 import jsonschema
 
-from kvbench.cache import expected_cache_bytes
+from kvbench.cache import KINDS, expected_bytes, expected_cache_bytes
 from kvbench.config import DTYPES, DecoderConfig
-from kvbench.decode import MODES
+from kvbench.decode import DRIFT_METRICS, MODES, within_limits
 from kvbench.record.summary import by_cell, summarize
 
-SCHEMA = "kvbench.record/1"
+SCHEMA = "kvbench.record/2"
 SCHEMA_NAME, SCHEMA_VERSION = SCHEMA.split("/")
+READABLE = ("kvbench.record/1", SCHEMA)  # version 1: fixed repetitions, no telemetry, medians-ratio speedups
+CONTROL = "control"  # the A/A label (kvbench.timing.CONTROL)
+STOPS = ("fixed", "precise", "cap", "budget", "interrupted")
+TELEMETRY = {"cpu_seconds": "number", "voluntary_switches": "integer", "involuntary_switches": "integer",
+             "runqueue_seconds": "number", "steal_seconds": "number", "throttled_seconds": "number",
+             "cpu_start": "integer", "cpu_end": "integer"}
 STATUSES = ("complete", "incomplete")
 MODE_NAME = r"^[a-z][a-z0-9_-]{0,39}$"  # plain words: nothing a terminal, markdown or HTML would interpret
 
@@ -36,14 +43,14 @@ _bytes = {"type": "integer", "minimum": 0}
 _difference = {"type": ["number", "null"], "minimum": 0}
 _cell = {"mode": _mode, "length": _positive}
 
-RECORD_SCHEMA = {
+RECORD_SCHEMA_V1 = {
     "type": "object",
     "required": [
         "schema", "status", "created_utc", "command", "config", "run", "protocol",
         "environment", "checks", "repetitions", "summary", "memory",
     ],
     "properties": {
-        "schema": {"const": SCHEMA},
+        "schema": {"const": "kvbench.record/1"},
         "status": {"enum": list(STATUSES)},
         "created_utc": {"type": "string"},
         "command": {"type": "array", "items": {"type": "string"}},
@@ -51,7 +58,8 @@ RECORD_SCHEMA = {
             "type": "object",
             "required": ["vocab_size", "width", "heads", "kv_heads", "layers", "max_length", "dtype"],
             "properties": {**dict.fromkeys(("vocab_size", "width", "heads", "kv_heads", "layers", "max_length",
-                                            "mlp_ratio"), _positive), "dtype": {"enum": sorted(DTYPES)}},
+                                            "mlp_ratio"), _positive), "dtype": {"enum": sorted(DTYPES)},
+                           "window": {"type": ["integer", "null"], "minimum": 1}},
             "additionalProperties": False,
         },
         "run": {
@@ -117,23 +125,66 @@ RECORD_SCHEMA = {
 }
 
 
+
+def _schema_v2() -> dict:
+    """Version 2 adds the sampling section, per-sample rounds and telemetry, speedup intervals."""
+    schema = copy.deepcopy(RECORD_SCHEMA_V1)
+    schema["properties"]["schema"] = {"const": SCHEMA}
+    schema["required"].append("sampling")
+    schema["properties"]["run"]["properties"]["control"] = {"type": ["string", "null"], "pattern": MODE_NAME}
+    schema["properties"]["run"]["properties"]["cache_options"] = {
+        "type": "object", "propertyNames": {"pattern": MODE_NAME}, "additionalProperties": {"type": "object"}}
+    schema["properties"]["run"]["properties"]["plugins"] = {"type": "array", "items": {
+        "type": "object", "required": ["path", "sha256", "kinds"],
+        "properties": {"path": {"type": "string"}, "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+                       "kinds": {"type": "array", "minItems": 1, "items": _mode}}}}
+    repetition = schema["properties"]["repetitions"]["items"]
+    repetition["required"] += ["round", "started", *TELEMETRY]
+    repetition["properties"].update({"round": _count, "started": {"type": "number", "minimum": 0},
+                                     **{name: {"type": [kind, "null"], "minimum": 0} for name, kind in TELEMETRY.items()}})
+    schema["properties"]["sampling"] = {
+        "type": "object", "required": ["lengths", "telemetry"],
+        "properties": {"lengths": {"type": "array", "items": {
+            "type": "object", "required": ["length", "rotations", "stop"],
+            "properties": {"length": _positive, "rotations": _count, "stop": {"enum": list(STOPS)},
+                           "half_width": {"type": ["number", "null"], "minimum": 0}}}}},
+    }
+    summary = schema["properties"]["summary"]
+    summary["required"] += ["estimator", "interval", "controls"]
+    summary["properties"]["estimator"] = {"type": "string"}
+    summary["properties"]["interval"] = {"type": "string"}
+    summary["properties"]["between_run"] = {  # absent in records written before it (no between-run allowance)
+        "type": "object", "required": ["speedup", "seconds"], "additionalProperties": False,
+        "properties": {name: {"type": "number", "minimum": 0, "exclusiveMaximum": 0.5} for name in ("speedup", "seconds")}}
+    summary["properties"]["speedups"]["items"]["required"] += ["low", "high", "pairs"]
+    summary["properties"]["controls"] = {"type": "array", "items": {
+        "type": "object", "required": ["mode", "length", "ratio", "low", "high", "pairs"], "properties": _cell}}
+    return schema
+
+
+RECORD_SCHEMA = _schema_v2()
+SCHEMAS = {"kvbench.record/1": RECORD_SCHEMA_V1, SCHEMA: RECORD_SCHEMA}
+
+
 def validate_record(record: object, source: str = "record") -> dict:
     """Raise RecordError naming the first problem; return the record when it is sound."""
     if not isinstance(record, dict):
         raise RecordError(f"{source}: expected a JSON object with schema {SCHEMA!r}, got {type(record).__name__}")
     found = record.get("schema")
-    if found != SCHEMA:
+    if found not in READABLE:
         if isinstance(found, str) and found.startswith(SCHEMA_NAME + "/"):
-            raise RecordError(f"{source}: unsupported schema version {found!r}; this kvbench reads {SCHEMA!r}")
+            raise RecordError(f"{source}: unsupported schema version {found!r}; this kvbench reads "
+                              f"{' and '.join(map(repr, READABLE))}")
         raise RecordError(f"{source}: not a kvbench record: expected schema {SCHEMA!r}, got {found!r}")
     where = first_non_finite(record)
     if where is not None:
         raise RecordError(f"{source}: {where}: not a finite number")
-    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(RECORD_SCHEMA).iter_errors(record))
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(SCHEMAS[found]).iter_errors(record))
     if error is not None:
         where = "/".join(str(part) for part in error.absolute_path) or "(top level)"
         raise RecordError(f"{source}: {where}: {error.message}")
-    for check in (check_run, check_checks, check_repetitions, check_memory, check_per_step, check_summary):
+    for check in (check_run, check_checks, check_sampling, check_repetitions, check_memory, check_per_step,
+                  check_summary):
         problem = check(record)
         if problem:
             raise RecordError(f"{source}: {problem}")
@@ -164,9 +215,13 @@ def check_run(record: dict) -> str | None:
     except ValueError as error:
         return f"config: {error}"
     run = record["run"]
-    unknown = [mode for mode in run["modes"] if mode not in MODES]
+    known = [*MODES, *(kind for plugin in run.get("plugins", []) for kind in plugin["kinds"])]
+    unknown = [mode for mode in run["modes"] if mode not in known]
     if unknown:
-        return f"run/modes: unknown mode {unknown[0]!r}; expected modes among {list(MODES)}"
+        return f"run/modes: unknown mode {unknown[0]!r}; expected modes among {known} (plugins declare theirs)"
+    control = run.get("control")
+    if control is not None and (control not in run["modes"] or control == "full"):
+        return f"run/control: the A/A control repeats a cached mode of run.modes {run['modes']}, got {control!r}"
     too_long = [length for length in [*run["lengths"], run.get("per_step_length") or 0] if length > config.max_length]
     if too_long:
         return f"run/lengths: length {too_long[0]} exceeds the config's max_length {config.max_length}"
@@ -202,6 +257,8 @@ def sound_check(record: dict, check: dict, where: str) -> str | None:
         return f"{where}: passed is true, but the check carries an error" if check["passed"] else None
     if check["max_abs_diff"] is None or check["max_rel_diff"] is None:
         return f"{where}: differences are null without an error"
+    if check.get("exact", True) is False:
+        return sound_drift(check, where)
     position, non_finite = check["first_divergent_position"], check.get("non_finite", 0)
     if check["passed"] and (position is not None or non_finite):
         return f"{where}: passed is true, but it diverges at position {position} with {non_finite} non-finite logits"
@@ -214,8 +271,27 @@ def sound_check(record: dict, check: dict, where: str) -> str | None:
     return None
 
 
+def sound_drift(check: dict, where: str) -> str | None:
+    """A lossy kind's check: its verdict must be what its own limits say of its own metrics."""
+    limits = check.get("limits")
+    if not isinstance(limits, dict) or not limits or set(limits) - set(DRIFT_METRICS):
+        return f"{where}: a drift check names its limits among {sorted(DRIFT_METRICS)}, got {limits!r}"
+    missing = [name for name in (*DRIFT_METRICS, "non_finite") if not isinstance(check.get(name), (int, float))]
+    if missing:
+        return f"{where}: a drift check reports {missing[0]} as a number"
+    if check["passed"] != within_limits(check, limits):
+        return f"{where}: passed is {str(check['passed']).lower()}, but its drift against its limits {limits} says otherwise"
+    return None
+
+
 def sound_memory(record: dict, entry: dict, where: str) -> str | None:
-    formula = expected_cache_bytes(_config(record), record["run"]["batch"], entry["length"])
+    mode, options = entry["mode"], record["run"].get("cache_options", {}).get(entry["mode"], {})
+    if mode != "full" and mode not in KINDS:  # a plugin's kind, not loaded here: its formula is unknown
+        formula = entry["expected_bytes"]
+    elif mode == "full":
+        formula = expected_cache_bytes(_config(record), record["run"]["batch"], entry["length"])
+    else:
+        formula = expected_bytes(mode, _config(record), record["run"]["batch"], entry["length"], **options)
     if entry["expected_bytes"] != formula:
         return f"{where}: expected_bytes is {entry['expected_bytes']}, but the formula gives {formula}"
     if entry["measured_bytes"] != formula:
@@ -229,17 +305,30 @@ check_checks = entries("checks", sound_check)
 check_memory = entries("memory", sound_memory)
 
 
+def labels(record: dict) -> list[str]:
+    """The labels timed: the run's modes, and the A/A control when there is one."""
+    control = record["run"].get("control")
+    return [*record["run"]["modes"], *([CONTROL] if control else [])]
+
+
+def planned_rotations(record: dict) -> dict[int, int]:
+    """length -> rotations every label there must have in a complete record."""
+    if "sampling" not in record:  # schema 1: the fixed protocol
+        return {length: record["run"]["repeats"] for length in record["run"]["lengths"]}
+    return {entry["length"]: entry["rotations"] for entry in record["sampling"]["lengths"]}
+
+
 def check_repetitions(record: dict) -> str | None:
-    run = record["run"]
-    expected_cells = {(m, n) for m in run["modes"] for n in run["lengths"]}
+    run, timed = record["run"], labels(record)
+    expected_cells = {(m, n) for m in timed for n in run["lengths"]}
     seen: dict[tuple[str, int], int] = {}
     indices: set[tuple[str, int, int]] = set()
     for rep in record["repetitions"]:
         key = (rep["mode"], rep["length"])
         if key not in expected_cells:
-            return f"repetition for mode {key[0]!r} at length {key[1]} is outside run.modes {run['modes']} x run.lengths {run['lengths']}"
-        if rep["order"] >= len(run["modes"]):
-            return f"repetition for mode {key[0]!r} at length {key[1]} has order {rep['order']}, but only {len(run['modes'])} modes ran"
+            return f"repetition for mode {key[0]!r} at length {key[1]} is outside the modes {timed} x run.lengths {run['lengths']}"
+        if rep["order"] >= len(timed):
+            return f"repetition for mode {key[0]!r} at length {key[1]} has order {rep['order']}, but only {len(timed)} modes ran"
         seen[key] = seen.get(key, 0) + 1
         index = (*key, rep["repetition"])
         if index in indices:  # the report pairs modes by repetition index: it must be unique
@@ -247,9 +336,30 @@ def check_repetitions(record: dict) -> str | None:
         indices.add(index)
     if record["status"] == "complete":
         untimeable = {key for key, check in by_cell(record["checks"]).items() if "error" in check}
-        for key in sorted(expected_cells - untimeable):
-            if seen.get(key, 0) != run["repeats"]:
-                return f"mode {key[0]!r} at length {key[1]}: expected {run['repeats']} repetitions, found {seen.get(key, 0)}"
+        untimeable |= {(CONTROL, n) for (mode, n) in untimeable if mode == run.get("control")}
+        rotations = planned_rotations(record)
+        for mode, length in sorted(expected_cells - untimeable):
+            found, planned = seen.get((mode, length), 0), rotations.get(length, run["repeats"])
+            if found != planned:
+                return f"mode {mode!r} at length {length}: expected {planned} repetitions, found {found}"
+    return None
+
+
+def check_sampling(record: dict) -> str | None:
+    """Schema 2: one entry per length run, at least run.repeats rotations unless cut short."""
+    if "sampling" not in record:
+        return None
+    run, seen = record["run"], set()
+    for entry in record["sampling"]["lengths"]:
+        length = entry["length"]
+        if length not in run["lengths"] or length in seen:
+            return f"sampling: length {length} is not one of run.lengths {run['lengths']}, or appears twice"
+        seen.add(length)
+        if entry["stop"] not in ("interrupted", "budget") and entry["rotations"] < run["repeats"]:
+            return (f"sampling: length {length} stopped ({entry['stop']}) after {entry['rotations']} rotations, "
+                    f"fewer than run.repeats {run['repeats']}")
+    if record["status"] == "complete" and seen != set(run["lengths"]):
+        return f"sampling: a complete record has an entry for every length {run['lengths']}, found {sorted(seen)}"
     return None
 
 
@@ -266,8 +376,14 @@ def check_per_step(record: dict) -> str | None:
 
 def check_summary(record: dict) -> str | None:
     """The summary must be exactly what the repetitions and checks give: no cell more, none less."""
-    recomputed = summarize(record["repetitions"], record["checks"], record["summary"].get("baseline", "full"))
-    for section, stats in (("cells", ("median", "min", "max", "q1", "q3")), ("speedups", ("speedup",))):
+    summary = record["summary"]
+    recomputed = summarize(record["repetitions"], record["checks"], summary.get("baseline", "full"),
+                           record["run"].get("control"), summary.get("estimator"), summary.get("interval"),
+                           summary.get("between_run"))
+    sections = [("cells", ("median", "min", "max", "q1", "q3")), ("speedups", ("speedup",))]
+    if "estimator" in summary:
+        sections = [sections[0], ("speedups", ("speedup", "low", "high", "pairs")), ("controls", ("ratio", "low", "high"))]
+    for section, stats in sections:
         stored, derived = by_cell(record["summary"][section]), by_cell(recomputed[section])
         extra = sorted(set(stored) - set(derived))
         if extra:
@@ -281,7 +397,7 @@ def check_summary(record: dict) -> str | None:
             for stat in stats:
                 if not math.isclose(theirs[stat], mine[stat], rel_tol=1e-9, abs_tol=1e-15):
                     return f"summary {stat} for {where} is {theirs[stat]}, but its repetitions give {mine[stat]}"
-            if theirs["valid"] != mine["valid"]:
+            if "valid" in mine and theirs["valid"] != mine["valid"]:
                 return f"summary marks {where} valid={theirs['valid']}, but its check gives valid={mine['valid']}"
     return None
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from pathlib import Path
 
+from kvbench import stats
 from kvbench.files import OutputExistsError, UnreadableFileError, read_json, write_json_atomic
 from kvbench.record.schema import SCHEMA, RecordError, validate_record
 from kvbench.record.summary import summarize
@@ -23,26 +24,42 @@ def utc_now() -> str:
 def build_record(
     *, command: list[str], config: dict, run: dict, protocol: dict, environment: dict,
     checks: list[dict], repetitions: list[dict], memory: list[dict], status: str = "complete",
-    per_step: list[dict] | None = None,
+    per_step: list[dict] | None = None, sampling: dict | None = None,
 ) -> dict:
+    """A validated schema-2 record. Without `sampling`, every length ran the fixed protocol."""
     record = {
         "schema": SCHEMA,
         "status": status,
         "created_utc": utc_now(),
         "command": list(command),
         "config": config,
-        "run": run,
+        "run": {"control": None, **run},
         "protocol": protocol,
         "environment": environment,
         "checks": checks,
         "repetitions": repetitions,
-        "summary": summarize(repetitions, checks),
+        "sampling": sampling or fixed_sampling(run, repetitions, status),
+        "summary": summarize(repetitions, checks, control=run.get("control"), estimator=stats.DEFAULT_ESTIMATOR,
+                             interval=stats.DEFAULT_INTERVAL,
+                             between_run={"speedup": protocol.get("between_run", stats.BETWEEN_RUN["speedup"]),
+                                          "seconds": stats.BETWEEN_RUN["seconds"]}),
         "memory": memory,
     }
     if per_step is not None:
         record["per_step"] = per_step
     validate_record(record)
     return record
+
+
+def fixed_sampling(run: dict, repetitions: list[dict], status: str) -> dict:
+    """The sampling section of a fixed-protocol run: per length, the rotations its repetitions show."""
+    rotations = {length: 0 for length in run["lengths"]}
+    for rep in repetitions:
+        rotations[rep["length"]] = max(rotations.get(rep["length"], 0), rep["repetition"] + 1)
+    stop = "fixed" if status == "complete" else "interrupted"
+    return {"lengths": [{"length": length, "rotations": count, "stop": stop, "half_width": None}
+                        for length, count in rotations.items()],
+            "telemetry": {"unavailable": {}, "per_sample_seconds": None}}
 
 
 def default_record_path(directory: Path | str = DEFAULT_RECORDS_DIR) -> Path:
@@ -69,11 +86,20 @@ def load_record(path: Path | str) -> dict:
 
 
 def record_from_run(outcome, *, command: list[str], preset: str, config, lengths: list[int], modes: list[str],
-                    protocol, threads_in_effect: dict, environment: dict) -> dict:
-    """The record of one run: its settings (a DecoderConfig and a timing.Protocol) beside its outcome."""
+                    protocol, in_effect: dict, environment: dict, plugins: list[dict] = (),
+                    cache_options: dict | None = None) -> dict:
+    """The record of one run: its settings (a DecoderConfig and a timing.Protocol) beside its outcome
+    (a benchmark.RunOutcome); `in_effect`: the threads and CPUs that took effect."""
+    sampling = outcome.sampling
     return build_record(
-        command=command, config=config.to_dict(), run=protocol.run_section(preset, lengths, modes),
-        protocol=protocol.describe(threads_in_effect), environment=environment, checks=outcome.checks,
+        command=command, config=config.to_dict(),
+        run={**protocol.run_section(preset, lengths, modes), "control": outcome.control, "plugins": list(plugins),
+             "cache_options": dict(cache_options or {})},
+        protocol=protocol.describe(in_effect), environment=environment, checks=outcome.checks,
         repetitions=outcome.repetitions, memory=outcome.memory, per_step=outcome.per_step,
         status="incomplete" if outcome.interrupted else "complete",
+        sampling={"lengths": [state.to_dict() for length, state in sampling.lengths.items() if length in lengths],
+                  "telemetry": {"unavailable": sampling.telemetry_unavailable,
+                                "per_sample_seconds": sampling.telemetry_seconds},
+                  "elapsed": sampling.elapsed},
     )

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import statistics
 
+from kvbench import stats
+
+CONTROL = "control"  # the A/A label (kvbench.timing.CONTROL)
+
 
 def cell_statistics(seconds: list[float]) -> dict:
     ordered = sorted(seconds)
@@ -38,28 +42,63 @@ def by_cell(entries: list[dict]) -> dict[tuple[str, int], dict]:
     return {(entry["mode"], entry["length"]): entry for entry in entries}
 
 
-def summarize(repetitions: list[dict], checks: list[dict], baseline: str = "full") -> dict:
-    """Per (mode, length): median, min, max, quartiles; per length: median ratio full / cached.
+def summarize(repetitions: list[dict], checks: list[dict], baseline: str = "full", control: str | None = None,
+              estimator: str | None = None, interval: str | None = None, between_run: dict | None = None) -> dict:
+    """Per (label, length): median, min, max, quartiles; per length and label: the speedup over the
+    baseline; per length: the A/A control's ratio.
 
-    A cell is valid only when its mode passed the equivalence gate at that length;
-    a speedup is valid only when both of its cells are.
+    A cell is valid only when its mode passed the equivalence gate at that length (the control
+    label is its mode's twin); a speedup is valid only when both of its cells are. With no
+    `estimator` (records of schema 1) a speedup is the ratio of medians, without an interval.
+    `between_run` ({"speedup": SD, "seconds": SD}) widens the speedup intervals for what varies
+    from one run to the next; None for records written before it was recorded (no widening).
     """
     passed = {key: check["passed"] for key, check in by_cell(checks).items()}
+    samples = samples_by_cell(repetitions)
+
+    def valid(label: str, length: int) -> bool:
+        return passed.get((control if label == CONTROL else label, length), False)
+
     cells = []
-    for (mode, length), samples in samples_by_cell(repetitions).items():
-        stats = cell_statistics(list(samples.values()))
-        stats["per_token_median"] = stats["median"] / length
-        cells.append({"mode": mode, "length": length, **stats, "valid": passed.get((mode, length), False)})
+    for (label, length), seconds in samples.items():
+        statistics_ = cell_statistics(list(seconds.values()))
+        statistics_["per_token_median"] = statistics_["median"] / length
+        cells.append({"mode": label, "length": length, **statistics_, "valid": valid(label, length)})
     by_key = by_cell(cells)
     speedups = []
     for cell in cells:
-        base = by_key.get((baseline, cell["length"]))
-        if cell["mode"] == baseline or base is None:
+        label, length = cell["mode"], cell["length"]
+        base = by_key.get((baseline, length))
+        if label == baseline or base is None:
             continue
-        speedups.append({
-            "mode": cell["mode"],
-            "length": cell["length"],
-            "speedup": base["median"] / cell["median"],
-            "valid": cell["valid"] and base["valid"],
-        })
-    return {"baseline": baseline, "cells": cells, "speedups": speedups}
+        entry = {"mode": label, "length": length, "speedup": base["median"] / cell["median"],
+                 "valid": cell["valid"] and base["valid"]}
+        if estimator is not None:
+            estimate = stats.speedup(samples[(baseline, length)], samples[(label, length)], estimator=estimator,
+                                     interval=interval, between_run=(between_run or {}).get("speedup", 0.0),
+                                     key=(label, length))
+            entry.update(speedup=estimate.ratio, low=estimate.low, high=estimate.high, pairs=estimate.pairs)
+        speedups.append(entry)
+    summary = {"baseline": baseline, "cells": cells, "speedups": speedups}
+    if estimator is not None:
+        summary.update(estimator=estimator, interval=interval,
+                       controls=control_ratios(samples, control, estimator, "within" if between_run else interval))
+        if between_run is not None:
+            summary["between_run"] = dict(between_run)
+    return summary
+
+
+def control_ratios(samples: dict, control: str | None, estimator: str, interval: str) -> list[dict]:
+    """Per length, the A/A ratio mode / control: the same code under two labels, so 1 but for noise.
+    Its interval, from this run's samples alone, is what the run can resolve at that length: its
+    noise floor (the between-run allowance, the same for every run, is not added)."""
+    if control is None:
+        return []
+    out = []
+    for (label, length), seconds in samples.items():
+        if label == CONTROL and (control, length) in samples:
+            estimate = stats.speedup(samples[(control, length)], seconds, estimator=estimator, interval=interval,
+                                     between_run=0.0, key=("aa", length))
+            out.append({"mode": control, "length": length, "ratio": estimate.ratio, "low": estimate.low,
+                        "high": estimate.high, "pairs": estimate.pairs})
+    return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kvbench import stats
 from kvbench.record.store import load_record
 from kvbench.record.summary import by_cell, samples_by_cell
 
@@ -33,6 +34,19 @@ class RecordView:
         self.lengths: list[int] = list(self.run["lengths"])
         self.planned_repeats: int = self.run["repeats"]
         self.per_step: list[dict] = record.get("per_step") or []
+        self.control: str | None = self.run.get("control")
+        self.estimator: str | None = record["summary"].get("estimator")  # None: schema 1, ratio of medians
+        self.interval: str | None = record["summary"].get("interval")
+        self.controls: list[dict] = record["summary"].get("controls", [])
+        # What varies between runs of the same code that one run cannot show; records written before it
+        # was recorded get the defaults when compared (their own intervals stay as they were written).
+        self.between_run: dict = dict(record["summary"].get("between_run") or stats.BETWEEN_RUN)
+        self.recorded_between_run: float = (record["summary"].get("between_run") or {}).get("speedup", 0.0)
+        self.sampling: dict = record.get("sampling") or {}
+        self._sampling = {entry["length"]: entry for entry in self.sampling.get("lengths", [])}
+        self._repetitions: dict[tuple[str, int], list[dict]] = {}
+        for rep in record["repetitions"]:
+            self._repetitions.setdefault((rep["mode"], rep["length"]), []).append(rep)
         self._samples = samples_by_cell(record["repetitions"])
         self._checks = by_cell(record["checks"])
         self._memory = by_cell(record["memory"])
@@ -69,6 +83,19 @@ class RecordView:
 
     def speedup(self, mode: str, length: int) -> dict | None:
         return self._speedups.get((mode, length))
+
+    def repetitions(self, mode: str, length: int) -> list[dict]:
+        """The raw repetitions of one cell (with their telemetry in schema 2), in the order run."""
+        return list(self._repetitions.get((mode, length), []))
+
+    def planned(self, length: int) -> int:
+        """Rotations a complete run made at this length (run.repeats under the fixed protocol)."""
+        entry = self._sampling.get(length)
+        return entry["rotations"] if entry and entry["stop"] != "interrupted" else self.planned_repeats
+
+    def length_sampling(self, length: int) -> dict | None:
+        """Schema 2: how many rotations this length ran, why it stopped, how precise it got."""
+        return self._sampling.get(length)
 
     def passed(self, mode: str, length: int) -> bool:
         check = self.check(mode, length)

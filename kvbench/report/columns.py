@@ -12,8 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from kvbench import stats
 from kvbench.report.format import check_text, format_bytes, ms, ratio
-from kvbench.report.model import MARKS, Profile, Row
+from kvbench.report.model import MARKS, LengthRow, Noise, Profile, Report, Row
 from kvbench.stats import PowerFit
 
 
@@ -46,6 +47,13 @@ def speedup_with_interval(row: Row) -> str:
     if row.invalid_speedup:
         return speedup_text(row)
     return f"{speedup_text(row)} {interval_text(row)}".strip()
+
+
+def precision_text(row: Row) -> str:
+    """The speedup's relative half-width: the precision the run achieved."""
+    if row.speedup is None or row.invalid_speedup:
+        return ""
+    return f"±{row.speedup.half_width:.1%}"
 
 
 def repetitions_text(row: Row) -> str:
@@ -121,11 +129,56 @@ TEXT_COLUMNS = (
 
 # kvbench run and kvbench show: the quick table.
 QUICK_COLUMNS = (
-    LENGTH, MODE, Column("median ms", lambda row: f"{row.median * 1e3:.2f}"),
+    LENGTH, MODE, N, Column("median ms", lambda row: f"{row.median * 1e3:.2f}"),
     Column("IQR %", lambda row: f"{row.spread * 100:.1f}"), per_token_column("us/token"),
-    Column("speedup", speedup_text, style=_invalid), Column("KV bytes", memory_bytes("measured_bytes")),
-    Column("reserved", memory_bytes("reserved_bytes")), EQUIVALENCE,
+    Column("speedup", speedup_text, style=_invalid), Column("±", precision_text),
+    Column("KV bytes", memory_bytes("measured_bytes")), Column("reserved", memory_bytes("reserved_bytes")),
+    EQUIVALENCE,
 )
+
+SAMPLING_COLUMNS = ("length", "rotations", "stopped", "widest ±", "A/A ratio", "A/A 95% interval", "A/A ±")
+STOP_TEXTS = {"fixed": "fixed protocol", "precise": "precise", "cap": "at --max-repeats", "budget": "at --max-seconds",
+              "interrupted": "interrupted", None: "-"}
+
+
+def sampling_cells(row: LengthRow) -> list[str]:
+    floor = row.control
+    return [str(row.length), str(row.rotations), STOP_TEXTS.get(row.stop, row.stop),
+            "" if row.half_width is None else f"±{row.half_width:.1%}",
+            "" if floor is None else f"{floor.ratio:.3f}", "" if floor is None else f"[{floor.low:.3f}, {floor.high:.3f}]",
+            "" if floor is None else f"±{floor.half_width:.1%}"]
+
+
+def speedup_legend(report: Report) -> str:
+    """What the speedup and its interval are, in one sentence."""
+    if report.estimator == "ratio-of-medians" and report.interval == "percentile bootstrap":
+        return (f"speedup = median {report.baseline} / median mode; 95% CI: percentile bootstrap over repetition "
+                f"indices (pairs from the same rotation kept together), {stats.RESAMPLES:,} resamples, seed {stats.SEED}")
+    what = stats.ESTIMATORS.get(report.estimator, report.estimator)
+    allowance = f" combined with {report.between_run:.1%} variation between runs" if report.between_run else ""
+    interval = ("95% rerun interval: where an identical rerun's speedup falls (this run's order-statistic interval "
+                f"of the median{allowance}, widened by √2)") if report.interval.startswith("rerun") else \
+        f"95% interval: {report.interval}"
+    return f"speedup = {what}; {interval}; ± = its relative half-width"
+
+
+def sampling_sentence(report: Report) -> str:
+    if report.control is None:
+        return "no A/A control in this run (kvbench run --control none)"
+    return (f"A/A control: {report.control} timed twice in every rotation; its ratio is 1 but for noise, so its "
+            f"interval is the run's noise floor")
+
+
+def noise_sentence(noise: Noise) -> str:
+    reasons = ", ".join(f"{reason} {count / noise.samples:.0%}" for reason, count in noise.reasons.items())
+    line = (f"noise: {noise.disturbed} of {noise.samples} samples disturbed ({noise.disturbed / noise.samples:.0%}"
+            + (f": {reasons}" if reasons else "") + ")")
+    if noise.telemetry_seconds:
+        line += (f"; telemetry costs {noise.telemetry_seconds * 1e6:.0f} µs a sample (outside the timed region), "
+                 f"{noise.telemetry_seconds / noise.shortest_sample:.1%} of the shortest sample")
+    if noise.unavailable:
+        line += "; not measured: " + ", ".join(f"{name} ({why})" for name, why in noise.unavailable.items())
+    return line
 
 FIT_COLUMNS = ("mode", "b", "± SE", "95% CI of b", "a (s)", "R²", "b, two longest")
 
@@ -154,3 +207,23 @@ def profile_sentences(profile: Profile, baseline: str) -> list[str]:
         else:
             lines.append(f"  {mode}: cheaper than {baseline} from step {step} on; {tail}")
     return lines
+
+
+TRADEOFF_COLUMNS = ("length", "mode", "KV bytes", "of float", "judged", "max |Δ|", "KL mean", "top-1", "µs/token",
+                    "speedup")
+
+
+def tradeoff_cells(entry) -> list[str]:
+    check = entry.check or {}
+    lossy = check.get("exact", True) is False
+    judged = ("drift within limits" if check.get("passed") else "drift beyond limits") if lossy else \
+        ("exact" if check.get("passed") else "FAILED")
+    return [str(entry.length), entry.mode, format_bytes(entry.nbytes), f"{entry.bytes_ratio:.2f}", judged,
+            f"{check['max_abs_diff']:.1e}" if check.get("max_abs_diff") is not None else "-",
+            f"{check['kl_mean']:.1e}" if lossy else "0", f"{check['top1_agreement']:.1%}" if lossy else "100%",
+            f"{entry.per_token * 1e6:.1f}", f"{entry.speedup.ratio:.2f}x" if entry.speedup else "-"]
+
+
+TRADEOFF_SENTENCE = ("Trade-off: bytes kept (of the float formula at that length), how far the logits drift from the "
+                     "full prefix (KL of next-token distributions, top-1 agreement), and time per token. An exact kind "
+                     "is judged by the tolerance; a lossy kind by its own limits, never called exact.")

@@ -46,11 +46,19 @@ def check_text(check: dict | None) -> str:
         return "not checked"
     if check.get("error"):
         return f"FAILED: {check['error']}"
+    if check.get("exact", True) is False:  # a lossy kind is never "ok": its drift, against its own limits
+        drift = f"drift KL {check['kl_mean']:.1e}, top-1 {check['top1_agreement']:.1%}, |Δ| {check['max_abs_diff']:.1e}"
+        return drift if check["passed"] else f"FAILED {drift} (limits {limits_text(check['limits'])})"
     if check["passed"]:
         return f"ok {check['max_abs_diff']:.1e}"
     if check.get("non_finite"):
         return f"FAILED {check['non_finite']} non-finite @ {check['first_divergent_position']}"
     return f"FAILED {check['max_abs_diff']:.1e} @ {check['first_divergent_position']}"
+
+
+def limits_text(limits: dict) -> str:
+    names = {"max_abs_diff": "|Δ| ≤", "kl_mean": "KL mean ≤", "kl_max": "KL max ≤", "top1_agreement": "top-1 ≥"}
+    return ", ".join(f"{names.get(name, name)} {value:g}" for name, value in limits.items())
 
 
 def escape_markdown(text: object) -> str:
@@ -79,8 +87,8 @@ def markdown_table(header: tuple[str, ...] | list[str], rows: list[list[str]],
 
 def stdout_console() -> Console:
     console = Console()
-    # Piped output (CI logs, files) would otherwise be cut to 80 columns.
-    return console if console.is_terminal else Console(width=120)
+    # Piped output (CI logs, files) would otherwise be cut to 80 columns; tables take only the width they need.
+    return console if console.is_terminal else Console(width=200)
 
 
 def render_plain(renderables, width: int = 150) -> str:

@@ -8,7 +8,21 @@ from __future__ import annotations
 import base64
 
 from kvbench import stats
-from kvbench.report.columns import FIT_COLUMNS, TABLE_COLUMNS, Column, fit_cells, profile_sentences
+from kvbench.report.columns import (
+    FIT_COLUMNS,
+    SAMPLING_COLUMNS,
+    TABLE_COLUMNS,
+    TRADEOFF_COLUMNS,
+    TRADEOFF_SENTENCE,
+    Column,
+    fit_cells,
+    noise_sentence,
+    profile_sentences,
+    sampling_cells,
+    sampling_sentence,
+    speedup_legend,
+    tradeoff_cells,
+)
 from kvbench.report.format import escape_html, format_bytes
 from kvbench.report.model import MARKS, Report, Row, environment_line
 
@@ -44,6 +58,8 @@ PANEL_CAPTIONS = {
     "per_token": "Cost per generated token: flat means linear total cost; rising means the prefix still costs.",
     "per_step": "Duration of every step of one loop (points) and its running median (lines); the dotted line "
                 "marks where caching starts to pay.",
+    "tradeoff": "Bytes kept against drift from the full prefix, per kind and length; the label is the time per "
+                "token. Lower left is better: fewer bytes, less drift.",
 }
 
 
@@ -108,6 +124,18 @@ def render_report(report: Report, images: dict[str, tuple[bytes, str]]) -> str:
              f'<p class="meta">record <code>{escape_html(report.source)}</code> · created '
              f"{escape_html(report.created_utc)}</p>",
              f'<p class="meta">{escape_html(environment_line(report.environment))}</p>']
+    parts += _timings_section(report) + _sampling_section(report) + _tradeoff_section(report)
+    parts += _fit_section(report) + _profile_section(report) + _plots_section(images)
+    parts.append("<h2>Environment</h2>")
+    facts = [[key, _fact(key, value)] for key, value in report.environment.items()]
+    parts.append(_plain_table(("key", "value"), facts, ("key", "value")))
+    parts.append(f'<p class="meta">command: <code>{escape_html(" ".join(report.command))}</code></p>')
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+
+def _timings_section(report: Report) -> list[str]:
+    parts = []
     if not report.complete:
         parts.append('<div class="banner">INCOMPLETE record: the run was interrupted; only the completed '
                      'repetitions are reported (cells marked †).</div>')
@@ -115,39 +143,61 @@ def render_report(report: Report, images: dict[str, tuple[bytes, str]]) -> str:
     parts.append(_rows_table(report))
     legend = [f'<span class="mark-{m}">{escape_html(MARKS[m][0])}</span> {escape_html(MARKS[m][1])}'
               for m in report.marks_used()]
-    parts.append(f'<p class="legend">Speedup = median {escape_html(report.baseline)} / median mode. 95% CI: '
-                 "percentile bootstrap over repetition indices, keeping each repetition's pair together "
-                 f"({stats.RESAMPLES:,} resamples, seed {stats.SEED}).{'<br>' + '<br>'.join(legend) if legend else ''}</p>")
+    if report.sampling:
+        explained = escape_html(speedup_legend(report)[0].upper() + speedup_legend(report)[1:]) + "."
+    else:  # schema-1 records read as they always did
+        explained = (f"Speedup = median {escape_html(report.baseline)} / median mode. 95% CI: percentile bootstrap "
+                     "over repetition indices, keeping each repetition's pair together "
+                     f"({stats.RESAMPLES:,} resamples, seed {stats.SEED}).")
+    parts.append(f'<p class="legend">{explained}{"<br>" + "<br>".join(legend) if legend else ""}</p>')
     for note in report.notes[0 if report.complete else 1:]:  # the banner already says INCOMPLETE
         parts.append(f'<p class="note"><strong>Note:</strong> {escape_html(note)}</p>')
+    return parts
 
-    parts.append("<h2>Scaling fit: time ≈ a · T<sup>b</sup></h2>")
-    parts.append(_plain_table(FIT_COLUMNS, [[mode, *fit_cells(fit)] for mode, fit in report.fits.items()], ("mode",)))
-    parts.append('<p class="legend">Least squares on log(median time) against log(length). A full-prefix loop '
-                 "grows like T² to T³, a cached loop like T to T²; fixed overhead at short lengths pulls b down, "
-                 "so the slope between the two longest lengths shows where the growth is heading.</p>")
 
-    parts.append("<h2>Per-step profile</h2>")
+def _sampling_section(report: Report) -> list[str]:
+    parts = []
+    if report.sampling:
+        parts.append("<h2>Sampling and noise</h2>")
+        parts.append(_plain_table(SAMPLING_COLUMNS, [sampling_cells(row) for row in report.sampling], ("stopped",)))
+        parts.append(f'<p class="legend">{escape_html(sampling_sentence(report))}.</p>')
+    if report.noise is not None:
+        parts.append(f'<p class="legend">{escape_html(noise_sentence(report.noise))}.</p>')
+    return parts
+
+
+def _tradeoff_section(report: Report) -> list[str]:
+    if not report.tradeoffs:
+        return []
+    return ["<h2>Trade-off: bytes, drift, time</h2>",
+            _plain_table(TRADEOFF_COLUMNS, [tradeoff_cells(entry) for entry in report.tradeoffs], ("mode", "judged")),
+            f'<p class="legend">{escape_html(TRADEOFF_SENTENCE)}</p>']
+
+
+def _fit_section(report: Report) -> list[str]:
+    return ["<h2>Scaling fit: time ≈ a · T<sup>b</sup></h2>",
+            _plain_table(FIT_COLUMNS, [[mode, *fit_cells(fit)] for mode, fit in report.fits.items()], ("mode",)),
+            '<p class="legend">Least squares on log(median time) against log(length). A full-prefix loop '
+            "grows like T² to T³, a cached loop like T to T²; fixed overhead at short lengths pulls b down, "
+            "so the slope between the two longest lengths shows where the growth is heading.</p>"]
+
+
+def _profile_section(report: Report) -> list[str]:
     if report.profile is None:
-        parts.append('<p class="note">No per-step profile in this record; '
-                     "<code>kvbench run --per-step LENGTH</code> records one.</p>")
-    else:
-        head, *rest = profile_sentences(report.profile, report.baseline)
-        parts.append(f"<p>{escape_html(head[0].upper() + head[1:])}</p><ul>")
-        parts += [f"<li>{escape_html(line.strip())}</li>" for line in rest]
-        parts.append("</ul>")
+        return ["<h2>Per-step profile</h2>", '<p class="note">No per-step profile in this record; '
+                "<code>kvbench run --per-step LENGTH</code> records one.</p>"]
+    head, *rest = profile_sentences(report.profile, report.baseline)
+    return ["<h2>Per-step profile</h2>", f"<p>{escape_html(head[0].upper() + head[1:])}</p><ul>",
+            *(f"<li>{escape_html(line.strip())}</li>" for line in rest), "</ul>"]
 
-    if images:
-        parts.append('<h2>Plots</h2><div class="grid">')
-        for name, (content, mime) in images.items():
-            caption = PANEL_CAPTIONS.get(name, "")
-            parts.append(f'<figure><img src="{data_uri(content, mime)}" alt="{escape_html(caption or name)}">'
-                         f"<figcaption>{escape_html(caption)}</figcaption></figure>")
-        parts.append("</div>")
 
-    parts.append("<h2>Environment</h2>")
-    facts = [[key, _fact(key, value)] for key, value in report.environment.items()]
-    parts.append(_plain_table(("key", "value"), facts, ("key", "value")))
-    parts.append(f'<p class="meta">command: <code>{escape_html(" ".join(report.command))}</code></p>')
-    parts.append("</body></html>")
-    return "\n".join(parts) + "\n"
+def _plots_section(images: dict[str, tuple[bytes, str]]) -> list[str]:
+    if not images:
+        return []
+    parts = ['<h2>Plots</h2><div class="grid">']
+    for name, (content, mime) in images.items():
+        caption = PANEL_CAPTIONS.get(name, "")
+        parts.append(f'<figure><img src="{data_uri(content, mime)}" alt="{escape_html(caption or name)}">'
+                     f"<figcaption>{escape_html(caption)}</figcaption></figure>")
+    parts.append("</div>")
+    return parts

@@ -6,9 +6,23 @@ words kvbench generates are written as they are.
 
 from __future__ import annotations
 
-from kvbench import stats
-from kvbench.report.columns import FIT_COLUMNS, TABLE_COLUMNS, Column, fit_cells, profile_sentences
-from kvbench.report.compare import COMPARE_HEADER, CRITICAL, Comparison, cell_texts, summary_line
+from kvbench.report.columns import (
+    FIT_COLUMNS,
+    SAMPLING_COLUMNS,
+    TABLE_COLUMNS,
+    TRADEOFF_COLUMNS,
+    TRADEOFF_SENTENCE,
+    Column,
+    fit_cells,
+    noise_sentence,
+    profile_sentences,
+    sampling_cells,
+    sampling_sentence,
+    speedup_legend,
+    tradeoff_cells,
+)
+from kvbench.report.compare import COMPARE_HEADER, FASTER, SLOWER, VERDICT_COLUMN, Comparison, cell_texts, summary_line
+from kvbench.report.differences import CRITICAL
 from kvbench.report.format import escape_markdown, markdown_table
 from kvbench.report.model import MARKS, Report, Row, environment_line
 
@@ -33,11 +47,24 @@ def render_report(report: Report, image: str | None = None) -> str:
     lines += markdown_table([column.name for column in TABLE_COLUMNS], rows)
     lines.append("")
     legend = [f"{MARKS[name][0]} {MARKS[name][1]}" for name in report.marks_used()]
-    lines.append(f"Speedup = median {escape_markdown(report.baseline)} / median mode, with a "
-                 f"{report.confidence:.0%} bootstrap interval over repetition indices."
-                 + (" Marks: " + "; ".join(legend) + "." if legend else ""))
+    if report.sampling:
+        lines.append(escape_markdown(speedup_legend(report)[0].upper() + speedup_legend(report)[1:]) + "."
+                     + (" Marks: " + "; ".join(legend) + "." if legend else ""))
+    else:  # schema-1 records read as they always did
+        lines.append(f"Speedup = median {escape_markdown(report.baseline)} / median mode, with a "
+                     f"{report.confidence:.0%} bootstrap interval over repetition indices."
+                     + (" Marks: " + "; ".join(legend) + "." if legend else ""))
     for note in report.notes:
         lines += ["", f"> **Note:** {escape_markdown(note)}"]
+    if report.sampling:
+        lines += ["", escape_markdown(sampling_sentence(report)) + ":", ""]
+        lines += markdown_table(SAMPLING_COLUMNS, [sampling_cells(row) for row in report.sampling], left=("stopped",))
+    if report.noise is not None:
+        lines += ["", escape_markdown(noise_sentence(report.noise)[0].upper() + noise_sentence(report.noise)[1:]) + "."]
+    if report.tradeoffs:
+        lines += ["", TRADEOFF_SENTENCE, ""]
+        lines += markdown_table(TRADEOFF_COLUMNS, [[escape_markdown(text) for text in tradeoff_cells(entry)]
+                                                   for entry in report.tradeoffs], left=("mode", "judged"))
     lines += ["", "Scaling fit, time ≈ a · T^b over the measured lengths:", ""]
     lines += markdown_table(FIT_COLUMNS, [[escape_markdown(mode), *fit_cells(fit)] for mode, fit in report.fits.items()])
     if report.profile is not None:
@@ -65,12 +92,13 @@ def render_comparison(c: Comparison) -> str:
     rows = []
     for cell in c.cells:
         texts = cell_texts(cell)
-        texts[1], texts[9], texts[10] = (escape_markdown(texts[i]) for i in (1, 9, 10))  # the record's strings
-        if cell.verdict in (stats.SLOWER, stats.FASTER):
-            texts[8] = f"**{texts[8]}**"
+        for index in (1, len(texts) - 2, len(texts) - 1):  # the record's own strings: mode, checks, notes
+            texts[index] = escape_markdown(texts[index])
+        if cell.verdict in (SLOWER, FASTER):
+            texts[VERDICT_COLUMN] = f"**{texts[VERDICT_COLUMN]}**"
         rows.append(texts)
     lines += markdown_table(COMPARE_HEADER, rows)
-    lines += ["", summary_line(c) + "."]
+    lines += ["", summary_line(c)]
     return "\n".join(lines) + "\n"
 
 
@@ -80,8 +108,8 @@ def splice(document: str, block: str, source: str, begin: str = BEGIN_MARKER, en
     if begins != 1 or ends != 1:
         raise ValueError(f"{source}: expected the markers {begin!r} and {end!r} once each, "
                          f"found {begins} and {ends}")
+    if document.index(end) < document.index(begin):
+        raise ValueError(f"{source}: the end marker {end!r} comes before the begin marker {begin!r}")
     head, rest = document.split(begin)
     _, tail = rest.split(end)
-    if end in head:
-        raise ValueError(f"{source}: {end!r} comes before {begin!r}")
     return f"{head}{begin}\n{block.rstrip()}\n{end}{tail}"

@@ -12,14 +12,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvbench import stats
+from kvbench.cache import expected_cache_bytes
 from kvbench.capture import summarize_environment
+from kvbench.config import DecoderConfig
 from kvbench.record import RecordView
 from kvbench.stats import NOISY_SPREAD, PowerFit, RatioEstimate
+from kvbench.telemetry import disturbances
 
 MARKS = {  # name -> (symbol, meaning); every layout prints the legend for the marks it uses
     "failed": ("✗", "equivalence check failed: timed, but not a valid speedup"),
     "noisy": ("~", f"IQR/median above {NOISY_SPREAD:.0%}: spread too wide to trust the median"),
     "partial": ("†", "fewer repetitions than planned (interrupted run)"),
+    "drift": ("↗", f"its samples trend over the run (Kendall p < {stats.TREND_P}, change of "
+                   f"{stats.TREND_SIZE:.0%} or more): warm-up not over, or the machine changed"),
+    "disturbed": ("⚡", "its speedup without the disturbed samples differs by more than half its interval"),
 }
 
 
@@ -40,6 +46,9 @@ class Row:
     check: dict | None
     memory: dict | None
     marks: tuple[str, ...]
+    disturbed: int = 0  # samples the telemetry says were disturbed
+    undisturbed: RatioEstimate | None = None  # the speedup from the pairs neither side of which was
+    trend: stats.Trend | None = None
 
     @property
     def spread(self) -> float:
@@ -70,6 +79,46 @@ class Profile:
     window: int
 
 
+@dataclass(frozen=True)
+class LengthRow:
+    """How one length was sampled: rotations, why it stopped, how precise, and its A/A noise floor."""
+
+    length: int
+    rotations: int
+    stop: str | None
+    half_width: float | None
+    control: RatioEstimate | None  # mode / control: 1 but for noise
+
+
+@dataclass(frozen=True)
+class Noise:
+    """What the telemetry saw over the whole run."""
+
+    samples: int
+    disturbed: int
+    reasons: dict[str, int]  # reason -> samples
+    telemetry_seconds: float | None  # per sample, outside its timed region
+    shortest_sample: float
+    unavailable: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Tradeoff:
+    """One kind at one length: what it keeps, how far it drifts, what it costs per token."""
+
+    mode: str
+    length: int
+    nbytes: int
+    full_precision_bytes: int  # the exact float formula at this length: what the kind is saving against
+    check: dict | None
+    per_token: float
+    speedup: RatioEstimate | None
+
+    @property
+    def bytes_ratio(self) -> float:
+        return self.nbytes / self.full_precision_bytes if self.full_precision_bytes else float("nan")
+
+
 @dataclass
 class Report:
     title: str
@@ -85,6 +134,13 @@ class Report:
     missing: list[tuple[str, int]]  # cells of the planned grid without any repetition
     notes: list[str] = field(default_factory=list)
     confidence: float = stats.CONFIDENCE
+    estimator: str = "ratio-of-medians"  # schema-1 records: the ratio of medians with a paired bootstrap
+    interval: str = "percentile bootstrap"
+    between_run: float = 0.0  # the speedup intervals' allowance for variation between runs
+    sampling: list[LengthRow] = field(default_factory=list)
+    control: str | None = None
+    noise: Noise | None = None
+    tradeoffs: list[Tradeoff] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
@@ -129,35 +185,67 @@ def environment_line(facts: dict) -> str:
 
 
 def title_of(view: RecordView) -> str:
-    run = view.run
-    return (f"kvbench {run['preset']}: batch {run['batch']}, {view.config['dtype']}, "
-            f"{run['threads']} thread(s), {run['repeats']} repetitions")
+    run, precision = view.run, view.protocol.get("precision")
+    if view.estimator is not None and precision is not None:
+        sampled = f"rotations until ±{precision:.0%} (at least {run['repeats']})"
+    else:
+        sampled = f"{run['repeats']} repetitions"
+    return f"kvbench {run['preset']}: batch {run['batch']}, {view.config['dtype']}, {run['threads']} thread(s), {sampled}"
 
 
 def build_rows(view: RecordView, seed: int = stats.SEED, resamples: int = stats.RESAMPLES) -> list[Row]:
     """One row per measured cell, in the run's grid order."""
-    baseline = view.baseline
-    rows = []
+    baseline, rows = view.baseline, []
     for mode, length in view.cells():
         cell, samples = view.summary(mode, length), view.samples(mode, length)
-        marks = []
-        if not view.passed(mode, length):
-            marks.append("failed")
-        if stats.spread(cell["q1"], cell["q3"], cell["median"]) > NOISY_SPREAD:
-            marks.append("noisy")
-        if len(samples) < view.planned_repeats:
-            marks.append("partial")
-        speedup = None
+        speedup = undisturbed = None
         base = view.samples(baseline, length)
         if mode != baseline and base:
-            speedup = stats.paired_speedup(base, samples, seed=seed, key=(mode, length), resamples=resamples)
+            speedup = row_speedup(view, mode, length, seed, resamples)
+            clean = undisturbed_pairs(view, mode, length)
+            if clean is not None and len(clean) < len(samples):
+                undisturbed = stats.speedup({r: base[r] for r in clean}, {r: samples[r] for r in clean},
+                                            estimator=view.estimator, interval=view.interval,
+                                            between_run=view.recorded_between_run, key=(mode, length))
+        repetitions = view.repetitions(mode, length)
+        trend = stats.trend([r["started"] for r in repetitions], [r["seconds"] for r in repetitions]) \
+            if repetitions and "started" in repetitions[0] else None
+        disturbed = sum(bool(disturbances(r["seconds"], r)) for r in repetitions if "cpu_seconds" in r)
+        marks = [name for name, present in (
+            ("failed", not view.passed(mode, length)),
+            ("noisy", stats.spread(cell["q1"], cell["q3"], cell["median"]) > NOISY_SPREAD),
+            ("partial", len(samples) < view.planned(length)),
+            ("drift", trend is not None and trend.drifting),
+            ("disturbed", speedup is not None and undisturbed is not None
+             and abs(undisturbed.ratio / speedup.ratio - 1) > speedup.half_width / 2),
+        ) if present]
         rows.append(Row(
-            length=length, mode=mode, samples=len(samples), planned=view.planned_repeats,
+            length=length, mode=mode, samples=len(samples), planned=view.planned(length),
             median=cell["median"], q1=cell["q1"], q3=cell["q3"], is_baseline=mode == baseline,
             speedup=speedup, speedup_valid=view.passed(mode, length) and view.passed(baseline, length),
             check=view.check(mode, length), memory=view.memory(mode, length), marks=tuple(marks),
+            disturbed=disturbed, undisturbed=undisturbed, trend=trend,
         ))
     return rows
+
+
+def row_speedup(view: RecordView, mode: str, length: int, seed: int, resamples: int) -> RatioEstimate | None:
+    """The record's own speedup and interval (schema 2), or the ratio of medians with a paired
+    bootstrap interval for schema-1 records, as they were always reported."""
+    if view.estimator is None:
+        return stats.paired_speedup(view.samples(view.baseline, length), view.samples(mode, length), seed=seed,
+                                    key=(mode, length), resamples=resamples)
+    entry = view.speedup(mode, length)
+    return RatioEstimate(entry["speedup"], entry["low"], entry["high"], entry["pairs"], view.estimator, view.interval)
+
+
+def undisturbed_pairs(view: RecordView, mode: str, length: int) -> set[int] | None:
+    """Repetitions where neither the mode's sample nor the baseline's was disturbed; None without telemetry."""
+    mine, base = view.repetitions(mode, length), view.repetitions(view.baseline, length)
+    if not mine or "cpu_seconds" not in mine[0]:
+        return None
+    clean_base = {r["repetition"] for r in base if not disturbances(r["seconds"], r)}
+    return {r["repetition"] for r in mine if not disturbances(r["seconds"], r)} & clean_base
 
 
 def build_profile(view: RecordView, window: int = stats.RUNNING_WINDOW) -> Profile | None:
@@ -199,4 +287,55 @@ def build_report(view: RecordView, seed: int = stats.SEED, resamples: int = stat
     if any(r.speedup is not None and r.speedup.pairs < min(r.samples, len(view.samples(view.baseline, r.length)))
            for r in rows):
         report.notes.append("some speedups use only the repetitions both modes completed")
+    if view.estimator is not None:
+        report.estimator, report.interval, report.between_run = view.estimator, view.interval, view.recorded_between_run
+        report.sampling, report.control, report.noise = sampling_rows(view), view.control, noise_summary(view)
+    report.tradeoffs = tradeoffs(view, rows)
     return report
+
+
+def tradeoffs(view: RecordView, rows: list[Row]) -> list[Tradeoff]:
+    """Every cached mode at every length, when the run holds a kind that changes the representation
+    (lossy, or a window that keeps fewer positions): bytes, drift and time side by side."""
+    changes = any(row.check and (row.check.get("exact", True) is False or row.mode == "window") for row in rows)
+    if not changes:
+        return []
+    config = DecoderConfig.from_dict(view.config)
+    out = []
+    for row in rows:
+        if row.is_baseline or row.memory is None:
+            continue
+        out.append(Tradeoff(row.mode, row.length, row.memory["measured_bytes"],
+                            expected_cache_bytes(config, view.run["batch"], row.length), row.check, row.per_token,
+                            row.speedup if row.speedup_valid else None))
+    return out
+
+
+def sampling_rows(view: RecordView) -> list[LengthRow]:
+    controls = {entry["length"]: entry for entry in view.controls}
+    rows = []
+    for length in view.lengths:
+        entry, control = view.length_sampling(length), controls.get(length)
+        if entry is None:
+            continue
+        floor = RatioEstimate(control["ratio"], control["low"], control["high"], control["pairs"], view.estimator,
+                              view.interval) if control else None
+        rows.append(LengthRow(length, entry["rotations"], entry["stop"], entry.get("half_width"), floor))
+    return rows
+
+
+def noise_summary(view: RecordView) -> Noise | None:
+    repetitions = view.record["repetitions"]
+    if not repetitions or "cpu_seconds" not in repetitions[0]:
+        return None
+    reasons: dict[str, int] = {}
+    disturbed = 0
+    for rep in repetitions:
+        found = disturbances(rep["seconds"], rep)
+        disturbed += bool(found)
+        for reason in found:
+            reasons[reason] = reasons.get(reason, 0) + 1
+    telemetry = view.sampling.get("telemetry", {})
+    return Noise(len(repetitions), disturbed, dict(sorted(reasons.items(), key=lambda item: -item[1])),
+                 telemetry.get("per_sample_seconds"), min(rep["seconds"] for rep in repetitions),
+                 telemetry.get("unavailable", {}))

@@ -20,8 +20,9 @@ from kvbench.report.model import Report
 
 PLOT_FORMATS = {".png": "image/png", ".svg": "image/svg+xml"}
 DPI = 110
-COLORS = {"full": "#222222", "concat": "#1f77b4", "static": "#ff7f0e", "paged": "#2ca02c"}
-EXTRA_COLORS = ("#9467bd", "#8c564b", "#e377c2", "#17becf")
+COLORS = {"full": "#222222", "concat": "#1f77b4", "static": "#ff7f0e", "paged": "#2ca02c",
+          "quantized-int8": "#9467bd", "quantized-int4": "#8c564b", "window": "#e377c2"}
+EXTRA_COLORS = ("#17becf", "#bcbd22", "#7f7f7f", "#d62728")
 FAILED_COLOR = "#d62728"
 RC = {"svg.hashsalt": "kvbench", "font.size": 9.5, "axes.titlesize": 10.5, "axes.grid": True,
       "grid.alpha": 0.3, "legend.fontsize": 8.5, "legend.frameon": False}
@@ -144,7 +145,27 @@ def panel_per_step(ax: Axes, report: Report) -> None:
     ax.legend(loc="upper left", frameon=True, framealpha=0.9, edgecolor="#dddddd")
 
 
-PANELS = {"time": panel_time, "speedup": panel_speedup, "per_token": panel_per_token, "per_step": panel_per_step}
+def panel_tradeoff(ax: Axes, report: Report) -> None:
+    """Bytes kept (of the float formula) against drift (mean KL), one line per kind over its lengths."""
+    modes = report.modes
+    floor = 1e-12  # exact kinds have no drift: drawn on the floor of the log axis
+    for mode in dict.fromkeys(entry.mode for entry in report.tradeoffs):
+        entries = [entry for entry in report.tradeoffs if entry.mode == mode]
+        x = [entry.bytes_ratio for entry in entries]
+        y = [max((entry.check or {}).get("kl_mean", 0.0), floor) for entry in entries]
+        ax.plot(x, y, marker="o", ms=4, lw=1.2, color=color(mode, modes), label=mode)
+        last = entries[-1]
+        ax.annotate(f"T={last.length}: {last.per_token * 1e6:.0f} µs/tok", (x[-1], y[-1]), fontsize=7.5,
+                    xytext=(4, 4), textcoords="offset points", color=color(mode, modes))
+    ax.set_yscale("log")
+    ax.set_xlabel("KV bytes kept, of the float cache")
+    ax.set_ylabel("mean KL(full || kind), nats (exact: floor)")
+    ax.set_title("Bytes saved against drift")
+    ax.legend(loc="upper right")
+
+
+PANELS = {"time": panel_time, "speedup": panel_speedup, "per_token": panel_per_token, "per_step": panel_per_step,
+          "tradeoff": panel_tradeoff}
 
 
 def _save(figure: Figure, suffix: str) -> bytes:
@@ -157,14 +178,24 @@ def _save(figure: Figure, suffix: str) -> bytes:
     return buffer.getvalue()
 
 
+def drawn_panels(report: Report) -> dict:
+    """The panels this report has: the trade-off only when a kind changes the representation."""
+    return {name: draw for name, draw in PANELS.items() if name != "tradeoff" or report.tradeoffs}
+
+
 def render_overview(report: Report, suffix: str = ".png") -> bytes:
-    """The four panels on one 2 x 2 figure, as PNG or SVG bytes."""
+    """The panels on one figure (2 x 2, or 3 x 2 with the trade-off), as PNG or SVG bytes."""
+    panels = drawn_panels(report)
+    rows = (len(panels) + 1) // 2
     with rc_context(RC):
-        figure = Figure(figsize=(12, 9), layout="constrained")
+        figure = Figure(figsize=(12, 4.5 * rows), layout="constrained")
         title = report.title + ("" if report.complete else "  —  INCOMPLETE (interrupted run)")
         figure.suptitle(title, fontsize=12, color="#000000" if report.complete else "#a05a00")
-        for ax, draw in zip(figure.subplots(2, 2).flat, PANELS.values()):
+        axes = figure.subplots(rows, 2).flat
+        for ax, draw in zip(axes, panels.values()):
             draw(ax, report)
+        for ax in axes:  # an odd panel count leaves one empty
+            ax.set_axis_off()
         return _save(figure, suffix)
 
 
@@ -172,7 +203,7 @@ def render_panels(report: Report, suffix: str = ".png") -> dict[str, tuple[bytes
     """Each panel on its own figure: name -> (bytes, MIME type), for embedding in HTML."""
     out = {}
     with rc_context(RC):
-        for name, draw in PANELS.items():
+        for name, draw in drawn_panels(report).items():
             if name == "per_step" and report.profile is None:
                 continue
             figure = Figure(figsize=(6.4, 4.4), layout="constrained")

@@ -10,17 +10,35 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from kvbench import stats
-from kvbench.report.columns import FIT_COLUMNS, QUICK_COLUMNS, TEXT_COLUMNS, Column, fit_cells, profile_sentences
+from kvbench.report.columns import (
+    FIT_COLUMNS,
+    QUICK_COLUMNS,
+    SAMPLING_COLUMNS,
+    STOP_TEXTS,
+    TEXT_COLUMNS,
+    TRADEOFF_COLUMNS,
+    TRADEOFF_SENTENCE,
+    Column,
+    fit_cells,
+    noise_sentence,
+    profile_sentences,
+    sampling_cells,
+    sampling_sentence,
+    speedup_legend,
+    tradeoff_cells,
+)
 from kvbench.report.compare import (
+    CHECK_COLUMN,
     COMPARE_HEADER,
-    CRITICAL,
-    INFORMATIONAL,
-    NOTABLE,
+    FASTER,
+    SLOWER,
+    VERDICT_COLUMN,
+    WITHIN_NOISE,
     Comparison,
     cell_texts,
     summary_line,
 )
+from kvbench.report.differences import CRITICAL, INFORMATIONAL, NOTABLE
 from kvbench.report.format import format_bytes, render_plain, rich_escape
 from kvbench.report.model import MARKS, Report, Row, environment_line
 
@@ -59,6 +77,29 @@ def quick_table(report: Report) -> Table:
     return rows_table(report.rows, QUICK_COLUMNS, title=title, title_justify="left")
 
 
+def quick_renderables(report: Report) -> list:
+    """The quick table, then how each length was sampled and how noisy the machine was."""
+    out: list = [quick_table(report)]
+    if report.sampling:
+        out.append("sampled: " + "; ".join(
+            f"{row.length}: {row.rotations} rotations, {STOP_TEXTS.get(row.stop, row.stop)}"
+            + (f" (A/A ±{row.control.half_width:.1%})" if row.control else "") for row in report.sampling))
+        out.append(rich_escape(speedup_legend(report)))
+    if report.noise is not None:
+        out.append(rich_escape(noise_sentence(report.noise)))
+    return out
+
+
+def sampling_table(report: Report) -> Table:
+    table = Table(title="sampling: rotations per length, why they stopped, the A/A noise floor", title_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in SAMPLING_COLUMNS:
+        table.add_column(name, justify="left" if name == "stopped" else "right", no_wrap=True)
+    for row in report.sampling:
+        table.add_row(*sampling_cells(row))
+    return table
+
+
 def report_renderables(report: Report) -> list:
     out: list = []
     status = "" if report.complete else " [bold yellow](INCOMPLETE: interrupted run)[/]"
@@ -70,11 +111,20 @@ def report_renderables(report: Report) -> list:
         out.append("  KV bytes a/b: a retained, b reserved (allocated) by the cache")
     for name in report.marks_used():
         out.append(f"  {MARKS[name][0]} {MARKS[name][1]}")
-    out.append(f"speedup = median {rich_escape(report.baseline)} / median mode; 95% CI: percentile bootstrap over "
-               f"repetition indices (pairs from the same rotation kept together), {stats.RESAMPLES:,} resamples, "
-               f"seed {stats.SEED}")
+    out.append(rich_escape(speedup_legend(report)))
     for note in report.notes:
         out.append(f"[yellow]{rich_escape(note)}[/]")
+    if report.sampling:
+        out += [sampling_table(report), rich_escape(sampling_sentence(report))]
+    if report.noise is not None:
+        out.append(rich_escape(noise_sentence(report.noise)))
+    if report.tradeoffs:
+        table = Table(title="trade-off: bytes, drift, time", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+        for name in TRADEOFF_COLUMNS:
+            table.add_column(name, justify="left" if name in ("mode", "judged") else "right", no_wrap=True)
+        for entry in report.tradeoffs:
+            table.add_row(*(rich_escape(text) for text in tradeoff_cells(entry)))
+        out += [table, rich_escape(TRADEOFF_SENTENCE)]
 
     fits = Table(title="scaling fit: time ≈ a · T^b (least squares on log-log medians)", title_justify="left",
                  box=box.SIMPLE_HEAD, pad_edge=False)
@@ -95,7 +145,7 @@ def render_report(report: Report, width: int = 150) -> str:
 
 
 RANK_STYLES = {CRITICAL: "bold red", NOTABLE: "yellow", INFORMATIONAL: "dim"}
-VERDICT_STYLES = {stats.SLOWER: "bold red", stats.FASTER: "bold green", stats.UNTESTED: "yellow"}
+VERDICT_STYLES = {SLOWER: "bold red", FASTER: "bold green", WITHIN_NOISE: "dim"}
 
 
 def _differences_table(title: str, diffs) -> Table | str:
@@ -130,9 +180,9 @@ def compare_renderables(c: Comparison) -> list:
         texts = [rich_escape(t) for t in cell_texts(cell)][:-1]  # notes go below the table
         texts[0] = texts[0] if cell.length != previous else ""
         if cell.verdict in VERDICT_STYLES:
-            texts[8] = f"[{VERDICT_STYLES[cell.verdict]}]{texts[8]}[/]"
+            texts[VERDICT_COLUMN] = f"[{VERDICT_STYLES[cell.verdict]}]{texts[VERDICT_COLUMN]}[/]"
         if cell.new_check is not None and not cell.new_check["passed"]:
-            texts[9] = f"[bold red]{texts[9]}[/]"
+            texts[CHECK_COLUMN] = f"[bold red]{texts[CHECK_COLUMN]}[/]"
         table.add_row(*texts)
         previous = cell.length
     out.append(table)
@@ -140,12 +190,16 @@ def compare_renderables(c: Comparison) -> list:
         if cell.notes:
             out.append(f"  {rich_escape(cell.mode)} at {cell.length}: " + rich_escape("; ".join(cell.notes)))
     out.append(summary_line(c))
-    out.append(f"ratio = median NEW / median OLD (above 1: NEW is slower); 95% CI: percentile bootstrap, each "
-               f"record resampled on its own ({stats.RESAMPLES:,} resamples, seed {stats.SEED})")
+    out.append(COMPARE_LEGEND)
     return out
 
 
-def render_comparison(c: Comparison, width: int = 150) -> str:
+COMPARE_LEGEND = ("time new/old: median seconds NEW / OLD; vs full new/old: OLD speedup / NEW speedup, the cost "
+                  "relative to the full-prefix path measured in the same rotations (above 1: NEW is slower); "
+                  "95% CI from both runs' intervals; MDE: the smallest change these records detect with 80% power")
+
+
+def render_comparison(c: Comparison, width: int = 170) -> str:
     return render_plain(compare_renderables(c), width)
 
 
@@ -160,13 +214,14 @@ def budget_renderables(result) -> list:
     table.add_row(f"contiguous ({result.max_length} positions)", format_bytes(result.contiguous_request_bytes),
                   format_bytes(result.contiguous_request_bytes - result.request_bytes),
                   f"{result.contiguous_requests:,}")
-    table.add_row(f"paged ({result.block_size}-position blocks)", format_bytes(result.paged_request_bytes),
-                  format_bytes(result.paged_waste_bytes), f"{result.paged_requests:,}")
-    out: list = [f"bytes per token: {result.bytes_per_token:,.0f} (2 x layers x KV heads x head width x "
-                 f"{result.bytes_per_element:g} bytes per element)"]
-    if result.dtype == "int8":
-        out.append(f"int8 includes one float16 scale per {result.int8_group} elements: "
-                   f"+{result.scale_overhead:.2%} over the int8 elements")
+    if result.paged_request_bytes is not None:
+        table.add_row(f"paged ({result.block_size}-position blocks)", format_bytes(result.paged_request_bytes),
+                      format_bytes(result.paged_waste_bytes), f"{result.paged_requests:,}")
+    representation = result.quantize or result.dtype
+    out: list = [f"bytes per token: {result.bytes_per_token:,.0f} ({representation}: {result.assumptions})"]
+    if result.quantize:
+        out.append(f"{result.request_bytes / result.full_precision_bytes:.2f} of the {result.dtype} cache "
+                   f"({format_bytes(result.full_precision_bytes)} per request)")
     out.append(table)
     out.append("Counts key/value storage only: weights, activations and allocator slack need --reserved.")
     return out

@@ -1,0 +1,102 @@
+"""One benchmark run, end to end: the gate, bytes and peak memory, the sampled rotations, the profile.
+
+`run_benchmark(model, lengths, modes, protocol)` is what `kvbench run` calls; it returns
+plain data for the record. An interrupt at any stage ends the run with everything
+completed so far kept and the outcome marked interrupted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from kvbench.decode import FULL, check_modes, decode, decode_full, run_gate, timeable, token_ids
+from kvbench.memory import memory_profile
+from kvbench.model import Decoder
+from kvbench.sampling import Sample, Sampling, sample
+from kvbench.timing import CONTROL, Protocol, per_step_seconds
+
+
+@dataclass
+class RunOutcome:
+    """Everything one benchmark run produced, as plain data for the record.
+
+    ``interrupted`` says that a KeyboardInterrupt (Ctrl-C, or a signal the caller turned
+    into one) ended the run early: everything completed before it is kept.
+    """
+
+    checks: list[dict] = field(default_factory=list)
+    repetitions: list[dict] = field(default_factory=list)
+    memory: list[dict] = field(default_factory=list)
+    per_step: list[dict] | None = None
+    interrupted: bool = False
+    control: str | None = None  # the cached mode timed a second time under the label "control"
+    sampling: Sampling = field(default_factory=Sampling)
+
+
+def control_mode(choice: str, modes: list[str]) -> str | None:
+    """The cached mode an A/A control repeats: "auto" picks the first cached mode, "none" none."""
+    cached = [mode for mode in modes if mode != FULL]
+    if choice == "none" or not cached:
+        return None
+    if choice == "auto":
+        return cached[0]
+    if choice not in cached:
+        raise ValueError(f"control must be 'auto', 'none' or one of the cached modes run {cached}, got {choice!r}")
+    return choice
+
+
+def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol: Protocol = Protocol(),
+                  on_progress: Callable[[str, int, int], None] | None = None,
+                  options: dict | None = None) -> RunOutcome:
+    """The gate first, then bytes and peak memory, then the timed rotations, then the profile.
+
+    `options` maps a kind to the keyword arguments its caches are made with.
+    """
+    modes = check_modes(modes)
+    progress = on_progress or (lambda stage, done, total: None)
+    outcome = RunOutcome(control=control_mode(protocol.control, modes))
+    try:
+        longest = token_ids(model.config, protocol.batch, max(lengths), protocol.seed)
+        progress("reference", 0, 1)
+        reference = decode_full(model, longest, keep_logits=True)
+        gate: dict[tuple[str, int], dict] = {}
+        for length in lengths:  # one length at a time, so an interrupt keeps the lengths already checked
+            gate.update(run_gate(model, longest, [length], modes, reference=reference, options=options))
+            for mode in modes:
+                outcome.checks.append(gate[(mode, length)])
+                if timeable(gate[(mode, length)]):
+                    outcome.memory.append({"mode": mode, "length": length,
+                                           **memory_profile(model, longest[:, :length], mode, options)})
+                progress("check", len(outcome.checks), len(lengths) * len(modes))
+        loops = timed_loops(model, longest, lengths, modes, gate, outcome.control, options)
+        planned = protocol.repeats * sum(len(by_mode) for by_mode in loops.values())
+
+        def keep(kept: Sample) -> None:
+            outcome.repetitions.append(kept.to_dict())
+            progress("time", len(outcome.repetitions), max(planned, len(outcome.repetitions)))
+
+        sample(loops, protocol, on_sample=keep, state=outcome.sampling)
+        if protocol.per_step_length is not None:
+            ids = token_ids(model.config, protocol.batch, protocol.per_step_length, protocol.seed)
+            outcome.per_step = [
+                {"mode": mode, "length": protocol.per_step_length,
+                 "seconds": per_step_seconds(model, ids, mode, protocol.warmup, options)}
+                for mode in modes if all(timeable(gate[(mode, length)]) for length in lengths)
+            ]
+    except KeyboardInterrupt:
+        outcome.interrupted = True
+    return outcome
+
+
+def timed_loops(model: Decoder, longest, lengths: list[int], modes: list[str], gate: dict,
+                control: str | None, options: dict | None = None) -> dict[int, dict[str, Callable[[], object]]]:
+    """length -> label -> the loop to time: every mode that can be timed, and the A/A control."""
+    loops = {}
+    for length in lengths:
+        ids = longest[:, :length]
+        loops[length] = {mode: (lambda ids=ids, mode=mode: decode(model, ids, mode, options=options))
+                         for mode in modes if timeable(gate[(mode, length)])}
+        if control is not None and control in loops[length]:
+            loops[length][CONTROL] = loops[length][control]
+    return loops

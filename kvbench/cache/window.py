@@ -1,0 +1,98 @@
+"""The window kind: a sliding-window cache that keeps only the last W positions, in a ring buffer.
+
+With a window W (``DecoderConfig(window=W)``) a query at position p sees keys p-W+1..p,
+so nothing older needs to be kept. Position p lives in slot p % W. A one-token step
+writes its slot (over position p - W, which no query from p on can see) and attends to
+the valid slots as they lie: attention over a set of keys does not depend on their order
+and every slot is visible, so no mask is built. A chunk of several tokens attends to the
+ring before it plus the chunk, with the mask built from absolute positions, then keeps
+the chunk's last W positions. Bytes stay at W positions, whatever the length.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from kvbench.cache.base import Cache, expected_cache_bytes
+from kvbench.config import DecoderConfig
+
+
+class WindowCache(Cache):
+    kind = "window"
+
+    def __init__(self, config: DecoderConfig, batch: int = 1, capacity: int | None = None) -> None:
+        super().__init__(config, batch, capacity)
+        if config.window is None:
+            raise ValueError("the window kind needs a model with a sliding window: expected DecoderConfig(window=W), "
+                             "got window=None")
+        self.slots = min(config.window, self.capacity)
+        shape = (batch, config.kv_heads, self.slots, config.head_dim)
+        self._keys = [torch.zeros(shape, dtype=config.dtype) for _ in range(config.layers)]
+        self._values = [torch.zeros(shape, dtype=config.dtype) for _ in range(config.layers)]
+        self._overwritten: list[tuple[list[Tensor], int, Tensor, Tensor]] = []  # undone by rollback
+        self.key_positions = None
+
+    @classmethod
+    def expected_bytes(cls, config: DecoderConfig, batch: int, length: int, **options) -> int:
+        """The last W positions at most: 2 * layers * B * KVH * min(T, W) * D * elt."""
+        return expected_cache_bytes(config, batch, min(length, config.window or length))
+
+    def ring_positions(self, length: int) -> Tensor:
+        """Absolute position held by each valid slot when `length` positions were appended."""
+        slots = torch.arange(min(length, self.slots))
+        return length - 1 - (length - 1 - slots) % self.slots
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        start, new = self.length, k.shape[-2]
+        keys, values = self._keys[layer], self._values[layer]
+        if new == 1:  # the decode step
+            slot = start % self.slots
+            self._save(layer, torch.tensor([slot]))
+            keys.narrow(2, slot, 1).copy_(k)
+            values.narrow(2, slot, 1).copy_(v)
+            self.key_positions = None
+            valid = min(start + 1, self.slots)
+            return keys.narrow(2, 0, valid), values.narrow(2, 0, valid)
+        before = min(start, self.slots)
+        positions = torch.cat((self.ring_positions(start), torch.arange(start, start + new)))
+        all_keys = torch.cat((keys.narrow(2, 0, before), k), dim=2)  # (B, KVH, before + new, D)
+        all_values = torch.cat((values.narrow(2, 0, before), v), dim=2)
+        kept = torch.arange(max(start, start + new - self.slots), start + new)  # the chunk's last W positions
+        slots = kept % self.slots
+        self._save(layer, slots)
+        keys.index_copy_(2, slots, k[:, :, kept - start])
+        values.index_copy_(2, slots, v[:, :, kept - start])
+        self.key_positions = positions
+        return all_keys, all_values
+
+    def _save(self, layer: int, slots: Tensor) -> None:
+        self._overwritten.append((layer, slots, self._keys[layer].index_select(2, slots),
+                                  self._values[layer].index_select(2, slots)))
+
+    def commit(self, length: int) -> None:
+        self._overwritten = []
+        super().commit(length)
+
+    def rollback(self) -> None:
+        """Put back the slots the failed append wrote over."""
+        for layer, slots, keys, values in reversed(self._overwritten):
+            self._keys[layer].index_copy_(2, slots, keys)
+            self._values[layer].index_copy_(2, slots, values)
+        self._overwritten = []
+        self.key_positions = None
+
+    def _in_order(self, buffers: list[Tensor], layer: int) -> Tensor:
+        order = torch.argsort(self.ring_positions(self.length))
+        return buffers[layer].index_select(2, order)
+
+    def keys(self, layer: int = 0) -> Tensor:
+        """The last min(T, W) keys of one layer, oldest first."""
+        return self._in_order(self._keys, layer)
+
+    def values(self, layer: int = 0) -> Tensor:
+        return self._in_order(self._values, layer)
+
+    @property
+    def reserved_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self._keys, *self._values))

@@ -1,0 +1,154 @@
+"""How many samples to take: whole rotations in rounds, until the speedups are as precise as asked.
+
+A round runs one rotation (every mode once, in the protocol's order) at every length still
+sampling, so each length's samples are spread over the whole run instead of one stretch of
+it: a slow patch of machine time touches every length a little rather than one length a lot.
+After each round, a length stops when its rule is met: exactly `repeats` rotations for the
+fixed protocol; otherwise at least `repeats`, then the first of
+  precise -- every watched ratio's 95% interval is within the target relative half-width,
+  cap     -- `max_repeats` rotations,
+  budget  -- `max_seconds` of timing since the first sample, all lengths together.
+The rule stops on interval width, never on a p-value, so stopping cannot manufacture a
+difference. What stopped each length, and how precise it got, is kept for the record.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from kvbench import stats
+from kvbench.decode import FULL, check_modes, decode
+from kvbench.model import Decoder
+from kvbench.telemetry import Probe, sample_cost
+from kvbench.timing import Protocol, Sample, rotation_order, time_observed
+
+STOPS = ("fixed", "precise", "cap", "budget", "interrupted")
+
+
+@dataclass
+class LengthSampling:
+    """Where one length's sampling ended, and why."""
+
+    length: int
+    rotations: int = 0
+    stop: str | None = None
+    half_width: float | None = None  # the widest watched interval when it stopped (relative)
+    half_widths: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"length": self.length, "rotations": self.rotations, "stop": self.stop,
+                "half_width": self.half_width, "half_widths": dict(self.half_widths)}
+
+
+@dataclass
+class Sampling:
+    """Every sample of a run, and per length where and why its sampling stopped."""
+
+    samples: list[Sample] = field(default_factory=list)
+    lengths: dict[int, LengthSampling] = field(default_factory=dict)
+    telemetry_unavailable: dict[str, str] = field(default_factory=dict)
+    telemetry_seconds: float | None = None  # what a sample's telemetry costs (outside its timed region)
+    elapsed: float = 0.0  # seconds from the first timed sample to the last
+
+
+def watched_half_widths(samples: list[Sample], length: int, baseline: str,
+                        between_run: float = stats.BETWEEN_RUN["speedup"]) -> dict[str, float]:
+    """Relative half-width of every speedup's interval at one length (of every mode's median
+    time when the baseline was not measured there)."""
+    cells: dict[str, dict[int, float]] = {}
+    for sample in samples:
+        if sample.length == length:
+            cells.setdefault(sample.mode, {})[sample.repetition] = sample.seconds
+    widths = {}
+    for mode, seconds in cells.items():
+        if mode == baseline:
+            continue
+        if baseline in cells:
+            estimate = stats.speedup(cells[baseline], seconds, between_run=between_run, key=("stop", mode, length))
+            widths[mode] = estimate.half_width
+        else:
+            low, high = stats.median_interval(list(seconds.values()))
+            widths[mode] = (high - low) / (low + high)
+    return widths
+
+
+def stop_reason(state: LengthSampling, protocol: Protocol, samples: list[Sample], baseline: str,
+                elapsed: float) -> str | None:
+    if protocol.precision is None:
+        return "fixed" if state.rotations >= protocol.repeats else None
+    if state.rotations < protocol.repeats:
+        return None
+    state.half_widths = watched_half_widths(samples, state.length, baseline, protocol.between_run)
+    state.half_width = max(state.half_widths.values(), default=None)
+    if state.half_width is not None and state.half_width <= protocol.precision:
+        return "precise"
+    if state.rotations >= protocol.max_repeats:
+        return "cap"
+    if elapsed >= protocol.max_seconds:
+        return "budget"
+    return None
+
+
+def sample(loops: dict[int, dict[str, Callable[[], object]]], protocol: Protocol, baseline: str = FULL,
+           on_sample: Callable[[Sample], None] | None = None, state: Sampling | None = None) -> Sampling:
+    """Warm every loop up, then run rounds until every length has stopped.
+
+    `loops` maps length -> mode -> the call to time. Pass `state` to keep what was sampled
+    when an interrupt ends the rounds early (the interrupt propagates; unfinished lengths
+    are marked "interrupted").
+    """
+    state = state if state is not None else Sampling()
+    probe = Probe()
+    state.telemetry_unavailable, state.telemetry_seconds = dict(probe.unavailable), sample_cost(probe, 200)
+    state.lengths = {length: LengthSampling(length) for length in loops}
+    try:
+        for by_mode in loops.values():
+            for run in by_mode.values():
+                for _ in range(protocol.warmup):
+                    run()
+        start, round_index, active = time.perf_counter(), 0, list(loops)
+        while active:
+            for length in active:
+                rotation = state.lengths[length].rotations
+                order = rotation_order(list(loops[length]), rotation, protocol.order, protocol.seed, length)
+                for position, mode in enumerate(order):
+                    seconds, telemetry = time_observed(loops[length][mode], probe)
+                    kept = Sample(mode, length, rotation, position, seconds, round_index,
+                                  round(time.perf_counter() - start - seconds, 6), telemetry)
+                    state.samples.append(kept)
+                    if on_sample is not None:
+                        on_sample(kept)
+                state.lengths[length].rotations += 1
+            round_index += 1
+            state.elapsed = time.perf_counter() - start
+            for length in list(active):
+                reason = stop_reason(state.lengths[length], protocol, state.samples, baseline, state.elapsed)
+                if reason is not None:
+                    state.lengths[length].stop = reason
+                    active.remove(length)
+    except KeyboardInterrupt:
+        for length_state in state.lengths.values():
+            length_state.stop = length_state.stop or "interrupted"
+        raise
+    finally:
+        probe.close()
+    return state
+
+
+def measure_loops(loops: dict[int, dict[str, Callable[[], object]]], protocol: Protocol = Protocol.fixed(),
+                  on_sample: Callable[[Sample], None] | None = None) -> list[Sample]:
+    """The protocol for any named loops (the asv suites, the comparison scripts): every sample."""
+    return sample(loops, protocol, on_sample=on_sample).samples
+
+
+def measure(model: Decoder, ids_by_length: dict[int, object], modes: list[str], protocol: Protocol = Protocol.fixed(),
+            on_sample: Callable[[Sample], None] | None = None) -> list[Sample]:
+    """Time every mode at every length with the protocol; returns every sample in the order run."""
+    modes = check_modes(modes)
+    loops = {
+        length: {mode: (lambda ids=ids, mode=mode: decode(model, ids, mode)) for mode in modes}
+        for length, ids in ids_by_length.items()
+    }
+    return measure_loops(loops, protocol, on_sample)

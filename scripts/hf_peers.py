@@ -1,0 +1,183 @@
+"""kvbench's caches beside Hugging Face transformers' caches, in one process, same work, same protocol.
+
+    dynamic    kvbench's exact kinds against transformers' DynamicCache
+    quantized  kvbench's quantized kinds against transformers' QuantizedCache (quanto backend)
+
+Same configuration as a kvbench preset (GPT-2, the closest architecture: learned positions,
+pre-norm, GELU; and Llama), random weights and no download, the same teacher-forced token
+ids, kvbench's protocol (a warmup per mode, random order, whole rotations). Every path is
+checked against its own model's full-prefix logits first, with kvbench's metrics: an exact
+cache by the tolerance, a quantized one by its drift (KL of next-token distributions, top-1
+agreement). Writes one JSON record with every sample.
+
+    pip install -e '.[hf]'
+    python scripts/hf_peers.py dynamic --length 1024
+    python scripts/hf_peers.py quantized --preset medium --length 1024
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+from kvbench import capture
+from kvbench.cache import KINDS
+from kvbench.config import DecoderConfig, preset_config
+from kvbench.decode import check_equivalence, compare_drift, compare_logits, decode, token_ids, tolerances
+from kvbench.files import write_json_atomic
+from kvbench.model import build_model
+from kvbench.record import utc_now
+from kvbench.sampling import measure_loops
+from kvbench.timing import Protocol, set_threads
+
+OUTPUTS = {"dynamic": Path("results/external/hf-dynamic-cache.json"),
+           "quantized": Path("results/external/hf-quantized-cache.json")}
+KVBENCH_MODES = {"dynamic": ("concat", "static", "paged"), "quantized": ("static", "quantized-int8", "quantized-int4")}
+
+
+def hf_models(config: DecoderConfig, families: tuple[str, ...] = ("gpt2", "llama")) -> dict:
+    """Random-weight transformers models of the same size as `config`."""
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    models = {}
+    if "gpt2" in families:
+        models["gpt2"] = GPT2LMHeadModel(GPT2Config(
+            vocab_size=config.vocab_size, n_embd=config.width, n_head=config.heads, n_layer=config.layers,
+            n_positions=config.max_length, bos_token_id=0, eos_token_id=0,
+        )).eval()
+    if "llama" in families:
+        models["llama"] = LlamaForCausalLM(LlamaConfig(
+            vocab_size=config.vocab_size, hidden_size=config.width, num_attention_heads=config.heads,
+            num_key_value_heads=config.kv_heads, num_hidden_layers=config.layers,
+            intermediate_size=config.mlp_ratio * config.width, max_position_embeddings=config.max_length,
+            bos_token_id=0, eos_token_id=0, pad_token_id=0,
+        )).eval()
+    return models
+
+
+def dynamic_cache(model):
+    from transformers import DynamicCache
+
+    return DynamicCache(config=model.config)
+
+
+def quantized_cache(model, nbits: int, group_size: int, residual: int):
+    from transformers import QuantizedCache
+
+    return QuantizedCache(backend="quanto", config=model.config, nbits=nbits, axis_key=0, axis_value=0,
+                          q_group_size=group_size, residual_length=residual)
+
+
+def hf_decode(model, ids: torch.Tensor, make_cache, keep_logits: bool = False) -> torch.Tensor | None:
+    """One teacher-forced loop, one token a step, through a transformers cache."""
+    kept = []
+    with torch.inference_mode():
+        cache = make_cache(model)
+        for t in range(ids.shape[1]):
+            output = model(input_ids=ids[:, t : t + 1], past_key_values=cache, use_cache=True)
+            cache = output.past_key_values
+            if keep_logits:
+                kept.append(output.logits[:, -1])
+    return torch.stack(kept, dim=1) if keep_logits else None
+
+
+def hf_reference(model, ids: torch.Tensor) -> torch.Tensor:
+    """Full-prefix logits of every step: one causal forward over the whole sequence."""
+    with torch.inference_mode():
+        return model(input_ids=ids, use_cache=False).logits
+
+
+def peers(kind: str, models: dict, args) -> dict:
+    """label -> (model, cache factory) of the transformers paths compared."""
+    if kind == "dynamic":
+        return {f"hf-{family}-dynamic": (model, dynamic_cache) for family, model in models.items()}
+    return {f"hf-{family}-quanto-int{bits}": (model, lambda m, bits=bits: quantized_cache(m, bits, args.group, args.residual))
+            for family, model in models.items() for bits in (4, 2)}
+
+
+def checks(kind: str, model, ids, hf: dict, options: dict) -> dict:
+    """Every path against its own model's full prefix, with kvbench's metrics."""
+    out = {mode: result.to_dict() for mode, result in check_equivalence(model, ids, KVBENCH_MODES[kind],
+                                                                           options=options).items()}
+    atol, rtol = tolerances(torch.float32)
+    limits = KINDS["quantized-int4"].drift_limits
+    for label, (hf_model, make_cache) in hf.items():
+        candidate, reference = hf_decode(hf_model, ids, make_cache, keep_logits=True), hf_reference(hf_model, ids)
+        result = compare_logits(label, candidate, reference, atol, rtol) if kind == "dynamic" else \
+            compare_drift(label, candidate, reference, limits, atol, rtol)
+        out[label] = result.to_dict()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("kind", choices=sorted(OUTPUTS))
+    parser.add_argument("--preset", default="seed")
+    parser.add_argument("--length", type=int, default=1024)
+    parser.add_argument("--repeats", type=int, default=11)
+    parser.add_argument("--group", type=int, default=32, help="quantized: tokens per group, as kvbench's default")
+    parser.add_argument("--residual", type=int, default=128, help="quantized: positions kept in full precision")
+    parser.add_argument("--output", type=Path)
+    parser.add_argument("--force", action="store_true")
+    args = parser.parse_args(argv)
+    output = args.output or OUTPUTS[args.kind]
+
+    threads = set_threads(1)
+    config = preset_config(args.preset)
+    model = build_model(config, seed=0)
+    ids = token_ids(config, 1, args.length)
+    options = {kind: {"group_size": args.group, "residual": args.residual} for kind in KVBENCH_MODES["quantized"][1:]}
+    hf = peers(args.kind, hf_models(config), args)
+    found = checks(args.kind, model, ids, hf, options)
+    loops = {mode: (lambda mode=mode: decode(model, ids, mode, options=options)) for mode in KVBENCH_MODES[args.kind]}
+    for label, (hf_model, make_cache) in hf.items():
+        loops[label] = lambda hf_model=hf_model, make_cache=make_cache: hf_decode(hf_model, ids, make_cache)
+    samples = measure_loops({args.length: loops}, Protocol.fixed(args.repeats, control="none"))
+
+    medians = {mode: statistics.median(s.seconds for s in samples if s.mode == mode) for mode in loops}
+    fastest_kvbench = min(KVBENCH_MODES[args.kind][-2 if args.kind == "quantized" else 0:], key=medians.get)
+    fastest_hf = min((m for m in loops if m.startswith("hf-")), key=medians.get)
+    result = {
+        "schema": "kvbench.external/1",
+        "created_utc": utc_now(),
+        "command": sys.argv,
+        "kind": args.kind,
+        "config": config.to_dict(),
+        "length": args.length,
+        "cache_options": options,
+        "transformers_version": importlib.metadata.version("transformers"),
+        "optimum_quanto_version": _version("optimum-quanto"),
+        "threads_in_effect": threads,
+        "environment": capture.collect_environment(),
+        "checks": found,
+        "repetitions": [s.to_dict() for s in samples],
+        "per_token_median_us": {mode: medians[mode] / args.length * 1e6 for mode in loops},
+        "fastest_kvbench_mode": fastest_kvbench,
+        "fastest_hf_mode": fastest_hf,
+        "ratio_fastest_kvbench_to_fastest_hf": medians[fastest_kvbench] / medians[fastest_hf],
+    }
+    write_json_atomic(result, output, force=args.force)
+    for mode in loops:
+        check = found[mode]
+        verdict = ("exact" if check.get("exact", True) else f"KL {check['kl_mean']:.1e}, top-1 {check['top1_agreement']:.1%}")
+        print(f"{mode:24s} {result['per_token_median_us'][mode]:9.1f} us/token  "
+              f"{'ok' if check['passed'] else 'FAILED'} {verdict}")
+    print(f"{fastest_kvbench} / {fastest_hf} = {result['ratio_fastest_kvbench_to_fastest_hf']:.2f}  -> {output}")
+    return 0
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,131 @@
+"""Does a verdict survive a rerun? Five A/A pairs of `kvbench run`, compared, with a slowed kind for power.
+
+Each pair is the same commit run twice back to back with the default protocol, plus the
+test-only kind `slowed` (tests/plugins/slowed.py: the static cache with a fixed wait per
+append). For every pair this checks what issue 10 asks of kvbench:
+
+- A/A: `kvbench compare A B` calls no cell slower or faster; B's speedup lies inside A's
+  interval in at least 90% of the cells; the two speedups agree within 10% in every cell.
+- Power: `kvbench compare A B --pair slowed=static` calls `slowed` slower at every length,
+  and its true slowdown (slowed over static in the same rotations, pooled over every run)
+  lies inside the interval compare gives.
+
+    python scripts/reproducibility.py [--pairs 5] [--out results/reproducibility]   # = make reproducibility
+
+The records stay in --out; the summary goes to stdout (markdown) and --out/summary.json.
+Exit status 1 when a check fails, so it can gate a change to the protocol.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from kvbench import stats
+from kvbench.files import write_json_atomic
+from kvbench.record import RecordView
+from kvbench.report.compare import FASTER, SLOWER, compare_records
+
+ROOT = Path(__file__).resolve().parents[1]
+PLUGIN = ROOT / "tests" / "plugins" / "slowed.py"
+MODES = "full,concat,static,paged,slowed"
+
+
+def run_pair(out: Path, index: int) -> tuple[Path, Path]:
+    paths = []
+    for side in ("a", "b"):
+        path = out / f"pair-{index}-{side}.json"
+        if not path.exists():
+            command = [sys.executable, "-m", "kvbench", "run", "--no-progress", "--plugin", str(PLUGIN),
+                       "--modes", MODES, "--output", str(path)]
+            done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise SystemExit(f"{' '.join(command)} exited {done.returncode}: {done.stderr.strip()}")
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+def true_slowdowns(views: list[RecordView]) -> dict[int, float]:
+    """slowed / static per length, the median of every same-rotation pair of every run."""
+    ratios: dict[int, list[float]] = {}
+    for view in views:
+        for length in view.lengths:
+            static, slowed = view.samples("static", length), view.samples("slowed", length)
+            ratios.setdefault(length, []).extend(slowed[r] / static[r] for r in set(static) & set(slowed))
+    return {length: statistics.median(values) for length, values in ratios.items()}
+
+
+def check_pair(a: RecordView, b: RecordView, truth: dict[int, float]) -> dict:
+    aa = compare_records(a, b)
+    speedups_a = {(s["mode"], s["length"]): s for s in a.record["summary"]["speedups"]}
+    inside = agree = cells = 0
+    worst = 0.0
+    for entry in b.record["summary"]["speedups"]:
+        key = (entry["mode"], entry["length"])
+        if entry["mode"] == "control" or key not in speedups_a:
+            continue
+        mine = speedups_a[key]
+        cells += 1
+        inside += mine["low"] <= entry["speedup"] <= mine["high"]
+        disagreement = abs(entry["speedup"] / mine["speedup"] - 1)
+        agree += disagreement <= 0.10
+        worst = max(worst, disagreement)
+    power = compare_records(a, b, mapping={"slowed": "static"})
+    slowed = {cell.length: cell for cell in power.cells if cell.mode == "slowed"}
+    return {
+        "pair": [a.source, b.source],
+        "aa_slower_or_faster": [f"{c.mode}@{c.length}: {c.verdict}" for c in aa.cells if c.verdict in (SLOWER, FASTER)],
+        "aa_cells": len(aa.cells),
+        "speedups_inside": inside, "speedup_cells": cells, "speedups_within_10pct": agree,
+        "worst_disagreement": worst,
+        "power": {length: {"verdict": cell.verdict, "ratio": cell.relative.ratio, "low": cell.relative.low,
+                           "high": cell.relative.high, "mde": cell.relative.mde, "truth": truth[length],
+                           "truth_inside": cell.relative.low <= truth[length] <= cell.relative.high}
+                  for length, cell in sorted(slowed.items())},
+    }
+
+
+def markdown(results: list[dict], truth: dict[int, float]) -> str:
+    lines = ["| pair | A/A cells slower or faster | B's speedup in A's interval | within 10% | worst gap | "
+             "slowed called slower | true slowdown inside |", "|---|--:|--:|--:|--:|--:|--:|"]
+    for index, result in enumerate(results, 1):
+        power = result["power"].values()
+        lines.append(f"| {index} | {len(result['aa_slower_or_faster'])} of {result['aa_cells']} | "
+                     f"{result['speedups_inside']} of {result['speedup_cells']} | "
+                     f"{result['speedups_within_10pct']} of {result['speedup_cells']} | "
+                     f"{result['worst_disagreement']:.1%} | "
+                     f"{sum(p['verdict'] == SLOWER for p in power)} of {len(power)} | "
+                     f"{sum(p['truth_inside'] for p in power)} of {len(power)} |")
+    lines += ["", "True slowdown of `slowed` over `static` (same rotations, every run): "
+              + ", ".join(f"T={length}: {value:.3f}x" for length, value in sorted(truth.items()))]
+    return "\n".join(lines) + "\n"
+
+
+def passed(results: list[dict]) -> bool:
+    inside = sum(r["speedups_inside"] for r in results) / max(1, sum(r["speedup_cells"] for r in results))
+    return (all(not r["aa_slower_or_faster"] for r in results) and inside >= 0.90
+            and all(r["speedups_within_10pct"] == r["speedup_cells"] for r in results)
+            and all(p["verdict"] == SLOWER and p["truth_inside"] for r in results for p in r["power"].values()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=Path("results/reproducibility"))
+    args = parser.parse_args(argv)
+    pairs = [run_pair(args.out, index) for index in range(1, args.pairs + 1)]
+    views = [(RecordView.load(a), RecordView.load(b)) for a, b in pairs]
+    truth = true_slowdowns([view for pair in views for view in pair])
+    results = [check_pair(a, b, truth) for a, b in views]
+    write_json_atomic({"results": results, "true_slowdowns": truth, "estimator": stats.DEFAULT_ESTIMATOR,
+                       "interval": stats.DEFAULT_INTERVAL, "passed": passed(results)},
+                      args.out / "summary.json", force=True)
+    sys.stdout.write(markdown(results, truth))
+    return 0 if passed(results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

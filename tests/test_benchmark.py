@@ -1,0 +1,144 @@
+"""kvbench.benchmark: one run end to end: the gate, memory, the sampled rotations, the A/A control, interrupts."""
+
+from collections import Counter
+
+import pytest
+
+import kvbench.benchmark as benchmark_module
+import kvbench.decode as decode_module
+import kvbench.sampling as sampling_module
+from kvbench.benchmark import control_mode, run_benchmark
+from kvbench.record import build_record
+from kvbench.timing import CONTROL, Protocol, mode_orders
+
+
+def test_control_mode_repeats_a_cached_mode():
+    assert control_mode("auto", ["full", "static", "paged"]) == "static"
+    assert control_mode("paged", ["full", "static", "paged"]) == "paged"
+    assert control_mode("none", ["full", "static"]) is None
+    assert control_mode("auto", ["full"]) is None
+    with pytest.raises(ValueError, match="control must be 'auto', 'none' or one of the cached modes"):
+        control_mode("full", ["full", "static"])
+
+
+def test_run_benchmark_checks_memory_and_repetitions(tiny_model):
+    lengths, modes, repeats = [4, 8], ["full", "concat", "static", "paged"], 2
+    events = []
+    outcome = run_benchmark(tiny_model, lengths, modes,
+                            Protocol.fixed(repeats, warmup=1, per_step_length=5, control="none", order="rotate"),
+                            on_progress=lambda stage, done, total: events.append((stage, done, total)))
+    assert outcome.interrupted is False
+    cells = {(m, n) for m in modes for n in lengths}
+
+    assert len(outcome.checks) == len(cells)
+    assert {(c["mode"], c["length"]) for c in outcome.checks} == cells
+    assert all(c["passed"] and c["max_abs_diff"] <= 1e-5 for c in outcome.checks)
+
+    assert {(m["mode"], m["length"]) for m in outcome.memory} == cells
+    for row in outcome.memory:
+        assert row["expected_bytes"] == row["measured_bytes"] == 2 * 4 * row["length"] * 8 * 4
+        assert row["reserved_bytes"] >= row["measured_bytes"]
+        assert isinstance(row["peak_rss_growth_bytes"], int) and row["peak_method"]
+
+    assert len(outcome.repetitions) == len(cells) * repeats
+    assert Counter((r["mode"], r["length"]) for r in outcome.repetitions) == {cell: repeats for cell in cells}
+    for r in outcome.repetitions:
+        assert r["seconds"] > 0
+        assert mode_orders(modes, repeats)[r["repetition"]][r["order"]] == r["mode"]
+
+    assert [(p["mode"], p["length"], len(p["seconds"])) for p in outcome.per_step] == [(m, 5, 5) for m in modes]
+    assert ("time", len(cells) * repeats, len(cells) * repeats) in events
+    assert ("check", len(cells), len(cells)) in events
+
+
+def test_run_benchmark_interrupted_keeps_completed_repetitions(tiny_model, monkeypatch):
+    real_time_observed, calls = sampling_module.time_observed, []
+
+    def time_observed(run, probe):
+        calls.append(1)
+        if len(calls) == 6:
+            raise KeyboardInterrupt
+        return real_time_observed(run, probe)
+
+    monkeypatch.setattr(sampling_module, "time_observed", time_observed)
+    lengths, modes, repeats = [4, 8], ["full", "concat"], 2
+    outcome = run_benchmark(tiny_model, lengths, modes,
+                            Protocol.fixed(repeats, warmup=0, per_step_length=4, control="none", order="rotate"))
+    assert outcome.interrupted is True
+    assert outcome.per_step is None  # nothing more is run after Ctrl-C
+    assert len(outcome.checks) == len(outcome.memory) == 4  # the gate finished before timing
+    # rounds: rotation 0 at length 4, then at 8; rotation 1 at 4 ... interrupted at the 6th sample
+    assert [(r["mode"], r["length"], r["repetition"], r["order"]) for r in outcome.repetitions] == [
+        ("full", 4, 0, 0), ("concat", 4, 0, 1), ("full", 8, 0, 0), ("concat", 8, 0, 1), ("concat", 4, 1, 0),
+    ]
+    assert {length: state.stop for length, state in outcome.sampling.lengths.items()} == {4: "interrupted",
+                                                                                         8: "interrupted"}
+    # Such an outcome makes a valid incomplete record (and not a complete one).
+    fields = dict(
+        command=["kvbench"], config=tiny_model.config.to_dict(), protocol={}, environment={},
+        run={"preset": "seed", "lengths": lengths, "modes": modes, "batch": 1, "seed": 0,
+             "repeats": repeats, "warmup": 0, "threads": 1},
+        checks=outcome.checks, repetitions=outcome.repetitions, memory=outcome.memory,
+    )
+    assert build_record(**fields, status="incomplete")["status"] == "incomplete"
+    with pytest.raises(ValueError, match=r"length [48] stopped \(fixed\) after 1 rotations, fewer than run.repeats 2"):
+        build_record(**fields, status="complete")
+
+
+def test_run_benchmark_interrupt_during_the_gate_keeps_the_lengths_already_checked(tiny_model, monkeypatch):
+    real, calls = decode_module.check_equivalence, []
+
+    def check_equivalence(model, ids, modes, **kwargs):
+        calls.append(ids.shape[1])
+        if ids.shape[1] == 8:
+            raise KeyboardInterrupt
+        return real(model, ids, modes, **kwargs)
+
+    monkeypatch.setattr(decode_module, "check_equivalence", check_equivalence)
+    outcome = run_benchmark(tiny_model, [4, 8], ["full", "static"], Protocol.fixed(1))
+    assert outcome.interrupted is True
+    assert [(c["mode"], c["length"]) for c in outcome.checks] == [("full", 4), ("static", 4)]
+    assert [(m["mode"], m["length"]) for m in outcome.memory] == [("full", 4), ("static", 4)]
+    assert outcome.repetitions == [] and outcome.per_step is None
+
+
+def test_run_benchmark_interrupt_during_the_profile_keeps_every_repetition(tiny_model, monkeypatch):
+    def per_step_seconds(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(benchmark_module, "per_step_seconds", per_step_seconds)
+    outcome = run_benchmark(tiny_model, [4], ["full", "static"],
+                            Protocol.fixed(2, warmup=0, per_step_length=4, control="none"))
+    assert outcome.interrupted is True and outcome.per_step is None
+    assert len(outcome.repetitions) == 4 and len(outcome.checks) == 2
+
+
+def test_run_benchmark_does_not_time_a_mode_that_raised_in_the_gate(tiny_model, monkeypatch):
+    from kvbench.cache import KINDS, StaticCache
+
+    class Exploding(StaticCache):
+        def update(self, layer, k, v):
+            raise RuntimeError("kernel exploded")
+
+    monkeypatch.setitem(KINDS, "static", Exploding)
+    outcome = run_benchmark(tiny_model, [4], ["full", "static"], Protocol.fixed(2, warmup=0))
+    (static,) = [c for c in outcome.checks if c["mode"] == "static"]
+    assert static["passed"] is False and static["error"] == "RuntimeError: kernel exploded"
+    assert static["max_abs_diff"] is None
+    assert {r["mode"] for r in outcome.repetitions} == {"full"}
+    assert [m["mode"] for m in outcome.memory] == ["full"]
+    record = build_record(command=["kvbench"], config=tiny_model.config.to_dict(), protocol={}, environment={},
+                          run={"preset": "seed", "lengths": [4], "modes": ["full", "static"], "batch": 1, "seed": 0,
+                               "repeats": 2, "warmup": 0, "threads": 1},
+                          checks=outcome.checks, repetitions=outcome.repetitions, memory=outcome.memory)
+    assert record["status"] == "complete"  # a mode that cannot be timed is not a missing repetition
+
+
+def test_the_control_is_its_mode_timed_again_in_the_same_rotations(tiny_model):
+    outcome = run_benchmark(tiny_model, [4], ["full", "static"], Protocol.fixed(3, warmup=0))
+    assert outcome.control == "static"
+    labels = Counter(r["mode"] for r in outcome.repetitions)
+    assert labels == {"full": 3, "static": 3, CONTROL: 3}
+    for rotation in range(3):  # every rotation times all three labels once
+        assert sorted(r["order"] for r in outcome.repetitions if r["repetition"] == rotation) == [0, 1, 2]
+    assert [c["mode"] for c in outcome.checks] == ["full", "static"]  # the control is its mode's code: no check of its own

@@ -1,0 +1,114 @@
+"""kvbench.plugins and register_kind: a cache kind of your own runs through the same gate, protocol and record."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from kvbench.cache import KINDS, StaticCache, make_cache, register_kind
+from kvbench.cli import main
+from kvbench.decode import check_equivalence, known_modes, token_ids
+from kvbench.model import DecoderConfig, build_model
+from kvbench.plugins import load_plugin
+from kvbench.record import load_record
+
+PLUGIN = """
+from kvbench.cache import StaticCache, register_kind
+
+class Mine(StaticCache):
+    kind = "mine"
+
+register_kind("mine", Mine)
+"""
+
+
+@pytest.fixture
+def clean_kinds():
+    before = dict(KINDS)
+    yield
+    KINDS.clear()
+    KINDS.update(before)
+
+
+def test_a_registered_kind_is_a_mode_and_passes_the_gate(clean_kinds):
+    class Mine(StaticCache):
+        kind = "mine"
+
+    register_kind("mine", Mine)
+    assert "mine" in known_modes() and isinstance(make_cache("mine", DecoderConfig()), Mine)
+    model = build_model(DecoderConfig(max_length=32))
+    result = check_equivalence(model, token_ids(model.config, 1, 12), ["mine"])["mine"]
+    assert result.passed and result.max_abs_diff <= 1e-5
+
+
+@pytest.mark.parametrize("name, factory, message", [
+    ("Mine", StaticCache, "plain lowercase word"),
+    ("full", StaticCache, "not 'full' or 'control'"),
+    ("control", StaticCache, "not 'full' or 'control'"),
+    ("static", type("Other", (StaticCache,), {}), "'static' is already registered \\(as StaticCache\\)"),
+    ("odd", 42, "must be callable"),
+])
+def test_register_kind_refuses_bad_names_and_clashes(clean_kinds, name, factory, message):
+    with pytest.raises(ValueError, match=message):
+        register_kind(name, factory)
+    assert "odd" not in KINDS
+
+
+def test_load_plugin_records_the_file_and_its_kinds(clean_kinds, tmp_path):
+    path = tmp_path / "mine.py"
+    path.write_text(PLUGIN)
+    loaded = load_plugin(path)
+    assert loaded["kinds"] == ["mine"] and loaded["path"] == str(path) and len(loaded["sha256"]) == 64
+
+
+@pytest.mark.parametrize("content, message", [
+    ("raise RuntimeError('broken')", "the plugin raised RuntimeError: broken"),
+    ("x = 1", "registered no cache kind"),
+    ("def (", "the plugin raised SyntaxError"),
+])
+def test_a_bad_plugin_is_one_line(clean_kinds, tmp_path, content, message):
+    path = tmp_path / "bad.py"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=message):
+        load_plugin(path)
+
+
+def test_run_with_a_plugin_kind_and_read_the_record_without_it(clean_kinds, tmp_path, capsys):
+    path = tmp_path / "mine.py"
+    path.write_text(PLUGIN)
+    output = tmp_path / "rec.json"
+    code = main(["run", "--plugin", str(path), "--modes", "full,static,mine", "--lengths", "4", "--repeats", "2",
+                 "--warmup", "0", "--no-progress", "--output", str(output)])
+    assert code == 0, capsys.readouterr().err
+    record = load_record(output)
+    assert record["run"]["plugins"][0]["kinds"] == ["mine"]
+    assert {r["mode"] for r in record["repetitions"]} >= {"mine"}
+    KINDS.pop("mine")  # another process, without the plugin: the record still reads
+    assert load_record(output)["run"]["modes"] == ["full", "static", "mine"]
+    data = json.loads(output.read_text())
+    data["run"]["plugins"] = []
+    output.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="unknown mode 'mine'"):
+        load_record(output)
+
+
+def test_an_unknown_mode_without_its_plugin_is_one_line(tmp_path, capsys):
+    code = main(["run", "--modes", "full,mine", "--lengths", "4", "--no-progress", "--output", str(tmp_path / "r.json")])
+    assert code == 2
+    assert capsys.readouterr().err == ("kvbench: error: --modes: unknown mode 'mine': expected one of "
+                                       "['full', 'concat', 'static', 'paged', 'quantized-int8', 'quantized-int4', "
+                                       "'window']\n")
+
+
+def test_the_slowed_test_kind_is_exact_and_slower(clean_kinds):
+    from pathlib import Path
+
+    load_plugin(Path(__file__).parent / "plugins" / "slowed.py")
+    model = build_model(DecoderConfig(max_length=32))
+    ids = token_ids(model.config, 1, 16)
+    assert check_equivalence(model, ids, ["slowed"])["slowed"].passed
+    with torch.inference_mode():
+        cache = make_cache("slowed", model.config, capacity=16)
+        assert type(cache).__name__ == "SlowedCache"

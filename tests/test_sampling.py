@@ -1,0 +1,143 @@
+"""kvbench.sampling: rounds over the lengths, whole rotations, and the rule that stops each length.
+
+The timed calls are replaced by a script of durations, so that every stopping rule is
+reached on purpose: the fixed protocol, "precise", the cap, the budget, an interrupt.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+import kvbench.sampling as sampling
+from kvbench.sampling import Sampling, sample, stop_reason, watched_half_widths
+from kvbench.telemetry import FIELDS
+from kvbench.timing import Protocol, Sample, rotation_order
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    """durations[label] -> an iterator of seconds; each timed call returns the next one."""
+    durations: dict[str, itertools.cycle] = {}
+    calls: list[str] = []
+
+    def time_observed(run, probe):
+        label = run()
+        calls.append(label)
+        return next(durations[label]), dict.fromkeys(FIELDS)
+
+    monkeypatch.setattr(sampling, "time_observed", time_observed)
+    return durations, calls
+
+
+def loops(lengths, labels):
+    return {length: {label: (lambda label=label: label) for label in labels} for length in lengths}
+
+
+def test_the_fixed_protocol_runs_exactly_repeats_rotations_in_rounds_over_the_lengths(scripted):
+    durations, calls = scripted
+    durations.update(full=itertools.cycle([2.0]), static=itertools.cycle([1.0]))
+    protocol = Protocol.fixed(3, warmup=1, order="rotate")
+    state = sample(loops([4, 8], ["full", "static"]), protocol)
+    assert calls[:4] == ["full", "static", "full", "static"]  # one warmup per mode and length first
+    timed = [(s.length, s.repetition, s.mode, s.round) for s in state.samples]
+    assert timed == [(length, r, mode, r) for r in range(3) for length in (4, 8)
+                     for mode in rotation_order(["full", "static"], r, "rotate", 0, length)]
+    assert {length: (s.rotations, s.stop) for length, s in state.lengths.items()} == {4: (3, "fixed"), 8: (3, "fixed")}
+    assert all(s.telemetry is not None for s in state.samples)
+
+
+def test_samples_carry_when_they_started_in_the_order_they_ran():
+    state = sample(loops([4, 8], ["full", "static"]), Protocol.fixed(3, warmup=0))
+    starts = [s.started for s in state.samples]
+    assert len(starts) == 12 and starts == sorted(starts) and starts[0] >= 0
+    assert state.elapsed >= starts[-1]
+
+
+def test_a_precise_length_stops_at_the_minimum_and_a_noisy_one_keeps_sampling(scripted):
+    durations, _ = scripted
+    steady = itertools.cycle([1.0, 1.001, 0.999])
+    noisy = itertools.cycle([1.0, 1.5, 0.7, 1.3, 0.8, 1.6, 0.6])
+    durations.update(full=itertools.cycle([2.0]), quiet=steady, loud=noisy)
+    protocol = Protocol(repeats=7, precision=0.05, max_repeats=30, max_seconds=1e6, control="none")
+    state = sample({4: {"full": lambda: "full", "quiet": lambda: "quiet"},
+                    8: {"full": lambda: "full", "loud": lambda: "loud"}}, protocol)
+    quiet, loud = state.lengths[4], state.lengths[8]
+    assert (quiet.rotations, quiet.stop) == (7, "precise") and quiet.half_width <= 0.05
+    assert (loud.rotations, loud.stop) == (30, "cap") and loud.half_width > 0.05
+    assert set(loud.half_widths) == {"loud"}
+    later = [s for s in state.samples if s.round >= 7]
+    assert {s.length for s in later} == {8}  # a stopped length is no longer sampled
+
+
+def test_the_budget_stops_every_length_still_sampling(scripted, monkeypatch):
+    durations, _ = scripted
+    durations.update(full=itertools.cycle([2.0]), loud=itertools.cycle([1.0, 1.5, 0.7, 1.3, 0.8, 1.6, 0.6]))
+    clock = itertools.count(0.0, 1.0)  # one "second" passes at every look at the clock
+    monkeypatch.setattr(sampling.time, "perf_counter", lambda: next(clock))
+    protocol = Protocol(repeats=5, precision=0.01, max_repeats=1000, max_seconds=50.0, control="none",
+                        between_run=0.0)
+    state = sample(loops([4, 8], ["full", "loud"]), protocol)
+    assert {s.stop for s in state.lengths.values()} == {"budget"}
+    assert all(5 <= s.rotations < 1000 for s in state.lengths.values())
+
+
+def test_the_minimum_rotations_are_run_whatever_the_budget(scripted, monkeypatch):
+    durations, _ = scripted
+    durations.update(full=itertools.cycle([2.0]), loud=itertools.cycle([1.0, 1.5, 0.7]))
+    clock = itertools.count(0.0, 100.0)
+    monkeypatch.setattr(sampling.time, "perf_counter", lambda: next(clock))
+    state = sample(loops([4], ["full", "loud"]), Protocol(repeats=7, precision=0.01, max_seconds=1.0,
+                                                                     between_run=0.0))
+    assert (state.lengths[4].rotations, state.lengths[4].stop) == (7, "budget")
+
+
+def test_without_a_baseline_the_rule_watches_each_modes_median(scripted):
+    durations, _ = scripted
+    durations.update(static=itertools.cycle([1.0, 1.002, 0.998]), paged=itertools.cycle([2.0, 2.002, 1.998]))
+    state = sample(loops([4], ["static", "paged"]), Protocol(repeats=9, precision=0.05, control="none"))
+    assert state.lengths[4].stop == "precise" and set(state.lengths[4].half_widths) == {"static", "paged"}
+
+
+def test_an_interrupt_keeps_the_samples_and_marks_unfinished_lengths(scripted):
+    durations, _ = scripted
+    counter = itertools.count()
+
+    def explode():
+        if next(counter) == 5:
+            raise KeyboardInterrupt
+        return 1.0
+
+    durations.update(full=itertools.cycle([2.0]), static=(explode() for _ in itertools.count()))
+    state = Sampling()
+    with pytest.raises(KeyboardInterrupt):
+        sample(loops([4, 8], ["full", "static"]), Protocol.fixed(4, warmup=0, order="rotate"), state=state)
+    assert 0 < len(state.samples) < 16
+    assert {s.stop for s in state.lengths.values()} == {"interrupted"}
+
+
+def test_stop_reason_follows_the_rule_in_its_order():
+    state = sampling.LengthSampling(4, rotations=3)
+    fixed = Protocol.fixed(3)
+    assert stop_reason(state, fixed, [], "full", 0.0) == "fixed"
+    targeted = Protocol(repeats=5, precision=0.05, max_repeats=6, max_seconds=10.0)
+    assert stop_reason(state, targeted, [], "full", 1e9) is None  # below the minimum: go on, whatever the budget
+    samples = [Sample(mode, 4, r, 0, seconds) for r in range(6)
+               for mode, seconds in (("full", 2.0 + 0.5 * (r % 3)), ("static", 1.0))]
+    state.rotations = 5
+    assert stop_reason(state, targeted, samples, "full", 0.0) is None
+    assert stop_reason(state, targeted, samples, "full", 20.0) == "budget"
+    state.rotations = 6
+    assert stop_reason(state, targeted, samples, "full", 0.0) == "cap"
+
+
+def test_half_widths_are_those_of_the_speedups_the_report_prints():
+    from kvbench import stats
+
+    samples = [Sample(mode, 4, r, 0, seconds) for r in range(15)
+               for mode, seconds in (("full", 2.0 + 0.01 * r), ("static", 1.0 + 0.003 * (r % 4)))]
+    widths = watched_half_widths(samples, 4, "full")
+    expected = stats.speedup({r: 2.0 + 0.01 * r for r in range(15)}, {r: 1.0 + 0.003 * (r % 4) for r in range(15)},
+                             key=("stop", "static", 4))
+    assert widths == {"static": pytest.approx(expected.half_width)}
