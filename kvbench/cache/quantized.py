@@ -57,9 +57,11 @@ class QuantizedCache(Cache):
     kind = "quantized-int8"
     bits = 8
     exact = False
-    # Judged by these, not by the exact gate (docs/statistics.md, "Drift"): the largest logit difference,
-    # the mean and largest KL divergence of next-token distributions, how often the top token agrees.
-    drift_limits = {"max_abs_diff": 0.05, "kl_mean": 1e-4, "kl_max": 1e-3, "top1_agreement": 0.99}
+    # Judged by these, not by the exact gate (docs/drift.md): the largest logit difference, the mean and
+    # largest KL divergence (nats) of next-token distributions, how often the top token agrees. About 10x
+    # the worst seen on the seed and medium presets (seeds 0-2, T up to 2048, G=4/R=3 and the defaults),
+    # so a correct cache passes with room and a wrong scale or group does not.
+    drift_limits = {"max_abs_diff": 5e-3, "kl_mean": 5e-8, "kl_max": 1e-7, "top1_agreement": 0.99}
 
     def __init__(self, config: DecoderConfig, batch: int = 1, capacity: int | None = None,
                  group_size: int = GROUP_SIZE, residual: int = RESIDUAL) -> None:
@@ -203,4 +205,5 @@ class QuantizedCache(Cache):
 class QuantizedInt4Cache(QuantizedCache):
     kind = "quantized-int4"
     bits = 4
-    drift_limits = {"max_abs_diff": 0.5, "kl_mean": 1e-2, "kl_max": 5e-2, "top1_agreement": 0.9}
+    # Worst seen: max |diff| 4.6e-3, KL mean 3.8e-7, KL max 1.6e-6; top-1 0.94 (one near-tie in 16 steps).
+    drift_limits = {"max_abs_diff": 5e-2, "kl_mean": 1e-5, "kl_max": 5e-5, "top1_agreement": 0.9}
