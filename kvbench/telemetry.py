@@ -7,7 +7,8 @@ counters the kernel keeps anyway, through file descriptors opened once, outside 
 region. The machine-wide counters (steal, cgroup throttling) are the costly ones (the kernel
 formats all of /proc/stat for one line), so a sample's start reuses the previous sample's end
 for them: whatever happened in the few microseconds between two samples counts against the
-next one, never for it. A sample's telemetry costs about 15 µs (see `sample_cost`).
+next one, never for it. A sample's telemetry costs about 17 µs on a 2-core VM (`sample_cost`
+measures it at the start of every run).
 
 A counter this machine does not offer is None in every sample, with the reason kept once
 in `Probe.unavailable`; a missing sensor never costs a measurement.
@@ -176,8 +177,9 @@ def cgroup_cpu_stat() -> Path | None:
 def disturbances(seconds: float, telemetry: dict) -> list[str]:
     """Why a sample was disturbed (empty when nothing says it was)."""
     reasons = []
-    if telemetry.get("involuntary_switches"):
-        reasons.append("preempted")
+    # An involuntary switch alone is not counted: a shared VM preempts a few times a second for
+    # microseconds (a 2 s loop sees 3-6 switches and 0.1 ms of waiting). What costs a sample is the
+    # time it then waits, which the run-queue and off-CPU rules below measure.
     if (telemetry.get("runqueue_seconds") or 0) > DISTURBED_RUNQUEUE * seconds:
         reasons.append("waited for a CPU")
     if (telemetry.get("steal_seconds") or 0) > DISTURBED_STEAL * seconds:

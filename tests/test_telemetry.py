@@ -94,7 +94,8 @@ QUIET = {"cpu_seconds": 0.0099, "voluntary_switches": 0, "involuntary_switches":
 
 @pytest.mark.parametrize("change, reasons", [
     ({}, []),
-    ({"involuntary_switches": 1}, ["preempted"]),
+    ({"involuntary_switches": 3}, []),  # preempted for microseconds: not a disturbance by itself
+    ({"involuntary_switches": 3, "runqueue_seconds": 0.0002, "cpu_seconds": 0.0097}, ["waited for a CPU", "off CPU"]),
     ({"runqueue_seconds": 0.0002}, ["waited for a CPU"]),
     ({"runqueue_seconds": 0.00005}, []),  # 0.5% of the sample: below the 1% that counts
     ({"steal_seconds": 0.001}, ["steal"]),
