@@ -19,6 +19,7 @@ from kvbench.cache import KINDS, expected_bytes, expected_cache_bytes
 from kvbench.config import DTYPES, DecoderConfig
 from kvbench.decode import DRIFT_METRICS, MODES, within_limits
 from kvbench.record.summary import by_cell, summarize
+from kvbench.stats import ESTIMATORS, INTERVALS
 
 SCHEMA = "kvbench.record/2"
 SCHEMA_NAME, SCHEMA_VERSION = SCHEMA.split("/")
@@ -151,8 +152,8 @@ def _schema_v2() -> dict:
     }
     summary = schema["properties"]["summary"]
     summary["required"] += ["estimator", "interval", "controls"]
-    summary["properties"]["estimator"] = {"type": "string"}
-    summary["properties"]["interval"] = {"type": "string"}
+    summary["properties"]["estimator"] = {"enum": list(ESTIMATORS)}
+    summary["properties"]["interval"] = {"enum": list(INTERVALS)}
     summary["properties"]["between_run"] = {  # absent in records written before it (no between-run allowance)
         "type": "object", "required": ["speedup", "seconds"], "additionalProperties": False,
         "properties": {name: {"type": "number", "minimum": 0, "exclusiveMaximum": 0.5} for name in ("speedup", "seconds")}}
@@ -368,6 +369,9 @@ def check_per_step(record: dict) -> str | None:
     for entry in record.get("per_step", []):
         if entry["mode"] not in run["modes"]:
             return f"per_step entry for mode {entry['mode']!r} is outside run.modes {run['modes']}"
+        if run.get("per_step_length") is not None and entry["length"] != run["per_step_length"]:
+            return (f"per_step entry for mode {entry['mode']!r} has length {entry['length']}, "
+                    f"but run.per_step_length is {run['per_step_length']}")
         if len(entry["seconds"]) != entry["length"]:
             return (f"per_step for mode {entry['mode']!r} at length {entry['length']} "
                     f"has {len(entry['seconds'])} step durations, expected {entry['length']}")
@@ -380,9 +384,11 @@ def check_summary(record: dict) -> str | None:
     recomputed = summarize(record["repetitions"], record["checks"], summary.get("baseline", "full"),
                            record["run"].get("control"), summary.get("estimator"), summary.get("interval"),
                            summary.get("between_run"))
-    sections = [("cells", ("median", "min", "max", "q1", "q3")), ("speedups", ("speedup",))]
+    sections = [("cells", ("median", "min", "max", "q1", "q3", "repetitions", "per_token_median")),
+                ("speedups", ("speedup",))]
     if "estimator" in summary:
-        sections = [sections[0], ("speedups", ("speedup", "low", "high", "pairs")), ("controls", ("ratio", "low", "high"))]
+        sections = [sections[0], ("speedups", ("speedup", "low", "high", "pairs")),
+                    ("controls", ("ratio", "low", "high", "pairs"))]
     for section, stats in sections:
         stored, derived = by_cell(record["summary"][section]), by_cell(recomputed[section])
         extra = sorted(set(stored) - set(derived))
@@ -395,6 +401,8 @@ def check_summary(record: dict) -> str | None:
             if theirs is None:
                 return f"summary has no {section[:-1]} for {where}"
             for stat in stats:
+                if stat not in theirs and stat == "per_token_median":  # optional in schema 1
+                    continue
                 if not math.isclose(theirs[stat], mine[stat], rel_tol=1e-9, abs_tol=1e-15):
                     return f"summary {stat} for {where} is {theirs[stat]}, but its repetitions give {mine[stat]}"
             if "valid" in mine and theirs["valid"] != mine["valid"]:
