@@ -48,7 +48,8 @@ def test_a_registered_kind_is_a_mode_and_passes_the_gate(clean_kinds):
     ("full", StaticCache, "not 'full' or 'control'"),
     ("control", StaticCache, "not 'full' or 'control'"),
     ("static", type("Other", (StaticCache,), {}), "'static' is already registered \\(as StaticCache\\)"),
-    ("odd", 42, "must be callable"),
+    ("odd", 42, "must be a subclass of kvbench.cache.Cache, got 42"),
+    ("odd", lambda config, batch, capacity: StaticCache(config, batch, capacity), "must be a subclass"),
 ])
 def test_register_kind_refuses_bad_names_and_clashes(clean_kinds, name, factory, message):
     with pytest.raises(ValueError, match=message):

@@ -30,14 +30,16 @@ __all__ = ["CACHE_KINDS", "KINDS", "BlockPool", "Cache", "ConcatCache", "PagedCa
 
 def register_kind(name: str, factory: type[Cache]) -> None:
     """Make a cache kind of your own available by name to make_cache, the gate, `kvbench run`
-    (through --plugin) and the report. `factory(config, batch, capacity)` returns a fresh Cache."""
+    (through --plugin) and the report. `factory` is a Cache subclass: the gate reads its `exact`
+    and `drift_limits`, the memory probe its `expected_bytes`; `factory(config, batch, capacity)`
+    returns a fresh cache."""
     if not isinstance(name, str) or not KIND_NAME.fullmatch(name) or name in ("full", "control"):
         raise ValueError(f"a kind name is a plain lowercase word (letters, digits, '-', '_'), not 'full' or "
                          f"'control', got {name!r}")
     if KINDS.get(name, factory) is not factory:
         raise ValueError(f"cache kind {name!r} is already registered (as {KINDS[name].__name__})")
-    if not callable(factory):
-        raise ValueError(f"a cache kind's factory must be callable, got {type(factory).__name__}")
+    if not (isinstance(factory, type) and issubclass(factory, Cache)):
+        raise ValueError(f"a cache kind must be a subclass of kvbench.cache.Cache, got {factory!r}")
     KINDS[name] = factory
 
 

@@ -12,6 +12,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from kvbench import benchmark, capture, memory, plugins, record, timing
+from kvbench.cache import KINDS
+from kvbench.cache.quantized import QuantizedCache
 from kvbench.cli.commands import check_output, config_from_args
 from kvbench.cli.options import CliError
 from kvbench.config import DecoderConfig
@@ -68,7 +70,7 @@ def settings(args: argparse.Namespace) -> tuple[DecoderConfig, Protocol]:
     if "window" in args.modes and config.window is None:
         raise CliError("--modes window needs --window W: the sliding window the window kind keeps")
     args.cache_options = {mode: {"group_size": args.quant_group, "residual": args.quant_residual}
-                          for mode in args.modes if mode.startswith("quantized-")}
+                          for mode in args.modes if mode in KINDS and issubclass(KINDS[mode], QuantizedCache)}
     too_long = [n for n in [*args.lengths, args.per_step or 0] if n > config.max_length]
     if too_long:
         raise CliError(f"length {too_long[0]} exceeds max_length {config.max_length} of preset {args.preset!r}")
