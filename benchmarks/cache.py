@@ -13,9 +13,11 @@ from . import common
 class TrackCacheBytes(common.Cells):
     """Bytes of key/value storage held after a loop (measured from the cache's tensors).
 
-    For ``full`` this is the throwaway cache of its last step: the same positions,
-    which is why every correct kind should report the same number. Bytes are a fact
-    about the layout, so they are tracked even for a mode that fails the gate.
+    For ``full`` this is the throwaway cache of its last step. The exact float kinds
+    hold the same positions, so they report the same number; the quantized kinds hold
+    fewer bytes once a group leaves the residual, the window kind at most W positions;
+    each equals its kind's formula. Bytes are a fact about the layout, so they are
+    tracked even for a mode that fails the gate.
     """
 
     unit = "bytes"

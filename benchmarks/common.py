@@ -7,8 +7,11 @@ the paired timing protocol all come from kvbench. This module fixes the workload
 - modes: ``KNOWN_MODES`` then any newer kind in ``kvbench.decode.MODES``. asv
   passes a benchmark process the *index* of its parameter combination, and the
   suites (always today's) run against every commit's kvbench, so the list must
-  not shrink or reorder from one commit to the next: a kind a commit does not
-  have is skipped there, and a new kind is picked up at the end.
+  not shrink or reorder from one commit to the next: every kind kvbench has ever
+  shipped is listed in ``KNOWN_MODES`` in the order it arrived, a kind a commit
+  does not have is skipped there, and a kind only a newer commit has is picked up
+  at the end. Anything a suite needs that older commits lack is imported where it
+  is used, so their other benchmarks still run.
 - lengths: ``KVBENCH_ASV_LENGTHS="64,256,1024"`` (read at import, so set it for
   the whole ``asv run``) replaces the default ``DEFAULT_LENGTHS``. Lengths are
   parameter values, so results at different lengths never mix.
@@ -29,12 +32,11 @@ from kvbench.cache import KINDS
 from kvbench.decode import FULL, run_gate, token_ids
 from kvbench.decode import MODES as KVBENCH_MODES
 from kvbench.model import DecoderConfig, build_model
-from kvbench.telemetry import disturbances
 from kvbench.timing import Protocol, set_threads
 
 LENGTHS_VARIABLE = "KVBENCH_ASV_LENGTHS"
 DEFAULT_LENGTHS = (64, 256)
-KNOWN_MODES = ("full", "concat", "static", "paged")
+KNOWN_MODES = ("full", "concat", "static", "paged", "quantized-int8", "quantized-int4", "window")  # never reorder
 PROTOCOL = Protocol()  # the seed's workload: batch 1, seed 0, one thread
 WINDOW = 32  # the window kind's model attends to the last 32 positions; the other modes see them all
 
@@ -54,7 +56,7 @@ def parse_lengths(text: str | None) -> tuple[int, ...]:
 LENGTHS = parse_lengths(os.environ.get(LENGTHS_VARIABLE))
 MODES = KNOWN_MODES + tuple(m for m in KVBENCH_MODES if m not in KNOWN_MODES)
 CACHED_MODES = tuple(m for m in MODES if m != FULL)
-LOSSY_MODES = tuple(m for m in CACHED_MODES if m in KINDS and not KINDS[m].exact)
+LOSSY_MODES = tuple(m for m in CACHED_MODES if m in KINDS and not getattr(KINDS[m], "exact", True))
 
 
 def workload(mode: str, length: int):
@@ -95,6 +97,8 @@ def drift(gate: dict, mode: str, length: int) -> dict:
 
 def note_speedup(mode: str, length: int, estimate, state) -> None:
     """Keep beside asv's number what asv cannot hold: its interval, why sampling stopped, the noise."""
+    from kvbench.telemetry import disturbances  # since the commit that brought track_speedup's sampling
+
     asvtools = _asvtools()
     if asvtools is None or not hasattr(asvtools, "annotate_capture"):
         return
