@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import inspect
 import statistics
 import sys
 from pathlib import Path
@@ -77,14 +78,19 @@ def quantized_cache(model, nbits: int, group_size: int, residual: int):
 def hf_decode(model, ids: torch.Tensor, make_cache, keep_logits: bool = False) -> torch.Tensor | None:
     """One teacher-forced loop, one token a step, through a transformers cache."""
     kept = []
+    keyword = cache_keyword(model)
     with torch.inference_mode():
-        cache = make_cache(model)
+        cache = make_cache(model)  # updated in place by every forward
         for t in range(ids.shape[1]):
-            output = model(input_ids=ids[:, t : t + 1], past_key_values=cache, use_cache=True)
-            cache = output.past_key_values
+            output = model(input_ids=ids[:, t : t + 1], use_cache=True, **{keyword: cache})
             if keep_logits:
                 kept.append(output.logits[:, -1])
     return torch.stack(kept, dim=1) if keep_logits else None
+
+
+def cache_keyword(model) -> str:
+    """transformers 5.x renamed `past_key_values` to `cache` (the old name warns, then goes away)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def hf_reference(model, ids: torch.Tensor) -> torch.Tensor:
