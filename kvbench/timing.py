@@ -50,7 +50,7 @@ class Protocol:
     repeats: int = 7  # rotations per length: exactly, or at least when a precision is targeted
     precision: float | None = 0.05  # target relative half-width of every speedup's 95% interval
     max_repeats: int = 101  # rotations per length at most
-    max_seconds: float = 75.0  # timing budget for the rotations beyond `repeats`, all lengths together
+    max_seconds: float = 75.0  # timing budget from the first sample, all lengths together; `repeats` always run
     between_run: float = stats.BETWEEN_RUN["speedup"]  # relative SD of a speedup between runs (stats.BETWEEN_RUN)
     order: str = "random"  # mode order within a rotation (ORDER_RULES)
     cpu: str = "none"  # "none", "auto" (the least busy CPU) or a CPU number to pin the process to

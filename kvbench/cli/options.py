@@ -202,7 +202,8 @@ def add_run_parser(commands) -> None:
     sampling.add_argument("--max-repeats", type=integer(1, MAX_REPEATS), metavar="N",
                           help=f"rotations per length at most (default: {Protocol.max_repeats})")
     sampling.add_argument("--max-seconds", type=positive_seconds, metavar="S",
-                          help=f"timing budget beyond the minimum rotations (default: {Protocol.max_seconds:g})")
+                          help=f"timing budget from the first sample, all lengths together; the minimum rotations always "
+                               f"run (default: {Protocol.max_seconds:g})")
     sampling.add_argument("--between-run", type=between_run_sd, default=Protocol.between_run, metavar="SD",
                           help="relative standard deviation of a speedup between runs of the same code on this "
                                "machine, which every interval allows for (docs/statistics.md; `make noise-study` "

@@ -23,7 +23,7 @@ MARKS = {  # name -> (symbol, meaning); every layout prints the legend for the m
     "failed": ("✗", "equivalence check failed: timed, but not a valid speedup"),
     "noisy": ("~", f"IQR/median above {NOISY_SPREAD:.0%}: spread too wide to trust the median"),
     "partial": ("†", "fewer repetitions than planned (interrupted run)"),
-    "drift": ("↗", f"its samples trend over the run (Kendall p < {stats.TREND_P}, change of "
+    "trend": ("↗", f"its samples trend over the run (Kendall p < {stats.TREND_P}, change of "
                    f"{stats.TREND_SIZE:.0%} or more): warm-up not over, or the machine changed"),
     "disturbed": ("⚡", "its speedup without the disturbed samples differs by more than half its interval"),
 }
@@ -215,7 +215,7 @@ def build_rows(view: RecordView, seed: int = stats.SEED, resamples: int = stats.
             ("failed", not view.passed(mode, length)),
             ("noisy", stats.spread(cell["q1"], cell["q3"], cell["median"]) > NOISY_SPREAD),
             ("partial", len(samples) < view.planned(length)),
-            ("drift", trend is not None and trend.drifting),
+            ("trend", trend is not None and trend.drifting),
             ("disturbed", speedup is not None and undisturbed is not None
              and abs(undisturbed.ratio / speedup.ratio - 1) > speedup.half_width / 2),
         ) if present]
@@ -287,6 +287,9 @@ def build_report(view: RecordView, seed: int = stats.SEED, resamples: int = stat
     if any(r.speedup is not None and r.speedup.pairs < min(r.samples, len(view.samples(view.baseline, r.length)))
            for r in rows):
         report.notes.append("some speedups use only the repetitions both modes completed")
+    if view.estimator == "median-of-ratios" and any(r.speedup is not None and r.speedup.pairs < 6 for r in rows):
+        report.notes.append("some speedups rest on fewer than 6 rotations: their interval is the range of the "
+                            "per-rotation ratios, which covers less than 95% (50% with 2, 94% with 5)")
     if view.estimator is not None:
         report.estimator, report.interval, report.between_run = view.estimator, view.interval, view.recorded_between_run
         report.sampling, report.control, report.noise = sampling_rows(view), view.control, noise_summary(view)
