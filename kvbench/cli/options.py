@@ -95,6 +95,16 @@ def fraction(text: str) -> float:
     return value
 
 
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a default only where it says something: not when the help already names it (a default
+    that lives in Protocol), and not for an empty or unset one."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if "(default" in (action.help or "") or action.default in (None, [], False):
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
 def between_run_sd(text: str) -> float:
     value = finite_float(text)
     if not 0 <= value < 0.5:
@@ -181,7 +191,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
 
 def add_run_parser(commands) -> None:
     run = commands.add_parser("run", help="check equivalence, time every mode and length, write a record",
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                              formatter_class=DefaultsHelpFormatter)
     run.add_argument("--lengths", type=int_list, default=list(DEFAULT_LENGTHS), metavar="N,N,...", help="sequence lengths (tokens decoded per loop)")
     run.add_argument("--modes", type=mode_list, default=list(DEFAULT_MODES), metavar="M,M,...",
                      help=f"modes among {','.join(MODES)} and the kinds of --plugin files (window needs --window)")
@@ -227,7 +237,7 @@ def add_run_parser(commands) -> None:
 
 
 def add_reading_parsers(commands) -> None:
-    formatter = argparse.ArgumentDefaultsHelpFormatter
+    formatter = DefaultsHelpFormatter
     show = commands.add_parser("show", help="print the table of a saved record", formatter_class=formatter)
     show.add_argument("record", type=Path)
 
@@ -263,7 +273,7 @@ def add_reading_parsers(commands) -> None:
 
 
 def add_tool_parsers(commands) -> None:
-    formatter = argparse.ArgumentDefaultsHelpFormatter
+    formatter = DefaultsHelpFormatter
     commands.add_parser("env", help="print the captured environment as JSON", formatter_class=formatter)
 
     budget = commands.add_parser(
