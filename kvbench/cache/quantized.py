@@ -31,24 +31,32 @@ GROUP_SIZE = 32  # tokens per key group, channels per value group at most (KIVI'
 RESIDUAL = 128  # newest positions kept in full precision at least (KIVI's R, transformers' residual_length)
 
 
-def quantized_cache_bytes(config: DecoderConfig, batch: int, length: int, bits: int, group_size: int = GROUP_SIZE,
-                          residual: int = RESIDUAL) -> int:
-    """Retained bytes of a quantized cache holding `length` positions. Assumptions, all counted:
+def quantized_cache_parts(config: DecoderConfig, batch: int, length: int, bits: int, group_size: int = GROUP_SIZE,
+                          residual: int = RESIDUAL) -> dict[str, int]:
+    """Retained bytes of a quantized cache holding `length` positions, by part. Assumptions, all counted:
 
     - the newest positions stay in the model's dtype: Tq = G * floor((T - R) / G) positions are
-      quantized (0 while T < R + G), T - Tq are not;
-    - quantized elements take bits / 8 bytes (int4: two per byte; the head width is even);
-    - keys: one float16 scale and one float16 minimum per channel per group of G tokens;
-    - values: one float16 scale and one float16 minimum per token per group of gcd(G, D) channels;
+      quantized (0 while T < R + G), T - Tq are not ("residual");
+    - quantized elements take bits / 8 bytes (int4: two per byte; the head width is even) ("codes");
+    - keys: one float16 scale and one float16 minimum per channel per group of G tokens ("key_scales");
+    - values: one float16 scale and one float16 minimum per token per group of gcd(G, D) channels
+      ("value_scales");
     - keys and values, every layer, every sequence of the batch, every key/value head.
     """
-    D, heads = config.head_dim, batch * config.kv_heads
+    D, heads = config.head_dim, config.layers * batch * config.kv_heads
     quantized = group_size * max(0, (length - residual) // group_size)
-    data = 2 * heads * quantized * D * bits // 8
-    key_scales = heads * (quantized // group_size) * D * 2 * SCALE_BYTES
-    value_scales = heads * quantized * (D // math.gcd(group_size, D)) * 2 * SCALE_BYTES
-    full = 2 * heads * (length - quantized) * D * config.element_bytes
-    return config.layers * (data + key_scales + value_scales + full)
+    return {
+        "codes": heads * 2 * quantized * D * bits // 8,
+        "key_scales": heads * (quantized // group_size) * D * 2 * SCALE_BYTES,
+        "value_scales": heads * quantized * (D // math.gcd(group_size, D)) * 2 * SCALE_BYTES,
+        "residual": heads * 2 * (length - quantized) * D * config.element_bytes,
+    }
+
+
+def quantized_cache_bytes(config: DecoderConfig, batch: int, length: int, bits: int, group_size: int = GROUP_SIZE,
+                          residual: int = RESIDUAL) -> int:
+    """Retained bytes of a quantized cache holding `length` positions: the parts of quantized_cache_parts."""
+    return sum(quantized_cache_parts(config, batch, length, bits, group_size, residual).values())
 
 
 class QuantizedCache(Cache):
