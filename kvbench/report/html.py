@@ -8,21 +8,7 @@ from __future__ import annotations
 import base64
 
 from kvbench import stats
-from kvbench.report.columns import (
-    FIT_COLUMNS,
-    SAMPLING_COLUMNS,
-    TABLE_COLUMNS,
-    TRADEOFF_COLUMNS,
-    TRADEOFF_SENTENCE,
-    Column,
-    fit_cells,
-    noise_sentence,
-    profile_sentences,
-    sampling_cells,
-    sampling_sentence,
-    speedup_legend,
-    tradeoff_cells,
-)
+from kvbench.report import columns
 from kvbench.report.format import escape_html, format_bytes
 from kvbench.report.model import MARKS, Report, Row, environment_line
 
@@ -77,7 +63,7 @@ def _td(content: str, classes: list[str]) -> str:
     return f'<td class="{" ".join(classes)}">{content}</td>' if classes else f"<td>{content}</td>"
 
 
-def _row_cell(column: Column, row: Row, first: bool) -> str:
+def _row_cell(column: columns.Column, row: Row, first: bool) -> str:
     style = column.style(row)
     if style == "marks":
         content = " ".join(f'<span class="mark-{m}" title="{escape_html(MARKS[m][1])}">{escape_html(MARKS[m][0])}'
@@ -105,9 +91,9 @@ def _rows_table(report: Report) -> str:
     for row in report.rows:
         first = row.length != previous
         body.append(('<tr class="first">' if first else "<tr>")
-                    + "".join(_row_cell(column, row, first) for column in TABLE_COLUMNS) + "</tr>")
+                    + "".join(_row_cell(column, row, first) for column in columns.TABLE_COLUMNS) + "</tr>")
         previous = row.length
-    return _table([c.name for c in TABLE_COLUMNS], body, tuple(c.name for c in TABLE_COLUMNS if c.left))
+    return _table([c.name for c in columns.TABLE_COLUMNS], body, tuple(c.name for c in columns.TABLE_COLUMNS if c.left))
 
 
 def _plain_table(header: tuple[str, ...], rows: list[list[str]], left: tuple[str, ...]) -> str:
@@ -144,7 +130,7 @@ def _timings_section(report: Report) -> list[str]:
     legend = [f'<span class="mark-{m}">{escape_html(MARKS[m][0])}</span> {escape_html(MARKS[m][1])}'
               for m in report.marks_used()]
     if report.sampling:
-        explained = escape_html(speedup_legend(report)[0].upper() + speedup_legend(report)[1:]) + "."
+        explained = escape_html(columns.speedup_legend(report)[0].upper() + columns.speedup_legend(report)[1:]) + "."
     else:  # schema-1 records read as they always did
         explained = (f"Speedup = median {escape_html(report.baseline)} / median mode. 95% CI: percentile bootstrap "
                      "over repetition indices, keeping each repetition's pair together "
@@ -159,10 +145,10 @@ def _sampling_section(report: Report) -> list[str]:
     parts = []
     if report.sampling:
         parts.append("<h2>Sampling and noise</h2>")
-        parts.append(_plain_table(SAMPLING_COLUMNS, [sampling_cells(row) for row in report.sampling], ("stopped",)))
-        parts.append(f'<p class="legend">{escape_html(sampling_sentence(report))}.</p>')
+        parts.append(_plain_table(columns.SAMPLING_COLUMNS, [columns.sampling_cells(row) for row in report.sampling], ("stopped",)))
+        parts.append(f'<p class="legend">{escape_html(columns.sampling_sentence(report))}.</p>')
     if report.noise is not None:
-        parts.append(f'<p class="legend">{escape_html(noise_sentence(report.noise))}.</p>')
+        parts.append(f'<p class="legend">{escape_html(columns.noise_sentence(report.noise))}.</p>')
     return parts
 
 
@@ -170,13 +156,13 @@ def _tradeoff_section(report: Report) -> list[str]:
     if not report.tradeoffs:
         return []
     return ["<h2>Trade-off: bytes, drift, time</h2>",
-            _plain_table(TRADEOFF_COLUMNS, [tradeoff_cells(entry) for entry in report.tradeoffs], ("mode", "judged")),
-            f'<p class="legend">{escape_html(TRADEOFF_SENTENCE)}</p>']
+            _plain_table(columns.TRADEOFF_COLUMNS, [columns.tradeoff_cells(entry) for entry in report.tradeoffs], ("mode", "judged")),
+            f'<p class="legend">{escape_html(columns.TRADEOFF_SENTENCE)}</p>']
 
 
 def _fit_section(report: Report) -> list[str]:
     return ["<h2>Scaling fit: time ≈ a · T<sup>b</sup></h2>",
-            _plain_table(FIT_COLUMNS, [[mode, *fit_cells(fit)] for mode, fit in report.fits.items()], ("mode",)),
+            _plain_table(columns.FIT_COLUMNS, [[mode, *columns.fit_cells(fit)] for mode, fit in report.fits.items()], ("mode",)),
             '<p class="legend">Least squares on log(median time) against log(length). A full-prefix loop '
             "grows like T² to T³, a cached loop like T to T²; fixed overhead at short lengths pulls b down, "
             "so the slope between the two longest lengths shows where the growth is heading.</p>"]
@@ -186,7 +172,7 @@ def _profile_section(report: Report) -> list[str]:
     if report.profile is None:
         return ["<h2>Per-step profile</h2>", '<p class="note">No per-step profile in this record; '
                 "<code>kvbench run --per-step LENGTH</code> records one.</p>"]
-    head, *rest = profile_sentences(report.profile, report.baseline)
+    head, *rest = columns.profile_sentences(report.profile, report.baseline)
     return ["<h2>Per-step profile</h2>", f"<p>{escape_html(head[0].upper() + head[1:])}</p><ul>",
             *(f"<li>{escape_html(line.strip())}</li>" for line in rest), "</ul>"]
 

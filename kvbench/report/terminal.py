@@ -10,23 +10,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from kvbench.report.columns import (
-    FIT_COLUMNS,
-    QUICK_COLUMNS,
-    SAMPLING_COLUMNS,
-    STOP_TEXTS,
-    TEXT_COLUMNS,
-    TRADEOFF_COLUMNS,
-    TRADEOFF_SENTENCE,
-    Column,
-    fit_cells,
-    noise_sentence,
-    profile_sentences,
-    sampling_cells,
-    sampling_sentence,
-    speedup_legend,
-    tradeoff_cells,
-)
+from kvbench.report import columns
 from kvbench.report.compare import (
     CHECK_COLUMN,
     COMPARE_HEADER,
@@ -46,7 +30,7 @@ STYLES = {"failed": "bold red", "invalid": "red", "noisy": "yellow", "unchecked"
 MARK_STYLES = {"failed": "bold red", "noisy": "yellow", "partial": "magenta"}
 
 
-def _cell(column: Column, row: Row) -> str:
+def _cell(column: columns.Column, row: Row) -> str:
     style = column.style(row)
     if style == "marks":
         return " ".join(f"[{MARK_STYLES[m]}]{MARKS[m][0]}[/]" for m in row.marks)
@@ -54,7 +38,7 @@ def _cell(column: Column, row: Row) -> str:
     return f"[{STYLES[style]}]{text}[/]" if style in STYLES else text
 
 
-def rows_table(rows: list[Row], columns: tuple[Column, ...], **options) -> Table:
+def rows_table(rows: list[Row], columns: tuple[columns.Column, ...], **options) -> Table:
     """One line per row; a length is printed only where it changes."""
     table = Table(**options)
     for column in columns:
@@ -74,7 +58,7 @@ def quick_table(report: Report) -> Table:
     title = rich_escape(report.title)
     if not report.complete:
         title += " [bold yellow](INCOMPLETE: interrupted run)[/]"
-    return rows_table(report.rows, QUICK_COLUMNS, title=title, title_justify="left")
+    return rows_table(report.rows, columns.QUICK_COLUMNS, title=title, title_justify="left")
 
 
 def quick_renderables(report: Report) -> list:
@@ -82,21 +66,21 @@ def quick_renderables(report: Report) -> list:
     out: list = [quick_table(report)]
     if report.sampling:
         out.append("sampled: " + "; ".join(
-            f"{row.length}: {row.rotations} rotations, {STOP_TEXTS.get(row.stop, row.stop)}"
+            f"{row.length}: {row.rotations} rotations, {columns.STOP_TEXTS.get(row.stop, row.stop)}"
             + (f" (A/A ±{row.control.half_width:.1%})" if row.control else "") for row in report.sampling))
-        out.append(rich_escape(speedup_legend(report)))
+        out.append(rich_escape(columns.speedup_legend(report)))
     if report.noise is not None:
-        out.append(rich_escape(noise_sentence(report.noise)))
+        out.append(rich_escape(columns.noise_sentence(report.noise)))
     return out
 
 
 def sampling_table(report: Report) -> Table:
     table = Table(title="sampling: rotations per length, why they stopped, the A/A noise floor", title_justify="left",
                   box=box.SIMPLE_HEAD, pad_edge=False)
-    for name in SAMPLING_COLUMNS:
+    for name in columns.SAMPLING_COLUMNS:
         table.add_column(name, justify="left" if name == "stopped" else "right", no_wrap=True)
     for row in report.sampling:
-        table.add_row(*sampling_cells(row))
+        table.add_row(*columns.sampling_cells(row))
     return table
 
 
@@ -106,35 +90,35 @@ def report_renderables(report: Report) -> list:
     out.append(f"[bold]{rich_escape(report.title)}[/]{status}")
     out.append(f"record {rich_escape(report.source)} · created {rich_escape(report.created_utc)}")
     out.append(rich_escape(environment_line(report.environment)))
-    out.append(rows_table(report.rows, TEXT_COLUMNS, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True))
+    out.append(rows_table(report.rows, columns.TEXT_COLUMNS, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True))
     if any(row.memory and row.memory["reserved_bytes"] != row.memory["measured_bytes"] for row in report.rows):
         out.append("  KV bytes a/b: a retained, b reserved (allocated) by the cache")
     for name in report.marks_used():
         out.append(f"  {MARKS[name][0]} {MARKS[name][1]}")
-    out.append(rich_escape(speedup_legend(report)))
+    out.append(rich_escape(columns.speedup_legend(report)))
     for note in report.notes:
         out.append(f"[yellow]{rich_escape(note)}[/]")
     if report.sampling:
-        out += [sampling_table(report), rich_escape(sampling_sentence(report))]
+        out += [sampling_table(report), rich_escape(columns.sampling_sentence(report))]
     if report.noise is not None:
-        out.append(rich_escape(noise_sentence(report.noise)))
+        out.append(rich_escape(columns.noise_sentence(report.noise)))
     if report.tradeoffs:
         table = Table(title="trade-off: bytes, drift, time", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-        for name in TRADEOFF_COLUMNS:
+        for name in columns.TRADEOFF_COLUMNS:
             table.add_column(name, justify="left" if name in ("mode", "judged") else "right", no_wrap=True)
         for entry in report.tradeoffs:
-            table.add_row(*(rich_escape(text) for text in tradeoff_cells(entry)))
-        out += [table, rich_escape(TRADEOFF_SENTENCE)]
+            table.add_row(*(rich_escape(text) for text in columns.tradeoff_cells(entry)))
+        out += [table, rich_escape(columns.TRADEOFF_SENTENCE)]
 
     fits = Table(title="scaling fit: time ≈ a · T^b (least squares on log-log medians)", title_justify="left",
                  box=box.SIMPLE_HEAD, pad_edge=False)
-    for name in FIT_COLUMNS:
+    for name in columns.FIT_COLUMNS:
         fits.add_column(name, justify="left" if name == "mode" else "right", no_wrap=True)
     for mode, fit in report.fits.items():
-        fits.add_row(rich_escape(mode), *fit_cells(fit))
+        fits.add_row(rich_escape(mode), *columns.fit_cells(fit))
     out.append(fits)
     if report.profile is not None:
-        out.extend(Text(line) for line in profile_sentences(report.profile, report.baseline))
+        out.extend(Text(line) for line in columns.profile_sentences(report.profile, report.baseline))
     else:
         out.append("no per-step profile in this record (kvbench run --per-step LENGTH records one)")
     return out
