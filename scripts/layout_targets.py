@@ -5,8 +5,9 @@ results/layouts/ and the transformers comparison under results/external/) and
 replaces the block between the layout markers in README.md. Every number in the
 block comes from a record; nothing is typed by hand.
 
-    python scripts/layout_targets.py [--into README.md] [--seed PATH] [--seed-long PATH]
-                                     [--medium PATH] [--external PATH]
+    python scripts/layout_targets.py [--into README.md] [--seed PATH] [--seed-long PATH] [--medium PATH]
+                                     [--medium-quantized PATH] [--medium-window PATH] [--external PATH]
+                                     [--external-quantized PATH]
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ import json
 import sys
 from pathlib import Path
 
+from kvbench.cache import KINDS
+from kvbench.cache.quantized import quantized_cache_parts
+from kvbench.config import DecoderConfig
 from kvbench.files import write_bytes_atomic
 from kvbench.record import RecordView
 from kvbench.report.format import format_bytes, markdown_table
@@ -28,8 +32,12 @@ RECORDS = {
     "seed": Path("results/layouts/seed.json"),
     "seed-long": Path("results/layouts/seed-long.json"),
     "medium": Path("results/layouts/medium.json"),
+    "medium-quantized": Path("results/layouts/medium-quantized.json"),
+    "medium-window": Path("results/layouts/medium-window.json"),
+    "seed-kinds": Path("results/layouts/seed-kinds.json"),
 }
 EXTERNAL = Path("results/external/hf-dynamic-cache.json")
+EXTERNAL_QUANTIZED = Path("results/external/hf-quantized-cache.json")
 
 
 def check_valid(view: RecordView, mode: str, length: int) -> None:
@@ -80,6 +88,53 @@ def targets(records: dict[str, RecordView], external: dict) -> list[tuple[str, R
     return rows
 
 
+def representation_targets(records: dict[str, RecordView], quantized: dict) -> list[tuple[str, RatioEstimate, float]]:
+    """Issue 11's targets: bytes and per-token cost of the quantized and window kinds."""
+    kinds, window = records["medium-quantized"], records["medium-window"]
+    length = kinds.lengths[-1]
+    rows = []
+    for mode, bound in (("quantized-int8", 0.40), ("quantized-int4", 0.30)):
+        ratio = kinds.memory(mode, length)["measured_bytes"] / kinds.memory("static", length)["measured_bytes"]
+        rows.append((f"medium, T={length}: {mode} bytes / float32 bytes", RatioEstimate(ratio, ratio, ratio, 1), bound))
+    for mode in ("quantized-int8", "quantized-int4"):
+        check_valid(kinds, mode, length)
+        rows.append((f"medium, T={length}: {mode} / static per token", paired_ratio(kinds, mode, "static", length), 2.0))
+    short, long = window.lengths[0], window.lengths[-1]
+    check_valid(window, "window", short)
+    check_valid(window, "window", long)
+    per_token = ([s / short for s in window.seconds("window", short)], [s / long for s in window.seconds("window", long)])
+    rows.append((f"medium, W={short}: window per token at T={long} / at T={short}",
+                 unpaired_ratio(*per_token, key=("window-flat",)), 1.20))
+    bytes_ratio = window.memory("window", long)["measured_bytes"] / window.memory("window", short)["measured_bytes"]
+    rows.append((f"medium, W={short}: window bytes at T={long} / at T={short}",
+                 RatioEstimate(bytes_ratio, bytes_ratio, bytes_ratio, 1), 1.0))
+    ours = "quantized-int4"  # against transformers' int4 paths: the same bits per element
+    theirs = min((mode for mode in quantized["per_token_median_us"] if mode.startswith("hf-") and mode.endswith("int4")),
+                 key=quantized["per_token_median_us"].get)
+    rows.append((f"medium, T={quantized['length']}: {ours} / fastest transformers int4 ({theirs}) per token",
+                 paired_speedup(external_samples(quantized, ours), external_samples(quantized, theirs),
+                                key=(ours, theirs, quantized["length"])), 1.0))
+    return rows
+
+
+def byte_parts_rows(records: dict[str, RecordView]) -> list[list[str]]:
+    """Where a quantized cache's bytes go, by the formula's parts, beside the bytes its record measured."""
+    rows = []
+    for name in ("seed-kinds", "medium-quantized"):
+        view = records[name]
+        config, length = DecoderConfig.from_dict(view.config), view.lengths[-1]
+        float_bytes = view.memory("static", length)["measured_bytes"]
+        for mode in ("quantized-int8", "quantized-int4"):
+            options = view.run.get("cache_options", {}).get(mode, {})
+            parts = quantized_cache_parts(config, view.run["batch"], length, KINDS[mode].bits, **options)
+            measured = view.memory(mode, length)["measured_bytes"]
+            rows.append([f"{view.run['preset']} (D={config.head_dim}), T={length}", mode,
+                         *(f"{parts[part] / float_bytes:.3f}" for part in ("codes", "key_scales", "value_scales",
+                                                                           "residual")),
+                         f"{sum(parts.values()) / float_bytes:.3f}", f"{measured / float_bytes:.3f}"])
+    return rows
+
+
 def memory_rows(view: RecordView, length: int) -> list[list[str]]:
     rows = []
     for mode in view.modes:
@@ -94,20 +149,34 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
     return markdown_table(header, rows, left=tuple(header))
 
 
-def block(records: dict[str, RecordView], external: dict) -> str:
+def block(records: dict[str, RecordView], external: dict, quantized: dict) -> str:
     env = records["medium"].environment
     cpu = (env.get("cpu") or {}).get("brand") or "unknown CPU"
     lines = [f"Measured on {cpu}, one thread, batch 1, float32; records: "
-             + ", ".join(f"`{view.source}`" for view in records.values()) + f", `{external['source']}`.", ""]
-    lines += table(["target (ratio of per-token medians)", "ratio", "95% CI", "bound", "holds"],
-                   [[name, f"{e.ratio:.2f}", f"[{e.low:.2f}, {e.high:.2f}]", f"<= {bound:.2f}", verdict(e, bound)]
-                    for name, e, bound in targets(records, external)])
+             + ", ".join(f"`{view.source}`" for view in records.values())
+             + f", `{external['source']}`, `{quantized['source']}`.", ""]
+    lines += table(["target (ratio of per-token medians, or of bytes)", "ratio", "95% CI", "bound", "holds"],
+                   [[name, f"{e.ratio:.2f}", f"[{e.low:.2f}, {e.high:.2f}]" if e.low != e.high else "exact",
+                     f"<= {bound:.2f}", verdict(e, bound)]
+                    for name, e, bound in targets(records, external) + representation_targets(records, quantized)])
     lines += ["", "*holds*: yes when the whole 95% bootstrap interval (over the raw repetitions, paired by "
               "repetition where the modes ran back to back) is within the bound, no when it is beyond it, "
               "undecided when it straddles the bound: on a noisy machine more repetitions narrow it."]
     lines += ["", "Per-token median cost (µs) beside transformers' DynamicCache "
               f"(transformers {external['transformers_version']}, same tiny configuration, same ids, one process):", ""]
     lines += table(["mode", "µs/token"], [[mode, f"{us:.1f}"] for mode, us in external["per_token_median_us"].items()])
+    lines += ["", "Per-token median cost (µs) and drift beside transformers' QuantizedCache (quanto backend, "
+              f"optimum-quanto {quantized.get('optimum_quanto_version')}; `medium` configuration, T={quantized['length']}; "
+              "each path against its own model's full prefix):", ""]
+    lines += table(["mode", "µs/token", "KL mean", "top-1 agreement"],
+                   [[mode, f"{us:.1f}", f"{quantized['checks'][mode].get('kl_mean', 0.0):.1e}",
+                     f"{quantized['checks'][mode].get('top1_agreement', 1.0):.1%}"]
+                    for mode, us in quantized["per_token_median_us"].items()])
+    lines += ["", "Where a quantized cache's bytes go, as shares of the float32 cache at the same length (the formula's "
+              "parts, `kvbench.cache.quantized.quantized_cache_parts`, beside the bytes the record measured from the "
+              "tensors):", ""]
+    lines += table(["config", "kind", "codes", "key scales", "value scales", "float residual", "formula", "measured"],
+                   byte_parts_rows(records))
     medium_length = records["medium"].lengths[-1]
     lines += ["", f"Memory on the `medium` preset at T={medium_length} (one loop, apart from the timed ones):", ""]
     lines += table(["mode", "formula", "retained (measured)", "reserved", "peak RSS growth"],
@@ -121,11 +190,14 @@ def main(argv: list[str] | None = None) -> int:
     for name, path in RECORDS.items():
         parser.add_argument(f"--{name}", type=Path, default=path, help=f"the {name} record (default: {path})")
     parser.add_argument("--external", type=Path, default=EXTERNAL, help=f"the transformers comparison (default: {EXTERNAL})")
+    parser.add_argument("--external-quantized", type=Path, default=EXTERNAL_QUANTIZED,
+                        help=f"the QuantizedCache comparison (default: {EXTERNAL_QUANTIZED})")
     args = parser.parse_args(argv)
     try:
         records = {name: RecordView.load(getattr(args, name.replace("-", "_"))) for name in RECORDS}
         external = {**json.loads(args.external.read_text()), "source": str(args.external)}
-        text = block(records, external)
+        quantized = {**json.loads(args.external_quantized.read_text()), "source": str(args.external_quantized)}
+        text = block(records, external, quantized)
         write_bytes_atomic(args.into, splice(args.into.read_text(), text, str(args.into), BEGIN, END).encode(), force=True)
     except (OSError, ValueError) as error:
         print(f"layout_targets: error: {error}", file=sys.stderr)

@@ -38,14 +38,14 @@ def _cell(column: columns.Column, row: Row) -> str:
     return f"[{STYLES[style]}]{text}[/]" if style in STYLES else text
 
 
-def rows_table(rows: list[Row], columns: tuple[columns.Column, ...], **options) -> Table:
+def rows_table(rows: list[Row], shown: tuple[columns.Column, ...], **options) -> Table:
     """One line per row; a length is printed only where it changes."""
     table = Table(**options)
-    for column in columns:
+    for column in shown:
         table.add_column(column.name, justify="left" if column.left else "right", no_wrap=True)
     previous = None
     for row in rows:
-        cells = [_cell(column, row) for column in columns]
+        cells = [_cell(column, row) for column in shown]
         if row.length == previous:
             cells[0] = ""
         table.add_row(*cells, end_section=False)
