@@ -195,7 +195,7 @@ def test_plot_files_and_overwrite_protection(record_file, tmp_path, capsys):
     svg, png = tmp_path / "plot.svg", tmp_path / "plot.png"
     assert main(["report", str(record_file), "--plot", str(svg), "--output", str(tmp_path / "r.txt")]) == 0
     assert svg.read_text().lstrip().startswith("<?xml") and "<svg" in svg.read_text()
-    assert "speedup [95% CI]" in (tmp_path / "r.txt").read_text()
+    assert "speedup [95% interval]" in (tmp_path / "r.txt").read_text()
     assert main(["report", str(record_file), "--plot", str(png)]) == 0
     assert png.read_bytes()[:8] == PNG
     capsys.readouterr()

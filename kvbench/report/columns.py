@@ -115,7 +115,7 @@ def per_token_column(name: str) -> Column:
 # kvbench report (markdown and HTML): every number in its own column.
 TABLE_COLUMNS = (
     LENGTH, MODE, N, MEDIAN, QUARTILES, spread_column("IQR/med"), per_token_column("µs/token"),
-    Column("speedup", speedup_text, style=_invalid), Column("95% CI", interval_text, style=_invalid),
+    Column("speedup", speedup_text, style=_invalid), Column("95% interval", interval_text, style=_invalid),
     Column("KV bytes", memory_bytes("measured_bytes")), Column("reserved", memory_bytes("reserved_bytes")),
     EQUIVALENCE, MARKS_COLUMN,
 )
@@ -123,7 +123,7 @@ TABLE_COLUMNS = (
 # kvbench report in a terminal: speedup and CI, retained and reserved bytes folded to fit 120 columns.
 TEXT_COLUMNS = (
     LENGTH, MODE, N, MEDIAN, QUARTILES, spread_column("IQR%"), per_token_column("µs/tok"),
-    Column("speedup [95% CI]", speedup_with_interval, style=_invalid), Column("KV bytes", bytes_pair),
+    Column("speedup [95% interval]", speedup_with_interval, style=_invalid), Column("KV bytes", bytes_pair),
     EQUIVALENCE, Column("", marks_text, left=True, style=lambda row: "marks"),
 )
 

@@ -93,7 +93,7 @@ def panel_speedup(ax: Axes, report: Report) -> None:
         x = [r.length for r in rows]
         c = color(mode, modes)
         ax.fill_between(x, [r.speedup.low for r in rows], [r.speedup.high for r in rows], color=c, alpha=0.18, lw=0)
-        ax.plot(x, [r.speedup.ratio for r in rows], marker="o", ms=4, lw=1.4, color=c, label=f"{mode} (95% CI band)")
+        ax.plot(x, [r.speedup.ratio for r in rows], marker="o", ms=4, lw=1.4, color=c, label=f"{mode} (95% interval band)")
         invalid = [r for r in rows if not r.speedup_valid]
         if invalid:
             ax.plot([r.length for r in invalid], [r.speedup.ratio for r in invalid], "x", ms=9, mew=2,
