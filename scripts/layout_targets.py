@@ -88,6 +88,11 @@ def targets(records: dict[str, RecordView], external: dict) -> list[tuple[str, R
     return rows
 
 
+def bytes_ratio(ratio: float) -> RatioEstimate:
+    """A ratio of bytes counted from tensors: no sampling, so no interval."""
+    return RatioEstimate(ratio, ratio, ratio, 1, "bytes", "exact")
+
+
 def representation_targets(records: dict[str, RecordView], quantized: dict) -> list[tuple[str, RatioEstimate, float]]:
     """Issue 11's targets: bytes and per-token cost of the quantized and window kinds."""
     kinds, window = records["medium-quantized"], records["medium-window"]
@@ -95,7 +100,7 @@ def representation_targets(records: dict[str, RecordView], quantized: dict) -> l
     rows = []
     for mode, bound in (("quantized-int8", 0.40), ("quantized-int4", 0.30)):
         ratio = kinds.memory(mode, length)["measured_bytes"] / kinds.memory("static", length)["measured_bytes"]
-        rows.append((f"medium, T={length}: {mode} bytes / float32 bytes", RatioEstimate(ratio, ratio, ratio, 1), bound))
+        rows.append((f"medium, T={length}: {mode} bytes / float32 bytes", bytes_ratio(ratio), bound))
     for mode in ("quantized-int8", "quantized-int4"):
         check_valid(kinds, mode, length)
         rows.append((f"medium, T={length}: {mode} / static per token", paired_ratio(kinds, mode, "static", length), 2.0))
@@ -105,9 +110,9 @@ def representation_targets(records: dict[str, RecordView], quantized: dict) -> l
     per_token = ([s / short for s in window.seconds("window", short)], [s / long for s in window.seconds("window", long)])
     rows.append((f"medium, W={short}: window per token at T={long} / at T={short}",
                  unpaired_ratio(*per_token, key=("window-flat",)), 1.20))
-    bytes_ratio = window.memory("window", long)["measured_bytes"] / window.memory("window", short)["measured_bytes"]
+    kept = window.memory("window", long)["measured_bytes"] / window.memory("window", short)["measured_bytes"]
     rows.append((f"medium, W={short}: window bytes at T={long} / at T={short}",
-                 RatioEstimate(bytes_ratio, bytes_ratio, bytes_ratio, 1), 1.0))
+                 bytes_ratio(kept), 1.0))
     ours = "quantized-int4"  # against transformers' int4 paths: the same bits per element
     theirs = min((mode for mode in quantized["per_token_median_us"] if mode.startswith("hf-") and mode.endswith("int4")),
                  key=quantized["per_token_median_us"].get)
@@ -156,7 +161,7 @@ def block(records: dict[str, RecordView], external: dict, quantized: dict) -> st
              + ", ".join(f"`{view.source}`" for view in records.values())
              + f", `{external['source']}`, `{quantized['source']}`.", ""]
     lines += table(["target (ratio of per-token medians, or of bytes)", "ratio", "95% CI", "bound", "holds"],
-                   [[name, f"{e.ratio:.2f}", f"[{e.low:.2f}, {e.high:.2f}]" if e.low != e.high else "exact",
+                   [[name, f"{e.ratio:.2f}", "exact" if e.interval == "exact" else f"[{e.low:.2f}, {e.high:.2f}]",
                      f"<= {bound:.2f}", verdict(e, bound)]
                     for name, e, bound in targets(records, external) + representation_targets(records, quantized)])
     lines += ["", "*holds*: yes when the whole 95% bootstrap interval (over the raw repetitions, paired by "

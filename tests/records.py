@@ -10,7 +10,7 @@ import copy
 
 import numpy as np
 
-from kvbench.cache import expected_cache_bytes
+from kvbench.cache import KINDS, expected_bytes, expected_cache_bytes
 from kvbench.config import DecoderConfig
 from kvbench.record import RecordView, build_record
 from kvbench.timing import mode_orders
@@ -66,9 +66,14 @@ def synthetic_record(seconds: dict[tuple[str, int], list[float]], *, failed=(), 
     if checks is None:
         checks = [check(mode, length, (mode, length) not in failed) for mode, length in seconds]
     config = config or DecoderConfig().to_dict()
-    per_position = expected_cache_bytes(DecoderConfig.from_dict(config), 1, 1)  # 256 bytes for the seed's lab
-    memory = [{"mode": mode, "length": length, "expected_bytes": per_position * length,
-               "measured_bytes": per_position * length, "reserved_bytes": 2 * per_position * length}
+    model = DecoderConfig.from_dict(config)
+    per_position = expected_cache_bytes(model, 1, 1)  # 256 bytes for the seed's lab
+
+    def formula(mode: str, length: int) -> int:  # each kind's own (the float formula for full)
+        return expected_bytes(mode, model, 1, length) if mode in KINDS else per_position * length
+
+    memory = [{"mode": mode, "length": length, "expected_bytes": formula(mode, length),
+               "measured_bytes": formula(mode, length), "reserved_bytes": 2 * per_position * length}
               for mode, length in seconds]
     run = {"preset": "seed", "lengths": lengths, "modes": modes, "batch": 1, "seed": 0, "repeats": repeats,
            "warmup": 1, "threads": 1, "per_step_length": per_step and per_step[0]["length"]}

@@ -7,20 +7,36 @@ from pathlib import Path
 import pytest
 from records import synthetic_record, view
 
+from kvbench.cache import expected_cache_bytes
+from kvbench.cache.quantized import quantized_cache_bytes
+from kvbench.config import DecoderConfig
+
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("layout_targets", ROOT / "scripts" / "layout_targets.py")
 layout_targets = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(layout_targets)
 
 
-def records(static_medium=0.6, paged_medium=0.65, static_seed=1.0, static_long=1.2):
+WINDOW_CONFIG = {**DecoderConfig(window=256).to_dict()}
+
+
+def records(static_medium=0.6, paged_medium=0.65, static_seed=1.0, static_long=1.2, int4=1.5, window_long=1.1):
     concat = 1.0
     seed = synthetic_record({("concat", 1024): [concat] * 3, ("static", 1024): [static_seed] * 3,
                              ("paged", 1024): [1.02] * 3})
     long = synthetic_record({("static", 64): [64 / 1024] * 3, ("static", 2048): [2 * static_long] * 3})
     medium = synthetic_record({("concat", 2048): [concat] * 3, ("static", 2048): [static_medium] * 3,
                                ("paged", 2048): [paged_medium] * 3})
-    return {"seed": view(seed, "seed.json"), "seed-long": view(long, "seed-long.json"), "medium": view(medium, "medium.json")}
+    quantized = synthetic_record({("static", 1024): [1.0] * 3, ("quantized-int8", 1024): [1.3] * 3,
+                                  ("quantized-int4", 1024): [int4] * 3})
+    window = synthetic_record({("static", 256): [0.2] * 3, ("window", 256): [0.256] * 3,
+                               ("static", 1024): [1.0] * 3, ("window", 1024): [1.024 * window_long] * 3},
+                              config=WINDOW_CONFIG)
+    kinds = synthetic_record({("static", 1024): [1.0] * 3, ("quantized-int8", 1024): [1.3] * 3,
+                              ("quantized-int4", 1024): [1.5] * 3})
+    return {"seed": view(seed, "seed.json"), "seed-long": view(long, "seed-long.json"), "medium": view(medium, "medium.json"),
+            "medium-quantized": view(quantized, "medium-quantized.json"),
+            "medium-window": view(window, "medium-window.json"), "seed-kinds": view(kinds, "seed-kinds.json")}
 
 
 EXTERNAL = {"source": "hf.json", "length": 1024, "fastest_kvbench_mode": "paged", "fastest_hf_mode": "hf-gpt2-dynamic",
@@ -28,6 +44,40 @@ EXTERNAL = {"source": "hf.json", "length": 1024, "fastest_kvbench_mode": "paged"
             "per_token_median_us": {"paged": 300.0, "hf-gpt2-dynamic": 1000.0},
             "repetitions": [{"mode": mode, "length": 1024, "repetition": r, "order": 0, "seconds": seconds}
                             for r in range(3) for mode, seconds in (("paged", 0.3), ("hf-gpt2-dynamic", 1.0))]}
+
+
+QUANTIZED = {"source": "hfq.json", "length": 1024, "optimum_quanto_version": "0.2.7",
+             "per_token_median_us": {"static": 1000.0, "quantized-int4": 1500.0, "hf-gpt2-quanto-int4": 2000.0,
+                                     "hf-llama-quanto-int4": 2500.0, "hf-gpt2-quanto-int2": 1900.0},
+             "checks": {"static": {"passed": True}, "quantized-int4": {"kl_mean": 1e-7, "top1_agreement": 0.99},
+                        "hf-gpt2-quanto-int4": {"kl_mean": 1e-6, "top1_agreement": 0.98},
+                        "hf-llama-quanto-int4": {"kl_mean": 1e-5, "top1_agreement": 0.9},
+                        "hf-gpt2-quanto-int2": {"kl_mean": 1e-4, "top1_agreement": 0.8}},
+             "repetitions": [{"mode": mode, "length": 1024, "repetition": r, "order": 0, "seconds": seconds}
+                             for r in range(3) for mode, seconds in (("quantized-int4", 1.5), ("hf-gpt2-quanto-int4", 2.0),
+                                                                     ("hf-llama-quanto-int4", 2.5),
+                                                                     ("hf-gpt2-quanto-int2", 1.9))]}
+
+
+def test_representation_targets_from_bytes_and_per_token_medians():
+    rows = {name: (estimate, bound) for name, estimate, bound in layout_targets.representation_targets(records(), QUANTIZED)}
+    config = DecoderConfig()
+    float_bytes = expected_cache_bytes(config, 1, 1024)
+    int8_bytes, bound = rows["medium, T=1024: quantized-int8 bytes / float32 bytes"]
+    assert int8_bytes.ratio == pytest.approx(quantized_cache_bytes(config, 1, 1024, 8) / float_bytes) and bound == 0.40
+    assert int8_bytes.ratio == pytest.approx(0.412, abs=1e-3)  # D = 8: value scales cost more than on medium
+    assert rows["medium, T=1024: quantized-int4 / static per token"][0].ratio == pytest.approx(1.5)
+    assert rows["medium, W=256: window per token at T=1024 / at T=256"][0].ratio == pytest.approx(1.1)
+    assert rows["medium, W=256: window bytes at T=1024 / at T=256"][0].ratio == 1.0  # the ring keeps W positions
+    # against transformers' int4 paths only (same bits per element), the faster of them
+    (name,) = [name for name in rows if "transformers" in name]
+    assert "hf-gpt2-quanto-int4" in name and rows[name][0].ratio == pytest.approx(0.75)
+
+
+def test_a_quantized_kind_beyond_twice_static_says_no():
+    text = layout_targets.block(records(int4=2.5), EXTERNAL, QUANTIZED)
+    assert "| medium, T=1024: quantized-int4 / static per token | 2.50 | [2.50, 2.50] | <= 2.00 | **no** |" in text
+    assert "| medium, T=1024: quantized-int8 bytes / float32 bytes | 0.41 | exact | <= 0.40 | **no** |" in text
 
 
 def test_targets_are_ratios_of_per_token_medians():
@@ -52,7 +102,7 @@ def test_verdict_reads_the_whole_interval():
 
 
 def test_a_missed_target_says_no():
-    text = layout_targets.block(records(static_medium=0.8, static_long=1.5), EXTERNAL)
+    text = layout_targets.block(records(static_medium=0.8, static_long=1.5), EXTERNAL, QUANTIZED)
     assert "| medium, T=2048: static / concat | 0.80 | [0.80, 0.80] | <= 0.70 | **no** |" in text
     assert "| seed: static per token at T=2048 / at T=64 | 1.50 | [1.50, 1.50] | <= 1.30 | **no** |" in text
 
@@ -73,6 +123,9 @@ def test_main_splices_the_block_and_reports_missing_records(tmp_path, capsys):
         argv += [f"--{name}", str(path)]
     external = tmp_path / "hf.json"
     external.write_text(json.dumps(EXTERNAL))
+    quantized = tmp_path / "hfq.json"
+    quantized.write_text(json.dumps(QUANTIZED))
+    argv += ["--external-quantized", str(quantized)]
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{layout_targets.BEGIN}\nSTALE CONTENT\n{layout_targets.END}\noutro\n")
     readme.chmod(0o640)
