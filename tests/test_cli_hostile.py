@@ -305,7 +305,8 @@ def test_budget_sizes_must_be_finite_and_in_range(tmp_path, memory):
 @pytest.fixture(scope="module")
 def sound_record(tmp_path_factory) -> dict:
     directory = tmp_path_factory.mktemp("sound")
-    assert kvbench("run", *TINY, "--output", directory / "rec.json", cwd=directory).returncode == 0
+    run = [*TINY, "--modes", "full,concat,quantized-int8"]  # a lossy kind too: its check is a drift check
+    assert kvbench("run", *run, "--output", directory / "rec.json", cwd=directory).returncode == 0
     return json.loads((directory / "rec.json").read_text())
 
 
@@ -315,8 +316,12 @@ def tampered(record: dict, change) -> dict:
     return copy
 
 
-def concat_check(record, length=4):
-    return next(c for c in record["checks"] if c["mode"] == "concat" and c["length"] == length)
+def concat_check(record, length=4, mode="concat"):
+    return next(c for c in record["checks"] if c["mode"] == mode and c["length"] == length)
+
+
+def drift_check(record, length=4):
+    return concat_check(record, length, mode="quantized-int8")
 
 
 TAMPERING = {
@@ -337,6 +342,12 @@ TAMPERING = {
     "an unknown mode": (lambda r: r["run"]["modes"].append("turbo"), "unknown mode 'turbo'"),
     "terminal markup in a mode": (lambda r: r["run"]["modes"].append("[bold red]x[/]"), "does not match"),
     "HTML in a mode": (lambda r: r["run"]["modes"].append("<script>alert(1)</script>"), "does not match"),
+    "drift passed beyond its limits": (lambda r: drift_check(r).update(kl_max=0.5), "says otherwise"),
+    "two disagreements called passed": (lambda r: drift_check(r).update(top1_agreement=0.5, top1_disagreements=2),
+                                        "says otherwise"),
+    "disagreements without a lower agreement": (lambda r: drift_check(r).update(top1_disagreements=3),
+                                                "every step agrees exactly when none disagrees"),
+    "a drift limit nobody knows": (lambda r: drift_check(r)["limits"].update(vibes=1), "names its limits among"),
     "a length beyond max_length": (lambda r: r["run"]["lengths"].append(5000), "exceeds the config's max_length"),
 }
 

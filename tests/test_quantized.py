@@ -87,11 +87,42 @@ def test_drift_metrics_on_known_logits():
     reference = torch.tensor([[[2.0, 0.0, 0.0], [0.0, 3.0, 0.0], [1.0, 1.0, 5.0]]])
     same = compare_drift("x", reference.clone(), reference, {"kl_mean": 0.0}, 1e-5, 1e-5)
     assert same.passed and same.kl_mean == 0 and same.top1_agreement == 1 and same.first_divergent_position is None
+    assert same.top1_disagreements == 0
     swapped = reference.clone()
     swapped[0, 1] = torch.tensor([3.0, 0.0, 0.0])  # step 1 now prefers token 0
+    swapped[0, 2] = torch.tensor([6.0, 1.0, 5.0])  # and step 2 too
     drift = compare_drift("x", swapped, reference, {"top1_agreement": 0.9}, 1e-5, 1e-5)
-    assert drift.top1_agreement == pytest.approx(2 / 3) and drift.first_divergent_position == 1
+    assert drift.top1_agreement == pytest.approx(1 / 3) and drift.top1_disagreements == 2
+    assert drift.first_divergent_position == 1
     assert not drift.passed and drift.kl_max > drift.kl_mean > 0
     p = torch.softmax(reference[0, 1].double(), 0)
     q = torch.softmax(swapped[0, 1].double(), 0)
     assert drift.kl_max == pytest.approx(float((p * (p / q).log()).sum()))
+
+
+def test_one_disagreeing_step_is_below_the_resolution_of_a_rate_limit():
+    """0.99 on three steps cannot be judged: one flip is 67%. KL still judges the same logits."""
+    reference = torch.tensor([[[2.0, 0.0, 0.0], [0.0, 3.0, 0.0], [1.0, 1.0, 5.0]]])
+    flipped = reference.clone()
+    flipped[0, 1] = torch.tensor([3.0, 0.0, 0.0])
+    drift = compare_drift("x", flipped, reference, {"top1_agreement": 0.99}, 1e-5, 1e-5)
+    assert drift.top1_disagreements == 1 and drift.top1_agreement == pytest.approx(2 / 3)
+    assert drift.passed and drift.first_divergent_position == 1
+    judged_by_kl = compare_drift("x", flipped, reference, {"top1_agreement": 0.99, "kl_max": 1e-3}, 1e-5, 1e-5)
+    assert not judged_by_kl.passed
+
+
+def test_a_tie_in_the_reference_is_not_a_disagreement():
+    """Tokens the full-prefix path ranks equal within float32's tolerance are the same choice."""
+    reference = torch.tensor([[[1.359400, 1.359394, 0.0], [1.0, 1.0001, 0.0]]])
+    candidate = torch.tensor([[[1.359390, 1.359400, 0.0], [1.0001, 1.0, 0.0]]])
+    drift = compare_drift("x", candidate, reference, {"top1_agreement": 0.99}, 1e-5, 1e-5)
+    assert drift.top1_disagreements == 1  # 6e-6 apart is a tie; 1e-4 apart is not
+    assert drift.first_divergent_position == 1
+
+
+def test_a_step_without_a_distribution_never_agrees():
+    reference = torch.tensor([[[2.0, 0.0], [0.0, 3.0]]])
+    candidate = torch.tensor([[[2.0, 0.0], [float("nan"), 3.0]]])
+    drift = compare_drift("x", candidate, reference, {"top1_agreement": 0.5}, 1e-5, 1e-5)
+    assert drift.top1_disagreements == 1 and drift.non_finite == 1 and not drift.passed

@@ -86,7 +86,8 @@ RECORD_SCHEMA_V1 = {
                                "max_rel_diff": _difference, "first_divergent_position": {"type": ["integer", "null"], "minimum": 0},
                                "non_finite": _count, "atol": {"type": "number", "minimum": 0},
                                "rtol": {"type": "number", "minimum": 0}, "dtype": {"enum": sorted(DTYPES)},
-                               "tolerance_used": {"type": "number", "minimum": 0}, "error": {"type": "string"}},
+                               "tolerance_used": {"type": "number", "minimum": 0}, "error": {"type": "string"},
+                               "top1_disagreements": _count},
             },
         },
         "repetitions": {
@@ -280,6 +281,10 @@ def sound_drift(check: dict, where: str) -> str | None:
     missing = [name for name in (*DRIFT_METRICS, "non_finite") if not isinstance(check.get(name), (int, float))]
     if missing:
         return f"{where}: a drift check reports {missing[0]} as a number"
+    disagreements = check.get("top1_disagreements")
+    if disagreements is not None and (disagreements == 0) != (check["top1_agreement"] == 1):
+        return (f"{where}: top1_disagreements is {disagreements}, but top1_agreement is "
+                f"{check['top1_agreement']:.4g}: every step agrees exactly when none disagrees")
     if check["passed"] != within_limits(check, limits):
         return f"{where}: passed is {str(check['passed']).lower()}, but its drift against its limits {limits} says otherwise"
     return None
