@@ -152,6 +152,7 @@ class Equivalence:
     dtype: str
     tolerance_used: float  # largest |diff| / (atol + rtol |reference|): above 1 fails
     exact: bool = True
+    reference_max_abs: float | None = None  # largest |reference logit|: no passing |diff| exceeds atol + rtol * it
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -190,6 +191,7 @@ def compare_logits(mode: str, candidate: Tensor, reference: Tensor, atol: float,
         dtype=dtype,
         tolerance_used=float((difference / bound.clamp_min(torch.finfo(torch.float64).tiny))[finite].max())
         if finite.any() else 0.0,
+        reference_max_abs=float(reference.abs()[torch.isfinite(reference)].max()) if reference.numel() else 0.0,
     )
 
 

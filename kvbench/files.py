@@ -16,6 +16,7 @@ deeper than ``MAX_JSON_DEPTH``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 import tempfile
@@ -229,7 +230,7 @@ def read_json(path: Path | str, what: str = "JSON file", limit: int = MAX_READ_B
     except UnicodeDecodeError as error:
         raise UnreadableFileError(f"{path}: not UTF-8 text (byte {error.start}); expected {with_article(what)}") from None
     try:
-        data = json.loads(text, parse_constant=_reject_constant)
+        data = json.loads(text)
     except json.JSONDecodeError as error:
         raise UnreadableFileError(f"{path}: not valid JSON (truncated or corrupt?): {error.msg} at line "
                                   f"{error.lineno} column {error.colno}") from None
@@ -240,11 +241,26 @@ def read_json(path: Path | str, what: str = "JSON file", limit: int = MAX_READ_B
     depth = json_depth(data)
     if depth > MAX_JSON_DEPTH:
         raise UnreadableFileError(f"{path}: JSON nested more than {MAX_JSON_DEPTH} levels deep")
+    found = first_non_finite(data)
+    if found is not None:
+        where, value = found
+        name = "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+        raise UnreadableFileError(f"{path}: {where}: non-finite number {name}; only finite numbers are expected")
     return data
 
 
-def _reject_constant(name: str) -> object:
-    raise ValueError(f"non-finite number {name} in JSON; only finite numbers are expected")
+def first_non_finite(data: object) -> tuple[str, float] | None:
+    """The path and value of the first NaN or infinity in parsed JSON (after the depth check), or None."""
+    stack = [("", data)]
+    while stack:
+        where, item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return where or "(top level)", item
+        if isinstance(item, dict):
+            stack.extend((f"{where}/{key}".lstrip("/"), value) for key, value in reversed(item.items()))
+        elif isinstance(item, list):
+            stack.extend((f"{where}/{index}".lstrip("/"), value) for index, value in reversed(list(enumerate(item))))
+    return None
 
 
 def json_depth(data: object) -> int:

@@ -16,6 +16,11 @@ from typing import Callable
 import psutil
 from torch import Tensor
 
+try:
+    import resource
+except ImportError:  # not on Windows: no address-space limit to read
+    resource = None
+
 from kvbench.cache import expected_cache_bytes
 from kvbench.config import DecoderConfig
 from kvbench.decode import FULL, cache_footprint, decode
@@ -104,4 +109,50 @@ def estimate_run_bytes(config: DecoderConfig, batch: int, lengths: list[int], mo
 
 
 def available_bytes() -> int:
-    return psutil.virtual_memory().available
+    """What this process may still allocate: the least of the machine's available memory,
+    the headroom under its address-space limit (`ulimit -v`), and its cgroup's (a container's
+    memory limit). The machine can have 24 GiB free while the process may take 4."""
+    limits = [psutil.virtual_memory().available]
+    if resource is not None:
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft != resource.RLIM_INFINITY:
+            limits.append(max(0, soft - psutil.Process().memory_info().vms))
+    cgroup = cgroup_headroom()
+    if cgroup is not None:
+        limits.append(cgroup)
+    return min(limits)
+
+
+CGROUP_FILES = {"0": ("memory.max", "memory.current"),  # v2: the unified hierarchy
+                 "memory": ("memory.limit_in_bytes", "memory.usage_in_bytes")}  # v1: the memory controller
+
+
+def cgroup_headroom(root: str = "/sys/fs/cgroup", membership: str = "/proc/self/cgroup") -> int | None:
+    """The limit less the usage of this process's memory cgroup (v2 or v1), or None without a limit.
+
+    Inside a container the cgroup's own directory is usually mounted as the root, so the
+    path /proc names is tried under the root and then the root itself.
+    """
+    try:
+        with open(membership) as handle:
+            entries = [line.rstrip("\n").split(":", 2) for line in handle]
+    except OSError:
+        return None
+    for hierarchy, controllers, path in entries:
+        key = "0" if hierarchy == "0" else ("memory" if "memory" in controllers.split(",") else None)
+        if key is None:
+            continue
+        base = root if key == "0" else os.path.join(root, "memory")
+        limit_name, usage_name = CGROUP_FILES[key]
+        for directory in (os.path.join(base, path.lstrip("/")), base):
+            try:
+                with open(os.path.join(directory, limit_name)) as handle:
+                    limit = handle.read().strip()
+                with open(os.path.join(directory, usage_name)) as handle:
+                    usage = int(handle.read())
+            except (OSError, ValueError):
+                continue
+            if limit != "max" and int(limit) < psutil.virtual_memory().total:  # v1 writes "no limit" as ~2**63
+                return max(0, int(limit) - usage)
+            break
+    return None

@@ -101,7 +101,7 @@ def check_token_ids(ids: Tensor, config: DecoderConfig) -> tuple[int, int]:
     if ids.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"ids must have dtype int64, got {dtype_name(ids.dtype)}")
     if not ids.is_cpu:  # the model and every cache kind live on the CPU
-        raise ValueError(f"ids must be on the CPU, where the model and its caches are, got device {ids.device}")
+        raise ValueError(f"ids must be on device cpu, where the model and its caches are, got device {ids.device}")
     if ids.dim() != 2:
         raise ValueError(f"ids must have shape (batch, length), got {ids.dim()} dimensions {tuple(ids.shape)}")
     batch, length = ids.shape
@@ -118,6 +118,8 @@ def token_range_message(ids: Tensor, config: DecoderConfig) -> str:
 def build_model(config: DecoderConfig | None = None, seed: int = 0) -> Decoder:
     """Random weights that depend only on (config, seed); eval mode, no gradients."""
     config = config or DecoderConfig()
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise ValueError(f"seed must be an integer in [0, 2**63), got {seed!r}")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Decoder(config)

@@ -63,9 +63,10 @@ def synthetic_record(seconds: dict[tuple[str, int], list[float]], *, failed=(), 
          "round": r, "started": round(r + orders[r].index(mode) / 100, 6), **NO_TELEMETRY}
         for (mode, length), values in seconds.items() for r, s in enumerate(values)
     ]
-    if checks is None:
-        checks = [check(mode, length, (mode, length) not in failed) for mode, length in seconds]
     config = config or DecoderConfig().to_dict()
+    if checks is None:  # each compares logits in the config's dtype
+        checks = [{**check(mode, length, (mode, length) not in failed), "dtype": config["dtype"]}
+                  for mode, length in seconds]
     model = DecoderConfig.from_dict(config)
     per_position = expected_cache_bytes(model, 1, 1)  # 256 bytes for the seed's lab
 

@@ -278,7 +278,7 @@ BAD_IDS = {
     "float ids": (torch.zeros(2, 1), r"int64.*float32"),
     "1-d ids": (torch.zeros(3, dtype=torch.long), r"\(batch, length\).*1 dimensions"),
     "batch mismatch": (torch.zeros(3, 1, dtype=torch.long), r"batch mismatch.*batch 2.*batch 3"),
-    "ids on another device": (torch.zeros(2, 1, dtype=torch.long, device="meta"), r"on the CPU.*got device meta"),
+    "ids on another device": (torch.zeros(2, 1, dtype=torch.long, device="meta"), r"on device cpu.*got device meta"),
 }
 
 
@@ -390,3 +390,9 @@ def test_unknown_kind_rejected():
 def test_bad_batch_rejected(kind, batch):
     with pytest.raises(ValueError, match="batch must be a positive integer"):
         make(kind, adapted(SEED_CONFIG, kind), batch=batch)
+
+
+@pytest.mark.parametrize("batch, length", [(-1, 4), (1, -4), (1, 2.5), (True, 4)])
+def test_expected_cache_bytes_refuses_impossible_sizes(batch, length):
+    with pytest.raises(ValueError, match=r"must be an integer >= 0, got"):
+        expected_cache_bytes(SEED_CONFIG, batch, length)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import stat
 import subprocess
@@ -213,6 +214,22 @@ def test_a_signal_during_the_per_step_profile_keeps_every_repetition(tmp_path):
     assert len(record["repetitions"]) == 12 and record["status"] == "incomplete" and "per_step" not in record
 
 
+@pytest.mark.parametrize("command, signum, delay", [
+    (["env"], signal.SIGINT, 0.2), (["show", "missing.json"], signal.SIGTERM, 0.4), (["run", *TINY], signal.SIGINT, 0.6),
+])
+def test_a_signal_while_torch_is_still_importing_ends_in_one_line(tmp_path, command, signum, delay):
+    """A half-done import of numpy cannot be recovered from: the signal waits for the imports, then ends the command."""
+    process = subprocess.Popen([sys.executable, "-m", "kvbench", *command], cwd=tmp_path, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    time.sleep(delay)
+    process.send_signal(signum)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 128 + signum, err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"interrupted by {signal.Signals(signum).name}" in err and "nothing was written" in err
+    assert os.listdir(tmp_path) == []
+
+
 def test_a_signal_during_the_environment_capture_says_nothing_was_written(tmp_path):
     output = tmp_path / "rec.json"
     done = with_signal_in("kvbench.capture:collect_environment", "run", *TINY, "--output", output, cwd=tmp_path)
@@ -275,6 +292,18 @@ def test_a_run_that_cannot_fit_is_refused_with_the_estimate(tmp_path, args, frag
     assert not (tmp_path / "r.json").exists()
 
 
+def test_the_estimate_respects_the_processs_own_memory_limit(tmp_path):
+    """5 GiB of weights fit in this machine's memory but not under `ulimit -v` 4 GiB."""
+    def four_gib():
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+    done = subprocess.run([sys.executable, "-m", "kvbench", "run", "--layers", "100000", "--lengths", "4",
+                           "--no-progress", "--output", str(tmp_path / "r.json")], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=180, env={**os.environ, "PYTHONPATH": str(ROOT)}, preexec_fn=four_gib)
+    one_line_error(done, "weights 4.7 GiB", "of memory is available")
+    assert not (tmp_path / "r.json").exists()
+
+
 def test_records_are_read_only_from_regular_files_of_bounded_size_and_depth(tmp_path):
     fifo = tmp_path / "pipe.json"
     os.mkfifo(fifo)
@@ -325,11 +354,17 @@ def drift_check(record, length=4):
 
 
 TAMPERING = {
-    "NaN in a check": (lambda r: concat_check(r).update(max_abs_diff=float("nan")), "non-finite number NaN"),
+    "NaN in a check": (lambda r: concat_check(r).update(max_abs_diff=float("nan")),
+                       "/max_abs_diff: non-finite number NaN"),
     "infinity in memory": (lambda r: r["memory"][0].update(peak_rss_growth_bytes=float("inf")),
-                           "non-finite number Infinity"),
-    "passed beyond its tolerance": (lambda r: concat_check(r).update(max_abs_diff=0.5, tolerance_used=5e4),
-                                    "uses 5e+04 times its tolerance"),
+                           "memory/0/peak_rss_growth_bytes: non-finite number Infinity"),
+    "passed beyond its tolerance": (lambda r: concat_check(r).update(max_abs_diff=0.5), "exceeds its tolerance"),
+    "passed using 5e4 times its tolerance": (lambda r: concat_check(r).update(tolerance_used=5e4),
+                                             "uses 5e+04 times its tolerance"),
+    "a check in another dtype": (lambda r: concat_check(r).update(dtype="float16"), "the config's dtype is float32"),
+    "a protocol contradicting the run": (lambda r: r["protocol"].update(repeats=9), "protocol/repeats is 9"),
+    "a timed cell without memory": (lambda r: r["memory"].remove(next(m for m in r["memory"] if m["mode"] == "concat")),
+                                    "was timed, but memory has no entry"),
     "passed with a divergence": (lambda r: concat_check(r).update(first_divergent_position=2), "but it diverges"),
     "bytes contradicting the formula": (lambda r: r["memory"][1].update(measured_bytes=12345), "contradicts the formula"),
     "a wrong formula": (lambda r: r["memory"][1].update(expected_bytes=1), "the formula gives"),
@@ -371,7 +406,7 @@ def test_every_renderer_escapes_what_a_record_carries():
     from kvbench.report.format import render_plain
     from kvbench.stats import RatioEstimate
 
-    nasty = "[bold red]x[/]<script>*_y_*"
+    nasty = "[bold red]x[/]<script>*_y_*\x1b[2J\x07"  # markup, HTML, markdown, a terminal clear and a bell
     row = model.Row(length=4, mode=nasty, samples=3, planned=3, median=1.0, q1=0.9, q3=1.1, is_baseline=False,
                     speedup=RatioEstimate(2.0, 1.9, 2.1, 3), speedup_valid=True, check=None, memory=None, marks=())
     report = model.Report(title=f"kvbench {nasty}", source="<b>src</b>", status="complete", created_utc="now",
@@ -383,6 +418,9 @@ def test_every_renderer_escapes_what_a_record_carries():
     assert "<script>" not in page and "&lt;script&gt;" in page
     md = markdown.render_report(report)
     assert "<script>" not in md and "\\*\\_y\\_\\*" in md
+    for output in (text, page, md):
+        assert "\x1b" not in output and "\x07" not in output  # shown as escapes, never sent
+    assert "\\x1b[2J" in text
 
 
 # --- 6. numbers ------------------------------------------------------------------------------------------
@@ -399,6 +437,8 @@ def test_every_renderer_escapes_what_a_record_carries():
     (["compare", "a.json", "b.json", "--factor", "nan"], "--factor: expected a finite number, got 'nan'"),
     (["compare", "a.json", "b.json", "--alpha", "nan"], "--alpha: expected a finite number, got 'nan'"),
     (["compare", "a.json", "b.json", "--factor", "1"], "--factor must be greater than 1, got 1"),
+    (["compare", "a.json", "b.json", "--factor", "1_1"], "--factor: expected a number, got '1_1'"),
+    (["compare", "a.json", "b.json", "--alpha", "٠.٠٥"], "--alpha: expected a number, got '٠.٠٥'"),
     (["budget", "--layers", "1", "--kv-heads", "1", "--head-dim", "8", "--tokens", "8", "--memory", "1GiB",
       "--block-size", "0"], "--block-size: expected an integer >= 1, got 0"),
 ])

@@ -5,7 +5,7 @@ import os
 import pytest
 
 from kvbench.decode import decode, token_ids
-from kvbench.memory import memory_profile, peak_memory_growth, peak_rss
+from kvbench.memory import available_bytes, cgroup_headroom, memory_profile, peak_memory_growth, peak_rss
 from kvbench.model import DecoderConfig, build_model
 
 
@@ -44,3 +44,31 @@ def test_memory_profile_shows_the_copies_of_concat():
     assert retained * 0.9 <= static["peak_rss_growth_bytes"] <= retained * 1.6
     assert concat["peak_rss_growth_bytes"] >= 1.5 * static["peak_rss_growth_bytes"]
     assert "VmHWM" in static["peak_method"]
+
+
+def cgroup_tree(tmp_path, membership: str, files: dict[str, str]):
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    (tmp_path / "cgroup").write_text(membership)
+    return dict(root=str(tmp_path), membership=str(tmp_path / "cgroup"))
+
+
+@pytest.mark.parametrize("membership, files, headroom", [
+    ("0::/job\n", {"job/memory.max": "4294967296\n", "job/memory.current": "1073741824\n"}, 3 << 30),  # v2
+    ("0::/job\n", {"job/memory.max": "max\n", "job/memory.current": "1073741824\n"}, None),
+    ("0::/job\n", {"memory.max": "2147483648\n", "memory.current": "0\n"}, 2 << 30),  # the container's root
+    ("4:memory:/job\n0::/\n", {"memory/job/memory.limit_in_bytes": "1073741824\n",  # v1
+                                 "memory/job/memory.usage_in_bytes": "536870912\n"}, 1 << 29),
+    ("4:memory:/job\n", {"memory/memory.limit_in_bytes": "9223372036854771712\n",  # v1's "no limit"
+                         "memory/memory.usage_in_bytes": "1\n"}, None),
+    ("4:cpu:/job\n", {}, None),
+])
+def test_cgroup_headroom_reads_the_limit_less_the_usage(tmp_path, membership, files, headroom):
+    assert cgroup_headroom(**cgroup_tree(tmp_path, membership, files)) == headroom
+
+
+def test_available_memory_is_at_most_what_the_machine_has():
+    import psutil
+
+    assert 0 < available_bytes() <= psutil.virtual_memory().available

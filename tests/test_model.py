@@ -60,3 +60,9 @@ def test_other_dtypes_run_and_match_cached(dtype):
     ids = token_ids(model.config, 1, 12)
     results = check_equivalence(model, ids, ["concat", "static"])
     assert all(r.passed for r in results.values()), results
+
+
+@pytest.mark.parametrize("seed", [-1, 2**63, 2**70, 1.5, True, "0"])
+def test_a_seed_torch_cannot_take_is_refused_by_name(seed):
+    with pytest.raises(ValueError, match=r"seed must be an integer in \[0, 2\*\*63\), got"):
+        build_model(DecoderConfig(), seed=seed)

@@ -23,6 +23,9 @@ from kvbench.config import DecoderConfig
 
 def expected_cache_bytes(config: DecoderConfig, batch: int, length: int) -> int:
     """Key plus value element storage for `length` positions: 2 * layers * B * KVH * T * D * elt."""
+    for name, value in (("batch", batch), ("length", length)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
     return 2 * config.layers * batch * config.kv_heads * length * config.head_dim * config.element_bytes
 
 

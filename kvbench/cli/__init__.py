@@ -83,7 +83,7 @@ def run_command(argv: list[str] | None) -> int:
         except MemoryError:
             return fail("out of memory: the machine could not allocate what the command needed")
         except RuntimeError as error:
-            if "allocate" not in str(error):  # torch's allocator failing is the user's size, anything else a bug
+            if "allocate" not in str(error) and "bad_alloc" not in str(error):  # the allocator failing is the user's size
                 raise
             return fail(f"out of memory: {first_line(error)}")
         except KeyboardInterrupt as interrupt:  # the first SIGINT or SIGTERM (Interrupted), or a bare Ctrl-C

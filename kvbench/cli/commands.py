@@ -66,9 +66,12 @@ def check_report_options(args: argparse.Namespace) -> None:
         raise CliError(f"--into splices a markdown block: use --format markdown, not {args.format}")
     if args.plot is not None and args.plot.suffix.lower() not in PLOT_SUFFIXES:
         raise CliError(f"--plot {args.plot}: the file name must end in {' or '.join(PLOT_SUFFIXES)}")
-    targets = [target for target in (args.output, args.plot, args.into) if target is not None]
-    if len({os.path.abspath(target) for target in targets}) < len(targets):
-        raise CliError("--output, --plot and --into must name different files")
+    targets = [(option, target) for option, target in (("--output", args.output), ("--plot", args.plot),
+                                                        ("--into", args.into)) if target is not None]
+    for index, (option, target) in enumerate(targets):
+        clash = next((other for other, path in targets[index + 1:] if os.path.abspath(path) == os.path.abspath(target)), None)
+        if clash is not None:
+            raise CliError(f"{option} and {clash} both name {target}: the report and the plot need different files")
     for option, target in (("--output", args.output), ("--plot", args.plot), ("--into", args.into)):
         if target is not None:
             check_output(target, args.force or option == "--into", option, reading=args.record)

@@ -78,8 +78,13 @@ def thread_count(text: str) -> int:
     return integer(1, os.cpu_count() or 1)(text)
 
 
+DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")  # float() would take "1_1" and "١"
+
+
 def finite_float(text: str) -> float:
     try:
+        if not DECIMAL.fullmatch(text.strip()) and text.strip().lower().lstrip("+-") not in ("inf", "infinity", "nan"):
+            raise ValueError(text)
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import html
 import io
+import unicodedata
 
 from rich.console import Console
-from rich.markup import escape as rich_escape
+from rich.markup import escape as escape_rich_markup
 
 __all__ = ["check_text", "escape_html", "escape_markdown", "format_bytes", "markdown_table", "ms", "p_value",
-           "ratio", "render_plain", "rich_escape", "stdout_console"]
+           "ratio", "render_plain", "rich_escape", "stdout_console", "visible"]
 
 
 def format_bytes(count: int | float | None) -> str:
@@ -61,19 +62,31 @@ def limits_text(limits: dict) -> str:
     return ", ".join(f"{names.get(name, name)} {value:g}" for name, value in limits.items())
 
 
+def visible(text: object) -> str:
+    """Control characters from a record (an ESC that would clear a terminal, a bell) written
+    as escapes, so a record can never drive the terminal it is shown on. Newlines and tabs stay."""
+    return "".join(char if char in "\n\t" or unicodedata.category(char) != "Cc" else repr(char)[1:-1]
+                   for char in str(text))
+
+
+def rich_escape(text: object) -> str:
+    """Text from a record for rich: no markup interpreted, no control character sent."""
+    return escape_rich_markup(visible(text))
+
+
 def escape_markdown(text: object) -> str:
     """Text from a record (a mode name, a path) as literal markdown: no markup, no HTML.
 
     Table pipes are escaped by markdown_table, for every cell alike.
     """
-    text = str(text).replace("\\", "\\\\")
+    text = visible(text).replace("\\", "\\\\")
     for char in "*_`[]#!~":
         text = text.replace(char, "\\" + char)
     return html.escape(text, quote=False).replace("\n", " ")
 
 
 def escape_html(text: object) -> str:
-    return html.escape(str(text), quote=True)
+    return html.escape(visible(text), quote=True)
 
 
 def markdown_table(header: tuple[str, ...] | list[str], rows: list[list[str]],

@@ -1,0 +1,257 @@
+"""What a record means: the checks after the JSON schema.
+
+A record is held to what kvbench itself would have written: a config the model
+accepts, known modes only, checks whose verdicts agree with their own numbers and
+with the config, bytes that equal the formula for every timed cell, a protocol that
+agrees with the run, a summary recomputed from the raw repetitions and nothing more.
+Each check returns the first problem as one sentence, or None.
+"""
+
+from __future__ import annotations
+
+import math
+
+from kvbench.cache import KINDS, expected_bytes, expected_cache_bytes
+from kvbench.config import DecoderConfig
+from kvbench.decode import DRIFT_METRICS, MODES, within_limits
+from kvbench.record.summary import by_cell, summarize
+
+CONTROL = "control"  # the A/A label (kvbench.timing.CONTROL)
+
+
+class RecordError(ValueError):
+    """A record file that cannot be read, or that does not match the schema."""
+
+
+def record_config(record: dict) -> DecoderConfig:
+    return DecoderConfig.from_dict(record["config"])
+
+
+def check_run(record: dict) -> str | None:
+    try:
+        config = record_config(record)
+    except ValueError as error:
+        return f"config: {error}"
+    run = record["run"]
+    known = [*MODES, *(kind for plugin in run.get("plugins", []) for kind in plugin["kinds"])]
+    unknown = [mode for mode in run["modes"] if mode not in known]
+    if unknown:
+        return f"run/modes: unknown mode {unknown[0]!r}; expected modes among {known} (plugins declare theirs)"
+    control = run.get("control")
+    if control is not None and (control not in run["modes"] or control == "full"):
+        return f"run/control: the A/A control repeats a cached mode of run.modes {run['modes']}, got {control!r}"
+    protocol = record["protocol"]
+    for name in ("repeats", "warmup", "batch", "seed", "threads", "per_step_length"):
+        if name in protocol and name in run and protocol[name] != run[name]:
+            return f"protocol/{name} is {protocol[name]!r}, but run/{name} is {run[name]!r}: one run has one protocol"
+    too_long = [length for length in [*run["lengths"], run.get("per_step_length") or 0] if length > config.max_length]
+    if too_long:
+        return f"run/lengths: length {too_long[0]} exceeds the config's max_length {config.max_length}"
+    return None
+
+
+def _outside(record: dict, section: str, entries: list[dict]) -> str | None:
+    run = record["run"]
+    for index, entry in enumerate(entries):
+        if entry["mode"] not in run["modes"] or entry["length"] not in run["lengths"]:
+            return (f"{section}/{index}: mode {entry['mode']!r} at length {entry['length']} is outside "
+                    f"run.modes {run['modes']} x run.lengths {run['lengths']}")
+    if len(by_cell(entries)) != len(entries):
+        return f"{section}: a (mode, length) cell appears twice"
+    return None
+
+
+def entries(section: str, check_entry):
+    """A check over one per-cell section: every entry inside the grid, once, and sound by `check_entry`."""
+    def check(record: dict) -> str | None:
+        problem = _outside(record, section, record[section])
+        for index, entry in enumerate(record[section]):
+            if problem:
+                break
+            problem = check_entry(record, entry, f"{section}/{index} ({entry['mode']} at length {entry['length']})")
+        return problem
+
+    return check
+
+
+def sound_check(record: dict, check: dict, where: str) -> str | None:
+    if "error" in check:
+        return f"{where}: passed is true, but the check carries an error" if check["passed"] else None
+    if check["max_abs_diff"] is None or check["max_rel_diff"] is None:
+        return f"{where}: differences are null without an error"
+    if check.get("exact", True) is False:
+        return sound_drift(check, where)
+    position, non_finite = check["first_divergent_position"], check.get("non_finite", 0)
+    if check["passed"] and (position is not None or non_finite):
+        return f"{where}: passed is true, but it diverges at position {position} with {non_finite} non-finite logits"
+    if check.get("dtype", record["config"]["dtype"]) != record["config"]["dtype"]:
+        return f"{where}: the check compared {check['dtype']} logits, but the config's dtype is {record['config']['dtype']}"
+    largest = check.get("reference_max_abs")
+    if check["passed"] and largest is not None and check["max_abs_diff"] > (check["atol"] + check["rtol"] * largest) * (1 + 1e-9):
+        return (f"{where}: passed is true, but max_abs_diff {check['max_abs_diff']:.3g} exceeds its tolerance "
+                f"atol {check['atol']:g} + rtol {check['rtol']:g} * {largest:.3g} (the largest |logit|)")
+    used = check.get("tolerance_used")
+    if used is not None and check["passed"] != (used <= 1 and not non_finite):
+        return (f"{where}: passed is {str(check['passed']).lower()}, but its largest difference uses "
+                f"{used:.3g} times its tolerance (atol {check['atol']:g} + rtol {check['rtol']:g} * |logit|)")
+    if not check["passed"] and (position is None or position >= check["length"]):
+        return f"{where}: failed without a diverging position in [0, {check['length'] - 1}], got {position}"
+    return None
+
+
+def sound_drift(check: dict, where: str) -> str | None:
+    """A lossy kind's check: its verdict must be what its own limits say of its own metrics."""
+    limits = check.get("limits")
+    if not isinstance(limits, dict) or not limits or set(limits) - set(DRIFT_METRICS):
+        return f"{where}: a drift check names its limits among {sorted(DRIFT_METRICS)}, got {limits!r}"
+    missing = [name for name in (*DRIFT_METRICS, "non_finite") if not isinstance(check.get(name), (int, float))]
+    if missing:
+        return f"{where}: a drift check reports {missing[0]} as a number"
+    disagreements = check.get("top1_disagreements")
+    if disagreements is not None and (disagreements == 0) != (check["top1_agreement"] == 1):
+        return (f"{where}: top1_disagreements is {disagreements}, but top1_agreement is "
+                f"{check['top1_agreement']:.4g}: every step agrees exactly when none disagrees")
+    if check["passed"] != within_limits(check, limits):
+        return f"{where}: passed is {str(check['passed']).lower()}, but its drift against its limits {limits} says otherwise"
+    return None
+
+
+def sound_memory(record: dict, entry: dict, where: str) -> str | None:
+    mode, options = entry["mode"], record["run"].get("cache_options", {}).get(entry["mode"], {})
+    if mode != "full" and mode not in KINDS:  # a plugin's kind, not loaded here: its formula is unknown
+        formula = entry["expected_bytes"]
+    elif mode == "full":
+        formula = expected_cache_bytes(record_config(record), record["run"]["batch"], entry["length"])
+    else:
+        formula = expected_bytes(mode, record_config(record), record["run"]["batch"], entry["length"], **options)
+    if entry["expected_bytes"] != formula:
+        return f"{where}: expected_bytes is {entry['expected_bytes']}, but the formula gives {formula}"
+    if entry["measured_bytes"] != formula:
+        return f"{where}: measured_bytes {entry['measured_bytes']} contradicts the formula's {formula}"
+    if entry["reserved_bytes"] < entry["measured_bytes"]:
+        return f"{where}: reserved_bytes {entry['reserved_bytes']} is below measured_bytes {entry['measured_bytes']}"
+    return None
+
+
+check_checks = entries("checks", sound_check)
+check_memory_entries = entries("memory", sound_memory)
+
+
+def check_memory(record: dict) -> str | None:
+    """Every entry sound, and every timed cell measured: memory is probed before timing starts."""
+    problem = check_memory_entries(record)
+    measured = by_cell(record["memory"])
+    for rep in record["repetitions"]:
+        if problem:
+            break
+        if rep["mode"] != CONTROL and (rep["mode"], rep["length"]) not in measured:
+            problem = f"mode {rep['mode']!r} at length {rep['length']} was timed, but memory has no entry for it"
+    return problem
+
+
+def labels(record: dict) -> list[str]:
+    """The labels timed: the run's modes, and the A/A control when there is one."""
+    control = record["run"].get("control")
+    return [*record["run"]["modes"], *([CONTROL] if control else [])]
+
+
+def planned_rotations(record: dict) -> dict[int, int]:
+    """length -> rotations every label there must have in a complete record."""
+    if "sampling" not in record:  # schema 1: the fixed protocol
+        return {length: record["run"]["repeats"] for length in record["run"]["lengths"]}
+    return {entry["length"]: entry["rotations"] for entry in record["sampling"]["lengths"]}
+
+
+def check_repetitions(record: dict) -> str | None:
+    run, timed = record["run"], labels(record)
+    expected_cells = {(m, n) for m in timed for n in run["lengths"]}
+    seen: dict[tuple[str, int], int] = {}
+    indices: set[tuple[str, int, int]] = set()
+    for rep in record["repetitions"]:
+        key = (rep["mode"], rep["length"])
+        if key not in expected_cells:
+            return f"repetition for mode {key[0]!r} at length {key[1]} is outside the modes {timed} x run.lengths {run['lengths']}"
+        if rep["order"] >= len(timed):
+            return f"repetition for mode {key[0]!r} at length {key[1]} has order {rep['order']}, but only {len(timed)} modes ran"
+        seen[key] = seen.get(key, 0) + 1
+        index = (*key, rep["repetition"])
+        if index in indices:  # the report pairs modes by repetition index: it must be unique
+            return f"mode {key[0]!r} at length {key[1]} has repetition {rep['repetition']} twice"
+        indices.add(index)
+    if record["status"] == "complete":
+        untimeable = {key for key, check in by_cell(record["checks"]).items() if "error" in check}
+        untimeable |= {(CONTROL, n) for (mode, n) in untimeable if mode == run.get("control")}
+        rotations = planned_rotations(record)
+        for mode, length in sorted(expected_cells - untimeable):
+            found, planned = seen.get((mode, length), 0), rotations.get(length, run["repeats"])
+            if found != planned:
+                return f"mode {mode!r} at length {length}: expected {planned} repetitions, found {found}"
+    return None
+
+
+def check_sampling(record: dict) -> str | None:
+    """Schema 2: one entry per length run, at least run.repeats rotations unless cut short."""
+    if "sampling" not in record:
+        return None
+    run, seen = record["run"], set()
+    for entry in record["sampling"]["lengths"]:
+        length = entry["length"]
+        if length not in run["lengths"] or length in seen:
+            return f"sampling: length {length} is not one of run.lengths {run['lengths']}, or appears twice"
+        seen.add(length)
+        if entry["stop"] not in ("interrupted", "budget") and entry["rotations"] < run["repeats"]:
+            return (f"sampling: length {length} stopped ({entry['stop']}) after {entry['rotations']} rotations, "
+                    f"fewer than run.repeats {run['repeats']}")
+    if record["status"] == "complete" and seen != set(run["lengths"]):
+        return f"sampling: a complete record has an entry for every length {run['lengths']}, found {sorted(seen)}"
+    return None
+
+
+def check_per_step(record: dict) -> str | None:
+    run = record["run"]
+    for entry in record.get("per_step", []):
+        if entry["mode"] not in run["modes"]:
+            return f"per_step entry for mode {entry['mode']!r} is outside run.modes {run['modes']}"
+        if run.get("per_step_length") is not None and entry["length"] != run["per_step_length"]:
+            return (f"per_step entry for mode {entry['mode']!r} has length {entry['length']}, "
+                    f"but run.per_step_length is {run['per_step_length']}")
+        if len(entry["seconds"]) != entry["length"]:
+            return (f"per_step for mode {entry['mode']!r} at length {entry['length']} "
+                    f"has {len(entry['seconds'])} step durations, expected {entry['length']}")
+    return None
+
+
+def check_summary(record: dict) -> str | None:
+    """The summary must be exactly what the repetitions and checks give: no cell more, none less."""
+    summary = record["summary"]
+    recomputed = summarize(record["repetitions"], record["checks"], summary.get("baseline", "full"),
+                           record["run"].get("control"), summary.get("estimator"), summary.get("interval"),
+                           summary.get("between_run"))
+    sections = [("cells", ("median", "min", "max", "q1", "q3", "repetitions", "per_token_median")),
+                ("speedups", ("speedup",))]
+    if "estimator" in summary:
+        sections = [sections[0], ("speedups", ("speedup", "low", "high", "pairs")),
+                    ("controls", ("ratio", "low", "high", "pairs"))]
+    for section, stats in sections:
+        stored, derived = by_cell(record["summary"][section]), by_cell(recomputed[section])
+        extra = sorted(set(stored) - set(derived))
+        if extra:
+            mode, length = extra[0]
+            return f"summary has a {section[:-1]} for mode {mode!r} at length {length}, which its repetitions do not give"
+        for key, mine in derived.items():
+            theirs = stored.get(key)
+            where = f"mode {key[0]!r} at length {key[1]}"
+            if theirs is None:
+                return f"summary has no {section[:-1]} for {where}"
+            for stat in stats:
+                if stat not in theirs and stat == "per_token_median":  # optional in schema 1
+                    continue
+                if not math.isclose(theirs[stat], mine[stat], rel_tol=1e-9, abs_tol=1e-15):
+                    return f"summary {stat} for {where} is {theirs[stat]}, but its repetitions give {mine[stat]}"
+            if "valid" in mine and theirs["valid"] != mine["valid"]:
+                return f"summary marks {where} valid={theirs['valid']}, but its check gives valid={mine['valid']}"
+    return None
+
+
+
+MEANING_CHECKS = (check_run, check_checks, check_sampling, check_repetitions, check_memory, check_per_step, check_summary)
