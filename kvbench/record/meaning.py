@@ -253,5 +253,4 @@ def check_summary(record: dict) -> str | None:
     return None
 
 
-
 MEANING_CHECKS = (check_run, check_checks, check_sampling, check_repetitions, check_memory, check_per_step, check_summary)
