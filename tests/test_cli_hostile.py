@@ -363,6 +363,8 @@ TAMPERING = {
                                              "uses 5e+04 times its tolerance"),
     "a check in another dtype": (lambda r: concat_check(r).update(dtype="float16"), "the config's dtype is float32"),
     "a protocol contradicting the run": (lambda r: r["protocol"].update(repeats=9), "protocol/repeats is 9"),
+    "a sample of 1e300 seconds": (lambda r: r["repetitions"][0].update(seconds=1e300),
+                                  "1e+300 is greater than the maximum of 1000000.0"),
     "a timed cell without memory": (lambda r: r["memory"].remove(next(m for m in r["memory"] if m["mode"] == "concat")),
                                     "was timed, but memory has no entry"),
     "passed with a divergence": (lambda r: concat_check(r).update(first_divergent_position=2), "but it diverges"),

@@ -18,6 +18,7 @@ from kvbench.cli.options import CliError, build_parser
 from kvbench.cli.run import cmd_run
 from kvbench.cli.signals import Interrupted, SignalGuard
 from kvbench.files import OutputExistsError
+from kvbench.report.format import visible
 
 __all__ = ["COMMANDS", "CliError", "build_parser", "main"]
 
@@ -95,7 +96,7 @@ def run_command(argv: list[str] | None) -> int:
 
 
 def fail(message: str) -> int:
-    print(f"kvbench: error: {message}", file=sys.stderr)
+    print(f"kvbench: error: {visible(message)}", file=sys.stderr)  # a message may quote a hostile record
     return 2
 
 

@@ -224,9 +224,12 @@ def check_per_step(record: dict) -> str | None:
 def check_summary(record: dict) -> str | None:
     """The summary must be exactly what the repetitions and checks give: no cell more, none less."""
     summary = record["summary"]
-    recomputed = summarize(record["repetitions"], record["checks"], summary.get("baseline", "full"),
-                           record["run"].get("control"), summary.get("estimator"), summary.get("interval"),
-                           summary.get("between_run"))
+    try:
+        recomputed = summarize(record["repetitions"], record["checks"], summary.get("baseline", "full"),
+                               record["run"].get("control"), summary.get("estimator"), summary.get("interval"),
+                               summary.get("between_run"))
+    except ArithmeticError as error:
+        return f"summary: its repetitions cannot be summarized ({error})"
     sections = [("cells", ("median", "min", "max", "q1", "q3", "repetitions", "per_token_median")),
                 ("speedups", ("speedup",))]
     if "estimator" in summary:

@@ -20,6 +20,7 @@ from kvbench.stats import ESTIMATORS, INTERVALS
 SCHEMA = "kvbench.record/2"
 SCHEMA_NAME, SCHEMA_VERSION = SCHEMA.split("/")
 READABLE = ("kvbench.record/1", SCHEMA)  # version 1: fixed repetitions, no telemetry, medians-ratio speedups
+MAX_SAMPLE_SECONDS = 1e6  # one decode loop of more than 11 days is not a measurement (and overflows ratios)
 STOPS = ("fixed", "precise", "cap", "budget", "interrupted")
 TELEMETRY = {"cpu_seconds": "number", "voluntary_switches": "integer", "involuntary_switches": "integer",
              "runqueue_seconds": "number", "steal_seconds": "number", "throttled_seconds": "number",
@@ -88,7 +89,7 @@ RECORD_SCHEMA_V1 = {
                 "type": "object",
                 "required": ["mode", "length", "repetition", "order", "seconds"],
                 "properties": {**_cell, "repetition": _count, "order": _count,
-                               "seconds": {"type": "number", "exclusiveMinimum": 0}},
+                               "seconds": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_SAMPLE_SECONDS}},
             },
         },
         "summary": {
@@ -112,7 +113,8 @@ RECORD_SCHEMA_V1 = {
             "items": {
                 "type": "object",
                 "required": ["mode", "length", "seconds"],
-                "properties": {**_cell, "seconds": {"type": "array", "minItems": 1, "items": {"type": "number", "minimum": 0}}},
+                "properties": {**_cell, "seconds": {"type": "array", "minItems": 1,
+                                                    "items": {"type": "number", "minimum": 0, "maximum": MAX_SAMPLE_SECONDS}}},
             },
         },
     },
