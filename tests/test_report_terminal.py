@@ -1,14 +1,17 @@
 """kvbench.report.terminal's quick table (run, show) and the rows behind it, from hand-built records."""
 
+import dataclasses
 import io
+from pathlib import Path
 
 import pytest
-from records import view
+from records import synthetic_record, view
 from rich.console import Console
 
-from kvbench.report.format import format_bytes
-from kvbench.report.model import build_report
-from kvbench.report.terminal import quick_table
+from kvbench.cli import main
+from kvbench.report.format import format_bytes, render_plain
+from kvbench.report.model import MARKS, build_report
+from kvbench.report.terminal import quick_table, report_renderables
 
 SECONDS = {("full", 4): [1.0, 2.0, 3.0, 4.0], ("concat", 4): [0.5, 0.25, 1.0, 0.75],
            ("full", 8): [4.0, 4.0, 8.0, 6.0], ("concat", 8): [2.0, 1.0, 1.5, 3.0]}
@@ -94,3 +97,20 @@ def test_format_bytes():
     assert format_bytes(1024) == "1.0 KiB"
     assert format_bytes(3 * 1024 * 1024) == "3.0 MiB"
     assert format_bytes(5 * 1024**4) == "5,120.0 GiB"
+
+
+@pytest.mark.parametrize("mark", list(MARKS))
+def test_every_mark_has_a_terminal_style(mark):
+    """A mark the model can set but the terminal cannot style would crash `kvbench report`."""
+    report = build_report(view(synthetic_record(SECONDS)))
+    row = dataclasses.replace(report.rows[1], marks=(mark,))
+    text = render_plain(report_renderables(dataclasses.replace(report, rows=[report.rows[0], row])))
+    assert MARKS[mark][0] in text
+
+
+def test_the_committed_reference_record_reports_in_every_layout(capsys):
+    """It carries a trend mark (↗): every layout must show it."""
+    reference = Path(__file__).resolve().parent.parent / "results" / "reference.json"
+    for layout in ("text", "markdown", "html"):
+        assert main(["report", str(reference), "--format", layout]) == 0
+        assert "↗" in capsys.readouterr().out

@@ -27,7 +27,7 @@ from kvbench.report.format import format_bytes, render_plain, rich_escape
 from kvbench.report.model import MARKS, Report, Row, environment_line
 
 STYLES = {"failed": "bold red", "invalid": "red", "noisy": "yellow", "unchecked": "yellow"}
-MARK_STYLES = {"failed": "bold red", "noisy": "yellow", "partial": "magenta"}
+MARK_STYLES = {"failed": "bold red", "noisy": "yellow", "partial": "magenta", "trend": "yellow", "disturbed": "yellow"}
 
 
 def _cell(column: columns.Column, row: Row) -> str:
