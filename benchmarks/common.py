@@ -56,7 +56,9 @@ def parse_lengths(text: str | None) -> tuple[int, ...]:
 LENGTHS = parse_lengths(os.environ.get(LENGTHS_VARIABLE))
 MODES = KNOWN_MODES + tuple(m for m in KVBENCH_MODES if m not in KNOWN_MODES)
 CACHED_MODES = tuple(m for m in MODES if m != FULL)
-LOSSY_MODES = tuple(m for m in CACHED_MODES if m in KINDS and not getattr(KINDS[m], "exact", True))
+KNOWN_LOSSY = ("quantized-int8", "quantized-int4")  # fixed like KNOWN_MODES: a commit without them skips them
+LOSSY_MODES = KNOWN_LOSSY + tuple(m for m in CACHED_MODES if m not in KNOWN_LOSSY and m in KINDS
+                                  and not getattr(KINDS[m], "exact", True))
 
 
 def workload(mode: str, length: int):
@@ -150,9 +152,11 @@ def prepare() -> dict:
     modes = [mode for mode in CACHED_MODES if mode in KVBENCH_MODES]
     for windowed in (False, True):  # the window kind runs on its own, windowed model
         group = [mode for mode in modes if (mode == "window") == windowed]
+        if not group:  # before config_for: a commit without the window kind has no window field either
+            continue
         config = config_for("window" if windowed else FULL)
         lengths = [n for n in LENGTHS if n <= config.max_length]
-        if not group or not lengths:
+        if not lengths:
             continue
         model = build_model(config, seed=PROTOCOL.seed)
         longest = token_ids(config, PROTOCOL.batch, max(lengths), PROTOCOL.seed)
