@@ -30,7 +30,7 @@ class WindowCache(Cache):
         shape = (batch, config.kv_heads, self.slots, config.head_dim)
         self._keys = [torch.zeros(shape, dtype=config.dtype) for _ in range(config.layers)]
         self._values = [torch.zeros(shape, dtype=config.dtype) for _ in range(config.layers)]
-        self._overwritten: list[tuple[list[Tensor], int, Tensor, Tensor]] = []  # undone by rollback
+        self._overwritten: list[tuple[int, int | Tensor, Tensor, Tensor]] = []  # (layer, slot(s), keys, values)
         self.key_positions = None
 
     @classmethod
@@ -48,7 +48,8 @@ class WindowCache(Cache):
         keys, values = self._keys[layer], self._values[layer]
         if new == 1:  # the decode step
             slot = start % self.slots
-            self._save(layer, torch.tensor([slot]))
+            if start >= self.slots:  # overwrites a visible position: keep it until commit (a free slot is invisible)
+                self._overwritten.append((layer, slot, keys.narrow(2, slot, 1).clone(), values.narrow(2, slot, 1).clone()))
             keys.narrow(2, slot, 1).copy_(k)
             values.narrow(2, slot, 1).copy_(v)
             self.key_positions = None
@@ -60,15 +61,11 @@ class WindowCache(Cache):
         all_values = torch.cat((values.narrow(2, 0, before), v), dim=2)
         kept = torch.arange(max(start, start + new - self.slots), start + new)  # the chunk's last W positions
         slots = kept % self.slots
-        self._save(layer, slots)
+        self._overwritten.append((layer, slots, keys.index_select(2, slots), values.index_select(2, slots)))
         keys.index_copy_(2, slots, k[:, :, kept - start])
         values.index_copy_(2, slots, v[:, :, kept - start])
         self.key_positions = positions
         return all_keys, all_values
-
-    def _save(self, layer: int, slots: Tensor) -> None:
-        self._overwritten.append((layer, slots, self._keys[layer].index_select(2, slots),
-                                  self._values[layer].index_select(2, slots)))
 
     def commit(self, length: int) -> None:
         self._overwritten = []
@@ -77,8 +74,11 @@ class WindowCache(Cache):
     def rollback(self) -> None:
         """Put back the slots the failed append wrote over."""
         for layer, slots, keys, values in reversed(self._overwritten):
-            self._keys[layer].index_copy_(2, slots, keys)
-            self._values[layer].index_copy_(2, slots, values)
+            for buffer, saved in ((self._keys[layer], keys), (self._values[layer], values)):
+                if isinstance(slots, int):  # one decode step's slot
+                    buffer.narrow(2, slots, 1).copy_(saved)
+                else:
+                    buffer.index_copy_(2, slots, saved)
         self._overwritten = []
         self.key_positions = None
 
