@@ -19,12 +19,11 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from kvbench import stats
-from kvbench.decode import FULL, check_modes, decode
-from kvbench.model import Decoder
+from kvbench.decode import FULL
 from kvbench.telemetry import Probe, sample_cost
 from kvbench.timing import Protocol, Sample, rotation_order, time_observed
 
-STOPS = ("fixed", "precise", "cap", "budget", "interrupted")
+STOPS = ("fixed", "precise", "cap", "budget", "interrupted")  # why a length stopped: every stop_reason, and a cut
 
 
 @dataclass
@@ -141,14 +140,3 @@ def measure_loops(loops: dict[int, dict[str, Callable[[], object]]], protocol: P
                   on_sample: Callable[[Sample], None] | None = None) -> list[Sample]:
     """The protocol for any named loops (the asv suites, the comparison scripts): every sample."""
     return sample(loops, protocol, on_sample=on_sample).samples
-
-
-def measure(model: Decoder, ids_by_length: dict[int, object], modes: list[str], protocol: Protocol = Protocol.fixed(),
-            on_sample: Callable[[Sample], None] | None = None) -> list[Sample]:
-    """Time every mode at every length with the protocol; returns every sample in the order run."""
-    modes = check_modes(modes)
-    loops = {
-        length: {mode: (lambda ids=ids, mode=mode: decode(model, ids, mode)) for mode in modes}
-        for length, ids in ids_by_length.items()
-    }
-    return measure_loops(loops, protocol, on_sample)

@@ -103,9 +103,17 @@ def test_format_bytes():
 def test_every_mark_has_a_terminal_style(mark):
     """A mark the model can set but the terminal cannot style would crash `kvbench report`."""
     report = build_report(view(synthetic_record(SECONDS)))
-    row = dataclasses.replace(report.rows[1], marks=(mark,))
+    row = dataclasses.replace(report.rows[1], marks=(mark,), undisturbed=report.rows[1].speedup)
     text = render_plain(report_renderables(dataclasses.replace(report, rows=[report.rows[0], row])))
     assert MARKS[mark][0] in text
+
+
+def test_a_disturbed_speedup_is_shown_beside_the_undisturbed_one():
+    report = build_report(view(synthetic_record(SECONDS)))
+    cached = report.rows[1]
+    row = dataclasses.replace(cached, marks=("disturbed",), undisturbed=dataclasses.replace(cached.speedup, ratio=3.5))
+    text = render_plain(report_renderables(dataclasses.replace(report, rows=[report.rows[0], row])))
+    assert f"{cached.speedup.ratio:.2f}x (3.50x undisturbed)" in text
 
 
 def test_the_committed_reference_record_reports_in_every_layout(capsys):

@@ -56,7 +56,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         stderr.print(f"[bold red]EQUIVALENCE FAILED[/]: {failure_sentence(check)}")
     console.print(f"record: {path}")
     if outcome.interrupted or args.signals.received:
-        print(interrupted_sentence(args.signals.first, outcome, protocol, args.lengths, args.modes, path), file=sys.stderr)
+        print(interrupted_sentence(args.signals.first, outcome, args.lengths, args.modes, path), file=sys.stderr)
         return 130
     return 1 if failed else 0
 
@@ -121,7 +121,7 @@ def save_record(result: dict, output: Path, force: bool) -> Path:
                    "the record was printed on stdout")
 
 
-def interrupted_sentence(signal, outcome, protocol: Protocol, lengths: list[int], modes: list[str], path: Path) -> str:
+def interrupted_sentence(signal, outcome, lengths: list[int], modes: list[str], path: Path) -> str:
     name = signal.name if signal is not None else "SIGINT"
     planned = len(lengths) * len(modes)
     if not outcome.interrupted:

@@ -15,13 +15,13 @@ import jsonschema
 from kvbench.config import DTYPES
 from kvbench.files import first_non_finite
 from kvbench.record.meaning import MEANING_CHECKS, RecordError
+from kvbench.sampling import STOPS
 from kvbench.stats import ESTIMATORS, INTERVALS
 
 SCHEMA = "kvbench.record/2"
 SCHEMA_NAME, SCHEMA_VERSION = SCHEMA.split("/")
 READABLE = ("kvbench.record/1", SCHEMA)  # version 1: fixed repetitions, no telemetry, medians-ratio speedups
 MAX_SAMPLE_SECONDS = 1e6  # one decode loop of more than 11 days is not a measurement (and overflows ratios)
-STOPS = ("fixed", "precise", "cap", "budget", "interrupted")
 TELEMETRY = {"cpu_seconds": "number", "voluntary_switches": "integer", "involuntary_switches": "integer",
              "runqueue_seconds": "number", "steal_seconds": "number", "throttled_seconds": "number",
              "cpu_start": "integer", "cpu_end": "integer"}

@@ -33,7 +33,11 @@ def speedup_text(row: Row) -> str:
     if row.speedup is None:
         return "-"
     text = f"{ratio(row.speedup.ratio)}x"
-    return f"({text} invalid)" if row.invalid_speedup else text
+    if row.invalid_speedup:
+        return f"({text} invalid)"
+    if "disturbed" in row.marks:  # the two disagree: show both, the reader decides
+        return f"{text} ({ratio(row.undisturbed.ratio)}x undisturbed)"
+    return text
 
 
 def interval_text(row: Row) -> str:

@@ -113,7 +113,6 @@ class Comparison:
     skipped: list[str]
     factor: float
     alpha: float
-    floors: dict[str, dict[int, float]] = field(default_factory=dict)  # OLD/NEW -> length -> A/A half-width
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -189,8 +188,6 @@ def compare_records(old: RecordView, new: RecordView, *, factor: float = FACTOR,
         old_source=old.source, new_source=new.source, old_status=old.status, new_status=new.status,
         environment=environment_diff(old.environment, new.environment), config=config_diff(old, new), cells=cells,
         skipped=skipped, factor=factor, alpha=alpha,
-        floors={label: {entry["length"]: (entry["high"] - entry["low"]) / (2 * entry["ratio"])
-                        for entry in view.controls} for label, view in (("OLD", old), ("NEW", new))},
     )
     for label, view in (("OLD", old), ("NEW", new)):
         if not view.complete:

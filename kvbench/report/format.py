@@ -13,7 +13,7 @@ import unicodedata
 from rich.console import Console
 from rich.markup import escape as escape_rich_markup
 
-__all__ = ["check_text", "escape_html", "escape_markdown", "format_bytes", "markdown_table", "ms", "p_value",
+__all__ = ["check_text", "escape_html", "escape_markdown", "format_bytes", "markdown_table", "ms",
            "ratio", "render_plain", "rich_escape", "stdout_console", "visible"]
 
 
@@ -35,10 +35,6 @@ def ms(seconds: float) -> str:
 
 def ratio(value: float) -> str:
     return f"{value:.2f}"
-
-
-def p_value(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}" if value >= 0.001 else f"{value:.0e}"
 
 
 def check_text(check: dict | None) -> str:

@@ -46,9 +46,7 @@ class Row:
     check: dict | None
     memory: dict | None
     marks: tuple[str, ...]
-    disturbed: int = 0  # samples the telemetry says were disturbed
-    undisturbed: RatioEstimate | None = None  # the speedup from the pairs neither side of which was
-    trend: stats.Trend | None = None
+    undisturbed: RatioEstimate | None = None  # the speedup from the pairs neither side of which was disturbed
 
     @property
     def spread(self) -> float:
@@ -210,7 +208,6 @@ def build_rows(view: RecordView, seed: int = stats.SEED, resamples: int = stats.
         repetitions = view.repetitions(mode, length)
         trend = stats.trend([r["started"] for r in repetitions], [r["seconds"] for r in repetitions]) \
             if repetitions and "started" in repetitions[0] else None
-        disturbed = sum(bool(disturbances(r["seconds"], r)) for r in repetitions if "cpu_seconds" in r)
         marks = [name for name, present in (
             ("failed", not view.passed(mode, length)),
             ("noisy", stats.spread(cell["q1"], cell["q3"], cell["median"]) > NOISY_SPREAD),
@@ -224,7 +221,7 @@ def build_rows(view: RecordView, seed: int = stats.SEED, resamples: int = stats.
             median=cell["median"], q1=cell["q1"], q3=cell["q3"], is_baseline=mode == baseline,
             speedup=speedup, speedup_valid=view.passed(mode, length) and view.passed(baseline, length),
             check=view.check(mode, length), memory=view.memory(mode, length), marks=tuple(marks),
-            disturbed=disturbed, undisturbed=undisturbed, trend=trend,
+            undisturbed=undisturbed,
         ))
     return rows
 
