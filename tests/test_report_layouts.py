@@ -2,6 +2,7 @@
 
 import base64
 import json
+import os
 import statistics
 from html.parser import HTMLParser
 
@@ -244,3 +245,16 @@ def test_a_record_with_a_broken_per_step_entry_is_rejected(record_file, tmp_path
     bad.write_text(json.dumps(data))
     assert main(["report", str(bad)]) == 2
     assert "has 39 step durations, expected 40" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--output", "same.svg", "--plot", "same.svg"], "--output and --plot both name same.svg"),
+    (["--format", "markdown", "--plot", "doc.svg", "--into", "doc.svg"], "--plot and --into both name doc.svg"),
+    (["--output", "a.md", "--into", "b.md", "--format", "markdown"], "--output and --into are exclusive"),
+])
+def test_report_refuses_one_file_for_two_outputs(record_file, tmp_path, monkeypatch, capsys, args, fragment):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "doc.svg").write_text("<!-- kvbench report: begin --><!-- kvbench report: end -->")
+    assert main(["report", str(record_file), *args]) == 2
+    assert fragment in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["doc.svg"]

@@ -7,6 +7,7 @@ calls the library; the library's errors speak of values, never of options.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -34,9 +35,7 @@ def check_output(path: Path, force: bool, option: str = "--output", reading: Pat
     if reading is not None and same_file(path, reading):
         raise CliError(f"{option} {path} is the record being read; choose another file")
     try:
-        files.check_output(path, force)
-    except files.OutputExistsError:
-        raise CliError(f"{path} already exists; pass --force to overwrite it") from None
+        files.check_output(path, force)  # OutputExistsError goes on to main, which adds the --force hint
     except files.OutputError as error:
         raise CliError(f"{option} {error}") from None
 
@@ -68,13 +67,11 @@ def check_report_options(args: argparse.Namespace) -> None:
         raise CliError(f"--plot {args.plot}: the file name must end in {' or '.join(PLOT_SUFFIXES)}")
     targets = [(option, target) for option, target in (("--output", args.output), ("--plot", args.plot),
                                                         ("--into", args.into)) if target is not None]
-    for index, (option, target) in enumerate(targets):
-        clash = next((other for other, path in targets[index + 1:] if os.path.abspath(path) == os.path.abspath(target)), None)
-        if clash is not None:
-            raise CliError(f"{option} and {clash} both name {target}: the report and the plot need different files")
-    for option, target in (("--output", args.output), ("--plot", args.plot), ("--into", args.into)):
-        if target is not None:
-            check_output(target, args.force or option == "--into", option, reading=args.record)
+    for (option, target), (other, path) in itertools.combinations(targets, 2):
+        if same_file(target, path):
+            raise CliError(f"{option} and {other} both name {target}: the report and the plot need different files")
+    for option, target in targets:
+        check_output(target, args.force or option == "--into", option, reading=args.record)
     if args.into is not None and not args.into.is_file():
         raise CliError(f"--into {args.into}: no such file")
 
