@@ -152,7 +152,7 @@ def int_list(text: str) -> list[int]:
 def mode_list(text: str) -> list[str]:
     """Distinct plain-word names; whether each is a known mode is checked once plugins are loaded."""
     modes = [part.strip() for part in text.split(",")]
-    bad = [mode for mode in modes if not KIND_NAME.fullmatch(mode) and mode != "full"]
+    bad = [mode for mode in modes if not KIND_NAME.fullmatch(mode)]
     if bad:
         raise argparse.ArgumentTypeError(f"expected comma-separated mode names such as {','.join(MODES)}, got {bad[0]!r}")
     if len(set(modes)) != len(modes):

@@ -15,8 +15,7 @@ from kvbench.cache import KINDS, expected_bytes, expected_cache_bytes
 from kvbench.config import DecoderConfig
 from kvbench.decode import DRIFT_METRICS, MODES, within_limits
 from kvbench.record.summary import by_cell, summarize
-
-CONTROL = "control"  # the A/A label (kvbench.timing.CONTROL)
+from kvbench.timing import CONTROL
 
 
 class RecordError(ValueError):

@@ -12,6 +12,7 @@ import copy
 
 import jsonschema
 
+from kvbench.cache import KIND_NAME
 from kvbench.config import DTYPES
 from kvbench.files import first_non_finite
 from kvbench.record.meaning import MEANING_CHECKS, RecordError
@@ -26,7 +27,7 @@ TELEMETRY = {"cpu_seconds": "number", "voluntary_switches": "integer", "involunt
              "runqueue_seconds": "number", "steal_seconds": "number", "throttled_seconds": "number",
              "cpu_start": "integer", "cpu_end": "integer"}
 STATUSES = ("complete", "incomplete")
-MODE_NAME = r"^[a-z][a-z0-9_-]{0,39}$"  # plain words: nothing a terminal, markdown or HTML would interpret
+MODE_NAME = f"^{KIND_NAME.pattern}$"  # plain words: nothing a terminal, markdown or HTML would interpret
 
 
 _count = {"type": "integer", "minimum": 0}

@@ -9,8 +9,7 @@ from __future__ import annotations
 import statistics
 
 from kvbench import stats
-
-CONTROL = "control"  # the A/A label (kvbench.timing.CONTROL)
+from kvbench.timing import CONTROL
 
 
 def cell_statistics(seconds: list[float]) -> dict:
