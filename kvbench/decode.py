@@ -224,28 +224,25 @@ class Drift:
         return asdict(self)
 
 
-DRIFT_METRICS = {  # metric -> whether a value passes its limit
-    "max_abs_diff": lambda value, limit: value <= limit,
-    "kl_mean": lambda value, limit: value <= limit,
-    "kl_max": lambda value, limit: value <= limit,
-    "top1_agreement": lambda value, limit: value >= limit,
+def top1_within(drift: dict, limit: float) -> bool:
+    """A rate cannot be judged on fewer steps than its resolution: at 0.99 on 40 steps one
+    disagreement is already 97.5%. So a single disagreeing step never fails a kind by
+    itself (KL and |Δ| still judge it). A record from before the count was kept
+    (no `top1_disagreements`) is judged on the rate alone, as it was written."""
+    return drift["top1_agreement"] >= limit or drift.get("top1_disagreements") in (0, 1)
+
+
+DRIFT_METRICS = {  # metric -> whether a drift passes its limit on it
+    "max_abs_diff": lambda drift, limit: drift["max_abs_diff"] <= limit,
+    "kl_mean": lambda drift, limit: drift["kl_mean"] <= limit,
+    "kl_max": lambda drift, limit: drift["kl_max"] <= limit,
+    "top1_agreement": top1_within,
 }
 
 
 def within_limits(drift: dict, limits: dict) -> bool:
-    """Every metric within its limit, and no step without a distribution.
-
-    A rate cannot be judged on fewer steps than its resolution: at 0.99 on 40 steps one
-    disagreement is already 97.5%. So a single disagreeing step never fails a kind by
-    itself (KL and |Δ| still judge it). A record from before the count was kept
-    (no `top1_disagreements`) is judged on the rate alone, as it was written.
-    """
-    def passes(name: str, limit: float) -> bool:
-        if name == "top1_agreement" and drift.get("top1_disagreements") in (0, 1):
-            return True
-        return DRIFT_METRICS[name](drift[name], limit)
-
-    return drift["non_finite"] == 0 and all(passes(name, limit) for name, limit in limits.items())
+    """Every metric within its limit, and no step without a distribution."""
+    return drift["non_finite"] == 0 and all(DRIFT_METRICS[name](drift, limit) for name, limit in limits.items())
 
 
 def top1_agrees(candidate: Tensor, reference: Tensor, atol: float, rtol: float) -> Tensor:

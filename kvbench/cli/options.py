@@ -82,13 +82,13 @@ DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")  # fl
 
 
 def finite_float(text: str) -> float:
-    try:
-        if not DECIMAL.fullmatch(text.strip()) and text.strip().lower().lstrip("+-") not in ("inf", "infinity", "nan"):
-            raise ValueError(text)
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(value):
+    stripped = text.strip()
+    if stripped.lower().lstrip("+-") in ("inf", "infinity", "nan"):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    if not DECIMAL.fullmatch(stripped):
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
+    value = float(stripped)
+    if not math.isfinite(value):  # 1e400
         raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
     return value
 
