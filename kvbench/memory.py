@@ -25,6 +25,7 @@ from kvbench.cache import expected_cache_bytes
 from kvbench.config import DecoderConfig
 from kvbench.decode import FULL, cache_footprint, decode
 from kvbench.model import Decoder
+from kvbench.telemetry import cgroup_directories
 
 
 def peak_rss() -> int | None:
@@ -123,36 +124,20 @@ def available_bytes() -> int:
     return min(limits)
 
 
-CGROUP_FILES = {"0": ("memory.max", "memory.current"),  # v2: the unified hierarchy
-                 "memory": ("memory.limit_in_bytes", "memory.usage_in_bytes")}  # v1: the memory controller
+CGROUP_FILES = (("memory.max", "memory.current"),  # v2
+                ("memory.limit_in_bytes", "memory.usage_in_bytes"))  # v1
 
 
 def cgroup_headroom(root: str = "/sys/fs/cgroup", membership: str = "/proc/self/cgroup") -> int | None:
-    """The limit less the usage of this process's memory cgroup (v2 or v1), or None without a limit.
-
-    Inside a container the cgroup's own directory is usually mounted as the root, so the
-    path /proc names is tried under the root and then the root itself.
-    """
-    try:
-        with open(membership) as handle:
-            entries = [line.rstrip("\n").split(":", 2) for line in handle]
-    except OSError:
-        return None
-    for hierarchy, controllers, path in entries:
-        key = "0" if hierarchy == "0" else ("memory" if "memory" in controllers.split(",") else None)
-        if key is None:
-            continue
-        base = root if key == "0" else os.path.join(root, "memory")
-        limit_name, usage_name = CGROUP_FILES[key]
-        for directory in (os.path.join(base, path.lstrip("/")), base):
+    """The limit less the usage of this process's memory cgroup (v2 or v1), or None without a limit."""
+    total = psutil.virtual_memory().total
+    for directory in cgroup_directories("memory", root, membership):
+        for limit_name, usage_name in CGROUP_FILES:
             try:
-                with open(os.path.join(directory, limit_name)) as handle:
-                    limit = handle.read().strip()
-                with open(os.path.join(directory, usage_name)) as handle:
-                    usage = int(handle.read())
+                limit = (directory / limit_name).read_text().strip()
+                usage = int((directory / usage_name).read_text())
             except (OSError, ValueError):
                 continue
-            if limit != "max" and int(limit) < psutil.virtual_memory().total:  # v1 writes "no limit" as ~2**63
+            if limit != "max" and int(limit) < total:  # v1 writes "no limit" as ~2**63
                 return max(0, int(limit) - usage)
-            break
     return None

@@ -150,25 +150,38 @@ def _throttled(descriptor: int | None) -> int | None:
     return None
 
 
-def cgroup_cpu_stat() -> Path | None:
-    """The cpu.stat of this process's cgroup that counts throttling (v2 unified, or v1 cpu)."""
+def cgroup_directories(controller: str, root: str = "/sys/fs/cgroup",
+                       membership: str = "/proc/self/cgroup") -> list[Path]:
+    """Where this process's cgroup keeps `controller`'s files (v2 unified, or the v1 hierarchy
+    holding the controller), most specific first. Inside a container the cgroup's own
+    directory is usually mounted as the root, so each hierarchy's root is a candidate too."""
     try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
+        lines = Path(membership).read_text().splitlines()
     except OSError:
-        return None
-    candidates = []
+        return []
+    found = []
     for line in lines:
-        _, controllers, path = line.split(":", 2)
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
         relative = path.lstrip("/")
         if controllers == "":
-            candidates += [Path("/sys/fs/cgroup") / relative / "cpu.stat",
-                           Path("/sys/fs/cgroup/unified") / relative / "cpu.stat"]
-        elif "cpu" in controllers.split(","):
-            candidates.append(Path("/sys/fs/cgroup") / controllers / relative / "cpu.stat")
-    for candidate in candidates:
+            bases = [Path(root), Path(root) / "unified"]
+        elif controller in controllers.split(","):
+            bases = [Path(root) / controllers]
+        else:
+            continue
+        found += [directory for base in bases for directory in (base / relative, base)]
+    return list(dict.fromkeys(found))
+
+
+def cgroup_cpu_stat(root: str = "/sys/fs/cgroup", membership: str = "/proc/self/cgroup") -> Path | None:
+    """The cpu.stat of this process's cgroup that counts throttling (v2 unified, or v1 cpu)."""
+    for directory in cgroup_directories("cpu", root, membership):
         try:
-            if b"throttled" in candidate.read_bytes():
-                return candidate
+            if b"throttled" in (directory / "cpu.stat").read_bytes():
+                return directory / "cpu.stat"
         except OSError:
             continue
     return None

@@ -34,26 +34,16 @@ def test_counters_are_parsed_from_the_kernels_text(tmp_path):
             os.close(descriptor)
 
 
-def test_the_cgroup_file_is_found_from_proc_self_cgroup(tmp_path, monkeypatch):
+def test_the_cgroup_file_is_found_from_proc_self_cgroup(tmp_path):
     root = tmp_path / "sys" / "fs" / "cgroup"
     (root / "cpu" / "job").mkdir(parents=True)
     (root / "cpu" / "job" / "cpu.stat").write_text("nr_throttled 0\nthrottled_time 0\n")
     cgroup = tmp_path / "cgroup"
     cgroup.write_text("4:memory:/x\n1:cpu:/job\n0::/\n")
-    real = telemetry.Path
-
-    def fake(path, *rest):
-        text = str(path)
-        if text == "/proc/self/cgroup":
-            return real(cgroup)
-        if text.startswith("/sys/fs/cgroup"):
-            return real(str(root) + text[len("/sys/fs/cgroup"):], *rest)
-        return real(path, *rest)
-
-    monkeypatch.setattr(telemetry, "Path", fake)
-    assert telemetry.cgroup_cpu_stat() == root / "cpu" / "job" / "cpu.stat"
+    found = dict(root=str(root), membership=str(cgroup))
+    assert telemetry.cgroup_cpu_stat(**found) == root / "cpu" / "job" / "cpu.stat"
     cgroup.write_text("0::/\n")
-    assert telemetry.cgroup_cpu_stat() is None
+    assert telemetry.cgroup_cpu_stat(**found) is None
 
 
 def test_a_missing_source_is_none_with_a_reason_and_costs_nothing_else(monkeypatch):
