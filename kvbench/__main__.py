@@ -7,24 +7,17 @@ load module more than once"). So SIGINT and SIGTERM are held until the imports a
 done, then obeyed: nothing has been measured or written yet, and the message says so.
 """
 
-import signal
 import sys
 
-HELD = (signal.SIGINT, signal.SIGTERM)
+from kvbench.signals import SignalGuard
 
 
 def main() -> int:
-    received: list[int] = []
-    previous = {signum: signal.signal(signum, lambda signum, frame: received.append(signum)) for signum in HELD}
-    try:
+    with SignalGuard() as held, held.deferred():
         from kvbench.cli import main as run_cli
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-    if received:
-        name = signal.Signals(received[0]).name
-        print(f"kvbench: interrupted by {name} while starting; nothing was written", file=sys.stderr)
-        return 128 + received[0]
+    if held.received:
+        print(f"kvbench: interrupted by {held.first.name} while starting; nothing was written", file=sys.stderr)
+        return held.exit_status(0)
     return run_cli()
 
 

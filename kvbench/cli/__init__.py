@@ -9,16 +9,16 @@ user can cause ends the same way: one line on stderr, exit status 2.
 from __future__ import annotations
 
 import os
-import signal
 import sys
+from signal import SIGINT
 
 from kvbench import files
 from kvbench.cli.commands import cmd_asv_machine, cmd_asv_show, cmd_budget, cmd_compare, cmd_env, cmd_report, cmd_show
 from kvbench.cli.options import CliError, build_parser
 from kvbench.cli.run import cmd_run
-from kvbench.cli.signals import Interrupted, SignalGuard
 from kvbench.files import OutputExistsError
 from kvbench.report.format import visible
+from kvbench.signals import Interrupted, SignalGuard
 
 __all__ = ["COMMANDS", "CliError", "build_parser", "main"]
 
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         return status
     except StdoutError as error:
         real = open(os.devnull, "w")  # nothing more can reach it; interpreter exit must not try again
-        written = ", ".join(str(path) for path in files.WRITTEN)
+        written = written_files()
         return fail(f"cannot write to standard output: {error.strerror or error}"
                     + (f"; {written} was written" if written else ""))
     finally:
@@ -88,11 +88,16 @@ def run_command(argv: list[str] | None) -> int:
                 raise
             return fail(f"out of memory: {first_line(error)}")
         except KeyboardInterrupt as interrupt:  # the first SIGINT or SIGTERM (Interrupted), or a bare Ctrl-C
-            signum = interrupt.signum if isinstance(interrupt, Interrupted) else signal.SIGINT
-            written = ", ".join(str(path) for path in files.WRITTEN)
-            print(f"kvbench: interrupted by {signal.Signals(signum).name}; "
+            signal = interrupt if isinstance(interrupt, Interrupted) else Interrupted(SIGINT)
+            written = written_files()
+            print(f"kvbench: interrupted by {signal.name}; "
                   + (f"wrote {written} before it" if written else "nothing was written"), file=sys.stderr)
-            return 128 + signum
+            return 128 + signal.signum
+
+
+def written_files() -> str:
+    """The files this command has written so far, for a message about what is on disk."""
+    return ", ".join(str(path) for path in files.WRITTEN)
 
 
 def fail(message: str) -> int:
