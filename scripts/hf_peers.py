@@ -113,8 +113,9 @@ def checks(kind: str, model, ids, hf: dict, options: dict) -> dict:
                                                                            options=options).items()}
     atol, rtol = tolerances(torch.float32)
     limits = KINDS["quantized-int4"].drift_limits
+    references = {id(hf_model): hf_reference(hf_model, ids) for hf_model, _ in hf.values()}  # once per model
     for label, (hf_model, make_cache) in hf.items():
-        candidate, reference = hf_decode(hf_model, ids, make_cache, keep_logits=True), hf_reference(hf_model, ids)
+        candidate, reference = hf_decode(hf_model, ids, make_cache, keep_logits=True), references[id(hf_model)]
         result = compare_logits(label, candidate, reference, atol, rtol) if kind == "dynamic" else \
             compare_drift(label, candidate, reference, limits, atol, rtol)
         out[label] = result.to_dict()

@@ -58,7 +58,7 @@ def estimates(view: RecordView, estimator: str, rotations: int) -> dict[tuple[st
     out = {}
     for length in view.lengths:
         base = first(view.samples("full", length), rotations)
-        for mode in [m for m in view.modes if m != "full"] + ["control"]:
+        for mode in [m for m in view.modes if m != "full"]:
             mine = first(view.samples(mode, length), rotations)
             if base and mine:
                 out[(mode, length)] = stats.paired_ratio(base, mine, estimator, key=(mode, length), resamples=2000)
@@ -76,7 +76,7 @@ def variant_table(views: list[RecordView], rotations: int) -> list[str]:
     rows = []
     for estimator in stats.ESTIMATORS:
         runs = [estimates(view, estimator, rotations) for view in views]
-        cells = [key for key in runs[0] if key[0] not in ("control", "aa")]
+        cells = [key for key in runs[0] if key[0] != "aa"]
         spreads, widths, covered, covered_rerun, agree, aa_widths = [], [], 0, 0, 0, []
         pairs = 0
         for key in cells:
@@ -112,7 +112,7 @@ def blocked(view: RecordView, estimator: str, rotations: int, count: int = 5) ->
     size = rotations // count
     whole = estimates(view, estimator, rotations)
     for (mode, length), estimate in whole.items():
-        if mode in ("aa", "control"):
+        if mode == "aa":
             continue
         base, mine = view.samples("full", length), view.samples(mode, length)
         values = []
@@ -193,7 +193,7 @@ def between_run_table(groups: dict[str, list[RecordView]], rotations: int) -> li
     for views in groups.values():
         runs = [estimates(view, stats.DEFAULT_ESTIMATOR, rotations) for view in views]
         for key in runs[0]:
-            if key[0] in ("control", "aa"):
+            if key[0] == "aa":
                 continue
             for a, b in zip(runs, runs[1:]):
                 error = stats.log_standard_error(a[key]) ** 2 + stats.log_standard_error(b[key]) ** 2
@@ -227,7 +227,7 @@ def coverage_table(groups: dict[str, list[RecordView]], between_runs: tuple[floa
         pairs = []
         for views in groups.values():
             runs = [estimates(view, stats.DEFAULT_ESTIMATOR, rotations) for view in views]
-            pairs += [(key[1], a[key], b[key]) for key in runs[0] if key[0] not in ("control", "aa")
+            pairs += [(key[1], a[key], b[key]) for key in runs[0] if key[0] != "aa"
                       for a, b in zip(runs, runs[1:])]
         for sd in between_runs:
             inside: dict[int, list[bool]] = {}
@@ -265,10 +265,10 @@ def analyze(root: Path) -> str:
              "confidence interval, how often the next run's value falls inside the previous run's confidence "
              "interval and inside its rerun interval (x sqrt 2), how often two consecutive runs agree within 10%, "
              "and the median half-width of the A/A control's interval.", ""]
-    for name in sorted(p.name for p in root.iterdir() if p.is_dir()):
-        views = [RecordView.load(path) for path in sorted((root / name).glob("run-*.json"))]
-        if len(views) < 2:
-            continue
+    groups = {name: [RecordView.load(path) for path in sorted((root / name).glob("run-*.json"))]
+              for name in sorted(p.name for p in root.iterdir() if p.is_dir())}
+    groups = {name: views for name, views in groups.items() if len(views) >= 2}
+    for name, views in groups.items():
         cpu = views[0].environment.get("cpu", {}).get("brand")
         lines += [f"## {name}: {len(views)} runs on {cpu}", "", disturbed_share(views), ""]
         for rotations in ROTATION_COUNTS:
@@ -282,9 +282,6 @@ def analyze(root: Path) -> str:
                       *raw_time_table(views, rotations), ""]
         lines += ["`kvbench compare` of consecutive runs (all rotations), verdicts per cell:", "",
                   "| cells | " + " | ".join(VERDICTS) + " |", "|---|" + "--:|" * len(VERDICTS), *compare_table(views), ""]
-    groups = {name: [RecordView.load(path) for path in sorted((root / name).glob("run-*.json"))]
-              for name in sorted(p.name for p in root.iterdir() if p.is_dir())}
-    groups = {name: views for name, views in groups.items() if len(views) >= 2}
     rotations = min(view.planned_repeats for views in groups.values() for view in views)
     lines += ["## Between runs, all variants pooled", "",
               f"The standard deviation between runs that no run's own interval shows, from the first {rotations} "

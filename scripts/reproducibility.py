@@ -60,14 +60,12 @@ def true_slowdowns(views: list[RecordView]) -> dict[int, float]:
 
 def check_pair(a: RecordView, b: RecordView, truth: dict[int, float]) -> dict:
     aa = compare_records(a, b)
-    speedups_a = {(s["mode"], s["length"]): s for s in a.record["summary"]["speedups"]}
     inside = agree = cells = 0
     worst = 0.0
-    for entry in b.record["summary"]["speedups"]:
-        key = (entry["mode"], entry["length"])
-        if entry["mode"] == "control" or key not in speedups_a:
+    for mode, length in b.cells():
+        mine, entry = a.speedup(mode, length), b.speedup(mode, length)
+        if mode == "control" or mine is None or entry is None:
             continue
-        mine = speedups_a[key]
         cells += 1
         inside += mine["low"] <= entry["speedup"] <= mine["high"]
         disagreement = abs(entry["speedup"] / mine["speedup"] - 1)
