@@ -22,7 +22,7 @@ import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Iterable, NamedTuple
 
 FIELDS = ("cpu_seconds", "voluntary_switches", "involuntary_switches", "runqueue_seconds", "steal_seconds",
           "throttled_seconds", "cpu_start", "cpu_end")
@@ -204,6 +204,19 @@ def disturbances(seconds: float, telemetry: dict) -> list[str]:
     if telemetry.get("cpu_seconds") is not None and seconds - telemetry["cpu_seconds"] > DISTURBED_OFF_CPU * seconds:
         reasons.append("off CPU")
     return reasons
+
+
+def tally(samples: Iterable[tuple[float, dict]]) -> tuple[int, dict[str, int]]:
+    """(disturbed samples, reason -> how many samples it disturbed, most frequent first) over
+    (seconds, telemetry) pairs."""
+    disturbed, reasons = 0, {}
+    for seconds, telemetry in samples:
+        found = disturbances(seconds, telemetry)
+        disturbed += bool(found)
+        for reason in found:
+            reasons[reason] = reasons.get(reason, 0) + 1
+    return disturbed, dict(sorted(reasons.items(), key=lambda item: -item[1]))
+
 
 
 def sample_cost(probe: Probe, count: int = 2000) -> float:

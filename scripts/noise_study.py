@@ -26,7 +26,7 @@ from pathlib import Path
 from kvbench import stats
 from kvbench.record import RecordView
 from kvbench.report.compare import VERDICTS, compare_records
-from kvbench.telemetry import disturbances
+from kvbench.telemetry import tally
 
 VARIANTS = {  # name -> kvbench run options; every run also uses --repeats ROTATIONS and the default grid
     "rotate": ["--order", "rotate", "--cpu", "none"],
@@ -244,16 +244,10 @@ def coverage_table(groups: dict[str, list[RecordView]], between_runs: tuple[floa
 
 
 def disturbed_share(views: list[RecordView]) -> str:
-    total = disturbed = 0
-    reasons: dict[str, int] = {}
-    for view in views:
-        for rep in view.record["repetitions"]:
-            total += 1
-            found = disturbances(rep["seconds"], rep)
-            disturbed += bool(found)
-            for reason in found:
-                reasons[reason] = reasons.get(reason, 0) + 1
-    detail = ", ".join(f"{name} {count / total:.1%}" for name, count in sorted(reasons.items(), key=lambda x: -x[1]))
+    repetitions = [rep for view in views for rep in view.record["repetitions"]]
+    total = len(repetitions)
+    disturbed, reasons = tally((rep["seconds"], rep) for rep in repetitions)
+    detail = ", ".join(f"{name} {count / total:.1%}" for name, count in reasons.items())
     return f"{disturbed / total:.1%} of {total} samples disturbed ({detail or 'none'})"
 
 

@@ -7,7 +7,7 @@ import os
 import pytest
 
 import kvbench.telemetry as telemetry
-from kvbench.telemetry import FIELDS, Probe, Reading, disturbances
+from kvbench.telemetry import FIELDS, Probe, Reading, disturbances, tally
 
 
 def descriptor_of(tmp_path, name: str, text: str) -> int:
@@ -96,3 +96,12 @@ QUIET = {"cpu_seconds": 0.0099, "voluntary_switches": 0, "involuntary_switches":
 ])
 def test_disturbances(change, reasons):
     assert disturbances(0.010, {**QUIET, **change}) == reasons
+
+
+def test_tally_counts_disturbed_samples_and_each_reason_most_frequent_first():
+    samples = [(0.010, QUIET), (0.010, {**QUIET, "cpu_end": 0}),
+               (0.010, {**QUIET, "runqueue_seconds": 0.0002, "cpu_seconds": 0.0097}),
+               (0.010, {**QUIET, "runqueue_seconds": 0.0002})]
+    assert tally(samples) == (3, {"waited for a CPU": 2, "migrated": 1, "off CPU": 1})
+    assert list(tally(samples)[1]) == ["waited for a CPU", "migrated", "off CPU"]
+    assert tally([]) == (0, {})

@@ -17,7 +17,7 @@ from kvbench.capture import summarize_environment
 from kvbench.config import DecoderConfig
 from kvbench.record import RecordView
 from kvbench.stats import NOISY_SPREAD, PowerFit, RatioEstimate
-from kvbench.telemetry import disturbances
+from kvbench.telemetry import disturbances, tally
 
 MARKS = {  # name -> (symbol, meaning); every layout prints the legend for the marks it uses
     "failed": ("✗", "equivalence check failed: timed, but not a valid speedup"),
@@ -328,14 +328,8 @@ def noise_summary(view: RecordView) -> Noise | None:
     repetitions = view.record["repetitions"]
     if not repetitions or "cpu_seconds" not in repetitions[0]:
         return None
-    reasons: dict[str, int] = {}
-    disturbed = 0
-    for rep in repetitions:
-        found = disturbances(rep["seconds"], rep)
-        disturbed += bool(found)
-        for reason in found:
-            reasons[reason] = reasons.get(reason, 0) + 1
+    disturbed, reasons = tally((rep["seconds"], rep) for rep in repetitions)
     telemetry = view.sampling.get("telemetry", {})
-    return Noise(len(repetitions), disturbed, dict(sorted(reasons.items(), key=lambda item: -item[1])),
+    return Noise(len(repetitions), disturbed, reasons,
                  telemetry.get("per_sample_seconds"), min(rep["seconds"] for rep in repetitions),
                  telemetry.get("unavailable", {}))
