@@ -13,12 +13,12 @@ import math
 import re
 from dataclasses import asdict, dataclass
 
-from kvbench.cache import expected_cache_bytes, quantized_cache_bytes
-from kvbench.cache.quantized import GROUP_SIZE, RESIDUAL
+from kvbench.cache import KINDS, expected_bytes, expected_cache_bytes
+from kvbench.cache.quantized import GROUP_SIZE, RESIDUAL, check_options
 from kvbench.config import DecoderConfig
 
 DTYPES = ("float32", "bfloat16", "float16")
-QUANTIZATIONS = {"int8": 8, "int4": 4}
+QUANTIZATIONS = ("int8", "int4")  # the quantized kinds, quantized-int8 and quantized-int4
 MAX_SIZE = 2**64  # bytes: more than any machine's memory, and finite
 SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -78,15 +78,12 @@ def kv_budget(
     group_size: int = GROUP_SIZE, residual: int = RESIDUAL,
 ) -> Budget:
     _positive(layers=layers, kv_heads=kv_heads, head_dim=head_dim, tokens=tokens, block_size=block_size,
-              memory_bytes=memory_bytes, group_size=group_size)
+              memory_bytes=memory_bytes)
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
     if quantize is not None and quantize not in QUANTIZATIONS:
         raise ValueError(f"quantize must be one of {list(QUANTIZATIONS)} or None, got {quantize!r}")
-    if quantize == "int4" and head_dim % 2:
-        raise ValueError(f"int4 packs two values per byte: expected an even head width, got {head_dim}")
-    if isinstance(residual, bool) or not isinstance(residual, int) or residual < 0:
-        raise ValueError(f"residual must be an integer >= 0, got {residual!r}")
+    check_options(KINDS[f"quantized-{quantize}"].bits if quantize else None, head_dim, group_size, residual)
     max_length = tokens if max_length is None else max_length
     if max_length < tokens:
         raise ValueError(f"max_length must be >= tokens per request ({tokens}), got {max_length}")
@@ -98,7 +95,7 @@ def kv_budget(
     def retained(length: int) -> int:
         if quantize is None:
             return expected_cache_bytes(config, 1, length)
-        return quantized_cache_bytes(config, 1, length, QUANTIZATIONS[quantize], group_size, residual)
+        return expected_bytes(f"quantized-{quantize}", config, 1, length, group_size=group_size, residual=residual)
 
     available = memory_bytes - reserved_bytes
     request, contiguous = retained(tokens), retained(max_length)

@@ -117,3 +117,23 @@ def test_cli_quantized_table(capsys):
     assert main([*BASE, "--quantize", "int4"]) == 0
     out = capsys.readouterr().out
     assert "int4: int4 codes" in out and "of the bfloat16 cache" in out and "paged" not in out
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(quantize="int4", head_dim=7), "int4 packs two values per byte: expected an even head width, got 7"),
+    (dict(quantize="int8", group_size=0), "group_size must be an integer >= 1, got 0"),
+    (dict(quantize="int8", residual=-1), "residual must be an integer >= 0, got -1"),
+])
+def test_a_representation_the_cache_would_refuse_is_refused_the_same_way(options, message):
+    """kvbench budget and the quantized kinds share one check: the same words from both."""
+    from kvbench.cache import make_cache
+    from kvbench.model import DecoderConfig
+
+    arguments = dict(layers=2, kv_heads=2, head_dim=8, dtype="float32", tokens=64, memory_bytes=GIB) | options
+    with pytest.raises(ValueError, match=message):
+        kv_budget(**arguments)
+    head_dim = arguments["head_dim"]
+    config = DecoderConfig(width=2 * head_dim, heads=2)
+    cache_options = {name: arguments[name] for name in ("group_size", "residual") if name in options}
+    with pytest.raises(ValueError, match=message):
+        make_cache(f"quantized-{arguments['quantize']}", config, **cache_options)

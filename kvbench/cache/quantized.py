@@ -59,6 +59,15 @@ def quantized_cache_bytes(config: DecoderConfig, batch: int, length: int, bits: 
     return sum(quantized_cache_parts(config, batch, length, bits, group_size, residual).values())
 
 
+def check_options(bits: int | None, head_dim: int, group_size: int, residual: int) -> None:
+    """What a quantized representation needs, for the cache and for `kvbench budget` alike."""
+    for name, value, lowest in (("group_size", group_size, 1), ("residual", residual, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
+            raise ValueError(f"{name} must be an integer >= {lowest}, got {value!r}")
+    if bits == 4 and head_dim % 2:
+        raise ValueError(f"int4 packs two values per byte: expected an even head width, got {head_dim}")
+
+
 class QuantizedCache(Cache):
     """Keys per channel and values per token in `bits`-bit integers, the newest positions in full precision."""
 
@@ -74,12 +83,8 @@ class QuantizedCache(Cache):
     def __init__(self, config: DecoderConfig, batch: int = 1, capacity: int | None = None,
                  group_size: int = GROUP_SIZE, residual: int = RESIDUAL) -> None:
         super().__init__(config, batch, capacity)
-        for name, value, lowest in (("group_size", group_size, 1), ("residual", residual, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
-                raise ValueError(f"{name} must be an integer >= {lowest}, got {value!r}")
+        check_options(self.bits, config.head_dim, group_size, residual)
         D = config.head_dim
-        if self.bits == 4 and D % 2:
-            raise ValueError(f"int4 packs two values per byte: expected an even head width, got {D}")
         self.group_size, self.residual = group_size, residual
         self.value_group = math.gcd(group_size, D)
         self.levels = 2**self.bits - 1
