@@ -114,6 +114,13 @@ def _drain(model: Decoder, ids: Tensor, mode: str, keep_logits: bool, options: d
     return kept
 
 
+def mode_expected_bytes(mode: str, config: DecoderConfig, batch: int, length: int, options: dict | None = None) -> int:
+    """A mode's byte formula: its kind's, or for the full-prefix path the float cache its last step builds."""
+    if mode == FULL:
+        return expected_cache_bytes(config, batch, length)
+    return expected_bytes(mode, config, batch, length, **(options or {}))
+
+
 def cache_footprint(model: Decoder, ids: Tensor, mode: str, options: dict | None = None) -> dict:
     """Bytes held at the end of a loop: measured from tensors, reserved, and the kind's formula.
 
@@ -121,10 +128,7 @@ def cache_footprint(model: Decoder, ids: Tensor, mode: str, options: dict | None
     one forward pass over the whole sequence (its earlier steps are independent of it).
     """
     B, T = ids.shape
-    kind_options = (options or {}).get(mode, {})
-    formula = expected_cache_bytes(model.config, B, T) if mode == FULL else \
-        expected_bytes(mode, model.config, B, T, **kind_options)
-    footprint = {"expected_bytes": formula}
+    footprint = {"expected_bytes": mode_expected_bytes(mode, model.config, B, T, (options or {}).get(mode))}
     with torch.inference_mode():
         if mode == FULL:
             _, cache = model(ids)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import math
 
-from kvbench.cache import KINDS, expected_bytes, expected_cache_bytes
+from kvbench.cache import KINDS
 from kvbench.config import DecoderConfig
-from kvbench.decode import DRIFT_METRICS, MODES, within_limits
+from kvbench.decode import DRIFT_METRICS, FULL, MODES, mode_expected_bytes, within_limits
 from kvbench.record.summary import by_cell, summarize
 from kvbench.timing import CONTROL
 
@@ -117,12 +117,10 @@ def sound_drift(check: dict, where: str) -> str | None:
 
 def sound_memory(record: dict, entry: dict, where: str) -> str | None:
     mode, options = entry["mode"], record["run"].get("cache_options", {}).get(entry["mode"], {})
-    if mode != "full" and mode not in KINDS:  # a plugin's kind, not loaded here: its formula is unknown
+    if mode != FULL and mode not in KINDS:  # a plugin's kind, not loaded here: its formula is unknown
         formula = entry["expected_bytes"]
-    elif mode == "full":
-        formula = expected_cache_bytes(record_config(record), record["run"]["batch"], entry["length"])
     else:
-        formula = expected_bytes(mode, record_config(record), record["run"]["batch"], entry["length"], **options)
+        formula = mode_expected_bytes(mode, record_config(record), record["run"]["batch"], entry["length"], options)
     if entry["expected_bytes"] != formula:
         return f"{where}: expected_bytes is {entry['expected_bytes']}, but the formula gives {formula}"
     if entry["measured_bytes"] != formula:
