@@ -15,7 +15,7 @@ import math
 import os
 import random
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Callable
 
 import torch
@@ -62,14 +62,13 @@ class Protocol:
     per_step_length: int | None = None  # also profile every step of one loop at this length
 
     def __post_init__(self) -> None:
-        for item in fields(self):
-            value = getattr(self, item.name)
-            if item.name in ("repeats", "max_repeats", "batch", "threads", "warmup", "seed", "per_step_length"):
-                lowest = 0 if item.name in ("warmup", "seed") else 1
-                if value is None and item.name == "per_step_length":
-                    continue
-                if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
-                    raise ValueError(f"{item.name} must be an integer >= {lowest}, got {value!r}")
+        counts = {"repeats": 1, "max_repeats": 1, "warmup": 0, "batch": 1, "seed": 0, "threads": 1, "per_step_length": 1}
+        for name, lowest in counts.items():  # name -> its lowest value
+            value = getattr(self, name)
+            if value is None and name == "per_step_length":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
+                raise ValueError(f"{name} must be an integer >= {lowest}, got {value!r}")
         if self.precision is not None and not (isinstance(self.precision, (int, float))
                                                and 0 < self.precision < 1 and math.isfinite(self.precision)):
             raise ValueError(f"precision must be a relative half-width in (0, 1) or None, got {self.precision!r}")
@@ -184,18 +183,22 @@ def least_busy_cpu(allowed: list[int], window: float = 0.25) -> int:
     return min(allowed, key=lambda cpu: (after.get(cpu, 0) - before.get(cpu, 0), -cpu))
 
 
+def rotated(modes: list[str], rotation: int) -> list[str]:
+    """The modes shifted left by `rotation`: over m rotations each mode leads once."""
+    shift = rotation % len(modes)
+    return modes[shift:] + modes[:shift]
+
+
 def mode_orders(modes: list[str], repeats: int) -> list[list[str]]:
     """A rotation per repetition: with m modes and repeats a multiple of m, each
     mode runs in each position equally often (for two modes: alternation)."""
-    m = len(modes)
-    return [modes[r % m :] + modes[: r % m] for r in range(repeats)]
+    return [rotated(modes, r) for r in range(repeats)]
 
 
 def rotation_order(modes: list[str], rotation: int, order: str, seed: int, length: int) -> list[str]:
     """The modes of one rotation, in the protocol's order (seeded: the same run, the same orders)."""
     if order == "rotate":
-        m = len(modes)
-        return modes[rotation % m :] + modes[: rotation % m]
+        return rotated(modes, rotation)
     shuffled = list(modes)
     random.Random(f"kvbench-order:{seed}:{length}:{rotation}").shuffle(shuffled)
     return shuffled
