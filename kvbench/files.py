@@ -108,12 +108,13 @@ def write_bytes_atomic(path: Path | str, content: bytes, force: bool = False) ->
 def _place(temporary: str, path: Path, force: bool) -> None:
     """Give the finished temporary file its name: link (never over anything) or, with force,
     rename over a regular file only."""
-    if force and file_kind(path) == "regular file":
+    kind = file_kind(path) if force else None  # looked at once: what is there now, not at check_output
+    if kind == "regular file":
         os.replace(temporary, path)
         WRITTEN.append(path)
         return
-    if force and file_kind(path) is not None:  # became something else since check_output
-        raise OutputError(f"{path} is {with_article(file_kind(path))}; kvbench replaces only regular files")
+    if kind is not None:
+        raise OutputError(f"{path} is {with_article(kind)}; kvbench replaces only regular files")
     try:
         os.link(temporary, path)  # fails if the name was taken meanwhile: no silent overwrite race
     except FileExistsError:

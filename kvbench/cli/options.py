@@ -187,11 +187,15 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--window", type=positive_int, metavar="W",
                        help="sliding-window attention: each query sees the last W positions (every mode; the "
                             "window kind keeps only those)")
-    kinds = parser.add_argument_group("quantized kinds (quantized-int8, quantized-int4)")
-    kinds.add_argument("--quant-group", type=integer(1, 4096), default=GROUP_SIZE, metavar="G",
-                       help="tokens per key group (per-channel scales), channels per value group at most")
-    kinds.add_argument("--quant-residual", type=integer(0, 1 << 20), default=RESIDUAL, metavar="R",
-                       help="newest positions kept in full precision, at least")
+    add_quantization_options(parser.add_argument_group("quantized kinds (quantized-int8, quantized-int4)"),
+                             group_help="tokens per key group (per-channel scales), channels per value group at most",
+                             residual_help="newest positions kept in full precision, at least")
+
+
+def add_quantization_options(group, group_help: str, residual_help: str) -> None:
+    """--quant-group and --quant-residual, with one range and default for `run` and `budget`."""
+    group.add_argument("--quant-group", type=integer(1, 4096), default=GROUP_SIZE, metavar="G", help=group_help)
+    group.add_argument("--quant-residual", type=integer(0, 1 << 20), default=RESIDUAL, metavar="R", help=residual_help)
 
 
 def add_run_parser(commands) -> None:
@@ -292,10 +296,8 @@ def add_tool_parsers(commands) -> None:
                         help="element type of the cache (of a quantized cache's newest positions)")
     budget.add_argument("--quantize", choices=sorted(QUANTIZATIONS),
                         help="keys and values as int8 or int4 codes, KIVI-style, as the quantized kinds store them")
-    budget.add_argument("--quant-group", type=integer(1, 4096), default=GROUP_SIZE, metavar="G",
-                        help="with --quantize: tokens per key group, channels per value group at most")
-    budget.add_argument("--quant-residual", type=integer(0, 1 << 20), default=RESIDUAL, metavar="R",
-                        help="with --quantize: newest positions kept in --dtype, at least")
+    add_quantization_options(budget, group_help="with --quantize: tokens per key group, channels per value group at most",
+                             residual_help="with --quantize: newest positions kept in --dtype, at least")
     budget.add_argument("--tokens", type=positive_int, required=True, help="tokens retained per request")
     budget.add_argument("--max-length", type=positive_int, help="positions a contiguous cache preallocates per request (default: --tokens)")
     budget.add_argument("--block-size", type=positive_int, default=16, help="positions per paged block")
