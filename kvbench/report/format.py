@@ -13,7 +13,7 @@ import unicodedata
 from rich.console import Console
 from rich.markup import escape as escape_rich_markup
 
-__all__ = ["check_text", "escape_html", "escape_markdown", "format_bytes", "markdown_table", "ms",
+__all__ = ["as_sentence", "check_text", "escape_html", "escape_markdown", "format_bytes", "markdown_table", "ms",
            "ratio", "render_plain", "rich_escape", "stdout_console", "visible"]
 
 
@@ -56,6 +56,11 @@ def check_text(check: dict | None) -> str:
 def limits_text(limits: dict) -> str:
     names = {"max_abs_diff": "|Δ| ≤", "kl_mean": "KL mean ≤", "kl_max": "KL max ≤", "top1_agreement": "top-1 ≥"}
     return ", ".join(f"{names.get(name, name)} {value:g}" for name, value in limits.items())
+
+
+def as_sentence(text: str) -> str:
+    """A phrase (as the terminal prints it) as a sentence: capitalised, with a full stop."""
+    return text[:1].upper() + text[1:] + "."
 
 
 def visible(text: object) -> str:

@@ -9,7 +9,7 @@ import base64
 
 from kvbench import stats
 from kvbench.report import columns
-from kvbench.report.format import escape_html, format_bytes
+from kvbench.report.format import as_sentence, escape_html, format_bytes
 from kvbench.report.model import MARKS, Report, Row, environment_line
 
 CSS = """
@@ -130,7 +130,7 @@ def _timings_section(report: Report) -> list[str]:
     legend = [f'<span class="mark-{m}">{escape_html(MARKS[m][0])}</span> {escape_html(MARKS[m][1])}'
               for m in report.marks_used()]
     if report.sampling:
-        explained = escape_html(columns.speedup_legend(report)[0].upper() + columns.speedup_legend(report)[1:]) + "."
+        explained = escape_html(as_sentence(columns.speedup_legend(report)))
     else:  # schema-1 records read as they always did
         explained = (f"Speedup = median {escape_html(report.baseline)} / median mode. 95% CI: percentile bootstrap "
                      "over repetition indices, keeping each repetition's pair together "
