@@ -21,9 +21,8 @@ def causal_mask(offset: int, length: int, device: torch.device | None = None) ->
     absolute position j. A top-left triangle over this rectangle would be wrong:
     it would hide most of the prefix from the first new query.
     """
-    query_positions = torch.arange(offset, offset + length, device=device)
-    key_positions = torch.arange(offset + length, device=device)
-    return key_positions[None, :] <= query_positions[:, None]
+    return visibility(torch.arange(offset, offset + length, device=device), torch.arange(offset + length, device=device),
+                      window=None)
 
 
 def visibility(query_positions: Tensor, key_positions: Tensor, window: int | None) -> Tensor:
@@ -48,32 +47,21 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, offset: int, window: int |
     """
     length, key_length = q.shape[-2], k.shape[-2]
     grouped = q.shape[1] != k.shape[1]
-    if key_positions is not None:  # a ring buffer's keys: the mask comes from their positions
-        queries = torch.arange(offset, offset + length, device=q.device)
-        mask = visibility(queries, key_positions, window)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=grouped)
-    start = offset + length - key_length  # absolute position of the first key
-    if start < 0 or (start > 0 and window is None):
-        raise ValueError(
-            f"attention expects offset + queries = keys; got offset {offset} + {length} queries but {key_length} keys"
-        )
-    if window is not None and offset - window + 1 > start:  # keys no query can see: leave them out
-        first = offset - window + 1
-        k, v, start = k[:, :, first - start :], v[:, :, first - start :], first
-    if start > 0:  # a window dropped the earliest keys: the band is what remains to mask
+    if key_positions is None:  # contiguous keys: check them, drop what no query sees, take a shortcut if one fits
+        start = offset + length - key_length  # absolute position of the first key
+        if start < 0 or (start > 0 and window is None):
+            raise ValueError(
+                f"attention expects offset + queries = keys; got offset {offset} + {length} queries but {key_length} keys"
+            )
+        if window is not None and offset - window + 1 > start:  # keys no query can see: leave them out
+            first = offset - window + 1
+            k, v, start = k[:, :, first - start :], v[:, :, first - start :], first
+        # Chosen by shape, so that the one-token decode step never builds a mask over the whole prefix.
         if length == 1:  # the newest query sees every key left
             return F.scaled_dot_product_attention(q, k, v, enable_gqa=grouped)
-        queries = torch.arange(offset, offset + length, device=q.device)
-        mask = visibility(queries, torch.arange(start, offset + length, device=q.device), window)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=grouped)
-    # The three cases below are the same mask, chosen by shape so that the
-    # one-token decode step never builds a mask over the whole prefix.
-    if length == 1:
-        # The newest query sees every key: nothing to mask.
-        return F.scaled_dot_product_attention(q, k, v, enable_gqa=grouped)
-    if offset == 0 and (window is None or length <= window):
-        # Square case: the rectangular mask is the ordinary lower triangle.
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=grouped)
+        if offset == 0 and (window is None or length <= window):  # square: the ordinary lower triangle
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=grouped)
+        key_positions = torch.arange(start, offset + length, device=q.device)
     queries = torch.arange(offset, offset + length, device=q.device)
-    mask = visibility(queries, torch.arange(offset + length, device=q.device), window)
+    mask = visibility(queries, key_positions, window)  # a ring buffer's keys in any order, or a rectangle or band
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=grouped)
