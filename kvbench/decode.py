@@ -140,6 +140,16 @@ def cache_footprint(model: Decoder, ids: Tensor, mode: str, options: dict | None
     return footprint
 
 
+# Why a check failed, in the words the record and the report use. A non-finite reference is told
+# apart from a cached path that diverged: the full-prefix path is the yardstick, and when it is
+# NaN or infinite (a float16 model overflowing) nothing can be judged against it.
+REFERENCE_NOT_FINITE = "reference not finite"
+NOT_FINITE = "not finite"
+DIVERGED = "diverged"  # an exact kind beyond the dtype's tolerance
+DRIFTED = "drift beyond limits"  # a lossy kind beyond its own limits
+FAILURES = (REFERENCE_NOT_FINITE, NOT_FINITE, DIVERGED, DRIFTED)
+
+
 @dataclass(frozen=True)
 class Equivalence:
     """How closely a mode's last-position logits follow the full-prefix path's."""
@@ -149,14 +159,17 @@ class Equivalence:
     passed: bool
     max_abs_diff: float
     max_rel_diff: float
-    first_divergent_position: int | None  # earliest step whose logits exceed tolerance
-    non_finite: int  # NaN or infinite logits (each one fails the check)
+    first_divergent_position: int | None  # earliest step that fails: beyond tolerance, or not finite on either side
+    non_finite: int  # NaN or infinite logits of this mode (each one fails the check)
     atol: float
     rtol: float
     dtype: str
     tolerance_used: float  # largest |diff| / (atol + rtol |reference|): above 1 fails
     exact: bool = True
-    reference_max_abs: float | None = None  # largest |reference logit|: no passing |diff| exceeds atol + rtol * it
+    reference_max_abs: float | None = None  # largest finite |reference logit|: no passing |diff| exceeds atol + rtol * it
+    reference_non_finite: int = 0  # NaN or infinite full-prefix logits (each one fails the check)
+    first_reference_non_finite: int | None = None  # earliest step whose full-prefix logits are not finite
+    failure: str | None = None  # None when passed, else one of FAILURES (the reference's first)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -166,22 +179,34 @@ def tolerances(dtype: torch.dtype) -> tuple[float, float]:
     return TOLERANCES.get(dtype, TOLERANCES[torch.float32])
 
 
+def first_step(bad: Tensor) -> int | None:
+    """The earliest step t at which `bad` (B, T, V) is True for any sequence and logit."""
+    steps = bad.any(dim=-1).any(dim=0).nonzero()
+    return int(steps[0]) if len(steps) else None
+
+
 def compare_logits(mode: str, candidate: Tensor, reference: Tensor, atol: float, rtol: float) -> Equivalence:
-    """candidate, reference: (B, T, V) last-position logits per step, in the model's dtype."""
+    """candidate, reference: (B, T, V) last-position logits per step, in the model's dtype.
+
+    A NaN or infinite value on either side fails the step: NaN compares False with any
+    bound, so without this a NaN in the reference would pass every mode checked against it.
+    """
     dtype = dtype_name(reference.dtype)
     if candidate.shape != reference.shape:
         raise ValueError(f"logits shapes differ: reference {tuple(reference.shape)}, {mode} {tuple(candidate.shape)}")
     candidate, reference = candidate.double(), reference.double()
+    candidate_bad, reference_bad = ~torch.isfinite(candidate), ~torch.isfinite(reference)
+    finite = ~(candidate_bad | reference_bad)
     difference = (candidate - reference).abs()
     relative = difference / reference.abs().clamp_min(torch.finfo(torch.float32).tiny)
-    non_finite = ~torch.isfinite(candidate)
     bound = atol + rtol * reference.abs()
-    outside = (difference > bound) | non_finite
-    failing_steps = outside.any(dim=-1).any(dim=0).nonzero()
-    first = int(failing_steps[0]) if len(failing_steps) else None
-    # NaN/inf logits make the differences non-finite too, and JSON cannot hold them:
-    # report the differences over the finite logits and count the rest.
-    finite = ~non_finite
+    first = first_step((difference > bound) | ~finite)
+    non_finite, reference_non_finite = int(candidate_bad.sum()), int(reference_bad.sum())
+    failure = (None if first is None else REFERENCE_NOT_FINITE if reference_non_finite
+               else NOT_FINITE if non_finite else DIVERGED)
+    # JSON cannot hold NaN or inf: the differences are over the logits finite on both sides; the rest are counted.
+    used = difference / bound.clamp_min(torch.finfo(torch.float64).tiny)
+    kept = reference.abs()[~reference_bad]
     return Equivalence(
         mode=mode,
         length=reference.shape[1],
@@ -189,13 +214,15 @@ def compare_logits(mode: str, candidate: Tensor, reference: Tensor, atol: float,
         max_abs_diff=float(difference[finite].max()) if finite.any() else 0.0,
         max_rel_diff=float(relative[finite].max()) if finite.any() else 0.0,
         first_divergent_position=first,
-        non_finite=int(non_finite.sum()),
+        non_finite=non_finite,
         atol=atol,
         rtol=rtol,
         dtype=dtype,
-        tolerance_used=float((difference / bound.clamp_min(torch.finfo(torch.float64).tiny))[finite].max())
-        if finite.any() else 0.0,
-        reference_max_abs=float(reference.abs()[torch.isfinite(reference)].max()) if reference.numel() else 0.0,
+        tolerance_used=float(used[finite].max()) if finite.any() else 0.0,
+        reference_max_abs=float(kept.max()) if kept.numel() else 0.0,
+        reference_non_finite=reference_non_finite,
+        first_reference_non_finite=first_step(reference_bad),
+        failure=failure,
     )
 
 
@@ -223,6 +250,9 @@ class Drift:
     limits: dict
     exact: bool = False
     top1_disagreements: int = 0  # (sequence, step) pairs whose top-1 token differs
+    reference_non_finite: int = 0  # NaN or infinite full-prefix logits: nothing can be judged against them
+    first_reference_non_finite: int | None = None
+    failure: str | None = None  # None when passed, else REFERENCE_NOT_FINITE, NOT_FINITE or DRIFTED
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -245,8 +275,9 @@ DRIFT_METRICS = {  # metric -> whether a drift passes its limit on it
 
 
 def within_limits(drift: dict, limits: dict) -> bool:
-    """Every metric within its limit, and no step without a distribution."""
-    return drift["non_finite"] == 0 and all(DRIFT_METRICS[name](drift, limit) for name, limit in limits.items())
+    """Every metric within its limit, and no step without a distribution on either side."""
+    return (drift["non_finite"] == 0 and drift.get("reference_non_finite", 0) == 0
+            and all(DRIFT_METRICS[name](drift, limit) for name, limit in limits.items()))
 
 
 def top1_agrees(candidate: Tensor, reference: Tensor, atol: float, rtol: float) -> Tensor:
@@ -265,20 +296,24 @@ def compare_drift(mode: str, candidate: Tensor, reference: Tensor, limits: dict,
     """candidate, reference: (B, T, V) last-position logits per step."""
     exact = compare_logits(mode, candidate, reference, atol, rtol)
     candidate, reference = candidate.double(), reference.double()
-    finite = torch.isfinite(candidate).all(dim=-1)  # (B, T) steps whose distribution exists
+    finite = (torch.isfinite(candidate) & torch.isfinite(reference)).all(dim=-1)  # (B, T) steps with both distributions
     truth = torch.log_softmax(reference, dim=-1)
     kl = (truth.exp() * (truth - torch.log_softmax(candidate, dim=-1))).sum(dim=-1)[finite]  # nats per step
     agree = top1_agrees(candidate, reference, atol, rtol) & finite  # (B, T)
     disagreeing = (~agree).any(dim=0).nonzero()
     metrics = {"max_abs_diff": exact.max_abs_diff, "kl_mean": float(kl.mean()) if kl.numel() else 0.0,
                "kl_max": float(kl.max()) if kl.numel() else 0.0, "top1_agreement": float(agree.double().mean()),
-               "non_finite": exact.non_finite, "top1_disagreements": int((~agree).sum())}
+               "non_finite": exact.non_finite, "top1_disagreements": int((~agree).sum()),
+               "reference_non_finite": exact.reference_non_finite}
+    passed = within_limits(metrics, limits)
+    failure = None if passed else exact.failure if exact.failure in (REFERENCE_NOT_FINITE, NOT_FINITE) else DRIFTED
     return Drift(
-        mode=mode, length=reference.shape[1], passed=within_limits(metrics, limits), max_abs_diff=exact.max_abs_diff,
+        mode=mode, length=reference.shape[1], passed=passed, max_abs_diff=exact.max_abs_diff,
         max_rel_diff=exact.max_rel_diff, first_divergent_position=int(disagreeing[0]) if len(disagreeing) else None,
         non_finite=exact.non_finite, atol=atol, rtol=rtol, dtype=exact.dtype, kl_mean=metrics["kl_mean"],
         kl_max=metrics["kl_max"], top1_agreement=metrics["top1_agreement"], limits=dict(limits),
-        top1_disagreements=metrics["top1_disagreements"],
+        top1_disagreements=metrics["top1_disagreements"], reference_non_finite=exact.reference_non_finite,
+        first_reference_non_finite=exact.first_reference_non_finite, failure=failure,
     )
 
 

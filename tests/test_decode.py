@@ -1,23 +1,32 @@
 """kvbench.decode: predetermined ids, the two loops, and the equivalence gate (which must fail when it should)."""
 
+import math
+
 import pytest
 import torch
 
 import kvbench.decode as decode_module
 from kvbench.cache import CACHE_KINDS, ConcatCache, expected_cache_bytes
+from kvbench.config import DTYPES
 from kvbench.decode import (
     FULL,
     MODES,
+    NOT_FINITE,
+    REFERENCE_NOT_FINITE,
     cache_footprint,
     check_equivalence,
     check_modes,
+    compare_drift,
     compare_logits,
     decode,
     decode_cached,
     decode_full,
+    run_gate,
     token_ids,
+    tolerances,
 )
 from kvbench.model import DecoderConfig, build_model
+from kvbench.report.format import check_text
 
 BROKEN_FROM = 3  # the step at which the broken caches below start to go wrong
 
@@ -140,6 +149,79 @@ def test_compare_logits_non_finite_candidate_fails():
     candidate[0, 2, 1] = float("inf")
     result = compare_logits("paged", candidate, reference, atol=1e-5, rtol=1e-5)
     assert not result.passed and result.first_divergent_position == 2
+
+
+NON_FINITE = {"nan": float("nan"), "+inf": float("inf"), "-inf": float("-inf")}
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES.values()), ids=list(DTYPES))
+@pytest.mark.parametrize("value", list(NON_FINITE), ids=list(NON_FINITE))
+@pytest.mark.parametrize("side", ["reference", "candidate"])
+def test_a_non_finite_value_on_either_side_fails_the_step_and_names_the_side(dtype, value, side):
+    """NaN compares False with every bound: without an explicit check a NaN in the full-prefix
+    logits would pass every mode judged against it (the gate's hole this test closes)."""
+    atol, rtol = tolerances(dtype)
+    reference = torch.linspace(-2, 2, 2 * 6 * 5).view(2, 6, 5).to(dtype)
+    candidate = reference.clone()
+    (reference if side == "reference" else candidate)[1, 3, 2] = NON_FINITE[value]
+    result = compare_logits("static", candidate, reference, atol, rtol)
+    assert result.passed is False
+    assert result.first_divergent_position == 3
+    if side == "reference":
+        assert result.failure == REFERENCE_NOT_FINITE
+        assert (result.reference_non_finite, result.first_reference_non_finite, result.non_finite) == (1, 3, 0)
+    else:
+        assert result.failure == NOT_FINITE
+        assert (result.reference_non_finite, result.first_reference_non_finite, result.non_finite) == (0, None, 1)
+    # The differences are over the logits finite on both sides (JSON holds no NaN): here all equal.
+    assert result.max_abs_diff == 0.0 and result.tolerance_used == 0.0
+    assert math.isfinite(result.reference_max_abs) and result.reference_max_abs == pytest.approx(2.0)
+    assert check_text(result.to_dict()).startswith(
+        "FAILED reference not finite" if side == "reference" else "FAILED 1 non-finite @ 3")
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES.values()), ids=list(DTYPES))
+def test_a_reference_that_is_not_finite_anywhere_fails_without_crashing(dtype):
+    reference = torch.full((1, 3, 4), float("nan"), dtype=dtype)
+    result = compare_logits("full", reference, reference, *tolerances(dtype))
+    assert not result.passed and result.failure == REFERENCE_NOT_FINITE
+    assert (result.reference_non_finite, result.first_reference_non_finite, result.reference_max_abs) == (12, 0, 0.0)
+
+
+def test_the_earliest_failing_step_wins_whichever_side_fails():
+    reference = torch.zeros(1, 8, 3)
+    candidate = reference.clone()
+    candidate[0, 2, 0] = 1.0  # the cached path diverges at step 2 ...
+    reference[0, 6, 1] = float("inf")  # ... and the reference overflows at step 6
+    result = compare_logits("concat", candidate, reference, atol=1e-5, rtol=1e-5)
+    assert result.first_divergent_position == 2 and result.first_reference_non_finite == 6
+    assert result.failure == REFERENCE_NOT_FINITE  # nothing can be judged against a broken reference
+    assert result.max_abs_diff == 1.0
+
+
+@pytest.mark.parametrize("side", ["reference", "candidate"])
+def test_a_non_finite_value_fails_a_lossy_kinds_drift_check_too(side):
+    limits = {"max_abs_diff": 1.0, "kl_mean": 1.0, "kl_max": 1.0, "top1_agreement": 0.0}  # generous: only NaN fails
+    reference = torch.linspace(-1, 1, 1 * 5 * 4).view(1, 5, 4)
+    candidate = reference + 1e-4
+    (reference if side == "reference" else candidate)[0, 1, 3] = float("nan")
+    result = compare_drift("quantized-int8", candidate, reference, limits, atol=1e-5, rtol=1e-5)
+    assert result.passed is False
+    assert result.failure == (REFERENCE_NOT_FINITE if side == "reference" else NOT_FINITE)
+    assert all(math.isfinite(value) for value in (result.kl_mean, result.kl_max, result.top1_agreement))
+    assert result.top1_agreement == pytest.approx(4 / 5)  # the step without a distribution does not agree
+
+
+def test_the_gate_fails_every_mode_when_the_full_prefix_path_overflows(tiny_model):
+    """What a float16 model that overflows looks like to the gate: every check fails, and says the
+    reference is to blame, not the caches."""
+    ids = token_ids(tiny_model.config, 1, 6)
+    reference = decode_full(tiny_model, ids, keep_logits=True)
+    reference[0, 4, 7] = float("inf")
+    checks = run_gate(tiny_model, ids, [6], ["full", "static", "quantized-int8"], reference=reference)
+    assert {mode: check["failure"] for (mode, _), check in checks.items()} == dict.fromkeys(
+        ("full", "static", "quantized-int8"), REFERENCE_NOT_FINITE)
+    assert all(check["first_reference_non_finite"] == 4 and not check["passed"] for check in checks.values())
 
 
 def test_compare_logits_shape_mismatch_is_a_value_error():

@@ -275,6 +275,28 @@ def test_failed_check_with_non_finite_logits_can_be_recorded(make_record, tmp_pa
     assert concat["non_finite"] == 1
 
 
+def test_a_non_finite_reference_is_recorded_as_such_and_a_record_hiding_it_is_refused(make_record, tmp_path):
+    import torch
+
+    reference = torch.zeros(1, 4, 3)
+    reference[0, 1, 0] = float("nan")
+    checks = [{**compare_logits(mode, reference, reference, atol=1e-5, rtol=1e-5).to_dict(), "length": length,
+               "mode": mode} for mode in ("full", "concat") for length in (4, 8)]
+    record = make_record(SECONDS, checks=checks)
+    loaded = load_record(write_record(record, tmp_path / "overflow.json"))
+    assert {(c["failure"], c["reference_non_finite"], c["first_reference_non_finite"]) for c in loaded["checks"]} == {
+        ("reference not finite", 1, 1)}
+    assert not any(cell["valid"] for cell in loaded["summary"]["cells"])
+    hidden = copy.deepcopy(record)
+    hidden["checks"][1].update(failure="diverged")
+    with pytest.raises(RecordError, match="non-finite reference is the failure named first"):
+        validate_record(hidden)
+    passed = copy.deepcopy(record)
+    passed["checks"][1].update(passed=True, failure=None, first_divergent_position=None)
+    with pytest.raises(RecordError, match="failure None with 1 non-finite reference logits"):
+        validate_record(passed)
+
+
 # --- the read-only view ------------------------------------------------------------------------
 
 

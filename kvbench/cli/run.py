@@ -134,6 +134,13 @@ def failure_sentence(check: dict) -> str:
     where = f"{escape(check['mode'])} at length {check['length']}"
     if check.get("error"):
         return f"{where} raised {escape(check['error'])}; it was not timed"
+    if check.get("reference_non_finite"):
+        return (f"{where} cannot be judged: the full-prefix reference has {check['reference_non_finite']} "
+                f"non-finite logits from position {check['first_reference_non_finite']} (overflow in "
+                f"{check['dtype']}?); no timing of this run is a valid speedup")
+    if check.get("non_finite"):
+        return (f"{where} produced {check['non_finite']} non-finite logits from position "
+                f"{check['first_divergent_position']}; its timings are not a valid speedup")
     return (f"{where} diverges from full-prefix logits at position {check['first_divergent_position']} "
             f"(max |diff| {check['max_abs_diff']:.3g} > atol {check['atol']:g} + rtol {check['rtol']:g}); "
             "its timings are not a valid speedup")

@@ -13,7 +13,7 @@ import math
 
 from kvbench.cache import KINDS
 from kvbench.config import DecoderConfig
-from kvbench.decode import DRIFT_METRICS, FULL, MODES, mode_expected_bytes, within_limits
+from kvbench.decode import DRIFT_METRICS, FULL, MODES, REFERENCE_NOT_FINITE, mode_expected_bytes, within_limits
 from kvbench.record.summary import by_cell, summarize
 from kvbench.timing import CONTROL
 
@@ -76,11 +76,14 @@ def entries(section: str, check_entry):
 def sound_check(record: dict, check: dict, where: str) -> str | None:
     if "error" in check:
         return f"{where}: passed is true, but the check carries an error" if check["passed"] else None
+    problem = sound_failure(check, where)
+    if problem:
+        return problem
     if check["max_abs_diff"] is None or check["max_rel_diff"] is None:
         return f"{where}: differences are null without an error"
     if check.get("exact", True) is False:
         return sound_drift(check, where)
-    position, non_finite = check["first_divergent_position"], check.get("non_finite", 0)
+    position, non_finite = check["first_divergent_position"], check.get("non_finite", 0) + check.get("reference_non_finite", 0)
     if check["passed"] and (position is not None or non_finite):
         return f"{where}: passed is true, but it diverges at position {position} with {non_finite} non-finite logits"
     if check.get("dtype", record["config"]["dtype"]) != record["config"]["dtype"]:
@@ -95,6 +98,19 @@ def sound_check(record: dict, check: dict, where: str) -> str | None:
                 f"{used:.3g} times its tolerance (atol {check['atol']:g} + rtol {check['rtol']:g} * |logit|)")
     if not check["passed"] and (position is None or position >= check["length"]):
         return f"{where}: failed without a diverging position in [0, {check['length'] - 1}], got {position}"
+    return None
+
+
+def sound_failure(check: dict, where: str) -> str | None:
+    """The failure named (records before it name none) agrees with the verdict and the counts."""
+    if "failure" not in check:
+        return None
+    failure, passed = check["failure"], check["passed"]
+    if passed != (failure is None):
+        return f"{where}: passed is {str(passed).lower()}, but its failure is {failure!r}"
+    if (failure == REFERENCE_NOT_FINITE) != bool(check.get("reference_non_finite", 0)):
+        return (f"{where}: failure {failure!r} with {check.get('reference_non_finite', 0)} non-finite reference "
+                "logits: a non-finite reference is the failure named first")
     return None
 
 

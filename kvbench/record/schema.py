@@ -14,6 +14,7 @@ import jsonschema
 
 from kvbench.cache import KIND_NAME
 from kvbench.config import DTYPES
+from kvbench.decode import FAILURES
 from kvbench.files import first_non_finite
 from kvbench.record.meaning import MEANING_CHECKS, RecordError
 from kvbench.sampling import STOPS
@@ -81,7 +82,9 @@ RECORD_SCHEMA_V1 = {
                                "rtol": {"type": "number", "minimum": 0}, "dtype": {"enum": sorted(DTYPES)},
                                "tolerance_used": {"type": "number", "minimum": 0}, "error": {"type": "string"},
                                "reference_max_abs": {"type": "number", "minimum": 0},
-                               "top1_disagreements": _count},
+                               "top1_disagreements": _count, "reference_non_finite": _count,
+                               "first_reference_non_finite": {"type": ["integer", "null"], "minimum": 0},
+                               "failure": {"enum": [*FAILURES, None]}},
             },
         },
         "repetitions": {

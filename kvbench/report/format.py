@@ -43,6 +43,9 @@ def check_text(check: dict | None) -> str:
         return "not checked"
     if check.get("error"):
         return f"FAILED: {check['error']}"
+    if check.get("reference_non_finite"):  # the yardstick itself is broken: nothing was judged against it
+        return (f"FAILED reference not finite ({check['reference_non_finite']} full-prefix logits) "
+                f"@ {check.get('first_reference_non_finite')}")
     if check.get("exact", True) is False:  # a lossy kind is never "ok": its drift, against its own limits
         drift = f"drift KL {check['kl_mean']:.1e}, top-1 {check['top1_agreement']:.1%}, |Δ| {check['max_abs_diff']:.1e}"
         return drift if check["passed"] else f"FAILED {drift} (limits {limits_text(check['limits'])})"
