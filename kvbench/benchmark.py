@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from kvbench.decode import FULL, check_modes, decode, decode_full, run_gate, timeable, token_ids
+from kvbench.decode import check_modes, decode, decode_full, run_gate, timeable, token_ids
 from kvbench.memory import memory_profile
 from kvbench.model import Decoder
 from kvbench.sampling import Sample, Sampling, sample
-from kvbench.timing import CONTROL, Protocol, per_step_seconds
+from kvbench.timing import CONTROL, Protocol, control_mode, per_step_seconds
 
 
 @dataclass
@@ -32,18 +32,6 @@ class RunOutcome:
     interrupted: bool = False
     control: str | None = None  # the cached mode timed a second time under the label "control"
     sampling: Sampling = field(default_factory=Sampling)
-
-
-def control_mode(choice: str, modes: list[str]) -> str | None:
-    """The cached mode an A/A control repeats: "auto" picks the first cached mode, "none" none."""
-    cached = [mode for mode in modes if mode != FULL]
-    if choice == "none" or not cached:
-        return None
-    if choice == "auto":
-        return cached[0]
-    if choice not in cached:
-        raise ValueError(f"control must be 'auto', 'none' or one of the cached modes run {cached}, got {choice!r}")
-    return choice
 
 
 def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol: Protocol = Protocol(),

@@ -13,9 +13,9 @@ import math
 import re
 from dataclasses import asdict, dataclass
 
-from kvbench.cache import KINDS, expected_bytes, expected_cache_bytes
-from kvbench.cache.quantized import GROUP_SIZE, RESIDUAL, check_options
-from kvbench.config import DecoderConfig
+from kvbench.config import PlainConfig
+from kvbench.kinds import (GROUP_SIZE, QUANTIZED_BITS, RESIDUAL, check_quantized_options, expected_cache_bytes,
+                           quantized_cache_bytes)
 
 DTYPES = ("float32", "bfloat16", "float16")
 QUANTIZATIONS = ("int8", "int4")  # the quantized kinds, quantized-int8 and quantized-int4
@@ -83,19 +83,20 @@ def kv_budget(
         raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
     if quantize is not None and quantize not in QUANTIZATIONS:
         raise ValueError(f"quantize must be one of {list(QUANTIZATIONS)} or None, got {quantize!r}")
-    check_options(KINDS[f"quantized-{quantize}"].bits if quantize else None, head_dim, group_size, residual)
+    bits = QUANTIZED_BITS[f"quantized-{quantize}"] if quantize else None
+    check_quantized_options(bits, head_dim, group_size, residual)
     max_length = tokens if max_length is None else max_length
     if max_length < tokens:
         raise ValueError(f"max_length must be >= tokens per request ({tokens}), got {max_length}")
     if reserved_bytes < 0 or reserved_bytes >= memory_bytes:
         raise ValueError(f"reserved bytes must be in [0, memory limit {memory_bytes}), got {reserved_bytes}")
-    config = DecoderConfig(vocab_size=1, width=kv_heads * head_dim, heads=kv_heads, layers=layers,
+    config = PlainConfig(vocab_size=1, width=kv_heads * head_dim, heads=kv_heads, layers=layers,
                            max_length=max_length, dtype=dtype)
 
     def retained(length: int) -> int:
         if quantize is None:
             return expected_cache_bytes(config, 1, length)
-        return expected_bytes(f"quantized-{quantize}", config, 1, length, group_size=group_size, residual=residual)
+        return quantized_cache_bytes(config, 1, length, bits, group_size, residual)
 
     available = memory_bytes - reserved_bytes
     request, contiguous = retained(tokens), retained(max_length)

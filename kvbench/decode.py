@@ -17,39 +17,44 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor
 
-from kvbench.cache import CACHE_KINDS, KINDS, Cache, expected_bytes, expected_cache_bytes, make_cache
+from kvbench.cache import KINDS, Cache, expected_bytes, expected_cache_bytes, make_cache
 from kvbench.config import DecoderConfig, dtype_name
+from kvbench.kinds import (  # re-exported: the gate's names and rules live in kinds, importable without torch
+    CACHE_KINDS,
+    DEFAULT_MODES,
+    DIVERGED,
+    DRIFT_METRICS,
+    DRIFTED,
+    FAILURES,
+    FULL,
+    MODES,
+    NOT_FINITE,
+    REFERENCE_NOT_FINITE,
+    top1_within,
+    within_limits,
+)
+from kvbench.kinds import TOLERANCES as TOLERANCES_BY_NAME
+from kvbench.kinds import check_modes as check_mode_names
 from kvbench.model import Decoder
 
-FULL = "full"
-MODES = (FULL, *CACHE_KINDS)  # every mode kvbench ships
-DEFAULT_MODES = (FULL, "concat", "static", "paged")  # kvbench run's default: the exact layouts of any model
+__all__ = ["CACHE_KINDS", "DEFAULT_MODES", "DIVERGED", "DRIFTED", "DRIFT_METRICS", "FAILURES", "FULL", "MODES",
+           "NOT_FINITE", "REFERENCE_NOT_FINITE", "TOLERANCES", "Drift", "Equivalence", "cache_footprint",
+           "check_equivalence", "check_modes", "compare_drift", "compare_logits", "decode", "decode_cached",
+           "decode_full", "decode_steps", "known_modes", "mode_expected_bytes", "run_gate", "timeable", "token_ids",
+           "tolerances", "top1_within", "within_limits"]
 
 
 def known_modes() -> tuple[str, ...]:
     """Every mode this process can run: the shipped ones and any kind registered since."""
     return (FULL, *KINDS)
 
-# (atol, rtol) per dtype; float32 is the source document's 1e-5.
-TOLERANCES = {
-    torch.float64: (1e-10, 1e-10),
-    torch.float32: (1e-5, 1e-5),
-    torch.float16: (2e-3, 2e-3),
-    torch.bfloat16: (2e-2, 2e-2),
-}
+
+TOLERANCES = {getattr(torch, name): bounds for name, bounds in TOLERANCES_BY_NAME.items()}  # (atol, rtol) per dtype
 
 
 def check_modes(modes: list[str] | tuple[str, ...]) -> list[str]:
-    """The modes as a list, or ValueError naming the first unknown or repeated one."""
-    modes, known = list(modes), known_modes()
-    if not modes:
-        raise ValueError(f"at least one mode is required, choose from {list(known)}")
-    unknown = [m for m in modes if m not in known]
-    if unknown:
-        raise ValueError(f"unknown mode {unknown[0]!r}: expected one of {list(known)}")
-    if len(set(modes)) != len(modes):
-        raise ValueError(f"modes must be distinct, got {modes}")
-    return modes
+    """The modes as a list, or ValueError naming the first unknown or repeated one (registered kinds included)."""
+    return check_mode_names(modes, known_modes())
 
 
 def token_ids(config: DecoderConfig, batch: int, length: int, seed: int = 0) -> Tensor:
@@ -115,7 +120,8 @@ def _drain(model: Decoder, ids: Tensor, mode: str, keep_logits: bool, options: d
 
 
 def mode_expected_bytes(mode: str, config: DecoderConfig, batch: int, length: int, options: dict | None = None) -> int:
-    """A mode's byte formula: its kind's, or for the full-prefix path the float cache its last step builds."""
+    """A mode's byte formula: its kind's (registered kinds included), or for the full-prefix path the float
+    cache its last step builds."""
     if mode == FULL:
         return expected_cache_bytes(config, batch, length)
     return expected_bytes(mode, config, batch, length, **(options or {}))
@@ -138,16 +144,6 @@ def cache_footprint(model: Decoder, ids: Tensor, mode: str, options: dict | None
             if t == T - 1:  # before the generator releases the cache
                 footprint.update(measured_bytes=cache.nbytes, reserved_bytes=cache.reserved_bytes)
     return footprint
-
-
-# Why a check failed, in the words the record and the report use. A non-finite reference is told
-# apart from a cached path that diverged: the full-prefix path is the yardstick, and when it is
-# NaN or infinite (a float16 model overflowing) nothing can be judged against it.
-REFERENCE_NOT_FINITE = "reference not finite"
-NOT_FINITE = "not finite"
-DIVERGED = "diverged"  # an exact kind beyond the dtype's tolerance
-DRIFTED = "drift beyond limits"  # a lossy kind beyond its own limits
-FAILURES = (REFERENCE_NOT_FINITE, NOT_FINITE, DIVERGED, DRIFTED)
 
 
 @dataclass(frozen=True)
@@ -256,28 +252,6 @@ class Drift:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def top1_within(drift: dict, limit: float) -> bool:
-    """A rate cannot be judged on fewer steps than its resolution: at 0.99 on 40 steps one
-    disagreement is already 97.5%. So a single disagreeing step never fails a kind by
-    itself (KL and |Δ| still judge it). A record from before the count was kept
-    (no `top1_disagreements`) is judged on the rate alone, as it was written."""
-    return drift["top1_agreement"] >= limit or drift.get("top1_disagreements") in (0, 1)
-
-
-DRIFT_METRICS = {  # metric -> whether a drift passes its limit on it
-    "max_abs_diff": lambda drift, limit: drift["max_abs_diff"] <= limit,
-    "kl_mean": lambda drift, limit: drift["kl_mean"] <= limit,
-    "kl_max": lambda drift, limit: drift["kl_max"] <= limit,
-    "top1_agreement": top1_within,
-}
-
-
-def within_limits(drift: dict, limits: dict) -> bool:
-    """Every metric within its limit, and no step without a distribution on either side."""
-    return (drift["non_finite"] == 0 and drift.get("reference_non_finite", 0) == 0
-            and all(DRIFT_METRICS[name](drift, limit) for name, limit in limits.items()))
 
 
 def top1_agrees(candidate: Tensor, reference: Tensor, atol: float, rtol: float) -> Tensor:

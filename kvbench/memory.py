@@ -11,21 +11,23 @@ from __future__ import annotations
 import ctypes
 import gc
 import os
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import psutil
-from torch import Tensor
 
 try:
     import resource
 except ImportError:  # not on Windows: no address-space limit to read
     resource = None
 
-from kvbench.cache import expected_cache_bytes
-from kvbench.config import DecoderConfig
-from kvbench.decode import FULL, cache_footprint, decode
-from kvbench.model import Decoder
+from kvbench.config import PlainConfig
+from kvbench.kinds import FULL, expected_cache_bytes
 from kvbench.telemetry import cgroup_directories
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from kvbench.model import Decoder
 
 
 def peak_rss() -> int | None:
@@ -78,6 +80,8 @@ def peak_memory_growth(run: Callable[[], object]) -> tuple[object, dict]:
 
 def memory_profile(model: Decoder, ids: Tensor, mode: str, options: dict | None = None) -> dict:
     """Cache bytes (formula, measured, reserved) and peak RSS growth of one decode loop."""
+    from kvbench.decode import cache_footprint, decode  # the estimates above need no torch; this does
+
     if mode == FULL:
         _, peak = peak_memory_growth(lambda: decode(model, ids, mode))
         footprint = cache_footprint(model, ids, mode)
@@ -86,7 +90,7 @@ def memory_profile(model: Decoder, ids: Tensor, mode: str, options: dict | None 
     return {**footprint, **peak}
 
 
-def estimate_run_bytes(config: DecoderConfig, batch: int, lengths: list[int], modes: list[str]) -> dict[str, int]:
+def estimate_run_bytes(config: PlainConfig, batch: int, lengths: list[int], modes: list[str]) -> dict[str, int]:
     """What a run allocates at its peak, part by part, before it allocates any of it.
 
     Conservative on purpose: the weights, the token ids (drawn for max_length), the

@@ -13,12 +13,13 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from kvbench.cache import KINDS
 from kvbench.files import read_regular_file
 
 
 def load_plugin(path: Path | str) -> dict:
     """Run the file as a module; return {"path", "sha256", "kinds"} for the record."""
+    from kvbench.cache import KINDS  # a plugin registers into the cache kinds, so it needs torch: only then
+
     path = Path(path)
     content = read_regular_file(path, "Python file")
     before = set(KINDS)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from kvbench import stats
-from kvbench.decode import FULL
+from kvbench.kinds import FULL
 from kvbench.telemetry import Probe, sample_cost
 from kvbench.timing import Protocol, Sample, rotation_order, time_observed
 

@@ -69,14 +69,17 @@ def median_interval(values: np.ndarray | list[float], confidence: float = CONFID
     """Distribution-free interval for the median: the order statistics x_(l), x_(n+1-l) whose
     coverage P(l <= Binomial(n, 1/2) < n + 1 - l) is at least `confidence` (below 6 values,
     the range, whose coverage 1 - 2^(1-n) is below 95%)."""
-    from scipy import stats as sps
-
     ordered = np.sort(np.asarray(values, dtype=float))
     n = len(ordered)
     tail = (1 - confidence) / 2
-    below = int(sps.binom.ppf(tail, n, 0.5))  # values below the lower bound, at most `tail` likely
-    if sps.binom.cdf(below, n, 0.5) > tail:
-        below -= 1
+    below, cumulative = -1, 0.0  # the largest k with P(B <= k) <= tail, and that probability
+
+    def mass(k: int) -> float:  # P(B = k), through logarithms: 2^-n underflows beyond n = 1074
+        return math.exp(math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) - n * math.log(2))
+
+    while cumulative + mass(below + 1) <= tail:
+        below += 1
+        cumulative += mass(below)
     below = max(below, 0)
     return float(ordered[below]), float(ordered[n - 1 - below])
 
@@ -322,9 +325,7 @@ def trend(started: list[float], seconds: list[float]) -> Trend | None:
 
 
 def normal_quantile(probability: float) -> float:
-    from scipy import stats as sps
-
-    return float(sps.norm.ppf(probability))
+    return statistics.NormalDist().inv_cdf(probability)
 
 
 def log_standard_error(estimate: RatioEstimate, confidence: float = CONFIDENCE) -> float:

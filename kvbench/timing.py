@@ -4,7 +4,8 @@
 defaults from here, the asv suites and the scripts build one. Each sample times one whole
 decode loop with perf_counter_ns, the collector paused, its noise telemetry read around it.
 The rounds that decide how many samples to take are in kvbench.sampling; statistics belong
-to kvbench.stats and the report.
+to kvbench.stats and the report. torch is imported where threads are set and steps are
+profiled, so that the command line reads the protocol's defaults without it.
 """
 
 from __future__ import annotations
@@ -16,15 +17,16 @@ import os
 import random
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING, Callable
 
 from kvbench import stats
-from kvbench.decode import decode, decode_steps
-from kvbench.model import Decoder
+from kvbench.kinds import CONTROL, FULL
 from kvbench.telemetry import Probe
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from kvbench.model import Decoder
 
 DEFAULT_LENGTHS = (16, 32, 64, 128, 256, 512)
 ORDERS = ("random", "rotate")
@@ -34,7 +36,6 @@ ORDER_RULES = {
     "random": "random: each rotation runs the modes in an order drawn from a generator seeded by (seed, length, r)",
 }
 CLOCK = "time.perf_counter_ns"
-CONTROL = "control"  # the A/A label: a cached mode timed a second time in the same rotations
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,18 @@ class Protocol:
                 "per_step_length": self.per_step_length}
 
 
+def control_mode(choice: str, modes: list[str]) -> str | None:
+    """The cached mode an A/A control repeats: "auto" picks the first cached mode, "none" none."""
+    cached = [mode for mode in modes if mode != FULL]
+    if choice == "none" or not cached:
+        return None
+    if choice == "auto":
+        return cached[0]
+    if choice not in cached:
+        raise ValueError(f"control must be 'auto', 'none' or one of the cached modes run {cached}, got {choice!r}")
+    return choice
+
+
 @dataclass(frozen=True)
 class Sample:
     mode: str
@@ -127,6 +140,8 @@ def set_threads(threads: int) -> dict:
     The inter-op pool can be sized only before its first use in a process, so a
     late call is recorded as what it is rather than assumed to have worked.
     """
+    import torch
+
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"threads must be a positive integer, got {threads!r}")
     available = os.cpu_count() or 1
@@ -239,6 +254,10 @@ def time_observed(run: Callable[[], object], probe: Probe) -> tuple[float, dict]
 
 def per_step_seconds(model: Decoder, ids: Tensor, mode: str, warmup: int = 1, options: dict | None = None) -> list[float]:
     """Duration of every decode step of one loop (step t = position t)."""
+    import torch
+
+    from kvbench.decode import decode, decode_steps
+
     for _ in range(warmup):
         decode(model, ids, mode, options=options)
     durations = []

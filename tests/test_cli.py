@@ -250,3 +250,53 @@ def test_subprocess_run_end_to_end(tmp_path):
     assert "run" in record["command"] and "--lengths" in record["command"]
     for (mode, length), median in medians_ms(record).items():
         assert any(f" {mode} " in line and f" {median} " in line for line in done.stdout.splitlines())
+
+
+# -- cheap commands stay cheap --------------------------------------------------------------
+
+IMPORTS_PROBE = """
+import json, sys
+from kvbench.cli import main
+try:
+    status = main(sys.argv[1:])
+except SystemExit as exit:  # --help
+    status = exit.code
+heavy = sorted({name.split(".")[0] for name in sys.modules} & {"torch", "scipy", "matplotlib", "transformers"})
+print(json.dumps({"status": status, "heavy": heavy}), file=sys.stderr)
+"""
+
+
+def imported_by(*argv: str) -> tuple[int, list[str]]:
+    """Run the CLI in a fresh interpreter; (exit status, the heavy packages it imported)."""
+    done = subprocess.run([sys.executable, "-c", IMPORTS_PROBE, *argv], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    outcome = json.loads(done.stderr.splitlines()[-1])
+    return outcome["status"], outcome["heavy"]
+
+
+@pytest.mark.parametrize("argv, status", [
+    (["--help"], 0),
+    (["run", "--help"], 0),
+    (["run", "--output", "/proc/x.json"], 2),
+    (["run", "--lengths", "4096"], 2),
+    (["run", "--modes", "full,nosuch"], 2),
+    (["run", "--modes", "window"], 2),
+    (["run", "--layers", "100000", "--width", "4096", "--heads", "32", "--lengths", "16"], 2),
+    (["show", "/dev/null"], 2),
+    (["compare", "/dev/null", "results/reference.json"], 2),
+    (["budget", "--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--tokens", "8192", "--memory", "80GiB"], 0),
+    (["compare", "results/reference.json", "results/reference.json"], 0),
+], ids=lambda value: " ".join(value) if isinstance(value, list) else str(value))
+def test_help_argument_checks_refusals_budget_and_compare_import_no_torch_scipy_or_matplotlib(argv, status):
+    """What a user meets first answers at once: counted in modules, not timed, so it holds on any machine."""
+    assert imported_by(*argv) == (status, [])
+
+
+def test_reading_a_record_imports_no_torch_and_no_matplotlib_without_a_plot(tmp_path):
+    """show and report read numbers only; scipy is theirs for the trend test and the scaling fit."""
+    status, heavy = imported_by("show", "results/reference.json")
+    assert status == 0 and "torch" not in heavy and "matplotlib" not in heavy
+    status, heavy = imported_by("report", "results/reference.json", "--format", "markdown")
+    assert status == 0 and "torch" not in heavy and "matplotlib" not in heavy
+    status, heavy = imported_by("report", "results/reference.json", "--plot", str(tmp_path / "plot.svg"))
+    assert status == 0 and "matplotlib" in heavy and "torch" not in heavy

@@ -214,19 +214,32 @@ def test_a_signal_during_the_per_step_profile_keeps_every_repetition(tmp_path):
     assert len(record["repetitions"]) == 12 and record["status"] == "incomplete" and "per_step" not in record
 
 
-@pytest.mark.parametrize("command, signum, delay", [
-    (["env"], signal.SIGINT, 0.2), (["show", "missing.json"], signal.SIGTERM, 0.4), (["run", *TINY], signal.SIGINT, 0.6),
+SIGNAL_ON_IMPORT = """
+import importlib.abc, os, sys
+class SignalOnImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == {module!r}:  # imported inside kvbench's start-up: the signal lands mid-import
+            os.kill(os.getpid(), {signum})
+        return None
+sys.meta_path.insert(0, SignalOnImport())
+sys.argv = ["kvbench", *{argv!r}]
+from kvbench.__main__ import main
+raise SystemExit(main())
+"""
+
+
+@pytest.mark.parametrize("command, signum", [
+    (["env"], signal.SIGINT), (["show", "missing.json"], signal.SIGTERM), (["run", *TINY], signal.SIGINT),
 ])
-def test_a_signal_while_torch_is_still_importing_ends_in_one_line(tmp_path, command, signum, delay):
-    """A half-done import of numpy cannot be recovered from: the signal waits for the imports, then ends the command."""
-    process = subprocess.Popen([sys.executable, "-m", "kvbench", *command], cwd=tmp_path, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    time.sleep(delay)
-    process.send_signal(signum)
-    out, err = process.communicate(timeout=60)
-    assert process.returncode == 128 + signum, err
-    assert err.count("\n") == 1 and "Traceback" not in err, err
-    assert f"interrupted by {signal.Signals(signum).name}" in err and "nothing was written" in err
+def test_a_signal_while_kvbench_is_still_importing_ends_in_one_line(tmp_path, command, signum):
+    """A half-done import of numpy cannot be recovered from: the signal waits for the imports, then ends the
+    command. The child sends itself the signal when the command line's options module starts importing,
+    so the signal lands mid-import however fast the machine is."""
+    script = SIGNAL_ON_IMPORT.format(module="kvbench.cli.options", signum=int(signum), argv=command)
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 128 + signum, done.stderr
+    assert done.stderr == f"kvbench: interrupted by {signal.Signals(signum).name} while starting; nothing was written\n"
     assert os.listdir(tmp_path) == []
 
 
@@ -261,13 +274,28 @@ def test_a_signal_while_report_writes_leaves_no_half_file_and_says_what_was_writ
     no_temporaries(tmp_path)
 
 
+def sampling_started(process: subprocess.Popen, timeout: float = 600) -> None:
+    """Wait until the child's sampler holds its telemetry open (it opens /proc/thread-self/schedstat once,
+    after the gate and before the first timed loop): what the program shows, not a guess at its speed."""
+    deadline = time.monotonic() + timeout
+    descriptors = Path(f"/proc/{process.pid}/fd")
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            if any("schedstat" in os.readlink(fd) for fd in descriptors.iterdir()):
+                return
+        except OSError:  # a descriptor closed while it was read
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"the run never started sampling (exit status {process.poll()})")
+
+
 def test_sigterm_from_outside_during_a_real_run(tmp_path):
     """No hook at all: the signal comes from another process, as `timeout` or a CI runner sends it."""
     output = tmp_path / "rec.json"
     process = subprocess.Popen([sys.executable, "-m", "kvbench", "run", *SLOW, "--output", str(output)],
                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env={**os.environ, "PYTHONPATH": str(ROOT)})
-    time.sleep(25)  # imports, the gate at 512 and some timing
+    sampling_started(process)  # the gate is done, the rotations have begun
     process.send_signal(signal.SIGTERM)
     out, err = process.communicate(timeout=120)
     assert process.returncode == 143, err

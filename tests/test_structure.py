@@ -105,3 +105,12 @@ def test_modules_and_functions_stay_readable_in_one_sitting(root):
                 if length > MAX_FUNCTION_LINES and not explained:
                     too_long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {length} lines")
     assert too_long == []
+
+
+def test_the_kinds_torch_free_readers_know_are_the_kinds_kvbench_ships():
+    from kvbench.cache import KINDS
+    from kvbench.kinds import CACHE_KINDS, FORMULAS, QUANTIZED_BITS
+
+    assert tuple(KINDS)[: len(CACHE_KINDS)] == CACHE_KINDS
+    assert set(FORMULAS) == set(CACHE_KINDS)
+    assert all(KINDS[kind].bits == bits for kind, bits in QUANTIZED_BITS.items())

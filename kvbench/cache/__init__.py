@@ -7,23 +7,19 @@ a fresh cache of a kind by name.
 
 from __future__ import annotations
 
-import re
-
 from kvbench.cache.base import Cache, expected_cache_bytes
 from kvbench.cache.contiguous import ConcatCache, StaticCache
 from kvbench.cache.paged import BlockPool, PagedCache
 from kvbench.cache.quantized import QuantizedCache, QuantizedInt4Cache, quantized_cache_bytes
 from kvbench.cache.window import WindowCache
 from kvbench.config import DecoderConfig
+from kvbench.kinds import CACHE_KINDS, CONTROL, FULL, KIND_NAME
 
-KINDS: dict[str, type[Cache]] = {
-    "concat": ConcatCache, "static": StaticCache, "paged": PagedCache,
-    "quantized-int8": QuantizedCache, "quantized-int4": QuantizedInt4Cache, "window": WindowCache,
-}
-CACHE_KINDS = tuple(KINDS)  # the kinds kvbench ships; register_kind adds others for this process
-KIND_NAME = re.compile(r"[a-z][a-z0-9_-]{0,39}")
+# The kinds kvbench ships (kvbench.kinds.CACHE_KINDS names them); register_kind adds others for this process.
+KINDS: dict[str, type[Cache]] = {kind.kind: kind for kind in (
+    ConcatCache, StaticCache, PagedCache, QuantizedCache, QuantizedInt4Cache, WindowCache)}
 
-__all__ = ["CACHE_KINDS", "KINDS", "BlockPool", "Cache", "ConcatCache", "PagedCache", "QuantizedCache",
+__all__ = ["CACHE_KINDS", "KIND_NAME", "KINDS", "BlockPool", "Cache", "ConcatCache", "PagedCache", "QuantizedCache",
            "QuantizedInt4Cache", "StaticCache", "WindowCache", "expected_bytes", "expected_cache_bytes", "make_cache",
            "quantized_cache_bytes", "register_kind"]
 
@@ -33,7 +29,7 @@ def register_kind(name: str, factory: type[Cache]) -> None:
     (through --plugin) and the report. `factory` is a Cache subclass: the gate reads its `exact`
     and `drift_limits`, the memory probe its `expected_bytes`; `factory(config, batch, capacity)`
     returns a fresh cache."""
-    if not isinstance(name, str) or not KIND_NAME.fullmatch(name) or name in ("full", "control"):
+    if not isinstance(name, str) or not KIND_NAME.fullmatch(name) or name in (FULL, CONTROL):
         raise ValueError(f"a kind name is a plain lowercase word (letters, digits, '-', '_'), not 'full' or "
                          f"'control', got {name!r}")
     if KINDS.get(name, factory) is not factory:

@@ -19,14 +19,9 @@ from __future__ import annotations
 from torch import Tensor
 
 from kvbench.config import DecoderConfig
+from kvbench.kinds import expected_cache_bytes
 
-
-def expected_cache_bytes(config: DecoderConfig, batch: int, length: int) -> int:
-    """Key plus value element storage for `length` positions: 2 * layers * B * KVH * T * D * elt."""
-    for name, value in (("batch", batch), ("length", length)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-    return 2 * config.layers * batch * config.kv_heads * length * config.head_dim * config.element_bytes
+__all__ = ["Cache", "ceil_div", "expected_cache_bytes"]
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -43,7 +38,8 @@ class Cache:
 
     @classmethod
     def expected_bytes(cls, config: DecoderConfig, batch: int, length: int, **options) -> int:
-        """This kind's retained bytes for `length` positions: the formula its nbytes must equal."""
+        """This kind's retained bytes for `length` positions: the formula its nbytes must equal
+        (kvbench.kinds.FORMULAS holds the shipped kinds', for readers without torch)."""
         return expected_cache_bytes(config, batch, length)
 
     def __init__(self, config: DecoderConfig, batch: int = 1, capacity: int | None = None) -> None:

@@ -24,48 +24,13 @@ from torch import Tensor
 
 from kvbench.cache.base import Cache
 from kvbench.config import DecoderConfig
+from kvbench.kinds import GROUP_SIZE, RESIDUAL, check_quantized_options, quantized_cache_bytes, quantized_cache_parts
 
-SCALE_DTYPE = torch.float16
-SCALE_BYTES = 2
-GROUP_SIZE = 32  # tokens per key group, channels per value group at most (KIVI's G)
-RESIDUAL = 128  # newest positions kept in full precision at least (KIVI's R, transformers' residual_length)
+__all__ = ["GROUP_SIZE", "RESIDUAL", "QuantizedCache", "QuantizedInt4Cache", "check_options", "quantized_cache_bytes",
+           "quantized_cache_parts"]
+check_options = check_quantized_options  # the name this module has always offered
 
-
-def quantized_cache_parts(config: DecoderConfig, batch: int, length: int, bits: int, group_size: int = GROUP_SIZE,
-                          residual: int = RESIDUAL) -> dict[str, int]:
-    """Retained bytes of a quantized cache holding `length` positions, by part. Assumptions, all counted:
-
-    - the newest positions stay in the model's dtype: Tq = G * floor((T - R) / G) positions are
-      quantized (0 while T < R + G), T - Tq are not ("residual");
-    - quantized elements take bits / 8 bytes (int4: two per byte; the head width is even) ("codes");
-    - keys: one float16 scale and one float16 minimum per channel per group of G tokens ("key_scales");
-    - values: one float16 scale and one float16 minimum per token per group of gcd(G, D) channels
-      ("value_scales");
-    - keys and values, every layer, every sequence of the batch, every key/value head.
-    """
-    D, heads = config.head_dim, config.layers * batch * config.kv_heads
-    quantized = group_size * max(0, (length - residual) // group_size)
-    return {
-        "codes": heads * 2 * quantized * D * bits // 8,
-        "key_scales": heads * (quantized // group_size) * D * 2 * SCALE_BYTES,
-        "value_scales": heads * quantized * (D // math.gcd(group_size, D)) * 2 * SCALE_BYTES,
-        "residual": heads * 2 * (length - quantized) * D * config.element_bytes,
-    }
-
-
-def quantized_cache_bytes(config: DecoderConfig, batch: int, length: int, bits: int, group_size: int = GROUP_SIZE,
-                          residual: int = RESIDUAL) -> int:
-    """Retained bytes of a quantized cache holding `length` positions: the parts of quantized_cache_parts."""
-    return sum(quantized_cache_parts(config, batch, length, bits, group_size, residual).values())
-
-
-def check_options(bits: int | None, head_dim: int, group_size: int, residual: int) -> None:
-    """What a quantized representation needs, for the cache and for `kvbench budget` alike."""
-    for name, value, lowest in (("group_size", group_size, 1), ("residual", residual, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
-            raise ValueError(f"{name} must be an integer >= {lowest}, got {value!r}")
-    if bits == 4 and head_dim % 2:
-        raise ValueError(f"int4 packs two values per byte: expected an even head width, got {head_dim}")
+SCALE_DTYPE = torch.float16  # kvbench.kinds.SCALE_BYTES each
 
 
 class QuantizedCache(Cache):

@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from kvbench.cache.base import Cache, expected_cache_bytes
+from kvbench.cache.base import Cache
+from kvbench.kinds import window_cache_bytes
 from kvbench.config import DecoderConfig
 
 
@@ -35,8 +36,7 @@ class WindowCache(Cache):
 
     @classmethod
     def expected_bytes(cls, config: DecoderConfig, batch: int, length: int, **options) -> int:
-        """The last W positions at most: 2 * layers * B * KVH * min(T, W) * D * elt."""
-        return expected_cache_bytes(config, batch, min(length, config.window or length))
+        return window_cache_bytes(config, batch, length)
 
     def ring_positions(self, length: int) -> Tensor:
         """Absolute position held by each valid slot when `length` positions were appended."""

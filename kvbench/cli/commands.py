@@ -16,18 +16,19 @@ from pathlib import Path
 from kvbench import capture, files
 from kvbench.budget import kv_budget
 from kvbench.cli.options import PLOT_SUFFIXES, CliError
-from kvbench.config import preset_config
+from kvbench.config import PlainConfig
 from kvbench.files import write_bytes_atomic
 from kvbench.record import RecordView
 from kvbench.report import compare, markdown, model, terminal
 from kvbench.report.format import stdout_console
 
 
-def config_from_args(args: argparse.Namespace):
+def config_from_args(args: argparse.Namespace) -> PlainConfig:
+    """The preset with the fields the options override, checked without torch."""
     fields = {"width": args.width, "heads": args.heads, "kv_heads": args.kv_heads, "layers": args.layers,
               "vocab_size": args.vocab_size, "max_length": args.max_length, "dtype": args.dtype,
               "window": args.window}
-    return preset_config(args.preset, **{name: value for name, value in fields.items() if value is not None})
+    return PlainConfig.from_preset(args.preset, **{name: value for name, value in fields.items() if value is not None})
 
 
 def check_output(path: Path, force: bool, option: str = "--output", reading: Path | None = None) -> None:

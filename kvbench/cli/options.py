@@ -15,10 +15,8 @@ from pathlib import Path
 
 from kvbench.budget import DTYPES as BUDGET_DTYPES
 from kvbench.budget import QUANTIZATIONS, parse_size
-from kvbench.cache import KIND_NAME
-from kvbench.cache.quantized import GROUP_SIZE, RESIDUAL
-from kvbench.config import DTYPES, PRESETS
-from kvbench.decode import DEFAULT_MODES, MODES
+from kvbench.config import DTYPE_NAMES, PRESETS
+from kvbench.kinds import DEFAULT_MODES, GROUP_SIZE, KIND_NAME, MODES, RESIDUAL
 from kvbench.report.compare import ALPHA, FACTOR
 from kvbench.timing import DEFAULT_LENGTHS, ORDERS, Protocol
 
@@ -183,7 +181,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--layers", type=positive_int, help="decoder blocks (default: the preset's)")
     group.add_argument("--vocab-size", type=positive_int, help="vocabulary size (default: the preset's)")
     group.add_argument("--max-length", type=positive_int, help="position capacity (default: the preset's)")
-    group.add_argument("--dtype", choices=sorted(DTYPES), help="parameter and cache dtype (default: float32)")
+    group.add_argument("--dtype", choices=sorted(DTYPE_NAMES), help="parameter and cache dtype (default: float32)")
     group.add_argument("--window", type=positive_int, metavar="W",
                        help="sliding-window attention: each query sees the last W positions (every mode; the "
                             "window kind keeps only those)")

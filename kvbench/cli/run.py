@@ -12,14 +12,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from kvbench import benchmark, capture, memory, plugins, record, timing
-from kvbench.cache import KINDS
-from kvbench.cache.quantized import QuantizedCache
+from kvbench import kinds, memory, plugins, record, timing
 from kvbench.cli.commands import check_output, config_from_args
 from kvbench.cli.options import CliError
-from kvbench.config import DecoderConfig
-from kvbench.decode import check_modes
-from kvbench.model import build_model
+from kvbench.config import DecoderConfig, PlainConfig
 from kvbench.report import model as report_model
 from kvbench.report import terminal
 from kvbench.report.format import format_bytes, stdout_console
@@ -27,13 +23,19 @@ from kvbench.timing import Protocol
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    """Every argument, path and memory check first, torch-free, so a refusal costs no import of it;
+    then the model, the gate, the timed rotations and the record."""
     config, protocol = settings(args)
     output = args.output or record.default_record_path()
     check_output(output, args.force)  # before any measurement: a bad path costs nothing
     check_fits_in_memory(config, protocol, args.lengths, args.modes)
+    from kvbench import benchmark, capture
+    from kvbench.model import build_model
+
     in_effect = {"threads_in_effect": timing.set_threads(protocol.threads),  # before any torch work
                  "cpu_in_effect": timing.pin_cpu(protocol.cpu)}
     environment = capture.collect_environment()  # first, so that no interrupt can cost it
+    config = DecoderConfig.from_dict(config.to_dict())
     model = build_model(config, seed=protocol.seed)
     stderr = Console(stderr=True)
     with ProgressBar(stderr, disabled=args.no_progress) as on_progress:
@@ -61,17 +63,29 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def settings(args: argparse.Namespace) -> tuple[DecoderConfig, Protocol]:
+def mode_catalogue(with_plugins: bool) -> tuple[tuple[str, ...], set[str]]:
+    """(every mode a run may name, the quantized ones that take --quant-* options). The shipped
+    modes are known without torch; a plugin's kinds only from the registry it was loaded into."""
+    if not with_plugins:
+        return kinds.MODES, set(kinds.QUANTIZED_BITS)
+    from kvbench.cache import KINDS, QuantizedCache
+    from kvbench.decode import known_modes
+
+    return known_modes(), {mode for mode, kind in KINDS.items() if issubclass(kind, QuantizedCache)}
+
+
+def settings(args: argparse.Namespace) -> tuple[PlainConfig, Protocol]:
     args.plugins = [plugins.load_plugin(path) for path in args.plugin]  # before the modes are checked
+    known, quantized = mode_catalogue(bool(args.plugins))
     try:
-        check_modes(args.modes)
+        kinds.check_modes(args.modes, known)
     except ValueError as error:
         raise CliError(f"--modes: {error}") from None
     config = config_from_args(args)
     if "window" in args.modes and config.window is None:
         raise CliError("--modes window needs --window W: the sliding window the window kind keeps")
     args.cache_options = {mode: {"group_size": args.quant_group, "residual": args.quant_residual}
-                          for mode in args.modes if mode in KINDS and issubclass(KINDS[mode], QuantizedCache)}
+                          for mode in args.modes if mode in quantized}
     too_long = [n for n in [*args.lengths, args.per_step or 0] if n > config.max_length]
     if too_long:
         raise CliError(f"length {too_long[0]} exceeds max_length {config.max_length} of preset {args.preset!r}")
@@ -88,13 +102,13 @@ def settings(args: argparse.Namespace) -> tuple[DecoderConfig, Protocol]:
     try:
         protocol = Protocol(**sampling, between_run=args.between_run, order=args.order, cpu=args.cpu, control=args.control, warmup=args.warmup,
                             batch=args.batch, seed=args.seed, threads=args.threads, per_step_length=args.per_step)
-        benchmark.control_mode(protocol.control, args.modes)
+        timing.control_mode(protocol.control, args.modes)
     except ValueError as error:
         raise CliError(str(error)) from None
     return config, protocol
 
 
-def check_fits_in_memory(config: DecoderConfig, protocol: Protocol, lengths: list[int], modes: list[str]) -> None:
+def check_fits_in_memory(config: PlainConfig, protocol: Protocol, lengths: list[int], modes: list[str]) -> None:
     """Refuse a run whose model, ids, logits and caches cannot fit, before allocating any of them."""
     parts = memory.estimate_run_bytes(config, protocol.batch, lengths, modes)
     needed, available = sum(parts.values()), memory.available_bytes()

@@ -11,19 +11,17 @@ from __future__ import annotations
 
 import math
 
-from kvbench.cache import KINDS
-from kvbench.config import DecoderConfig
-from kvbench.decode import DRIFT_METRICS, FULL, MODES, REFERENCE_NOT_FINITE, mode_expected_bytes, within_limits
+from kvbench.config import PlainConfig
+from kvbench.kinds import CONTROL, DRIFT_METRICS, FORMULAS, FULL, MODES, REFERENCE_NOT_FINITE, formula_bytes, within_limits
 from kvbench.record.summary import by_cell, summarize
-from kvbench.timing import CONTROL
 
 
 class RecordError(ValueError):
     """A record file that cannot be read, or that does not match the schema."""
 
 
-def record_config(record: dict) -> DecoderConfig:
-    return DecoderConfig.from_dict(record["config"])
+def record_config(record: dict) -> PlainConfig:
+    return PlainConfig.from_dict(record["config"])
 
 
 def check_run(record: dict) -> str | None:
@@ -133,10 +131,10 @@ def sound_drift(check: dict, where: str) -> str | None:
 
 def sound_memory(record: dict, entry: dict, where: str) -> str | None:
     mode, options = entry["mode"], record["run"].get("cache_options", {}).get(entry["mode"], {})
-    if mode != FULL and mode not in KINDS:  # a plugin's kind, not loaded here: its formula is unknown
+    if mode != FULL and mode not in FORMULAS:  # a plugin's kind: its formula is the plugin's, unknown here
         formula = entry["expected_bytes"]
     else:
-        formula = mode_expected_bytes(mode, record_config(record), record["run"]["batch"], entry["length"], options)
+        formula = formula_bytes(mode, record_config(record), record["run"]["batch"], entry["length"], options)
     if entry["expected_bytes"] != formula:
         return f"{where}: expected_bytes is {entry['expected_bytes']}, but the formula gives {formula}"
     if entry["measured_bytes"] != formula:

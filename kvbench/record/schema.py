@@ -12,9 +12,8 @@ import copy
 
 import jsonschema
 
-from kvbench.cache import KIND_NAME
-from kvbench.config import DTYPES
-from kvbench.decode import FAILURES
+from kvbench.config import DTYPE_NAMES
+from kvbench.kinds import FAILURES, KIND_NAME
 from kvbench.files import first_non_finite
 from kvbench.record.meaning import MEANING_CHECKS, RecordError
 from kvbench.sampling import STOPS
@@ -53,7 +52,7 @@ RECORD_SCHEMA_V1 = {
             "type": "object",
             "required": ["vocab_size", "width", "heads", "kv_heads", "layers", "max_length", "dtype"],
             "properties": {**dict.fromkeys(("vocab_size", "width", "heads", "kv_heads", "layers", "max_length",
-                                            "mlp_ratio"), _positive), "dtype": {"enum": sorted(DTYPES)},
+                                            "mlp_ratio"), _positive), "dtype": {"enum": sorted(DTYPE_NAMES)},
                            "window": {"type": ["integer", "null"], "minimum": 1}},
             "additionalProperties": False,
         },
@@ -79,7 +78,7 @@ RECORD_SCHEMA_V1 = {
                 "properties": {**_cell, "passed": {"type": "boolean"}, "max_abs_diff": _difference,
                                "max_rel_diff": _difference, "first_divergent_position": {"type": ["integer", "null"], "minimum": 0},
                                "non_finite": _count, "atol": {"type": "number", "minimum": 0},
-                               "rtol": {"type": "number", "minimum": 0}, "dtype": {"enum": sorted(DTYPES)},
+                               "rtol": {"type": "number", "minimum": 0}, "dtype": {"enum": sorted(DTYPE_NAMES)},
                                "tolerance_used": {"type": "number", "minimum": 0}, "error": {"type": "string"},
                                "reference_max_abs": {"type": "number", "minimum": 0},
                                "top1_disagreements": _count, "reference_non_finite": _count,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 
 from kvbench import stats
-from kvbench.timing import CONTROL
+from kvbench.kinds import CONTROL
 
 
 def cell_statistics(seconds: list[float]) -> dict:

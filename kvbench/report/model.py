@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvbench import stats
-from kvbench.cache import expected_cache_bytes
 from kvbench.capture import summarize_environment
-from kvbench.config import DecoderConfig
+from kvbench.config import PlainConfig
+from kvbench.kinds import expected_cache_bytes
 from kvbench.record import RecordView
 from kvbench.stats import NOISY_SPREAD, PowerFit, RatioEstimate
 from kvbench.telemetry import disturbances, tally
@@ -300,7 +300,7 @@ def tradeoffs(view: RecordView, rows: list[Row]) -> list[Tradeoff]:
     changes = any(row.check and (row.check.get("exact", True) is False or row.mode == "window") for row in rows)
     if not changes:
         return []
-    config = DecoderConfig.from_dict(view.config)
+    config = PlainConfig.from_dict(view.config)
     out = []
     for row in rows:
         if row.is_baseline or row.memory is None:

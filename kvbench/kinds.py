@@ -1,0 +1,162 @@
+"""The modes kvbench ships, by name: what each cache kind retains and how a check of it is judged.
+
+Plain data and arithmetic, importable without torch, so that reading a record, a budget and
+the command line's checks never wait seconds for it. kvbench.cache implements the kinds and
+takes its byte formulas from here; kvbench.decode runs the gate and judges its checks with
+the rules here.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from typing import Callable
+
+FULL = "full"  # the baseline: re-runs the whole prefix at every step
+CONTROL = "control"  # the A/A label: a cached mode timed a second time in the same rotations
+CACHE_KINDS = ("concat", "static", "paged", "quantized-int8", "quantized-int4", "window")  # the kinds kvbench ships
+MODES = (FULL, *CACHE_KINDS)  # every mode kvbench ships
+DEFAULT_MODES = (FULL, "concat", "static", "paged")  # kvbench run's default: the exact layouts of any model
+KIND_NAME = re.compile(r"[a-z][a-z0-9_-]{0,39}")  # plain words: nothing a terminal, markdown or HTML interprets
+
+# The quantized kinds' defaults (KIVI's G and R; transformers' residual_length is R too).
+GROUP_SIZE = 32  # tokens per key group, channels per value group at most
+RESIDUAL = 128  # newest positions kept in full precision at least
+SCALE_BYTES = 2  # scales and minimums are float16
+QUANTIZED_BITS = {"quantized-int8": 8, "quantized-int4": 4}
+
+
+def check_modes(modes: list[str] | tuple[str, ...], known: tuple[str, ...] = MODES) -> list[str]:
+    """The modes as a list, or ValueError naming the first unknown or repeated one."""
+    modes = list(modes)
+    if not modes:
+        raise ValueError(f"at least one mode is required, choose from {list(known)}")
+    unknown = [m for m in modes if m not in known]
+    if unknown:
+        raise ValueError(f"unknown mode {unknown[0]!r}: expected one of {list(known)}")
+    if len(set(modes)) != len(modes):
+        raise ValueError(f"modes must be distinct, got {modes}")
+    return modes
+
+
+# -- what a kind retains ------------------------------------------------------------------
+# `config` is a kvbench.config.PlainConfig or DecoderConfig: the formulas read its layers,
+# kv_heads, head_dim, element_bytes and window.
+
+
+def _count(**values: int) -> None:
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+
+
+def expected_cache_bytes(config, batch: int, length: int) -> int:
+    """Key plus value element storage for `length` positions: 2 * layers * B * KVH * T * D * elt."""
+    _count(batch=batch, length=length)
+    return 2 * config.layers * batch * config.kv_heads * length * config.head_dim * config.element_bytes
+
+
+def window_cache_bytes(config, batch: int, length: int, **options) -> int:
+    """The last W positions at most: 2 * layers * B * KVH * min(T, W) * D * elt."""
+    return expected_cache_bytes(config, batch, min(length, config.window or length))
+
+
+def quantized_cache_parts(config, batch: int, length: int, bits: int, group_size: int = GROUP_SIZE,
+                          residual: int = RESIDUAL) -> dict[str, int]:
+    """Retained bytes of a quantized cache holding `length` positions, by part. Assumptions, all counted:
+
+    - the newest positions stay in the model's dtype: Tq = G * floor((T - R) / G) positions are
+      quantized (0 while T < R + G), T - Tq are not ("residual");
+    - quantized elements take bits / 8 bytes (int4: two per byte; the head width is even) ("codes");
+    - keys: one float16 scale and one float16 minimum per channel per group of G tokens ("key_scales");
+    - values: one float16 scale and one float16 minimum per token per group of gcd(G, D) channels
+      ("value_scales");
+    - keys and values, every layer, every sequence of the batch, every key/value head.
+    """
+    _count(batch=batch, length=length)
+    D, heads = config.head_dim, config.layers * batch * config.kv_heads
+    quantized = group_size * max(0, (length - residual) // group_size)
+    return {
+        "codes": heads * 2 * quantized * D * bits // 8,
+        "key_scales": heads * (quantized // group_size) * D * 2 * SCALE_BYTES,
+        "value_scales": heads * quantized * (D // math.gcd(group_size, D)) * 2 * SCALE_BYTES,
+        "residual": heads * 2 * (length - quantized) * D * config.element_bytes,
+    }
+
+
+def quantized_cache_bytes(config, batch: int, length: int, bits: int, group_size: int = GROUP_SIZE,
+                          residual: int = RESIDUAL) -> int:
+    """Retained bytes of a quantized cache holding `length` positions: the parts of quantized_cache_parts."""
+    return sum(quantized_cache_parts(config, batch, length, bits, group_size, residual).values())
+
+
+def check_quantized_options(bits: int | None, head_dim: int, group_size: int, residual: int) -> None:
+    """What a quantized representation needs, for the cache and for `kvbench budget` alike."""
+    for name, value, lowest in (("group_size", group_size, 1), ("residual", residual, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
+            raise ValueError(f"{name} must be an integer >= {lowest}, got {value!r}")
+    if bits == 4 and head_dim % 2:
+        raise ValueError(f"int4 packs two values per byte: expected an even head width, got {head_dim}")
+
+
+def _float_bytes(config, batch: int, length: int, **options) -> int:
+    return expected_cache_bytes(config, batch, length)
+
+
+def _quantized_bytes(config, batch: int, length: int, bits: int, group_size: int = GROUP_SIZE,
+                     residual: int = RESIDUAL, **options) -> int:
+    return quantized_cache_bytes(config, batch, length, bits, group_size, residual)
+
+
+FORMULAS: dict[str, Callable[..., int]] = {  # kind -> formula(config, batch, length, **its cache options)
+    "concat": _float_bytes, "static": _float_bytes, "paged": _float_bytes, "window": window_cache_bytes,
+    **{kind: functools.partial(_quantized_bytes, bits=bits) for kind, bits in QUANTIZED_BITS.items()},
+}
+
+
+def formula_bytes(mode: str, config, batch: int, length: int, options: dict | None = None) -> int:
+    """A shipped mode's byte formula: its kind's, or for the full-prefix path the float cache its last step builds
+    (kvbench.decode.mode_expected_bytes also knows the kinds registered in this process)."""
+    if mode == FULL:
+        return expected_cache_bytes(config, batch, length)
+    if mode not in FORMULAS:
+        raise ValueError(f"no byte formula for mode {mode!r}: expected one of {list(FORMULAS)}")
+    return FORMULAS[mode](config, batch, length, **(options or {}))
+
+
+# -- how a check is judged ----------------------------------------------------------------
+
+# (atol, rtol) per dtype name; float32 is the source document's 1e-5.
+TOLERANCES = {"float64": (1e-10, 1e-10), "float32": (1e-5, 1e-5), "float16": (2e-3, 2e-3), "bfloat16": (2e-2, 2e-2)}
+
+# Why a check failed, in the words the record and the report use. A non-finite reference is told
+# apart from a cached path that diverged: the full-prefix path is the yardstick, and when it is
+# NaN or infinite (a float16 model overflowing) nothing can be judged against it.
+REFERENCE_NOT_FINITE = "reference not finite"
+NOT_FINITE = "not finite"  # this mode's own logits
+DIVERGED = "diverged"  # an exact kind beyond the dtype's tolerance
+DRIFTED = "drift beyond limits"  # a lossy kind beyond its own limits
+FAILURES = (REFERENCE_NOT_FINITE, NOT_FINITE, DIVERGED, DRIFTED)
+
+
+def top1_within(drift: dict, limit: float) -> bool:
+    """A rate cannot be judged on fewer steps than its resolution: at 0.99 on 40 steps one
+    disagreement is already 97.5%. So a single disagreeing step never fails a kind by
+    itself (KL and |Δ| still judge it). A record from before the count was kept
+    (no `top1_disagreements`) is judged on the rate alone, as it was written."""
+    return drift["top1_agreement"] >= limit or drift.get("top1_disagreements") in (0, 1)
+
+
+DRIFT_METRICS = {  # metric -> whether a drift passes its limit on it
+    "max_abs_diff": lambda drift, limit: drift["max_abs_diff"] <= limit,
+    "kl_mean": lambda drift, limit: drift["kl_mean"] <= limit,
+    "kl_max": lambda drift, limit: drift["kl_max"] <= limit,
+    "top1_agreement": top1_within,
+}
+
+
+def within_limits(drift: dict, limits: dict) -> bool:
+    """Every metric within its limit, and no step without a distribution on either side."""
+    return (drift["non_finite"] == 0 and drift.get("reference_non_finite", 0) == 0
+            and all(DRIFT_METRICS[name](drift, limit) for name, limit in limits.items()))
