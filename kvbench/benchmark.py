@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+from kvbench import machine
 from kvbench.decode import check_modes, decode, decode_full, run_gate, timeable, token_ids
 from kvbench.memory import memory_profile
 from kvbench.model import Decoder
@@ -32,12 +33,13 @@ class RunOutcome:
     interrupted: bool = False
     control: str | None = None  # the cached mode timed a second time under the label "control"
     sampling: Sampling = field(default_factory=Sampling)
+    machine_probe: dict | None = None  # the fixed workloads of kvbench.machine, at the start and the end
 
 
 def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol: Protocol = Protocol(),
                   on_progress: Callable[[str, int, int], None] | None = None,
                   options: dict | None = None) -> RunOutcome:
-    """The gate first, then bytes and peak memory, then the timed rotations, then the profile.
+    """The machine probe, the gate, bytes and peak memory, the timed rotations, the profile, the probe again.
 
     `options` maps a kind to the keyword arguments its caches are made with.
     """
@@ -45,6 +47,10 @@ def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol
     progress = on_progress or (lambda stage, done, total: None)
     outcome = RunOutcome(control=control_mode(protocol.control, modes))
     try:
+        progress("machine probe", 0, 1)
+        calls = machine.workloads()
+        outcome.machine_probe = {"workloads": dict(machine.WORKLOADS), "repeats": machine.REPEATS,
+                                 "start": machine.probe_phase(calls)}
         longest = token_ids(model.config, protocol.batch, max(lengths), protocol.seed)
         progress("reference", 0, 1)
         reference = decode_full(model, longest, keep_logits=True)
@@ -72,6 +78,8 @@ def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol
                  "seconds": per_step_seconds(model, ids, mode, protocol.warmup, options)}
                 for mode in modes if all(timeable(gate[(mode, length)]) for length in lengths)
             ]
+        progress("machine probe", 0, 1)
+        outcome.machine_probe["end"] = machine.probe_phase(calls)
     except KeyboardInterrupt:
         outcome.interrupted = True
     return outcome

@@ -155,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         "created_utc": utc_now(),
         "command": sys.argv,
         "kind": args.kind,
+        "preset": args.preset,
         "config": config.to_dict(),
         "length": args.length,
         "cache_options": options,

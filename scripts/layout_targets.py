@@ -17,9 +17,8 @@ import json
 import sys
 from pathlib import Path
 
-from kvbench.cache import KINDS
-from kvbench.cache.quantized import quantized_cache_parts
-from kvbench.config import DecoderConfig
+from kvbench.config import PRESETS, PlainConfig
+from kvbench.kinds import QUANTIZED_BITS, quantized_cache_parts
 from kvbench.files import write_bytes_atomic
 from kvbench.record import RecordView
 from kvbench.report.format import format_bytes, markdown_table
@@ -71,21 +70,41 @@ def targets(records: dict[str, RecordView], external: dict) -> list[tuple[str, R
     """(target, ratio with its 95% CI, upper bound) per target of the issue."""
     seed, long, medium = records["seed"], records["seed-long"], records["medium"]
     rows = []
-    for name, view, length, bound in (("medium", medium, 2048, 0.70), ("seed", seed, 1024, 1.05)):
+    for view, bound in ((medium, 0.70), (seed, 1.05)):
+        length = view.lengths[-1]
         for mode in ("static", "paged"):
             check_valid(view, mode, length)
             check_valid(view, "concat", length)
-            rows.append((f"{name}, T={length}: {mode} / concat", paired_ratio(view, mode, "concat", length), bound))
-    check_valid(long, "static", 64)
-    check_valid(long, "static", 2048)
-    short = [s / 64 for s in long.seconds("static", 64)]
-    longer = [s / 2048 for s in long.seconds("static", 2048)]
-    rows.append(("seed: static per token at T=2048 / at T=64", unpaired_ratio(short, longer, key=("flat",)), 1.30))
+            rows.append((f"{preset(view)}, T={length}: {mode} / concat", paired_ratio(view, mode, "concat", length),
+                         bound))
+    first, last = long.lengths[0], long.lengths[-1]
+    check_valid(long, "static", first)
+    check_valid(long, "static", last)
+    short = [s / first for s in long.seconds("static", first)]
+    longer = [s / last for s in long.seconds("static", last)]
+    rows.append((f"{preset(long)}: static per token at T={last} / at T={first}",
+                 unpaired_ratio(short, longer, key=("flat",)), 1.30))
     kvbench_mode, hf_mode = external["fastest_kvbench_mode"], external["fastest_hf_mode"]
-    rows.append((f"seed, T={external['length']}: fastest cached ({kvbench_mode}) / transformers ({hf_mode})",
+    rows.append((f"{external_preset(external)}, T={external['length']}: fastest cached ({kvbench_mode}) / transformers ({hf_mode})",
                  paired_speedup(external_samples(external, kvbench_mode), external_samples(external, hf_mode),
                                 key=(kvbench_mode, hf_mode, external["length"])), 0.50))
     return rows
+
+
+def preset(view: RecordView) -> str:
+    """What the record ran, as its rows are labelled: the preset it names, never an assumed one."""
+    return view.run["preset"]
+
+
+def external_preset(external: dict) -> str:
+    """The preset a transformers comparison ran: the one it names, or the one whose config it holds."""
+    if "preset" in external:
+        return external["preset"]
+    try:  # a config written before a field existed holds that field's default
+        config = PlainConfig.from_dict(external.get("config") or {})
+    except (TypeError, ValueError):
+        return "custom config"
+    return next((name for name in PRESETS if PlainConfig.from_preset(name) == config), "custom config")
 
 
 def bytes_ratio(ratio: float) -> RatioEstimate:
@@ -100,23 +119,25 @@ def representation_targets(records: dict[str, RecordView], quantized: dict) -> l
     rows = []
     for mode, bound in (("quantized-int8", 0.40), ("quantized-int4", 0.30)):
         ratio = kinds.memory(mode, length)["measured_bytes"] / kinds.memory("static", length)["measured_bytes"]
-        rows.append((f"medium, T={length}: {mode} bytes / float32 bytes", bytes_ratio(ratio), bound))
+        rows.append((f"{preset(kinds)}, T={length}: {mode} bytes / float32 bytes", bytes_ratio(ratio), bound))
     for mode in ("quantized-int8", "quantized-int4"):
         check_valid(kinds, mode, length)
-        rows.append((f"medium, T={length}: {mode} / static per token", paired_ratio(kinds, mode, "static", length), 2.0))
+        rows.append((f"{preset(kinds)}, T={length}: {mode} / static per token", paired_ratio(kinds, mode, "static", length),
+                     2.0))
     short, long = window.lengths[0], window.lengths[-1]
     check_valid(window, "window", short)
     check_valid(window, "window", long)
     per_token = ([s / short for s in window.seconds("window", short)], [s / long for s in window.seconds("window", long)])
-    rows.append((f"medium, W={short}: window per token at T={long} / at T={short}",
+    width = window.config["window"]
+    rows.append((f"{preset(window)}, W={width}: window per token at T={long} / at T={short}",
                  unpaired_ratio(*per_token, key=("window-flat",)), 1.20))
     kept = window.memory("window", long)["measured_bytes"] / window.memory("window", short)["measured_bytes"]
-    rows.append((f"medium, W={short}: window bytes at T={long} / at T={short}",
+    rows.append((f"{preset(window)}, W={width}: window bytes at T={long} / at T={short}",
                  bytes_ratio(kept), 1.0))
     ours = "quantized-int4"  # against transformers' int4 paths: the same bits per element
     theirs = min((mode for mode in quantized["per_token_median_us"] if mode.startswith("hf-") and mode.endswith("int4")),
                  key=quantized["per_token_median_us"].get)
-    rows.append((f"medium, T={quantized['length']}: {ours} / fastest transformers int4 ({theirs}) per token",
+    rows.append((f"{external_preset(quantized)}, T={quantized['length']}: {ours} / fastest transformers int4 ({theirs}) per token",
                  paired_speedup(external_samples(quantized, ours), external_samples(quantized, theirs),
                                 key=(ours, theirs, quantized["length"])), 1.0))
     return rows
@@ -127,11 +148,11 @@ def byte_parts_rows(records: dict[str, RecordView]) -> list[list[str]]:
     rows = []
     for name in ("seed-kinds", "medium-quantized"):
         view = records[name]
-        config, length = DecoderConfig.from_dict(view.config), view.lengths[-1]
+        config, length = PlainConfig.from_dict(view.config), view.lengths[-1]
         float_bytes = view.memory("static", length)["measured_bytes"]
         for mode in ("quantized-int8", "quantized-int4"):
             options = view.run.get("cache_options", {}).get(mode, {})
-            parts = quantized_cache_parts(config, view.run["batch"], length, KINDS[mode].bits, **options)
+            parts = quantized_cache_parts(config, view.run["batch"], length, QUANTIZED_BITS[mode], **options)
             measured = view.memory(mode, length)["measured_bytes"]
             rows.append([f"{view.run['preset']} (D={config.head_dim}), T={length}", mode,
                          *(f"{parts[part] / float_bytes:.3f}" for part in ("codes", "key_scales", "value_scales",
@@ -171,19 +192,21 @@ def block(records: dict[str, RecordView], external: dict, quantized: dict) -> st
               f"(transformers {external['transformers_version']}, same tiny configuration, same ids, one process):", ""]
     lines += table(["mode", "µs/token"], [[mode, f"{us:.1f}"] for mode, us in external["per_token_median_us"].items()])
     lines += ["", "Per-token median cost (µs) and drift beside transformers' QuantizedCache (quanto backend, "
-              f"optimum-quanto {quantized.get('optimum_quanto_version')}; `medium` configuration, T={quantized['length']}; "
+              f"optimum-quanto {quantized.get('optimum_quanto_version')}; `{external_preset(quantized)}` "
+              f"configuration, T={quantized['length']}; "
               "each path against its own model's full prefix):", ""]
     lines += table(["mode", "µs/token", "KL mean", "top-1 agreement"],
                    [[mode, f"{us:.1f}", f"{quantized['checks'][mode].get('kl_mean', 0.0):.1e}",
                      f"{quantized['checks'][mode].get('top1_agreement', 1.0):.1%}"]
                     for mode, us in quantized["per_token_median_us"].items()])
     lines += ["", "Where a quantized cache's bytes go, as shares of the float32 cache at the same length (the formula's "
-              "parts, `kvbench.cache.quantized.quantized_cache_parts`, beside the bytes the record measured from the "
+              "parts, `kvbench.kinds.quantized_cache_parts`, beside the bytes the record measured from the "
               "tensors):", ""]
     lines += table(["config", "kind", "codes", "key scales", "value scales", "float residual", "formula", "measured"],
                    byte_parts_rows(records))
     medium_length = records["medium"].lengths[-1]
-    lines += ["", f"Memory on the `medium` preset at T={medium_length} (one loop, apart from the timed ones):", ""]
+    lines += ["", f"Memory on the `{preset(records['medium'])}` preset at T={medium_length} (one loop, apart from the "
+              "timed ones):", ""]
     lines += table(["mode", "formula", "retained (measured)", "reserved", "peak RSS growth"],
                    memory_rows(records["medium"], medium_length))
     return "\n".join(lines) + "\n"

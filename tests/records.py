@@ -51,8 +51,19 @@ def check(mode: str, length: int, passed: bool = True) -> dict:
             "atol": 1e-5, "rtol": 1e-5, "dtype": "float32"}
 
 
+def machine_probe(slower: float = 1.0, repeats: int = 5, spread: float = 0.01, seed: int = 0) -> dict:
+    """A machine probe of kvbench.machine's workloads, every one `slower` times its base time, with noise."""
+    from kvbench.machine import WORKLOADS
+
+    base = {"python": 0.02, "dispatch": 0.012, "matmul": 0.008, "copy": 0.006}
+    return {"workloads": dict(WORKLOADS), "repeats": repeats,
+            **{phase: {name: noisy(base[name] * slower, repeats, spread, seed + 17 * i + 101 * p)
+                       for i, name in enumerate(WORKLOADS)} for p, phase in enumerate(("start", "end"))}}
+
+
 def synthetic_record(seconds: dict[tuple[str, int], list[float]], *, failed=(), status="complete", repeats=None,
-                     environment=None, per_step=None, lengths=None, config=None, checks=None) -> dict:
+                     environment=None, per_step=None, lengths=None, config=None, checks=None,
+                     probe: dict | None = None, preset: str = "seed") -> dict:
     """A valid record with these raw seconds per (mode, length), in the protocol's rotating order."""
     modes = list(dict.fromkeys(mode for mode, _ in seconds))
     lengths = lengths or sorted({length for _, length in seconds})
@@ -76,13 +87,14 @@ def synthetic_record(seconds: dict[tuple[str, int], list[float]], *, failed=(), 
     memory = [{"mode": mode, "length": length, "expected_bytes": formula(mode, length),
                "measured_bytes": formula(mode, length), "reserved_bytes": 2 * per_position * length}
               for mode, length in seconds]
-    run = {"preset": "seed", "lengths": lengths, "modes": modes, "batch": 1, "seed": 0, "repeats": repeats,
+    run = {"preset": preset, "lengths": lengths, "modes": modes, "batch": 1, "seed": 0, "repeats": repeats,
            "warmup": 1, "threads": 1, "per_step_length": per_step and per_step[0]["length"]}
     return build_record(
         command=["kvbench", "run"], config=config, run=run,
         protocol={"repeats": repeats, "warmup": 1, "threads": 1},
         environment=copy.deepcopy(ENVIRONMENT if environment is None else environment),
         checks=checks, repetitions=repetitions, memory=memory, status=status, per_step=per_step,
+        machine_probe=probe,
     )
 
 

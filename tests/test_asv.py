@@ -44,8 +44,7 @@ def decode_cached(model, ids, kind, keep_logits=False, options=None):
     return _fast_decode_cached(model, ids, kind, keep_logits, options)
 '''
 # asv compare flags a ratio beyond --factor that is also significant (Mann-Whitney
-# on the recorded samples); 1.5 keeps the full-prefix path clear of this noisy
-# machine's drift while the slowed cached loops are several times slower.
+# on the recorded samples); the slowed cached loops are several times slower.
 FACTOR = "1.5"
 
 
@@ -103,12 +102,28 @@ def compare_marks(output: str) -> dict[str, str]:
     return marks
 
 
+def compare_ratios(output: str) -> dict[str, float]:
+    """{benchmark (params): after / before} from `asv compare` output."""
+    ratios = {}
+    for line in output.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and "(" in cells[4] and cells[3].replace(".", "", 1).isdigit():
+            ratios[cells[4]] = float(cells[3])
+    return ratios
+
+
 def assert_cached_slower_full_unchanged(output: str):
-    marks = compare_marks(output)
+    """asv flags every slowed cached loop; full is not slowed, so its ratio stays far below theirs.
+
+    Whether asv also flags full depends on how much this machine drifted between the two runs, which
+    is asv's business (it has no machine probe): the test holds full to a ratio half the cached ones'
+    at most instead, which 1 ms per token (several times a cached loop) leaves whatever the drift."""
+    marks, ratios = compare_marks(output), compare_ratios(output)
     assert marks, output
+    cached = [ratios[f"decode.TimeDecode.time_decode('{mode}', {LENGTH})"] for mode in CACHED]
     for mode in CACHED:
         assert marks.get(f"decode.TimeDecode.time_decode('{mode}', {LENGTH})") == "+", output
-    assert marks.get(f"decode.TimeDecode.time_decode('{FULL}', {LENGTH})") == "", output
+    assert ratios[f"decode.TimeDecode.time_decode('{FULL}', {LENGTH})"] < min(cached) / 2, output
 
 
 def assert_capture(repo: Path, machine: str, commit: str, env_name: str) -> dict:
@@ -156,26 +171,48 @@ def test_modes_keep_their_indices(suites):
     assert set(MODES) <= set(common.MODES) and FULL not in common.CACHED_MODES
 
 
-def test_every_suite_runs_once(suites, capsys):
+def test_every_suite_runs_once(suites, capsys, monkeypatch):
+    import torch
+
+    from kvbench import stats
     from kvbench.cache import expected_cache_bytes
+    from kvbench.decode import decode, token_ids
     from kvbench.model import DecoderConfig
 
     gate = suites.common.prepare()
     assert "no capture written" in capsys.readouterr().err  # not under asv: nothing to key it by
     assert set(gate) == {(mode, 16) for mode in CACHED}
     assert all(check["passed"] for check in gate.values())
+    loops = []  # what each timed body ran: one whole loop of its cell, on the seeded ids
+
+    def spy(model, ids, mode, *args, **kwargs):
+        loops.append((mode, tuple(ids.shape), ids.clone()))
+        return decode(model, ids, mode, *args, **kwargs)
+
+    monkeypatch.setattr(suites.decode, "decode", spy)
     for mode in MODES:
-        for cls, method in ((suites.decode.TimeDecode, "time_decode"), (suites.decode.PeakMemDecode, "peakmem_decode"),
-                            (suites.cache.TrackCacheBytes, "track_cache_bytes")):
+        for cls, method in ((suites.decode.TimeDecode, "time_decode"), (suites.decode.PeakMemDecode, "peakmem_decode")):
             bench = cls()
             bench.setup(gate, mode, 16)
-            value = getattr(bench, method)(gate, mode, 16)
-            if method == "track_cache_bytes":
-                assert value == expected_cache_bytes(DecoderConfig(), 1, 16)
+            loops.clear()
+            assert getattr(bench, method)(gate, mode, 16) is None  # asv times or measures the call itself
+            assert [(m, shape) for m, shape, _ in loops] == [(mode, (1, 16))]
+            assert torch.equal(loops[0][2], token_ids(bench.model.config, 1, 16, seed=0))
+        bytes_bench = suites.cache.TrackCacheBytes()
+        bytes_bench.setup(gate, mode, 16)
+        assert bytes_bench.track_cache_bytes(gate, mode, 16) == expected_cache_bytes(DecoderConfig(), 1, 16)
+    noted = {}
+    monkeypatch.setattr(suites.common, "note_speedup",
+                        lambda mode, length, estimate, state: noted.update({mode: (estimate, state)}))
     for mode in CACHED:
         speedup = suites.speedup.TrackSpeedup()
         speedup.setup(gate, mode, 16)
-        assert speedup.track_speedup(gate, mode, 16) > 0
+        value = speedup.track_speedup(gate, mode, 16)
+        estimate, state = noted[mode]  # the value is kvbench's speedup over exactly the samples it took
+        seconds = {label: {s.repetition: s.seconds for s in state.samples if s.mode == label} for label in (FULL, mode)}
+        assert len(seconds[FULL]) == len(seconds[mode]) == 3  # the suite's protocol: 3 rotations
+        assert value == estimate.ratio == stats.speedup(seconds[FULL], seconds[mode], key=(mode, 16)).ratio
+        assert estimate.low <= value <= estimate.high
         equivalence = suites.cache.TrackEquivalence()
         equivalence.setup(gate, mode, 16)
         assert 0 <= equivalence.track_max_abs_diff(gate, mode, 16) < 1e-5

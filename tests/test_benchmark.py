@@ -7,6 +7,7 @@ import pytest
 import kvbench.benchmark as benchmark_module
 import kvbench.decode as decode_module
 import kvbench.sampling as sampling_module
+from kvbench import machine
 from kvbench.benchmark import control_mode, run_benchmark
 from kvbench.record import build_record
 from kvbench.timing import CONTROL, Protocol, mode_orders
@@ -49,6 +50,13 @@ def test_run_benchmark_checks_memory_and_repetitions(tiny_model):
     assert [(p["mode"], p["length"], len(p["seconds"])) for p in outcome.per_step] == [(m, 5, 5) for m in modes]
     assert ("time", len(cells) * repeats, len(cells) * repeats) in events
     assert ("check", len(cells), len(cells)) in events
+
+    probe = outcome.machine_probe  # the fixed workloads, before the gate and after the profile
+    assert set(probe) == {"workloads", "repeats", "start", "end"} and probe["repeats"] == machine.REPEATS
+    for phase in ("start", "end"):
+        assert set(probe[phase]) == set(machine.WORKLOADS)
+        assert all(len(seconds) == machine.REPEATS and min(seconds) > 0 for seconds in probe[phase].values())
+    assert events[0] == ("machine probe", 0, 1) and events[-1] == ("machine probe", 0, 1)
 
 
 def test_run_benchmark_interrupted_keeps_completed_repetitions(tiny_model, monkeypatch):

@@ -329,6 +329,9 @@ def test_a_failure_after_reserve_leaves_the_cache_as_it_was(monkeypatch, kind, c
     with torch.inference_mode():
         logits, cache = model(ids, cache)
     assert cache.length == before[0] + chunk
+    prefix = ids_for(model.config, 2, before[0])  # what primed() fed
+    reference = full_logits(model, torch.cat((prefix, ids), dim=1))[:, -chunk:]
+    torch.testing.assert_close(logits, reference, atol=1e-5, rtol=1e-5)  # nothing quantized yet: exact for every kind
 
 
 def test_a_failed_append_after_copy_on_write_gives_the_shared_block_back(monkeypatch):

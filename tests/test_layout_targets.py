@@ -9,7 +9,7 @@ from records import synthetic_record, view
 
 from kvbench.cache import expected_cache_bytes
 from kvbench.cache.quantized import quantized_cache_bytes
-from kvbench.config import DecoderConfig
+from kvbench.config import DecoderConfig, PlainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("layout_targets", ROOT / "scripts" / "layout_targets.py")
@@ -26,12 +26,12 @@ def records(static_medium=0.6, paged_medium=0.65, static_seed=1.0, static_long=1
                              ("paged", 1024): [1.02] * 3})
     long = synthetic_record({("static", 64): [64 / 1024] * 3, ("static", 2048): [2 * static_long] * 3})
     medium = synthetic_record({("concat", 2048): [concat] * 3, ("static", 2048): [static_medium] * 3,
-                               ("paged", 2048): [paged_medium] * 3})
+                               ("paged", 2048): [paged_medium] * 3}, preset="medium")
     quantized = synthetic_record({("static", 1024): [1.0] * 3, ("quantized-int8", 1024): [1.3] * 3,
-                                  ("quantized-int4", 1024): [int4] * 3})
+                                  ("quantized-int4", 1024): [int4] * 3}, preset="medium")
     window = synthetic_record({("static", 256): [0.2] * 3, ("window", 256): [0.256] * 3,
                                ("static", 1024): [1.0] * 3, ("window", 1024): [1.024 * window_long] * 3},
-                              config=WINDOW_CONFIG)
+                              config=WINDOW_CONFIG, preset="medium")
     kinds = synthetic_record({("static", 1024): [1.0] * 3, ("quantized-int8", 1024): [1.3] * 3,
                               ("quantized-int4", 1024): [1.5] * 3})
     return {"seed": view(seed, "seed.json"), "seed-long": view(long, "seed-long.json"), "medium": view(medium, "medium.json"),
@@ -39,14 +39,14 @@ def records(static_medium=0.6, paged_medium=0.65, static_seed=1.0, static_long=1
             "medium-window": view(window, "medium-window.json"), "seed-kinds": view(kinds, "seed-kinds.json")}
 
 
-EXTERNAL = {"source": "hf.json", "length": 1024, "fastest_kvbench_mode": "paged", "fastest_hf_mode": "hf-gpt2-dynamic",
+EXTERNAL = {"source": "hf.json", "preset": "seed", "length": 1024, "fastest_kvbench_mode": "paged", "fastest_hf_mode": "hf-gpt2-dynamic",
             "ratio_fastest_kvbench_to_fastest_hf": 0.3, "transformers_version": "5.0",
             "per_token_median_us": {"paged": 300.0, "hf-gpt2-dynamic": 1000.0},
             "repetitions": [{"mode": mode, "length": 1024, "repetition": r, "order": 0, "seconds": seconds}
                             for r in range(3) for mode, seconds in (("paged", 0.3), ("hf-gpt2-dynamic", 1.0))]}
 
 
-QUANTIZED = {"source": "hfq.json", "length": 1024, "optimum_quanto_version": "0.2.7",
+QUANTIZED = {"source": "hfq.json", "config": PlainConfig.from_preset("medium").to_dict(), "length": 1024, "optimum_quanto_version": "0.2.7",
              "per_token_median_us": {"static": 1000.0, "quantized-int4": 1500.0, "hf-gpt2-quanto-int4": 2000.0,
                                      "hf-llama-quanto-int4": 2500.0, "hf-gpt2-quanto-int2": 1900.0},
              "checks": {"static": {"passed": True}, "quantized-int4": {"kl_mean": 1e-7, "top1_agreement": 0.99},
@@ -138,3 +138,14 @@ def test_main_splices_the_block_and_reports_missing_records(tmp_path, capsys):
     (tmp_path / "medium.json").unlink()
     assert layout_targets.main(["--into", str(readme), *argv, "--external", str(external)]) == 2
     assert "medium.json" in capsys.readouterr().err
+
+
+def test_rows_are_labelled_by_the_preset_each_record_ran_not_by_its_slot():
+    """A record given as --medium that ran the seed preset is labelled seed (the script once assumed)."""
+    views = records()
+    views["medium"] = view(synthetic_record({("concat", 2048): [1.0] * 3, ("static", 2048): [0.6] * 3,
+                                             ("paged", 2048): [0.65] * 3}, preset="seed"), "medium.json")
+    rows = {name: estimate for name, estimate, _ in layout_targets.targets(views, EXTERNAL)}
+    assert "seed, T=2048: static / concat" in rows and "medium, T=2048: static / concat" not in rows
+    assert layout_targets.external_preset(QUANTIZED) == "medium"  # no preset named: found by its config
+    assert layout_targets.external_preset({"config": {"width": 7}}) == "custom config"

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import sys
+import time
 
 import pytest
 import torch
 
 from kvbench.cache import KINDS, StaticCache, make_cache, register_kind
 from kvbench.cli import main
-from kvbench.decode import check_equivalence, known_modes, token_ids
+from kvbench.decode import check_equivalence, decode, known_modes, token_ids
 from kvbench.model import DecoderConfig, build_model
 from kvbench.plugins import load_plugin
 from kvbench.record import load_record
@@ -113,3 +115,9 @@ def test_the_slowed_test_kind_is_exact_and_slower(clean_kinds):
     with torch.inference_mode():
         cache = make_cache("slowed", model.config, capacity=16)
         assert type(cache).__name__ == "SlowedCache"
+    # Slower by construction: every append of every layer spins for WAIT_NS of wall time, so a loop of
+    # 16 steps lasts at least 16 * layers * WAIT_NS however fast the machine is (a bound, not a timing race).
+    wait = sys.modules[KINDS["slowed"].__module__].WAIT_NS
+    started = time.perf_counter_ns()
+    decode(model, ids, "slowed")
+    assert time.perf_counter_ns() - started >= 16 * model.config.layers * wait

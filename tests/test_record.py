@@ -297,6 +297,23 @@ def test_a_non_finite_reference_is_recorded_as_such_and_a_record_hiding_it_is_re
         validate_record(passed)
 
 
+def test_a_machine_probe_round_trips_and_one_that_skips_a_workload_is_refused(make_record, tmp_path):
+    from records import machine_probe
+
+    record = make_record(SECONDS, probe=machine_probe(1.2))
+    view = RecordView.load(write_record(record, tmp_path / "probe.json"))
+    assert view.machine_probe["workloads"].keys() == {"python", "dispatch", "matmul", "copy"}
+    assert len(view.probe_seconds("matmul")) == 10 and RecordView(make_record(SECONDS)).probe_seconds("matmul") == []
+    skipped = copy.deepcopy(record)
+    del skipped["machine_probe"]["end"]["copy"]
+    with pytest.raises(RecordError, match="machine_probe/end times"):
+        validate_record(skipped)
+    short = copy.deepcopy(record)
+    short["machine_probe"]["start"]["python"].pop()
+    with pytest.raises(RecordError, match="machine_probe/start/python: 4 samples, the probe takes 5"):
+        validate_record(short)
+
+
 # --- the read-only view ------------------------------------------------------------------------
 
 

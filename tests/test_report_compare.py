@@ -2,9 +2,11 @@
 
 import copy
 import json
+import statistics
 
 import pytest
-from records import ENVIRONMENT, PASSED_DIFF, scaling_seconds, synthetic_record
+from records import ENVIRONMENT, PASSED_DIFF, machine_probe, scaling_seconds, synthetic_record
+from records import noisy as jitter
 
 from kvbench.cli import main
 from kvbench.record import RecordView, write_record
@@ -110,17 +112,68 @@ def test_a_cached_mode_twice_as_slow_is_the_only_slower_cell_with_its_slowdown_i
     assert slow.relative.mde < 0.10  # 1 % noise, 15 rotations: a few percent are detectable
 
 
-def test_machine_drift_that_slows_every_loop_alike_is_not_a_cached_regression():
-    """The whole NEW run sat in a slow patch: every time grows 30 %, no cached mode changed relative to full."""
+def test_machine_drift_that_slows_every_loop_and_the_probe_alike_is_not_a_regression(tmp_path, capsys):
+    """The whole NEW run sat on a machine 30 % slower, and its machine probe says so: every cell
+    moved with the machine, nothing is slower, and --fail-on-regression stays green."""
     base = scaling_seconds(seed=1, repeats=15)
-    old = synthetic_record(base)
-    new = synthetic_record({key: [s * 1.3 for s in values] for key, values in base.items()})
+    old = synthetic_record(base, probe=machine_probe(1.0, seed=1))
+    new = synthetic_record({key: [s * 1.3 for s in values] for key, values in base.items()},
+                           probe=machine_probe(1.3, seed=2))
     result = compare_records(old, new)
     assert all(c.time.ratio == pytest.approx(1.3) for c in result.cells)
-    cached = [c for c in result.cells if c.mode != "full"]
-    assert {c.verdict for c in cached} <= {compare.WITHIN_NOISE, compare.SLOWER}
-    for cell in cached:  # full changed beyond its noise here, so cached modes fall back to their time, and say so
-        assert cell.judged_by == "time" and any("full changed" in note for note in cell.notes)
+    assert result.machine.moved and result.machine.overall.ratio == pytest.approx(1.3, rel=0.01)
+    assert result.regressions == [] and result.count(compare.SLOWER) == 0
+    for cell in result.cells:
+        if cell.mode == "full":
+            assert cell.judged_by == "vs machine" and cell.adjusted.ratio == pytest.approx(1.0, abs=0.01)
+            assert cell.verdict in (compare.WITHIN_NOISE, compare.UNCHANGED)
+        else:  # full did not change once the machine is allowed for, so the ratio to full judges
+            assert cell.judged_by == "vs full" and cell.verdict == compare.WITHIN_NOISE
+    assert "the machine was 30% slower in NEW" in result.notes[0] and "every cell there moved with the machine" \
+        in result.notes[0]
+    status = main(["compare", str(write(tmp_path, "old.json", old)), str(write(tmp_path, "new.json", new)),
+                   "--fail-on-regression"])
+    out = capsys.readouterr().out
+    assert status == 0 and "the machine was 30% slower" in out.replace("\n", " ")
+
+
+def test_without_a_machine_probe_the_same_drift_falls_back_to_time_and_says_so():
+    """Records from before the probe cannot tell a slow machine from slow code: full changed, so the
+    cached modes are judged by their time (the documented fallback), and every cell says why."""
+    base = scaling_seconds(seed=1, repeats=15)
+    result = compare_records(synthetic_record(base),
+                             synthetic_record({key: [s * 1.3 for s in values] for key, values in base.items()}))
+    assert result.machine is None
+    assert {c.verdict for c in result.cells} == {compare.SLOWER}
+    for cell in result.cells:
+        if cell.mode != "full":
+            assert cell.judged_by == "time" and any("full changed" in note for note in cell.notes)
+
+
+def test_full_slower_while_the_probe_did_not_move_is_a_change_in_the_shared_path():
+    base = scaling_seconds(seed=1, repeats=15)
+    old = synthetic_record(base, probe=machine_probe(1.0, seed=1))
+    new = synthetic_record({key: [s * 1.3 for s in values] for key, values in base.items()},
+                           probe=machine_probe(1.0, seed=2))
+    result = compare_records(old, new)
+    assert not result.machine.moved
+    assert [c.verdict for c in result.cells if c.mode == "full"] == [compare.SLOWER] * 4
+    assert all(c.judged_by == "time" for c in result.cells)
+    assert any("while the machine probe did not: a change in the path every mode shares" in note
+               for note in result.notes)
+
+
+def test_full_slower_than_the_machine_moved_is_still_a_regression():
+    """The machine was 10 % slower, but full 40 %: the probe explains only part of it."""
+    base = scaling_seconds(seed=1, repeats=15)
+    old = synthetic_record(base, probe=machine_probe(1.0, seed=1))
+    new = synthetic_record({key: [s * 1.4 for s in values] for key, values in base.items()},
+                           probe=machine_probe(1.1, seed=2))
+    result = compare_records(old, new)
+    assert result.machine.moved
+    full = [c for c in result.cells if c.mode == "full"]
+    assert all(c.verdict == compare.SLOWER and c.judged_by == "time" for c in full)
+    assert any("more than the machine probe did" in note for note in result.notes)
 
 
 def test_a_change_below_the_factor_is_unchanged_and_one_below_the_mde_is_within_noise():
@@ -129,8 +182,15 @@ def test_a_change_below_the_factor_is_unchanged_and_one_below_the_mde_is_within_
     cell = next(c for c in compare_records(old, small).cells if (c.mode, c.length) == ("concat", 32))
     assert cell.relative.ratio == pytest.approx(1.05) and cell.relative.mde < 0.05
     assert cell.verdict == compare.UNCHANGED  # detectable, but within --factor 1.1
-    noisy = synthetic_record(scaling_seconds(seed=3, repeats=15, slow={("concat", 32): 1.05}), )
-    assert compare_records(old, noisy, factor=1.01)  # runs; MDE decides below
+    # The same 5 % change under 20 % noise and 7 rotations: the MDE exceeds it, so it is within noise.
+    noisy_seconds = {key: jitter(statistics.median(values), 7, 0.2, seed=5 + i)
+                     for i, (key, values) in enumerate(scaling_seconds(seed=1, repeats=15).items())}
+    noisy_old = synthetic_record(noisy_seconds)
+    noisy_new = synthetic_record({key: [s * (1.05 if key == ("concat", 32) else 1.0) for s in values]
+                                  for key, values in noisy_seconds.items()})
+    cell = next(c for c in compare_records(noisy_old, noisy_new).cells if (c.mode, c.length) == ("concat", 32))
+    assert cell.relative.ratio == pytest.approx(1.05) and cell.relative.mde > 0.05
+    assert cell.verdict == compare.WITHIN_NOISE and cell.judged_by == "vs full"
 
 
 def test_the_mde_grows_with_the_noise_and_shrinks_with_the_samples():

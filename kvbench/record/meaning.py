@@ -267,4 +267,22 @@ def check_summary(record: dict) -> str | None:
     return None
 
 
-MEANING_CHECKS = (check_run, check_checks, check_sampling, check_repetitions, check_memory, check_per_step, check_summary)
+def check_machine_probe(record: dict) -> str | None:
+    """Each phase of the probe times exactly the workloads it names, `repeats` times each."""
+    probe = record.get("machine_probe")
+    if probe is None:
+        return None
+    for phase in ("start", "end"):
+        timed = probe.get(phase)
+        if timed is None:
+            continue
+        if set(timed) != set(probe["workloads"]):
+            return f"machine_probe/{phase} times {sorted(timed)}, but the probe names {sorted(probe['workloads'])}"
+        short = [name for name, seconds in timed.items() if len(seconds) != probe["repeats"]]
+        if short:
+            return f"machine_probe/{phase}/{short[0]}: {len(timed[short[0]])} samples, the probe takes {probe['repeats']}"
+    return None
+
+
+MEANING_CHECKS = (check_run, check_checks, check_sampling, check_repetitions, check_memory, check_per_step, check_summary,
+                  check_machine_probe)

@@ -148,6 +148,14 @@ def _schema_v2() -> dict:
             "properties": {"length": _positive, "rotations": _count, "stop": {"enum": list(STOPS)},
                            "half_width": {"type": ["number", "null"], "minimum": 0}}}}},
     }
+    seconds = {"type": "array", "minItems": 1, "items": {"type": "number", "exclusiveMinimum": 0,
+                                                         "maximum": MAX_SAMPLE_SECONDS}}
+    phase = {"type": "object", "propertyNames": {"pattern": MODE_NAME}, "additionalProperties": seconds}
+    schema["properties"]["machine_probe"] = {  # absent in records written before 2026-12-01
+        "type": "object", "required": ["workloads", "repeats", "start"], "additionalProperties": False,
+        "properties": {"workloads": {"type": "object", "minProperties": 1, "propertyNames": {"pattern": MODE_NAME},
+                                     "additionalProperties": {"type": "string"}},
+                       "repeats": _positive, "start": phase, "end": phase}}
     summary = schema["properties"]["summary"]
     summary["required"] += ["estimator", "interval", "controls"]
     summary["properties"]["estimator"] = {"enum": list(ESTIMATORS)}

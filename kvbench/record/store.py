@@ -24,7 +24,7 @@ def utc_now() -> str:
 def build_record(
     *, command: list[str], config: dict, run: dict, protocol: dict, environment: dict,
     checks: list[dict], repetitions: list[dict], memory: list[dict], status: str = "complete",
-    per_step: list[dict] | None = None, sampling: dict | None = None,
+    per_step: list[dict] | None = None, sampling: dict | None = None, machine_probe: dict | None = None,
 ) -> dict:
     """A validated schema-2 record. Without `sampling`, every length ran the fixed protocol."""
     record = {
@@ -47,6 +47,8 @@ def build_record(
     }
     if per_step is not None:
         record["per_step"] = per_step
+    if machine_probe is not None:
+        record["machine_probe"] = machine_probe
     validate_record(record)
     return record
 
@@ -97,7 +99,7 @@ def record_from_run(outcome, *, command: list[str], preset: str, config, lengths
              "cache_options": dict(cache_options or {})},
         protocol=protocol.describe(in_effect), environment=environment, checks=outcome.checks,
         repetitions=outcome.repetitions, memory=outcome.memory, per_step=outcome.per_step,
-        status="incomplete" if outcome.interrupted else "complete",
+        status="incomplete" if outcome.interrupted else "complete", machine_probe=outcome.machine_probe,
         sampling={"lengths": [state.to_dict() for length, state in sampling.lengths.items() if length in lengths],
                   "telemetry": {"unavailable": sampling.telemetry_unavailable,
                                 "per_sample_seconds": sampling.telemetry_seconds},

@@ -42,6 +42,7 @@ class RecordView:
         # was recorded get the defaults when compared (their own intervals stay as they were written).
         self.between_run: dict = dict(record["summary"].get("between_run") or stats.BETWEEN_RUN)
         self.recorded_between_run: float = (record["summary"].get("between_run") or {}).get("speedup", 0.0)
+        self.machine_probe: dict | None = record.get("machine_probe")  # None before 2026-12-01
         self.sampling: dict = record.get("sampling") or {}
         self._sampling = {entry["length"]: entry for entry in self.sampling.get("lengths", [])}
         self._repetitions: dict[tuple[str, int], list[dict]] = {}
@@ -96,6 +97,11 @@ class RecordView:
     def length_sampling(self, length: int) -> dict | None:
         """Schema 2: how many rotations this length ran, why it stopped, how precise it got."""
         return self._sampling.get(length)
+
+    def probe_seconds(self, workload: str) -> list[float]:
+        """Every timed call of one machine-probe workload, both phases (empty without a probe)."""
+        probe = self.machine_probe or {}
+        return [s for phase in ("start", "end") for s in (probe.get(phase) or {}).get(workload, [])]
 
     def passed(self, mode: str, length: int) -> bool:
         check = self.check(mode, length)

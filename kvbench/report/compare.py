@@ -36,8 +36,9 @@ POWER = 0.80  # the MDE is the true change detected with this probability
 SLOWER, FASTER, UNCHANGED, WITHIN_NOISE = "slower", "faster", "unchanged", "within noise"
 VERDICTS = (SLOWER, FASTER, UNCHANGED, WITHIN_NOISE)
 
-__all__ = ["ALPHA", "FACTOR", "RANKS", "VERDICTS", "CellChange", "Change", "Comparison", "Difference", "compare_records",
-           "config_diff", "environment_diff"]
+__all__ = ["ALPHA", "FACTOR", "RANKS", "VERDICTS", "CellChange", "Change", "Comparison", "Difference",
+           "MachineChange", "change", "compare_records", "config_diff", "environment_diff", "judged_change",
+           "machine_change", "relative_to", "seconds_estimate"]
 
 
 @dataclass(frozen=True)
@@ -49,19 +50,12 @@ class Change:
     high: float
     mde: float  # relative: 0.06 means a true change of 6% would be detected with POWER
     verdict: str
+    log_error: float = 0.0  # standard error of log(ratio): what two changes combine by
 
 
-def change(old: stats.RatioEstimate, new: stats.RatioEstimate, *, factor: float, alpha: float,
-           invert: bool = False) -> Change:
-    """NEW / OLD (or OLD / NEW with `invert`, for speedups) from two independent runs' confidence intervals.
-
-    Each side's standard error is read off its interval in log scale; the two add in
-    quadrature. The MDE is (z_{1-alpha/2} + z_{power}) standard errors of the difference.
-    """
+def judged_change(ratio: float, error: float, *, factor: float, alpha: float) -> Change:
+    """The interval, MDE and verdict of a ratio whose log has standard error `error`."""
     z = stats.normal_quantile(1 - alpha / 2)
-    errors = [stats.log_standard_error(estimate) for estimate in (old, new)]
-    error = math.hypot(*errors)
-    ratio = old.ratio / new.ratio if invert else new.ratio / old.ratio
     low, high = ratio * math.exp(-z * error), ratio * math.exp(z * error)
     mde = math.exp((z + stats.normal_quantile(POWER)) * error) - 1
     size = abs(math.log(ratio))
@@ -73,7 +67,70 @@ def change(old: stats.RatioEstimate, new: stats.RatioEstimate, *, factor: float,
         verdict = FASTER
     else:
         verdict = UNCHANGED
-    return Change(ratio, low, high, mde, verdict)
+    return Change(ratio, low, high, mde, verdict, error)
+
+
+def change(old: stats.RatioEstimate, new: stats.RatioEstimate, *, factor: float, alpha: float,
+           invert: bool = False) -> Change:
+    """NEW / OLD (or OLD / NEW with `invert`, for speedups) from two independent runs' confidence intervals.
+
+    Each side's standard error is read off its interval in log scale; the two add in
+    quadrature. The MDE is (z_{1-alpha/2} + z_{power}) standard errors of the difference.
+    """
+    error = math.hypot(*(stats.log_standard_error(estimate) for estimate in (old, new)))
+    ratio = old.ratio / new.ratio if invert else new.ratio / old.ratio
+    return judged_change(ratio, error, factor=factor, alpha=alpha)
+
+
+def relative_to(value: Change, reference: Change, *, factor: float, alpha: float) -> Change:
+    """`value` held against `reference` (e.g. full's time against the machine probe's): their ratio,
+    the two errors combined as from independent measurements."""
+    return judged_change(value.ratio / reference.ratio, math.hypot(value.log_error, reference.log_error),
+                         factor=factor, alpha=alpha)
+
+
+@dataclass(frozen=True)
+class MachineChange:
+    """NEW / OLD of the machine probe's fixed workloads (kvbench.machine), each and together.
+
+    `overall` is the geometric mean of the workloads' ratios: how much slower the machine
+    itself was in NEW, what `full` is held against when it moved too."""
+
+    workloads: dict[str, Change]
+    overall: Change
+
+    @property
+    def moved(self) -> bool:
+        return self.overall.verdict != WITHIN_NOISE
+
+    def sentence(self) -> str:
+        parts = ", ".join(f"{name} {percent(c.ratio)}" for name, c in self.workloads.items())
+        direction = "slower" if self.overall.ratio > 1 else "faster"
+        if not self.moved:
+            return (f"the machine probe did not move beyond its noise ({percent(self.overall.ratio)}, MDE "
+                    f"±{self.overall.mde:.1%}; {parts})")
+        return (f"the machine was {abs(self.overall.ratio - 1):.0%} {direction} in NEW (machine probe "
+                f"{self.overall.ratio:.3f} [{self.overall.low:.3f}, {self.overall.high:.3f}]: {parts})")
+
+
+def percent(ratio: float) -> str:
+    return f"{ratio - 1:+.1%}"
+
+
+def machine_change(old: RecordView, new: RecordView, *, factor: float, alpha: float) -> MachineChange | None:
+    """The two records' machine probes compared; None unless both ran the same workloads."""
+    if old.machine_probe is None or new.machine_probe is None:
+        return None
+    names = [name for name in new.machine_probe["workloads"] if name in old.machine_probe["workloads"]
+             and old.probe_seconds(name) and new.probe_seconds(name)]
+    if not names:
+        return None
+    workloads = {name: change(seconds_estimate(old.probe_seconds(name), old.between_run["seconds"]),
+                              seconds_estimate(new.probe_seconds(name), new.between_run["seconds"]),
+                              factor=factor, alpha=alpha) for name in names}
+    ratio = math.exp(statistics.fmean(math.log(c.ratio) for c in workloads.values()))
+    error = math.hypot(*(c.log_error for c in workloads.values())) / len(workloads)
+    return MachineChange(workloads, judged_change(ratio, error, factor=factor, alpha=alpha))
 
 
 @dataclass(frozen=True)
@@ -90,11 +147,16 @@ class CellChange:
     old_check: dict | None
     new_check: dict | None
     notes: tuple[str, ...]
-    judged_by: str = "time"  # "vs full" or "time": which change decides the verdict
+    judged_by: str = "time"  # "vs full", "vs machine" or "time": which change decides the verdict
+    adjusted: Change | None = None  # (full) its time held against the machine probe's
 
     @property
     def judged(self) -> Change:
-        return self.relative if self.judged_by == "vs full" and self.relative is not None else self.time
+        if self.judged_by == "vs full" and self.relative is not None:
+            return self.relative
+        if self.judged_by == "vs machine" and self.adjusted is not None:
+            return self.adjusted
+        return self.time
 
     @property
     def verdict(self) -> str:
@@ -114,6 +176,7 @@ class Comparison:
     factor: float
     alpha: float
     notes: list[str] = field(default_factory=list)
+    machine: MachineChange | None = None  # None unless both records carry a machine probe
 
     @property
     def regressions(self) -> list[CellChange]:
@@ -123,13 +186,17 @@ class Comparison:
         return sum(cell.verdict == verdict for cell in self.cells)
 
 
-def median_estimate(view: RecordView, mode: str, length: int) -> stats.RatioEstimate:
-    """A cell's median seconds with its confidence interval, as a ratio-like estimate: the order-statistic
-    interval of this run, widened by how much a cell's median moves between runs of the same code."""
-    seconds = view.seconds(mode, length)
+def seconds_estimate(seconds: list[float], between_run: float) -> stats.RatioEstimate:
+    """Median seconds with its confidence interval, as a ratio-like estimate: the order-statistic
+    interval of this run, widened by how much a median moves between runs of the same code."""
     low, high = stats.median_interval(seconds)
     within = stats.RatioEstimate(statistics.median(seconds), low, high, len(seconds), "median", "order statistics")
-    return stats.with_between_run(within, view.between_run["seconds"])
+    return stats.with_between_run(within, between_run)
+
+
+def median_estimate(view: RecordView, mode: str, length: int) -> stats.RatioEstimate:
+    """A cell's median seconds with its confidence interval (seconds_estimate)."""
+    return seconds_estimate(view.seconds(mode, length), view.between_run["seconds"])
 
 
 def speedup_estimate(view: RecordView, mode: str, length: int) -> stats.RatioEstimate | None:
@@ -183,33 +250,68 @@ def compare_records(old: RecordView, new: RecordView, *, factor: float = FACTOR,
     skipped = [f"{m}@{n} only in OLD" for m, n in old.cells() if (m, n) not in compared_old]
     skipped += [f"{m}@{n} only in NEW" for m, n in new.cells() if (mapping.get(m, m), n) not in old_cells]
     cells = [compare_cell(old, new, old_mode, mode, length, factor, alpha) for (old_mode, _), (mode, length) in pairs]
-    cells = judge(cells, new.baseline)
+    machine = machine_change(old, new, factor=factor, alpha=alpha)
+    cells = judge(cells, new.baseline, machine, factor=factor, alpha=alpha)
     comparison = Comparison(
         old_source=old.source, new_source=new.source, old_status=old.status, new_status=new.status,
         environment=environment_diff(old.environment, new.environment), config=config_diff(old, new), cells=cells,
-        skipped=skipped, factor=factor, alpha=alpha,
+        skipped=skipped, factor=factor, alpha=alpha, machine=machine,
     )
     for label, view in (("OLD", old), ("NEW", new)):
         if not view.complete:
             comparison.notes.append(f"{label} is INCOMPLETE (interrupted run): only its completed repetitions are compared")
     if any(d.key.startswith("config.") or d.key in ("run.batch", "run.seed", "run.threads") for d in comparison.config):
         comparison.notes.append("the records ran different workloads (config differs): ratios compare different work")
+    comparison.notes.extend(machine_notes(machine, cells, new.baseline))
     return comparison
 
 
-def judge(cells: list[CellChange], baseline: str) -> list[CellChange]:
+def judge(cells: list[CellChange], baseline: str, machine: MachineChange | None = None, *,
+          factor: float = FACTOR, alpha: float = ALPHA) -> list[CellChange]:
     """A cached mode is judged by its cost relative to full (machine drift cancels in it) when full
-    itself did not change beyond its noise at that length; otherwise, and for full, by its time."""
-    baseline_changed = {cell.length: cell.time.verdict != WITHIN_NOISE for cell in cells if cell.mode == baseline}
+    did not change beyond its noise at that length, or changed only as much as the machine probe
+    did (full is then judged by its time against the probe's); otherwise, and for full, by its time."""
+    explained: dict[int, Change] = {}  # length -> full's time against the machine's, where that explains full
+    for cell in cells:
+        if cell.mode == baseline and cell.time.verdict != WITHIN_NOISE and machine is not None and machine.moved:
+            adjusted = relative_to(cell.time, machine.overall, factor=factor, alpha=alpha)
+            if adjusted.verdict in (WITHIN_NOISE, UNCHANGED):
+                explained[cell.length] = adjusted
+    changed = {cell.length: cell.time.verdict != WITHIN_NOISE and cell.length not in explained
+               for cell in cells if cell.mode == baseline}
     judged = []
     for cell in cells:
-        if cell.relative is not None and not baseline_changed.get(cell.length, True):
+        if cell.mode == baseline and cell.length in explained:
+            judged.append(replace(cell, judged_by="vs machine", adjusted=explained[cell.length],
+                                  notes=(*cell.notes, "moved with the machine probe")))
+        elif cell.relative is not None and not changed.get(cell.length, True):
             judged.append(replace(cell, judged_by="vs full"))
         elif cell.relative is not None:
             judged.append(replace(cell, notes=(*cell.notes, f"{baseline} changed at this length: judged by time")))
         else:
             judged.append(cell)
     return judged
+
+
+def machine_notes(machine: MachineChange | None, cells: list[CellChange], baseline: str) -> list[str]:
+    """What the machine probe says about the comparison, in words."""
+    if machine is None:
+        return []
+    moved_alone = sorted(cell.length for cell in cells if cell.mode == baseline and cell.judged_by == "time"
+                         and cell.time.verdict != WITHIN_NOISE)
+    notes = []
+    explained = [cell.length for cell in cells if cell.judged_by == "vs machine"]
+    if machine.moved and explained:
+        notes.append(f"{machine.sentence()}; {baseline} moved with it at length(s) "
+                     f"{', '.join(map(str, explained))}, so every cell there moved with the machine: cached modes "
+                     f"are judged by their cost relative to {baseline}, {baseline} by its time against the probe's")
+    else:
+        notes.append(machine.sentence())
+    if moved_alone:
+        cause = "more than the machine probe did" if machine.moved else "while the machine probe did not"
+        notes.append(f"{baseline} changed at length(s) {', '.join(map(str, moved_alone))} {cause}: a change in the "
+                     f"path every mode shares, judged by time")
+    return notes
 
 
 def _grid_text(view: RecordView) -> str:
@@ -226,7 +328,8 @@ def cell_texts(cell: CellChange) -> list[str]:
     """The plain texts of one compared cell, in the order of COMPARE_HEADER (notes last)."""
     return [str(cell.length), cell.mode, f"{cell.old_samples}/{cell.new_samples}", ms(cell.old_median),
             ms(cell.new_median), *_change_texts(cell.time), *_change_texts(cell.relative),
-            f"{cell.verdict} ({cell.judged_by})" if cell.relative is not None else cell.verdict,
+            f"{cell.verdict} ({cell.judged_by})" if cell.relative is not None or cell.judged_by != "time"
+            else cell.verdict,
             f"{check_text(cell.old_check)} → {check_text(cell.new_check)}", "; ".join(cell.notes)]
 
 
@@ -239,4 +342,5 @@ CHECK_COLUMN = COMPARE_HEADER.index("max |Δ| old → new")
 def summary_line(c: Comparison) -> str:
     counts = ", ".join(f"{c.count(v)} {v}" for v in VERDICTS)
     return (f"{len(c.cells)} cells compared: {counts}. A cached mode is judged by its cost relative to full "
-            f"(unless full itself changed), full by its time; slower/faster = beyond both the MDE and {c.factor:g}x.")
+            f"(unless full itself changed more than the machine did), full by its time (against the machine "
+            f"probe's when the machine moved); slower/faster = beyond both the MDE and {c.factor:g}x.")
