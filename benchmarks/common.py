@@ -18,12 +18,24 @@ the paired timing protocol all come from kvbench. This module fixes the workload
 
 ``prepare`` is every suite's ``setup_cache``: one shared function, so asv runs it
 once per commit and environment (in its own process, untimed). It saves the
-environment capture beside asv's result file and runs the equivalence gate.
+environment capture beside asv's result file, runs the equivalence gate and opens the
+commit's sampling budget.
+
+The budget: ``KVBENCH_ASV_BUDGET`` seconds (default ``DEFAULT_BUDGET``) of precision-
+targeted sampling for the whole commit, shared by every ``track_speedup`` parameter. Each
+parameter runs in its own process, so the share left is kept in a small ledger file in the
+setup_cache directory (every benchmark's working directory): a parameter may take what is
+left divided by the parameters still to come, so one that stops early leaves its time to
+the next, and however noisy the machine the commit's sampling never exceeds the budget by
+more than the minimum rotations of its last parameters.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib.util
+import json
 import os
 import sys
 from pathlib import Path
@@ -36,6 +48,9 @@ from kvbench.timing import Protocol, set_threads
 
 LENGTHS_VARIABLE = "KVBENCH_ASV_LENGTHS"
 DEFAULT_LENGTHS = (64, 256)
+BUDGET_VARIABLE = "KVBENCH_ASV_BUDGET"
+DEFAULT_BUDGET = 180.0  # seconds of track_speedup sampling per commit (docs/asv.md: what each run takes)
+LEDGER = Path("kvbench-asv-budget.json")  # in the setup_cache directory, the benchmarks' working directory
 KNOWN_MODES = ("full", "concat", "static", "paged", "quantized-int8", "quantized-int4", "window")  # never reorder
 PROTOCOL = Protocol()  # the seed's workload: batch 1, seed 0, one thread
 WINDOW = 32  # the window kind's model attends to the last 32 positions; the other modes see them all
@@ -53,7 +68,20 @@ def parse_lengths(text: str | None) -> tuple[int, ...]:
     return lengths
 
 
+def parse_budget(text: str | None) -> float:
+    if text is None or not text.strip():
+        return DEFAULT_BUDGET
+    try:
+        budget = float(text)
+    except ValueError:
+        raise ValueError(f"{BUDGET_VARIABLE} must be seconds, such as 240, got {text!r}") from None
+    if not 0 < budget < float("inf"):
+        raise ValueError(f"{BUDGET_VARIABLE} must be a positive number of seconds, got {text!r}")
+    return budget
+
+
 LENGTHS = parse_lengths(os.environ.get(LENGTHS_VARIABLE))
+BUDGET = parse_budget(os.environ.get(BUDGET_VARIABLE))
 MODES = KNOWN_MODES + tuple(m for m in KVBENCH_MODES if m not in KNOWN_MODES)
 CACHED_MODES = tuple(m for m in MODES if m != FULL)
 KNOWN_LOSSY = ("quantized-int8", "quantized-int4")  # fixed like KNOWN_MODES: a commit without them skips them
@@ -97,7 +125,7 @@ def drift(gate: dict, mode: str, length: int) -> dict:
     return check
 
 
-def note_speedup(mode: str, length: int, estimate, state) -> None:
+def note_speedup(mode: str, length: int, estimate, state, clock: dict | None = None, budget: dict | None = None) -> None:
     """Keep beside asv's number what asv cannot hold: its interval, why sampling stopped, the noise."""
     from kvbench.telemetry import disturbances  # since the commit that brought track_speedup's sampling
 
@@ -118,7 +146,8 @@ def note_speedup(mode: str, length: int, estimate, state) -> None:
         "stop": stopped.stop, "samples": len(state.samples),
         "disturbed": disturbed,
         "disturbances": reasons, "telemetry_unavailable": state.telemetry_unavailable,
-        "telemetry_per_sample_seconds": state.telemetry_seconds,
+        "telemetry_per_sample_seconds": state.telemetry_seconds, "precise": stopped.stop == "precise",
+        "budget": budget or {}, "estimation": clock,
     })
 
 
@@ -137,8 +166,37 @@ def _asvtools():
     return asvtools
 
 
+@contextlib.contextmanager
+def ledger(path: Path = LEDGER):
+    """The commit's budget ledger, locked while it is read and updated: {"budget", "spent", "done"}."""
+    with open(path, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        handle.seek(0)
+        text = handle.read()
+        entries = json.loads(text) if text.strip() else {"budget": BUDGET, "spent": 0.0, "done": []}
+        yield entries
+        handle.seek(0)
+        handle.truncate()
+        handle.write(json.dumps(entries))
+
+
+def allowance(key: str, parameters: int, path: Path = LEDGER) -> tuple[float, dict]:
+    """Seconds this parameter may sample: what is left of the budget over the parameters still to come
+    (this one included), and the ledger as it stood."""
+    with ledger(path) as entries:
+        left = max(entries["budget"] - entries["spent"], 0.0)
+        remaining = max(parameters - len([done for done in entries["done"] if done != key]), 1)
+        return left / remaining, dict(entries)
+
+
+def spend(key: str, seconds: float, path: Path = LEDGER) -> None:
+    with ledger(path) as entries:
+        entries["spent"] += seconds
+        entries["done"] = [*dict.fromkeys([*entries["done"], key])]
+
+
 def prepare() -> dict:
-    """Once per commit and environment: the capture, then the gate for every cached cell.
+    """Once per commit and environment: the capture, the budget ledger, then the gate for every cached cell.
 
     Returns {(mode, length): Equivalence dict}; an error in a mode becomes a failed
     check with the error, so one broken cache kind cannot cost the others.
@@ -150,6 +208,7 @@ def prepare() -> dict:
             asvtools.capture_beside_results()
     except Exception as error:  # noqa: BLE001 - never let the capture cost the benchmarks
         print(f"kvbench: capture failed: {type(error).__name__}: {error}", file=sys.stderr)
+    LEDGER.write_text(json.dumps({"budget": BUDGET, "spent": 0.0, "done": []}))  # a fresh budget per commit
 
     gate: dict = {}
     modes = [mode for mode in CACHED_MODES if mode in KVBENCH_MODES]

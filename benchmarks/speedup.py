@@ -2,7 +2,8 @@
 
 ``kvbench.sampling.sample`` runs a warmup per mode, then rotations of full and the cached
 mode in a seeded random order until the speedup's 95% interval is within ``PROTOCOL``'s
-precision (or its cap or time budget, well inside asv's timeout); the result is
+precision, or its cap, or this parameter's share of the commit's sampling budget
+(``common.allowance``: ``KVBENCH_ASV_BUDGET`` seconds for every parameter together); the result is
 kvbench's speedup (the median over rotations of full / cached). Both modes see the same
 machine state, so this ratio stays put when the machine drifts, unlike the ratio of two
 ``time_`` results. How precise each value is, why sampling stopped and what the noise
@@ -11,6 +12,9 @@ telemetry saw go into the environment capture beside asv's result (``track_speed
 asv treats every number as lower-is-better: a *lower* speedup is a regression,
 even though ``asv compare`` lists it under "improved".
 """
+
+import dataclasses
+import time
 
 from kvbench import stats
 from kvbench.decode import FULL, decode
@@ -23,10 +27,14 @@ try:  # commits before precision-targeted sampling have neither; track_speedup i
     from kvbench.sampling import sample
 
     # Tighter than kvbench run's default: asv compares single numbers across commits, so each
-    # number must hold still; 90 s per parameter keeps the whole benchmark inside its timeout.
+    # number must hold still. max_seconds is each parameter's share of the commit's budget.
     PROTOCOL = Protocol(repeats=11, precision=0.04, max_repeats=301, max_seconds=90.0, control="none")
 except (ImportError, TypeError):
     sample = samples_by_cell = PROTOCOL = None
+try:  # commits before the telemetry chose a clock estimate on wall time
+    from kvbench import estimation
+except ImportError:
+    estimation = None
 
 
 class TrackSpeedup(common.Cells):
@@ -35,7 +43,7 @@ class TrackSpeedup(common.Cells):
     params = (common.CACHED_MODES, common.LENGTHS)
     unit = "x"
     version = "kvbench-speedup-2"
-    timeout = 900
+    timeout = 900  # a generous ceiling: the commit's budget (common.BUDGET) is what bounds the sampling
 
     def setup(self, gate, mode, length):
         if sample is None:
@@ -43,9 +51,20 @@ class TrackSpeedup(common.Cells):
         super().setup(gate, mode, length)
 
     def track_speedup(self, gate, mode, length):
+        key = f"{mode}@{length}"
+        seconds, ledger = common.allowance(key, len(common.CACHED_MODES) * len(common.LENGTHS))
+        protocol = dataclasses.replace(PROTOCOL, max_seconds=max(seconds, 1.0))
         loops = {length: {name: (lambda name=name: decode(self.model, self.ids, name)) for name in (FULL, mode)}}
-        state = sample(loops, PROTOCOL)
-        cells = samples_by_cell([kept.to_dict() for kept in state.samples])
+        started = time.perf_counter()
+        try:
+            state = sample(loops, protocol)
+        finally:
+            common.spend(key, time.perf_counter() - started)
+        repetitions = [kept.to_dict() for kept in state.samples]
+        chosen = estimation.choose(length, repetitions, PROTOCOL.threads) if estimation else None
+        cells = estimation.series(repetitions, chosen.clock) if chosen else samples_by_cell(repetitions)
         estimate = stats.speedup(cells[(FULL, length)], cells[(mode, length)], key=(mode, length))
-        common.note_speedup(mode, length, estimate, state)
+        common.note_speedup(mode, length, estimate, state, clock=chosen.to_dict() if chosen else None, budget={
+            "allowance_seconds": protocol.max_seconds, "commit_budget_seconds": ledger["budget"],
+            "spent_before_seconds": ledger["spent"], "sampled_seconds": state.elapsed})
         return estimate.ratio

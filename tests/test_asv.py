@@ -141,8 +141,9 @@ def assert_capture(repo: Path, machine: str, commit: str, env_name: str) -> dict
 
 
 @pytest.fixture
-def suites(monkeypatch):
+def suites(monkeypatch, tmp_path):
     monkeypatch.syspath_prepend(str(ROOT))
+    monkeypatch.chdir(tmp_path)  # asv's setup_cache directory: where prepare opens the budget ledger
     import benchmarks.cache
     import benchmarks.common
     import benchmarks.decode
@@ -165,6 +166,24 @@ def test_lengths_from_the_environment(suites):
             parse(bad)
 
 
+def test_the_commit_budget_is_shared_by_the_parameters_still_to_come(suites, tmp_path):
+    common = suites.common
+    ledger = tmp_path / "ledger.json"
+    ledger.write_text(json.dumps({"budget": 120.0, "spent": 0.0, "done": []}))
+    assert common.allowance("a@64", 4, ledger)[0] == 30.0
+    common.spend("a@64", 6.0, ledger)  # stopped early: its time goes to the others
+    assert common.allowance("b@64", 4, ledger)[0] == pytest.approx(38.0)
+    common.spend("b@64", 100.0, ledger)  # a slow one overran its share: nothing is left to give
+    assert common.allowance("c@64", 4, ledger)[0] == pytest.approx(7.0)
+    common.spend("c@64", 20.0, ledger)
+    assert common.allowance("d@64", 4, ledger)[0] == 0.0
+    assert json.loads(ledger.read_text())["done"] == ["a@64", "b@64", "c@64"]
+    assert common.parse_budget(None) == common.DEFAULT_BUDGET and common.parse_budget("60") == 60.0
+    for bad in ("soon", "0", "-5", "inf"):
+        with pytest.raises(ValueError, match="KVBENCH_ASV_BUDGET"):
+            common.parse_budget(bad)
+
+
 def test_modes_keep_their_indices(suites):
     common = suites.common
     assert common.MODES[: len(common.KNOWN_MODES)] == common.KNOWN_MODES  # asv passes indices
@@ -174,7 +193,7 @@ def test_modes_keep_their_indices(suites):
 def test_every_suite_runs_once(suites, capsys, monkeypatch):
     import torch
 
-    from kvbench import stats
+    from kvbench import estimation, stats
     from kvbench.cache import expected_cache_bytes
     from kvbench.decode import decode, token_ids
     from kvbench.model import DecoderConfig
@@ -203,15 +222,17 @@ def test_every_suite_runs_once(suites, capsys, monkeypatch):
         assert bytes_bench.track_cache_bytes(gate, mode, 16) == expected_cache_bytes(DecoderConfig(), 1, 16)
     noted = {}
     monkeypatch.setattr(suites.common, "note_speedup",
-                        lambda mode, length, estimate, state: noted.update({mode: (estimate, state)}))
+                        lambda mode, length, estimate, state, clock, budget: noted.update({mode: (estimate, state)}))
     for mode in CACHED:
         speedup = suites.speedup.TrackSpeedup()
         speedup.setup(gate, mode, 16)
         value = speedup.track_speedup(gate, mode, 16)
         estimate, state = noted[mode]  # the value is kvbench's speedup over exactly the samples it took
-        seconds = {label: {s.repetition: s.seconds for s in state.samples if s.mode == label} for label in (FULL, mode)}
-        assert len(seconds[FULL]) == len(seconds[mode]) == 3  # the suite's protocol: 3 rotations
-        assert value == estimate.ratio == stats.speedup(seconds[FULL], seconds[mode], key=(mode, 16)).ratio
+        repetitions = [kept.to_dict() for kept in state.samples]
+        clock = estimation.choose(16, repetitions, threads=1).clock  # as kvbench run would choose it
+        seconds = estimation.series(repetitions, clock)
+        assert len(seconds[(FULL, 16)]) == len(seconds[(mode, 16)]) == 3  # the suite's protocol: 3 rotations
+        assert value == estimate.ratio == stats.speedup(seconds[(FULL, 16)], seconds[(mode, 16)], key=(mode, 16)).ratio
         assert estimate.low <= value <= estimate.high
         equivalence = suites.cache.TrackEquivalence()
         equivalence.setup(gate, mode, 16)
