@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from kvbench import stats
+from kvbench import estimation, stats
 from kvbench.kinds import FULL
 from kvbench.telemetry import Probe, sample_cost
 from kvbench.timing import Protocol, Sample, rotation_order, time_observed
@@ -53,19 +53,20 @@ class Sampling:
 
 
 def watched_half_widths(samples: list[Sample], length: int, baseline: str,
-                        between_run: float = stats.BETWEEN_RUN["speedup"]) -> dict[str, float]:
-    """Relative half-width of every speedup's interval at one length (of every mode's median
-    time when the baseline was not measured there)."""
-    cells: dict[str, dict[int, float]] = {}
-    for sample in samples:
-        if sample.length == length:
-            cells.setdefault(sample.mode, {})[sample.repetition] = sample.seconds
+                        between_run: float = stats.BETWEEN_RUN["speedup"], threads: int = 1) -> dict[str, float]:
+    """Relative half-width of every speedup's interval at one length, on the clock its telemetry chooses
+    (kvbench.estimation), as the record will report it; of every mode's median time when the baseline
+    was not measured there."""
+    repetitions = [sample.to_dict() for sample in samples if sample.length == length]
+    chosen = estimation.choose(length, repetitions, threads)
+    cells = {mode: seconds for (mode, _), seconds in estimation.series(repetitions, chosen.clock).items()}
     widths = {}
     for mode, seconds in cells.items():
         if mode == baseline:
             continue
         if baseline in cells:
-            estimate = stats.speedup(cells[baseline], seconds, between_run=between_run, key=("stop", mode, length))
+            estimate = stats.speedup(cells[baseline], seconds, estimator=chosen.estimator, between_run=between_run,
+                                     key=("stop", mode, length))
             widths[mode] = estimate.half_width
         else:
             low, high = stats.median_interval(list(seconds.values()))
@@ -79,7 +80,7 @@ def stop_reason(state: LengthSampling, protocol: Protocol, samples: list[Sample]
         return "fixed" if state.rotations >= protocol.repeats else None
     if state.rotations < protocol.repeats:
         return None
-    state.half_widths = watched_half_widths(samples, state.length, baseline, protocol.between_run)
+    state.half_widths = watched_half_widths(samples, state.length, baseline, protocol.between_run, protocol.threads)
     state.half_width = max(state.half_widths.values(), default=None)
     if state.half_width is not None and state.half_width <= protocol.precision:
         return "precise"

@@ -62,7 +62,9 @@ ESTIMATORS = {
     "median-of-ratios": "median over rotations of baseline / mode seconds, each pair from one rotation",
     "ratio-of-medians": "median baseline seconds / median mode seconds",
     "ratio-of-p20": "20th percentile of baseline seconds / 20th percentile of mode seconds",
+    "ratio-of-minima": "fastest baseline seconds / fastest mode seconds",
 }
+PERCENTILES = {"ratio-of-medians": 50, "ratio-of-p20": 20, "ratio-of-minima": 0}  # the bootstrapped estimators
 
 
 def median_interval(values: np.ndarray | list[float], confidence: float = CONFIDENCE) -> tuple[float, float]:
@@ -105,7 +107,7 @@ def paired_ratio(baseline: dict[int, float], cached: dict[int, float], estimator
         ratio = float(np.median(ratios))
         low, high = median_interval(ratios, confidence)
         return RatioEstimate(ratio, min(low, ratio), max(high, ratio), len(shared), estimator, "order statistics")
-    level = 50 if estimator == "ratio-of-medians" else 20
+    level = PERCENTILES[estimator]
     ratio = float(np.percentile(base, level) / np.percentile(mine, level))
     draws = rng_for(seed, "paired", *key).integers(0, len(shared), size=(resamples, len(shared)))
     estimates = np.percentile(base[draws], level, axis=1) / np.percentile(mine[draws], level, axis=1)

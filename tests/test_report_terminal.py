@@ -122,3 +122,37 @@ def test_the_committed_reference_record_reports_in_every_layout(capsys):
     for layout in ("text", "markdown", "html"):
         assert main(["report", str(reference), "--format", layout]) == 0
         assert "↗" in capsys.readouterr().out
+
+
+def budget_record(steal_share: float, wait_share: float):
+    """A run whose lengths stopped on the budget, short of ±5%, with this much of the time stolen or waited."""
+    record = synthetic_record(SECONDS)
+    record["protocol"]["precision"] = 0.05
+    record["sampling"]["lengths"] = [{"length": 4, "rotations": 4, "stop": "budget", "half_width": 0.31},
+                                     {"length": 8, "rotations": 4, "stop": "precise", "half_width": 0.04}]
+    for rep in record["repetitions"]:
+        rep.update(steal_seconds=rep["seconds"] * steal_share, runqueue_seconds=rep["seconds"] * wait_share)
+    return record
+
+
+@pytest.mark.parametrize("steal, wait, opening", [
+    (0.12, 0.0, "this machine was contended: 12% of the timed time stolen by the hypervisor"),
+    (0.0, 0.21, "this machine was contended: 21% of the timed time spent waiting for a CPU"),
+    (0.01, 0.0, "the samples disagreed more than this machine's counters explain (1% of the timed time stolen"),
+])
+def test_a_run_that_ran_out_of_time_says_why_in_words(steal, wait, opening):
+    from kvbench.report.model import contention_sentence
+
+    record = view(budget_record(steal, wait))
+    sentence = contention_sentence(record, build_report(record))
+    assert sentence.startswith(opening)
+    assert sentence.endswith("intervals up to ±31% (length 4; 1 length(s) stopped short of ±5%: 4); "
+                             "rerun on a quieter machine or raise --max-seconds")
+
+
+def test_a_run_that_reached_its_precision_says_nothing_of_contention():
+    from kvbench.report.model import contention_sentence
+
+    record = budget_record(0.3, 0.3)
+    record["sampling"]["lengths"][0].update(stop="precise", half_width=0.04)
+    assert contention_sentence(view(record), build_report(view(record))) is None

@@ -238,7 +238,8 @@ def check_summary(record: dict) -> str | None:
     try:
         recomputed = summarize(record["repetitions"], record["checks"], summary.get("baseline", "full"),
                                record["run"].get("control"), summary.get("estimator"), summary.get("interval"),
-                               summary.get("between_run"))
+                               summary.get("between_run"), (summary.get("estimation") or {}).get("rule"),
+                               record["run"]["threads"])
     except ArithmeticError as error:
         return f"summary: its repetitions cannot be summarized ({error})"
     sections = [("cells", ("median", "min", "max", "q1", "q3", "repetitions", "per_token_median")),
@@ -246,6 +247,9 @@ def check_summary(record: dict) -> str | None:
     if "estimator" in summary:
         sections = [sections[0], ("speedups", ("speedup", "low", "high", "pairs")),
                     ("controls", ("ratio", "low", "high", "pairs"))]
+    if summary.get("estimation") != recomputed.get("estimation"):
+        return (f"summary/estimation is {summary.get('estimation')}, but the telemetry of its repetitions gives "
+                f"{recomputed.get('estimation')}")
     for section, stats in sections:
         stored, derived = by_cell(record["summary"][section]), by_cell(recomputed[section])
         extra = sorted(set(stored) - set(derived))

@@ -12,6 +12,7 @@ import copy
 
 import jsonschema
 
+from kvbench import estimation
 from kvbench.config import DTYPE_NAMES
 from kvbench.kinds import FAILURES, KIND_NAME
 from kvbench.files import first_non_finite
@@ -163,6 +164,14 @@ def _schema_v2() -> dict:
     summary["properties"]["between_run"] = {  # absent in records written before it (no between-run allowance)
         "type": "object", "required": ["speedup", "seconds"], "additionalProperties": False,
         "properties": {name: {"type": "number", "minimum": 0, "exclusiveMaximum": 0.5} for name in ("speedup", "seconds")}}
+    summary["properties"]["estimation"] = {  # absent in records written before 2026-12-01 (wall time everywhere)
+        "type": "object", "required": ["rule", "lengths"], "additionalProperties": False,
+        "properties": {"rule": {"enum": [estimation.RULE]}, "lengths": {"type": "array", "items": {
+            "type": "object", "required": ["length", "clock", "estimator", "samples", "waited", "reason"],
+            "additionalProperties": False,
+            "properties": {"length": _positive, "clock": {"enum": list(estimation.CLOCKS)},
+                           "estimator": {"enum": list(ESTIMATORS)}, "samples": _count, "waited": _count,
+                           "reason": {"type": "string"}}}}}}
     summary["properties"]["speedups"]["items"]["required"] += ["low", "high", "pairs"]
     summary["properties"]["controls"] = {"type": "array", "items": {
         "type": "object", "required": ["mode", "length", "ratio", "low", "high", "pairs"], "properties": _cell}}

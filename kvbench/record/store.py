@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from pathlib import Path
 
-from kvbench import stats
+from kvbench import estimation, stats
 from kvbench.files import OutputExistsError, UnreadableFileError, read_json, write_json_atomic
 from kvbench.record.schema import SCHEMA, RecordError, validate_record
 from kvbench.record.summary import summarize
@@ -40,7 +40,7 @@ def build_record(
         "repetitions": repetitions,
         "sampling": sampling or fixed_sampling(run, repetitions, status),
         "summary": summarize(repetitions, checks, control=run.get("control"), estimator=stats.DEFAULT_ESTIMATOR,
-                             interval=stats.DEFAULT_INTERVAL,
+                             interval=stats.DEFAULT_INTERVAL, rule=estimation.RULE, threads=run["threads"],
                              between_run={"speedup": protocol.get("between_run", stats.BETWEEN_RUN["speedup"]),
                                           "seconds": stats.BETWEEN_RUN["seconds"]}),
         "memory": memory,

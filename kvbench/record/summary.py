@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import statistics
 
+from kvbench import estimation as clocks
 from kvbench import stats
 from kvbench.kinds import CONTROL
 
@@ -42,7 +43,8 @@ def by_cell(entries: list[dict]) -> dict[tuple[str, int], dict]:
 
 
 def summarize(repetitions: list[dict], checks: list[dict], baseline: str = "full", control: str | None = None,
-              estimator: str | None = None, interval: str | None = None, between_run: dict | None = None) -> dict:
+              estimator: str | None = None, interval: str | None = None, between_run: dict | None = None,
+              rule: str | None = None, threads: int = 1) -> dict:
     """Per (label, length): median, min, max, quartiles; per length and label: the speedup over the
     baseline; per length: the A/A control's ratio.
 
@@ -51,6 +53,8 @@ def summarize(repetitions: list[dict], checks: list[dict], baseline: str = "full
     `estimator` (records of schema 1) a speedup is the ratio of medians, without an interval.
     `between_run` ({"speedup": SD, "seconds": SD}) widens the speedup intervals for what varies
     from one run to the next; None for records written before it was recorded (no widening).
+    With a `rule` (kvbench.estimation.RULE) each length's speedups are estimated on the clock its
+    samples' telemetry chose; without one (records written before it), on wall time.
     """
     passed = {key: check["passed"] for key, check in by_cell(checks).items()}
     samples = samples_by_cell(repetitions)
@@ -63,6 +67,12 @@ def summarize(repetitions: list[dict], checks: list[dict], baseline: str = "full
         statistics_ = cell_statistics(list(seconds.values()))
         statistics_["per_token_median"] = statistics_["median"] / length
         cells.append({"mode": label, "length": length, **statistics_, "valid": valid(label, length)})
+    chosen = clocks.by_length(repetitions, threads, estimator) if rule and estimator else {}
+    timed = {clock: clocks.series(repetitions, clock) for clock in {c.clock for c in chosen.values()}}
+
+    def on_clock(label: str, length: int) -> dict[int, float]:
+        return timed[chosen[length].clock][(label, length)] if length in chosen else samples[(label, length)]
+
     by_key = by_cell(cells)
     speedups = []
     for cell in cells:
@@ -73,7 +83,7 @@ def summarize(repetitions: list[dict], checks: list[dict], baseline: str = "full
         entry = {"mode": label, "length": length, "speedup": base["median"] / cell["median"],
                  "valid": cell["valid"] and base["valid"]}
         if estimator is not None:
-            estimate = stats.speedup(samples[(baseline, length)], samples[(label, length)], estimator=estimator,
+            estimate = stats.speedup(on_clock(baseline, length), on_clock(label, length), estimator=estimator,
                                      interval=interval, between_run=(between_run or {}).get("speedup", 0.0),
                                      key=(label, length))
             entry.update(speedup=estimate.ratio, low=estimate.low, high=estimate.high, pairs=estimate.pairs)
@@ -81,23 +91,28 @@ def summarize(repetitions: list[dict], checks: list[dict], baseline: str = "full
     summary = {"baseline": baseline, "cells": cells, "speedups": speedups}
     if estimator is not None:
         summary.update(estimator=estimator, interval=interval,
-                       controls=control_ratios(samples, control, estimator, "within" if between_run else interval))
+                       controls=control_ratios(samples, control, estimator, "within" if between_run else interval,
+                                               on_clock))
         if between_run is not None:
             summary["between_run"] = dict(between_run)
+        if rule is not None:
+            summary["estimation"] = {"rule": rule, "lengths": [chosen[n].to_dict() for n in sorted(chosen)]}
     return summary
 
 
-def control_ratios(samples: dict, control: str | None, estimator: str, interval: str) -> list[dict]:
+def control_ratios(samples: dict, control: str | None, estimator: str, interval: str, on_clock=None) -> list[dict]:
     """Per length, the A/A ratio mode / control: the same code under two labels, so 1 but for noise.
     Its interval, from this run's samples alone, is what the run can resolve at that length: its
-    noise floor (the between-run allowance, the same for every run, is not added)."""
+    noise floor (the between-run allowance, the same for every run, is not added). `on_clock(label,
+    length)` gives the samples on the length's chosen clock (default: wall time)."""
     if control is None:
         return []
+    on_clock = on_clock or (lambda label, length: samples[(label, length)])
     out = []
     for (label, length), seconds in samples.items():
         if label == CONTROL and (control, length) in samples:
-            estimate = stats.speedup(samples[(control, length)], seconds, estimator=estimator, interval=interval,
-                                     between_run=0.0, key=("aa", length))
+            estimate = stats.speedup(on_clock(control, length), on_clock(label, length), estimator=estimator,
+                                     interval=interval, between_run=0.0, key=("aa", length))
             out.append({"mode": control, "length": length, "ratio": estimate.ratio, "low": estimate.low,
                         "high": estimate.high, "pairs": estimate.pairs})
     return out

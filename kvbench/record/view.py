@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvbench import stats
+from kvbench import estimation, stats
 from kvbench.record.store import load_record
 from kvbench.record.summary import by_cell, samples_by_cell
 
@@ -49,6 +49,9 @@ class RecordView:
         for rep in record["repetitions"]:
             self._repetitions.setdefault((rep["mode"], rep["length"]), []).append(rep)
         self._samples = samples_by_cell(record["repetitions"])
+        self._estimation = {entry["length"]: entry for entry in (record["summary"].get("estimation") or {}).get("lengths", [])}
+        self._clocked = {clock: estimation.series(record["repetitions"], clock)
+                         for clock in {entry["clock"] for entry in self._estimation.values()} - {"wall"}}
         self._checks = by_cell(record["checks"])
         self._memory = by_cell(record["memory"])
         self._summaries = by_cell(record["summary"]["cells"])
@@ -72,6 +75,16 @@ class RecordView:
 
     def seconds(self, mode: str, length: int) -> list[float]:
         return list(self._samples.get((mode, length), {}).values())
+
+    def estimation(self, length: int) -> dict:
+        """How this length's speedups were estimated (kvbench.estimation): its clock, estimator and why."""
+        return self._estimation.get(length) or estimation.fixed(length, self.estimator).to_dict()
+
+    def speedup_samples(self, mode: str, length: int) -> dict[int, float]:
+        """{repetition: seconds} of one cell on the clock its length's speedups are estimated on."""
+        clock = self.estimation(length)["clock"]
+        source = self._samples if clock == "wall" else self._clocked[clock]
+        return dict(source.get((mode, length), {}))
 
     def check(self, mode: str, length: int) -> dict | None:
         return self._checks.get((mode, length))

@@ -140,7 +140,8 @@ QUICK_COLUMNS = (
     EQUIVALENCE,
 )
 
-SAMPLING_COLUMNS = ("length", "rotations", "stopped", "widest ±", "A/A ratio", "A/A 95% interval", "A/A ±")
+SAMPLING_COLUMNS = ("length", "rotations", "stopped", "widest ±", "A/A ratio", "A/A 95% interval", "A/A ±", "clock")
+CLOCK_TEXTS = {"wall": "wall", "cpu": "CPU time"}
 STOP_TEXTS = {"fixed": "fixed protocol", "precise": "precise", "cap": "at --max-repeats", "budget": "at --max-seconds",
               "interrupted": "interrupted", None: "-"}
 
@@ -150,7 +151,7 @@ def sampling_cells(row: LengthRow) -> list[str]:
     return [str(row.length), str(row.rotations), STOP_TEXTS.get(row.stop, row.stop),
             "" if row.half_width is None else f"±{row.half_width:.1%}",
             "" if floor is None else f"{floor.ratio:.3f}", "" if floor is None else f"[{floor.low:.3f}, {floor.high:.3f}]",
-            "" if floor is None else f"±{floor.half_width:.1%}"]
+            "" if floor is None else f"±{floor.half_width:.1%}", CLOCK_TEXTS.get(row.clock, row.clock)]
 
 
 def speedup_legend(report: Report) -> str:

@@ -200,11 +200,12 @@ def median_estimate(view: RecordView, mode: str, length: int) -> stats.RatioEsti
 
 
 def speedup_estimate(view: RecordView, mode: str, length: int) -> stats.RatioEstimate | None:
-    base = view.samples(view.baseline, length)
+    """A cell's speedup with its confidence interval, on the clock and estimator its record chose for the length."""
+    base = view.speedup_samples(view.baseline, length)
     if not base or mode == view.baseline:
         return None
-    return stats.speedup(base, view.samples(mode, length), estimator=view.estimator, interval="confidence",
-                         between_run=view.between_run["speedup"], key=(mode, length))
+    return stats.speedup(base, view.speedup_samples(mode, length), estimator=view.estimation(length)["estimator"],
+                         interval="confidence", between_run=view.between_run["speedup"], key=(mode, length))
 
 
 def _notes(old_check: dict | None, new_check: dict | None, old_mode: str, mode: str) -> tuple[str, ...]:
@@ -227,9 +228,16 @@ def compare_cell(old: RecordView, new: RecordView, old_mode: str, mode: str, len
     old_speedup, new_speedup = speedup_estimate(old, old_mode, length), speedup_estimate(new, mode, length)
     relative = change(old_speedup, new_speedup, invert=True, **options) if old_speedup and new_speedup else None
     old_check, new_check = old.check(old_mode, length), new.check(mode, length)
+    notes = _notes(old_check, new_check, old_mode, mode)
+    clocks = old.estimation(length)["clock"], new.estimation(length)["clock"]
+    if relative is not None and clocks[0] != clocks[1]:
+        notes += (f"vs full: OLD's speedup on {CLOCK_NAMES[clocks[0]]}, NEW's on {CLOCK_NAMES[clocks[1]]}",)
     return CellChange(mode, length, old_mode, len(old.seconds(old_mode, length)), len(new.seconds(mode, length)),
                       statistics.median(old.seconds(old_mode, length)), statistics.median(new.seconds(mode, length)),
-                      time, relative, old_check, new_check, _notes(old_check, new_check, old_mode, mode))
+                      time, relative, old_check, new_check, notes)
+
+
+CLOCK_NAMES = {"wall": "wall time", "cpu": "CPU time"}
 
 
 def compare_records(old: RecordView, new: RecordView, *, factor: float = FACTOR, alpha: float = ALPHA,

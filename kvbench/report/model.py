@@ -86,6 +86,8 @@ class LengthRow:
     stop: str | None
     half_width: float | None
     control: RatioEstimate | None  # mode / control: 1 but for noise
+    clock: str = "wall"  # what its speedups were estimated on (kvbench.estimation.CLOCKS)
+    clock_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -197,12 +199,12 @@ def build_rows(view: RecordView, seed: int = stats.SEED, resamples: int = stats.
     for mode, length in view.cells():
         cell, samples = view.summary(mode, length), view.samples(mode, length)
         speedup = undisturbed = None
-        base = view.samples(baseline, length)
+        base = view.speedup_samples(baseline, length)
         if mode != baseline and base:
             speedup = row_speedup(view, mode, length, seed, resamples)
-            clean = undisturbed_pairs(view, mode, length)
+            clean, mine = undisturbed_pairs(view, mode, length), view.speedup_samples(mode, length)
             if clean is not None and len(clean) < len(samples):
-                undisturbed = stats.speedup({r: base[r] for r in clean}, {r: samples[r] for r in clean},
+                undisturbed = stats.speedup({r: base[r] for r in clean}, {r: mine[r] for r in clean},
                                             estimator=view.estimator, interval=view.interval,
                                             between_run=view.recorded_between_run, key=(mode, length))
         repetitions = view.repetitions(mode, length)
@@ -290,8 +292,50 @@ def build_report(view: RecordView, seed: int = stats.SEED, resamples: int = stat
     if view.estimator is not None:
         report.estimator, report.interval, report.between_run = view.estimator, view.interval, view.recorded_between_run
         report.sampling, report.control, report.noise = sampling_rows(view), view.control, noise_summary(view)
+        if clock_note(report.sampling):
+            report.notes.append(clock_note(report.sampling))
     report.tradeoffs = tradeoffs(view, rows)
     return report
+
+
+CONTENDED_TIME = 0.05  # the counters explain a run's noise when this much of its timed time was taken
+
+
+def contention_sentence(view: RecordView, report: Report) -> str | None:
+    """When sampling ran out of time or rotations short of its precision, why, in words: what the
+    telemetry saw take the machine's time, and what to do about it (None when every length was precise)."""
+    target = view.protocol.get("precision")
+    loose = [row for row in report.sampling if row.stop in ("budget", "cap") and row.half_width is not None
+             and (target is None or row.half_width > target)]
+    if not loose:
+        return None
+    repetitions = view.record["repetitions"]
+    wall = sum(rep["seconds"] for rep in repetitions) or 1.0
+    shares = [(name, sum(rep.get(key) or 0.0 for rep in repetitions) / wall)
+              for name, key in (("stolen by the hypervisor", "steal_seconds"), ("spent waiting for a CPU", "runqueue_seconds"),
+                                ("throttled", "throttled_seconds"))]
+    seen = ", ".join(f"{share:.0%} of the timed time {name}" for name, share in shares if share >= 0.005)
+    if sum(share for _, share in shares) >= CONTENDED_TIME:
+        what = f"this machine was contended: {seen}"
+    else:  # e.g. a busy host that steals cycles the guest's counters never see
+        counted = seen or "no steal, waits or throttling"
+        what = (f"the samples disagreed more than this machine's counters explain ({counted}: noise from outside "
+                "the VM, or a neighbour on the shared cache)")
+    widest = max(loose, key=lambda row: row.half_width)
+    stop = "--max-seconds" if any(row.stop == "budget" for row in loose) else "--max-repeats"
+    lengths = ", ".join(str(row.length) for row in loose)
+    return (f"{what}; intervals up to ±{widest.half_width:.0%} (length {widest.length}; {len(loose)} length(s) "
+            f"stopped short of ±{target:.0%}: {lengths}); rerun on a quieter machine or raise {stop}"
+            if target is not None else f"{what}; intervals up to ±{widest.half_width:.0%}")
+
+
+def clock_note(sampling: list[LengthRow]) -> str | None:
+    """Which lengths' speedups were estimated on CPU time, and why, when any was (None otherwise)."""
+    lengths = [row for row in sampling if row.clock != "wall"]
+    if not lengths:
+        return None
+    return (f"speedups at length {', '.join(str(row.length) for row in lengths)} are on the thread's CPU time, "
+            f"not wall time: {lengths[0].clock_reason} (docs/statistics.md, \"Contention\")")
 
 
 def tradeoffs(view: RecordView, rows: list[Row]) -> list[Tradeoff]:
@@ -320,7 +364,9 @@ def sampling_rows(view: RecordView) -> list[LengthRow]:
             continue
         floor = RatioEstimate(control["ratio"], control["low"], control["high"], control["pairs"], view.estimator,
                               view.interval) if control else None
-        rows.append(LengthRow(length, entry["rotations"], entry["stop"], entry.get("half_width"), floor))
+        chosen = view.estimation(length)
+        rows.append(LengthRow(length, entry["rotations"], entry["stop"], entry.get("half_width"), floor,
+                              chosen["clock"], chosen["reason"]))
     return rows
 
 

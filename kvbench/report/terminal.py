@@ -24,7 +24,7 @@ from kvbench.report.compare import (
 )
 from kvbench.report.differences import CRITICAL, INFORMATIONAL, NOTABLE
 from kvbench.report.format import format_bytes, render_plain, rich_escape
-from kvbench.report.model import MARKS, Report, Row, environment_line
+from kvbench.report.model import MARKS, Report, Row, clock_note, environment_line
 
 STYLES = {"failed": "bold red", "invalid": "red", "noisy": "yellow", "unchecked": "yellow"}
 MARK_STYLES = {"failed": "bold red", "noisy": "yellow", "partial": "magenta", "trend": "yellow", "disturbed": "yellow"}
@@ -67,8 +67,12 @@ def quick_renderables(report: Report) -> list:
     if report.sampling:
         out.append("sampled: " + "; ".join(
             f"{row.length}: {row.rotations} rotations, {columns.STOP_TEXTS.get(row.stop, row.stop)}"
-            + (f" (A/A ±{row.control.half_width:.1%})" if row.control else "") for row in report.sampling))
+            + (f" (A/A ±{row.control.half_width:.1%})" if row.control else "")
+            + (f", {columns.CLOCK_TEXTS.get(row.clock, row.clock)}" if row.clock != "wall" else "")
+            for row in report.sampling))
         out.append(rich_escape(columns.speedup_legend(report)))
+        if clock_note(report.sampling):
+            out.append(rich_escape(clock_note(report.sampling)))
     if report.noise is not None:
         out.append(rich_escape(columns.noise_sentence(report.noise)))
     return out

@@ -1,0 +1,291 @@
+"""Which speedup estimator to trust on a contended machine, by evidence.
+
+`collect` runs the default grid again and again under conditions anyone can produce, the
+conditions interleaved so that each sees the same stretch of machine time:
+
+  quiet     nothing else running (the run pinned to CPU 0, as in the other conditions)
+  busy-25   a busy loop pinned to CPU 0, the run's CPU, 2.5 ms of every 10 ms (scripts/antagonist.py)
+  memory    a memory-bandwidth hog streaming 256 MiB copies on CPU 1, the other core
+
+Each run is a `kvbench run --repeats R` record, so the analysis can replay precision-targeted
+sampling at every rotation count. `collect --best-of K` adds, per condition, runs in which
+every mode runs K loops back to back in each rotation (the per-rotation minimum of repeated
+loops), timed with kvbench's own `timing.time_observed`.
+
+`analyze` replays, per condition and estimator, what kvbench run would do: stop a run when
+every speedup's rerun interval is within ±5% and say how long that took; how often the next
+run's speedup falls inside the previous run's interval (coverage); and how many cells
+`kvbench compare`'s rule would call slower or faster between two runs of the same code
+(false alarms). The shared records of a stealing VM (../shared/noisy-records) are a further
+condition, read as they are.
+
+    python scripts/contention_study.py collect --runs 6 --rotations 41 --out results/contention
+    python scripts/contention_study.py analyze results/contention [--shared ../shared/noisy-records]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from kvbench import stats
+from kvbench.files import write_json_atomic
+from kvbench.record import RecordView
+from kvbench.report.compare import FASTER, SLOWER, change
+from kvbench.telemetry import disturbances
+
+ROOT = Path(__file__).resolve().parents[1]
+ANTAGONISTS = {"quiet": None, "busy-25": ["busy", "--cpu", "0", "--duty", "0.25"],
+               "memory": ["memory", "--cpu", "1", "--duty", "1.0", "--mib", "256"]}
+TARGET = 0.05  # every speedup within ±5%
+BUDGET = 120.0  # seconds of sampling: the goal's two minutes
+ESTIMATORS = {  # name -> (clock, kvbench.stats estimator, keep only undisturbed pairs)
+    "median of ratios, wall": ("seconds", "median-of-ratios", False),
+    "median of ratios, on-CPU": ("cpu_seconds", "median-of-ratios", False),
+    "median of ratios, undisturbed pairs": ("seconds", "median-of-ratios", True),
+    "ratio of 20th percentiles, wall": ("seconds", "ratio-of-p20", False),
+    "ratio of 20th percentiles, on-CPU": ("cpu_seconds", "ratio-of-p20", False),
+    "ratio of minima, wall": ("seconds", "ratio-of-minima", False),
+    "ratio of minima, on-CPU": ("cpu_seconds", "ratio-of-minima", False),
+}
+
+
+# -- collect -------------------------------------------------------------------------------
+
+
+def with_antagonist(condition: str, command: list[str]) -> subprocess.CompletedProcess:
+    antagonist = None
+    if ANTAGONISTS[condition] is not None:
+        antagonist = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "antagonist.py"),
+                                       *ANTAGONISTS[condition]])
+        time.sleep(0.5)  # let it settle into its period
+    try:
+        return subprocess.run(command, capture_output=True, text=True)
+    finally:
+        if antagonist is not None:
+            antagonist.terminate()
+            antagonist.wait()
+
+
+def collect(out: Path, runs: int, rotations: int, conditions: list[str], best_of: int) -> None:
+    for index, condition in itertools.product(range(runs), conditions):
+        path = out / condition / f"run-{index:02d}.json"
+        if not path.exists():
+            done = with_antagonist(condition, [sys.executable, "-m", "kvbench", "run", "--repeats", str(rotations),
+                                               "--cpu", "0", "--no-progress", "--output", str(path)])
+            print(f"{condition} {index}: exit {done.returncode} {path}", flush=True)
+            if done.returncode != 0:
+                print(done.stderr, file=sys.stderr)
+        best = out / condition / f"best-of-{best_of}-{index:02d}.json"
+        if best_of > 1 and not best.exists():
+            done = with_antagonist(condition, [sys.executable, __file__, "best-of", "--loops", str(best_of),
+                                               "--rotations", str(rotations), "--output", str(best)])
+            print(f"{condition} {index} best of {best_of}: exit {done.returncode} {best}", flush=True)
+
+
+def best_of(loops: int, rotations: int, output: Path) -> None:
+    """Rotations of the default grid in which every mode runs `loops` timed loops back to back."""
+    from kvbench.decode import DEFAULT_MODES, decode, token_ids
+    from kvbench.model import build_model
+    from kvbench.telemetry import Probe
+    from kvbench.timing import DEFAULT_LENGTHS, Protocol, pin_cpu, rotation_order, set_threads, time_observed
+
+    protocol = Protocol()
+    set_threads(protocol.threads)
+    pin_cpu("0")
+    model = build_model(seed=protocol.seed)
+    longest = token_ids(model.config, 1, max(DEFAULT_LENGTHS), protocol.seed)
+    probe, samples, start = Probe(), [], time.perf_counter()
+    modes = list(DEFAULT_MODES)
+    for length in DEFAULT_LENGTHS:
+        for mode in modes:
+            decode(model, longest[:, :length], mode)  # warmup
+    start = time.perf_counter()
+    for rotation in range(rotations):
+        for length in DEFAULT_LENGTHS:
+            ids = longest[:, :length]
+            for mode in rotation_order(modes, rotation, protocol.order, protocol.seed, length):
+                for loop in range(loops):
+                    seconds, telemetry = time_observed(lambda: decode(model, ids, mode), probe)
+                    samples.append({"mode": mode, "length": length, "repetition": rotation, "loop": loop,
+                                    "seconds": seconds, "started": time.perf_counter() - start - seconds, **telemetry})
+    write_json_atomic({"loops": loops, "rotations": rotations, "lengths": list(DEFAULT_LENGTHS), "modes": modes,
+                       "samples": samples}, output, force=True)
+
+
+# -- replaying a run -----------------------------------------------------------------------
+
+
+class Run:
+    """One run's samples per (mode, length): {rotation: (seconds, cpu_seconds, disturbed)}, and when each
+    rotation ended (seconds of sampling)."""
+
+    def __init__(self, name: str, lengths: list[int], modes: list[str], samples: list[dict]) -> None:
+        self.name, self.lengths, self.modes = name, lengths, [m for m in modes if m != "full"]
+        self.cells: dict[tuple[str, int], dict[int, tuple[float, float, bool]]] = {}
+        self.ended: dict[int, float] = {}
+        for sample in samples:
+            key, rotation = (sample["mode"], sample["length"]), sample["repetition"]
+            cpu = sample.get("cpu_seconds") or sample["seconds"]
+            self.cells.setdefault(key, {})[rotation] = (sample["seconds"], cpu,
+                                                        bool(disturbances(sample["seconds"], sample)))
+            self.ended[rotation] = max(self.ended.get(rotation, 0.0), sample["started"] + sample["seconds"])
+        self.rotations = min(len(cell) for cell in self.cells.values())
+
+    @classmethod
+    def from_record(cls, path: Path) -> Run:
+        view = RecordView.load(path)
+        return cls(path.name, view.lengths, view.modes, [r for r in view.record["repetitions"] if r["mode"] != "control"])
+
+    @classmethod
+    def from_best_of(cls, path: Path) -> Run:
+        """Each (mode, length, rotation): the loop with the fewest seconds, its telemetry with it."""
+        document = json.loads(path.read_text())
+        fastest: dict[tuple, dict] = {}
+        for sample in document["samples"]:
+            key = (sample["mode"], sample["length"], sample["repetition"])
+            if key not in fastest or sample["seconds"] < fastest[key]["seconds"]:
+                fastest[key] = sample
+        return cls(path.name, document["lengths"], document["modes"], list(fastest.values()))
+
+    def speedup(self, mode: str, length: int, estimator: str, rotations: int,
+                between_run: float) -> stats.RatioEstimate | None:
+        clock, name, undisturbed = ESTIMATORS[estimator]
+        index = 0 if clock == "seconds" else 1
+        base, mine = self.cells[("full", length)], self.cells[(mode, length)]
+        shared = [r for r in base if r in mine and r < rotations and not (undisturbed and (base[r][2] or mine[r][2]))]
+        if len(shared) < 3:
+            return None
+        return stats.speedup({r: base[r][index] for r in shared}, {r: mine[r][index] for r in shared},
+                             estimator=name, interval="confidence", between_run=between_run,
+                             key=(self.name, mode, length, rotations))
+
+    def stop(self, estimator: str, between_run: float, minimum: int = 7) -> tuple[int, float, bool]:
+        """(rotations, seconds of sampling, reached ±5%) where precision-targeted sampling would stop:
+        the first rotation count from `minimum` on with every rerun interval within TARGET, or all."""
+        for rotations in range(minimum, self.rotations + 1):
+            estimates = (self.speedup(mode, length, estimator, rotations, between_run)
+                         for length in self.lengths for mode in self.modes)
+            if all(e is not None and stats.rerun_interval(e).half_width <= TARGET for e in estimates):
+                return rotations, self.ended[rotations - 1], True
+        return self.rotations, self.ended[self.rotations - 1], False
+
+
+# -- analysis ------------------------------------------------------------------------------
+
+
+def condition_rows(condition: str, runs: list[Run], between_run: float) -> list[str]:
+    rows = []
+    for estimator in ESTIMATORS:
+        stops = [run.stop(estimator, between_run) for run in runs]
+        estimates = [{(m, n): run.speedup(m, n, estimator, rotations, between_run)
+                      for m in run.modes for n in run.lengths} for run, (rotations, _, _) in zip(runs, stops)]
+        covered = pairs = alarms = 0
+        for a, b in zip(estimates, estimates[1:]):
+            for key, first in a.items():
+                second = b.get(key)
+                if first is None or second is None:
+                    continue
+                pairs += 1
+                covered += stats.rerun_interval(first).contains(second.ratio)
+                alarms += change(first, second, factor=1.1, alpha=0.05).verdict in (SLOWER, FASTER)
+        reached = [seconds for _, seconds, ok in stops if ok]
+        within = sum(ok and seconds <= BUDGET for _, seconds, ok in stops)
+        median_stop = f"{statistics.median(reached):.0f} s" if reached else "never"
+        rows.append(f"| {condition} | {estimator} | {within}/{len(runs)} | {median_stop} | "
+                    f"{statistics.median(r for r, _, _ in stops):.0f} | {covered / pairs:.0%} | {alarms}/{pairs} |"
+                    if pairs else f"| {condition} | {estimator} | {within}/{len(runs)} | {median_stop} | | | |")
+    return rows
+
+
+def between_run_sd(runs: list[Run], estimator: str) -> float:
+    """The between-run SD of a speedup (method of moments over consecutive runs, all rotations)."""
+    terms = []
+    for a, b in zip(runs, runs[1:]):
+        for mode in a.modes:
+            for length in a.lengths:
+                first = a.speedup(mode, length, estimator, a.rotations, 0.0)
+                second = b.speedup(mode, length, estimator, b.rotations, 0.0)
+                if first and second:
+                    errors = stats.log_standard_error(first) ** 2 + stats.log_standard_error(second) ** 2
+                    terms.append((math.log(second.ratio / first.ratio) ** 2, errors))
+    if not terms:
+        return float("nan")
+    return math.sqrt(max(0.0, (statistics.fmean(t for t, _ in terms) - statistics.fmean(e for _, e in terms)) / 2))
+
+
+def telemetry_line(runs: list[Run]) -> str:
+    flags = [flag for run in runs for cell in run.cells.values() for _, _, flag in cell.values()]
+    off_cpu = [1 - cpu / wall for run in runs for cell in run.cells.values() for wall, cpu, _ in cell.values()]
+    return (f"{sum(flags) / len(flags):.0%} of {len(flags)} samples disturbed; median share of wall time off "
+            f"the CPU {statistics.median(off_cpu):.1%}")
+
+
+def analyze(root: Path, shared: Path | None) -> str:
+    groups: dict[str, list[Run]] = {}
+    for directory in sorted(p for p in root.iterdir() if p.is_dir()):
+        groups[directory.name] = [Run.from_record(p) for p in sorted(directory.glob("run-*.json"))]
+        best = sorted(directory.glob("best-of-*.json"))
+        if best:
+            groups[f"{directory.name}, {best[0].name.rsplit('-', 1)[0]}"] = [Run.from_best_of(p) for p in best]
+    if shared is not None:
+        for prefix, label in (("contended", "stealing VM (shared records)"),
+                              ("antagonist", "stealing VM + busy-25 (shared records)")):
+            paths = sorted(shared.glob(f"{prefix}-*.json"))
+            if paths:
+                groups[label] = [Run.from_record(p) for p in paths]
+    lines = ["# Contention study", "", "Generated by `python scripts/contention_study.py analyze` from the records "
+             f"under `{root}`. Per condition and estimator: how many runs reach ±5% on every speedup (rerun interval) "
+             f"within {BUDGET:.0f} s of sampling, the median sampling time to get there, the median rotations a "
+             "precision-targeted run would take, how often the next run's speedup lies in the previous run's rerun "
+             "interval, and how many cells `kvbench compare`'s rule calls slower or faster between two runs of the "
+             "same code. Intervals allow for each condition's own between-run SD (measured below, with the median "
+             "of ratios).", ""]
+    for condition, runs in groups.items():
+        lines += [f"- {condition}: {len(runs)} runs, {telemetry_line(runs)}"]
+    lines += ["", "| condition | estimator | ±5% within 2 min | median time to ±5% | rotations | next run inside | "
+              "false alarms |", "|---|---|--:|--:|--:|--:|--:|"]
+    sds = {}
+    for condition, runs in groups.items():
+        sds[condition] = between_run_sd(runs, "median of ratios, wall")
+        lines += condition_rows(condition, runs, max(sds[condition], stats.BETWEEN_RUN["speedup"]))
+    lines += ["", "Between-run SD of a speedup (median of ratios, wall time):", "",
+              "| condition | SD |", "|---|--:|", *(f"| {c} | {sd:.2%} |" for c, sd in sds.items()), ""]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    gather = commands.add_parser("collect")
+    gather.add_argument("--out", type=Path, default=Path("results/contention"))
+    gather.add_argument("--runs", type=int, default=6)
+    gather.add_argument("--rotations", type=int, default=41)
+    gather.add_argument("--conditions", default=",".join(ANTAGONISTS))
+    gather.add_argument("--best-of", type=int, default=1, help="also collect runs with K loops per mode per rotation")
+    loops = commands.add_parser("best-of", help="(used by collect) one run of K loops per mode per rotation")
+    loops.add_argument("--loops", type=int, required=True)
+    loops.add_argument("--rotations", type=int, required=True)
+    loops.add_argument("--output", type=Path, required=True)
+    study = commands.add_parser("analyze")
+    study.add_argument("root", type=Path)
+    study.add_argument("--shared", type=Path)
+    args = parser.parse_args(argv)
+    if args.command == "collect":
+        collect(args.out, args.runs, args.rotations, args.conditions.split(","), args.best_of)
+    elif args.command == "best-of":
+        best_of(args.loops, args.rotations, args.output)
+    else:
+        sys.stdout.write(analyze(args.root, args.shared))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
