@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from kvbench import machine
-from kvbench.decode import check_modes, decode, decode_full, run_gate, timeable, token_ids
-from kvbench.memory import memory_profile
+from kvbench.decode import FULL, check_modes, failed_check, timeable, token_ids
 from kvbench.model import Decoder
 from kvbench.sampling import Sample, Sampling, sample
 from kvbench.timing import CONTROL, Protocol, control_mode, per_step_seconds
+from kvbench.workloads import Loop
 
 
 @dataclass
@@ -38,12 +38,14 @@ class RunOutcome:
 
 def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol: Protocol = Protocol(),
                   on_progress: Callable[[str, int, int], None] | None = None,
-                  options: dict | None = None) -> RunOutcome:
+                  options: dict | None = None, workload=None) -> RunOutcome:
     """The machine probe, the gate, bytes and peak memory, the timed rotations, the profile, the probe again.
 
-    `options` maps a kind to the keyword arguments its caches are made with.
+    `options` maps a kind to the keyword arguments its caches are made with; `workload` (kvbench.workloads)
+    says what one sample times: a whole loop per length (default), one request, or one step at a context.
     """
     modes = check_modes(modes)
+    workload = workload or Loop()
     progress = on_progress or (lambda stage, done, total: None)
     outcome = RunOutcome(control=control_mode(protocol.control, modes))
     try:
@@ -51,26 +53,25 @@ def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol
         calls = machine.workloads()
         outcome.machine_probe = {"workloads": dict(machine.WORKLOADS), "repeats": machine.REPEATS,
                                  "start": machine.probe_phase(calls)}
-        longest = token_ids(model.config, protocol.batch, max(lengths), protocol.seed)
+        longest = token_ids(model.config, protocol.batch, max(workload.positions(n) for n in lengths), protocol.seed)
         progress("reference", 0, 1)
-        reference = decode_full(model, longest, keep_logits=True)
         gate: dict[tuple[str, int], dict] = {}
         for length in lengths:  # one length at a time, so an interrupt keeps the lengths already checked
-            gate.update(run_gate(model, longest, [length], modes, reference=reference, options=options))
+            gate.update(checked(workload, model, longest, length, modes, options))
             for mode in modes:
                 outcome.checks.append(gate[(mode, length)])
                 if timeable(gate[(mode, length)]):
                     outcome.memory.append({"mode": mode, "length": length,
-                                           **memory_profile(model, longest[:, :length], mode, options)})
+                                           **workload.memory(model, longest, length, mode, options)})
                 progress("check", len(outcome.checks), len(lengths) * len(modes))
-        loops = timed_loops(model, longest, lengths, modes, gate, outcome.control, options)
+        loops = timed_loops(workload, model, longest, lengths, modes, gate, outcome.control, options)
         planned = protocol.repeats * sum(len(by_mode) for by_mode in loops.values())
 
         def keep(kept: Sample) -> None:
             outcome.repetitions.append(kept.to_dict())
             progress("time", len(outcome.repetitions), max(planned, len(outcome.repetitions)))
 
-        sample(loops, protocol, on_sample=keep, state=outcome.sampling)
+        sample(loops, protocol, on_sample=keep, state=outcome.sampling, watch=workload.watch(protocol, FULL))
         if protocol.per_step_length is not None:
             ids = token_ids(model.config, protocol.batch, protocol.per_step_length, protocol.seed)
             outcome.per_step = [
@@ -85,14 +86,33 @@ def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol
     return outcome
 
 
-def timed_loops(model: Decoder, longest, lengths: list[int], modes: list[str], gate: dict,
+def checked(workload, model: Decoder, ids, length: int, modes: list[str], options: dict | None) -> dict:
+    """{(mode, length): check} from the workload's gate; a mode that raises is a failed check carrying
+    the error, so one broken kind cannot cost the others (the loops' gate does the same per mode)."""
+    try:
+        return {(mode, length): check for mode, check in workload.gate(model, ids, length, modes, options).items()}
+    except (KeyboardInterrupt, MemoryError):
+        raise
+    except Exception:  # noqa: BLE001 - find which mode it was, one at a time
+        found = {}
+        for mode in modes:
+            try:
+                found[(mode, length)] = workload.gate(model, ids, length, [mode], options)[mode]
+            except (KeyboardInterrupt, MemoryError):
+                raise
+            except Exception as error:  # noqa: BLE001 - any failure of the kind under test is its result
+                found[(mode, length)] = failed_check(mode, length, model.config.dtype, error)
+        return found
+
+
+def timed_loops(workload, model: Decoder, longest, lengths: list[int], modes: list[str], gate: dict,
                 control: str | None, options: dict | None = None) -> dict[int, dict[str, Callable[[], object]]]:
-    """length -> label -> the loop to time: every mode that can be timed, and the A/A control."""
+    """length -> label -> the call to time: every mode that can be timed, and the A/A control (its own call
+    object, so that a call's preparation and detail stay its own)."""
     loops = {}
     for length in lengths:
-        ids = longest[:, :length]
-        loops[length] = {mode: (lambda ids=ids, mode=mode: decode(model, ids, mode, options=options))
+        loops[length] = {mode: workload.call(model, longest, length, mode, options)
                          for mode in modes if timeable(gate[(mode, length)])}
         if control is not None and control in loops[length]:
-            loops[length][CONTROL] = loops[length][control]
+            loops[length][CONTROL] = workload.call(model, longest, length, control, options)
     return loops

@@ -18,6 +18,7 @@ CONTROL = "control"  # the A/A label: a cached mode timed a second time in the s
 CACHE_KINDS = ("concat", "static", "paged", "quantized-int8", "quantized-int4", "window")  # the kinds kvbench ships
 MODES = (FULL, *CACHE_KINDS)  # every mode kvbench ships
 DEFAULT_MODES = (FULL, "concat", "static", "paged")  # kvbench run's default: the exact layouts of any model
+WORKLOADS = ("loop", "request", "contexts")  # what one sample times (kvbench.workloads)
 KIND_NAME = re.compile(r"[a-z][a-z0-9_-]{0,39}")  # plain words: nothing a terminal, markdown or HTML interprets
 
 # The quantized kinds' defaults (KIVI's G and R; transformers' residual_length is R too).

@@ -23,6 +23,7 @@ from kvbench.kinds import FULL
 from kvbench.telemetry import Probe, sample_cost
 from kvbench.timing import Protocol, Sample, rotation_order, time_observed
 
+Watch = Callable[[list[Sample], int], dict[str, float]]  # (samples, length) -> relative half-widths
 STOPS = ("fixed", "precise", "cap", "budget", "interrupted")  # why a length stopped: every stop_reason, and a cut
 
 
@@ -75,12 +76,13 @@ def watched_half_widths(samples: list[Sample], length: int, baseline: str,
 
 
 def stop_reason(state: LengthSampling, protocol: Protocol, samples: list[Sample], baseline: str,
-                elapsed: float) -> str | None:
+                elapsed: float, watch: Watch | None = None) -> str | None:
     if protocol.precision is None:
         return "fixed" if state.rotations >= protocol.repeats else None
     if state.rotations < protocol.repeats:
         return None
-    state.half_widths = watched_half_widths(samples, state.length, baseline, protocol.between_run, protocol.threads)
+    state.half_widths = (watch(samples, state.length) if watch is not None else
+                         watched_half_widths(samples, state.length, baseline, protocol.between_run, protocol.threads))
     state.half_width = max(state.half_widths.values(), default=None)
     if state.half_width is not None and state.half_width <= protocol.precision:
         return "precise"
@@ -92,12 +94,17 @@ def stop_reason(state: LengthSampling, protocol: Protocol, samples: list[Sample]
 
 
 def sample(loops: dict[int, dict[str, Callable[[], object]]], protocol: Protocol, baseline: str = FULL,
-           on_sample: Callable[[Sample], None] | None = None, state: Sampling | None = None) -> Sampling:
+           on_sample: Callable[[Sample], None] | None = None, state: Sampling | None = None,
+           watch: Watch | None = None) -> Sampling:
     """Warm every loop up, then run rounds until every length has stopped.
 
-    `loops` maps length -> mode -> the call to time. Pass `state` to keep what was sampled
-    when an interrupt ends the rounds early (the interrupt propagates; unfinished lengths
-    are marked "interrupted").
+    `loops` maps length -> mode -> the call to time. A call may have a `prepare()`, run before
+    each sample outside its timed region (a context's prefill), and a `detail()`, read after
+    it (what it timed inside itself: a request's per-step durations, kept with the sample).
+    `watch(samples, length)` gives the relative half-widths the precision target applies to
+    (default: every speedup's, on the clock kvbench.estimation chooses). Pass `state` to keep
+    what was sampled when an interrupt ends the rounds early (the interrupt propagates;
+    unfinished lengths are marked "interrupted").
     """
     state = state if state is not None else Sampling()
     probe = Probe()
@@ -107,16 +114,18 @@ def sample(loops: dict[int, dict[str, Callable[[], object]]], protocol: Protocol
         for by_mode in loops.values():
             for run in by_mode.values():
                 for _ in range(protocol.warmup):
-                    run()
+                    prepared(run)()
         start, round_index, active = time.perf_counter(), 0, list(loops)
         while active:
             for length in active:
                 rotation = state.lengths[length].rotations
                 order = rotation_order(list(loops[length]), rotation, protocol.order, protocol.seed, length)
                 for position, mode in enumerate(order):
-                    seconds, telemetry = time_observed(loops[length][mode], probe)
+                    run = prepared(loops[length][mode])
+                    seconds, telemetry = time_observed(run, probe)
                     kept = Sample(mode, length, rotation, position, seconds, round_index,
-                                  round(time.perf_counter() - start - seconds, 6), telemetry)
+                                  round(time.perf_counter() - start - seconds, 6), telemetry,
+                                  run.detail() if hasattr(run, "detail") else None)
                     state.samples.append(kept)
                     if on_sample is not None:
                         on_sample(kept)
@@ -124,7 +133,7 @@ def sample(loops: dict[int, dict[str, Callable[[], object]]], protocol: Protocol
             round_index += 1
             state.elapsed = time.perf_counter() - start
             for length in list(active):
-                reason = stop_reason(state.lengths[length], protocol, state.samples, baseline, state.elapsed)
+                reason = stop_reason(state.lengths[length], protocol, state.samples, baseline, state.elapsed, watch)
                 if reason is not None:
                     state.lengths[length].stop = reason
                     active.remove(length)
@@ -135,6 +144,13 @@ def sample(loops: dict[int, dict[str, Callable[[], object]]], protocol: Protocol
     finally:
         probe.close()
     return state
+
+
+def prepared(run: Callable[[], object]) -> Callable[[], object]:
+    """The call, its untimed preparation done first (a context's prefill), if it has one."""
+    if hasattr(run, "prepare"):
+        run.prepare()
+    return run
 
 
 def measure_loops(loops: dict[int, dict[str, Callable[[], object]]], protocol: Protocol = Protocol.fixed(),

@@ -127,11 +127,12 @@ class Sample:
     round: int = 0  # the round of the run (one rotation of every length still sampling)
     started: float = 0.0  # seconds since the first timed sample of the run
     telemetry: dict | None = None
+    detail: dict | None = None  # what the timed call measured inside itself (a request's per-step durations)
 
     def to_dict(self) -> dict:
         data = asdict(self)
-        telemetry = data.pop("telemetry") or {}
-        return {**data, **telemetry}
+        telemetry, detail = data.pop("telemetry") or {}, data.pop("detail") or {}
+        return {**data, **telemetry, **detail}
 
 
 def set_threads(threads: int) -> dict:

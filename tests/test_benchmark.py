@@ -150,3 +150,52 @@ def test_the_control_is_its_mode_timed_again_in_the_same_rotations(tiny_model):
     for rotation in range(3):  # every rotation times all three labels once
         assert sorted(r["order"] for r in outcome.repetitions if r["repetition"] == rotation) == [0, 1, 2]
     assert [c["mode"] for c in outcome.checks] == ["full", "static"]  # the control is its mode's code: no check of its own
+
+
+# -- the client-visible workloads ------------------------------------------------------------
+
+
+def record_of(outcome, lengths, modes, protocol, workload, model):
+    from records import ENVIRONMENT
+
+    from kvbench.record import record_from_run, validate_record
+
+    record = record_from_run(outcome, command=["kvbench", "run"], preset="seed", config=model.config, lengths=lengths,
+                             modes=modes, protocol=protocol, in_effect={}, environment=dict(ENVIRONMENT),
+                             workload=workload.describe())
+    return validate_record(record)
+
+
+def test_a_request_run_times_every_step_and_records_the_latency_of_each_mode(tiny_model):
+    from kvbench.workloads import Request
+
+    workload, modes = Request(prompt=9, generate=6), ["full", "static", "paged"]
+    protocol = Protocol.fixed(3, warmup=0, control="auto")
+    outcome = run_benchmark(tiny_model, [workload.length], modes, protocol, workload=workload)
+    assert [(c["mode"], c["length"], c["passed"]) for c in outcome.checks] == [(m, 14, True) for m in modes]
+    for rep in outcome.repetitions:
+        assert len(rep["step_seconds"]) == 5 and rep["ttft_seconds"] > 0
+        assert rep["ttft_seconds"] + sum(rep["step_seconds"]) <= rep["seconds"]  # measured inside the sample
+    assert all(entry["expected_bytes"] == entry["measured_bytes"] == 2 * 4 * 14 * 8 * 4 for entry in outcome.memory)
+    record = record_of(outcome, [14], modes, protocol, workload, tiny_model)
+    assert record["run"]["workload"] == {"kind": "request", "prompt": 9, "generate": 6}
+    latency = {entry["mode"]: entry for entry in record["summary"]["latency"]}
+    assert set(latency) == {"full", "static", "paged", "control"}
+    assert latency["static"]["requests"] == 3 and latency["static"]["generated"] == 6
+    assert set(latency["static"]["ratios"]) == {"ttft", "tpot"} and latency["full"]["ratios"] == {}
+    assert latency["static"]["tpot"]["low"] <= latency["static"]["tpot"]["median"] <= latency["static"]["tpot"]["high"]
+
+
+def test_a_contexts_run_times_one_step_after_each_context(tiny_model):
+    from kvbench.workloads import Contexts
+
+    modes, protocol = ["full", "static", "quantized-int8"], Protocol.fixed(2, warmup=0, control="none")
+    outcome = run_benchmark(tiny_model, [8, 20], modes, protocol, workload=Contexts())
+    assert {(c["mode"], c["length"]) for c in outcome.checks} == {(m, n) for m in modes for n in (8, 20)}
+    assert all(c["passed"] for c in outcome.checks)
+    static = [e for e in outcome.memory if e["mode"] == "static"]
+    assert [(e["length"], e["measured_bytes"]) for e in static] == [(8, 2 * 4 * 8 * 8 * 4), (20, 2 * 4 * 20 * 8 * 4)]
+    record = record_of(outcome, [8, 20], modes, protocol, Contexts(), tiny_model)
+    assert record["run"]["workload"] == {"kind": "contexts"} and "latency" not in record["summary"]
+    assert {(s["mode"], s["length"]) for s in record["summary"]["speedups"]} == {
+        (m, n) for m in ("static", "quantized-int8") for n in (8, 20)}

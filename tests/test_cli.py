@@ -72,6 +72,14 @@ def restore_threads():
         (["--dtype", "int4"], "--dtype"),
         (["--preset", "huge"], "--preset"),
         (["--frobnicate"], "unrecognized arguments"),
+        (["--prompt", "2000", "--generate", "100"], "--prompt 2000 + --generate 100 holds 2099 positions, beyond "
+                                                    "max_length 2048 of preset 'seed'"),
+        (["--prompt", "64"], "a request needs both --prompt P (tokens prefilled) and --generate N"),
+        (["--generate", "0"], "--generate"),
+        (["--prompt", "8", "--generate", "4", "--lengths", "16"], "--lengths and --prompt/--generate choose different"),
+        (["--contexts", "64", "--lengths", "16"], "--lengths and --contexts choose different workloads"),
+        (["--contexts", "2048"], "--contexts 2048: a step after 2048 tokens needs 2049 positions, beyond max_length"),
+        (["--contexts", "64", "--per-step", "8"], "--per-step profiles a loop; a context run times every step"),
     ],
 )
 def test_run_user_errors_are_one_line_exit_2(capsys, tmp_path, args, fragment):
@@ -281,6 +289,8 @@ def imported_by(*argv: str) -> tuple[int, list[str]]:
     (["run", "--lengths", "4096"], 2),
     (["run", "--modes", "full,nosuch"], 2),
     (["run", "--modes", "window"], 2),
+    (["run", "--prompt", "4000", "--generate", "200"], 2),
+    (["run", "--contexts", "9000"], 2),
     (["run", "--layers", "100000", "--width", "4096", "--heads", "32", "--lengths", "16"], 2),
     (["show", "/dev/null"], 2),
     (["compare", "/dev/null", "results/reference.json"], 2),

@@ -199,7 +199,17 @@ def add_quantization_options(group, group_help: str, residual_help: str) -> None
 def add_run_parser(commands) -> None:
     run = commands.add_parser("run", help="check equivalence, time every mode and length, write a record",
                               formatter_class=DefaultsHelpFormatter)
-    run.add_argument("--lengths", type=int_list, default=list(DEFAULT_LENGTHS), metavar="N,N,...", help="sequence lengths (tokens decoded per loop)")
+    workload = run.add_argument_group(
+        "workload (one of)", "What one sample times: a whole decode loop of each --lengths (the default), one request "
+        "(--prompt P --generate N: its time to first token and every later step), or one decode step after each of "
+        "--contexts tokens (prefilled outside the timed region).")
+    workload.add_argument("--lengths", type=int_list, metavar="N,N,...",
+                          help=f"sequence lengths: tokens decoded per loop (default: {','.join(map(str, DEFAULT_LENGTHS))})")
+    workload.add_argument("--prompt", type=positive_int, metavar="P", help="a request: P prompt tokens, prefilled in one call")
+    workload.add_argument("--generate", type=positive_int, metavar="N",
+                          help="a request: N generated tokens (the first from the prefill, then N - 1 steps)")
+    workload.add_argument("--contexts", type=int_list, metavar="C,C,...",
+                          help="one decode step after C tokens each, prefilled outside the timed region")
     run.add_argument("--modes", type=mode_list, default=list(DEFAULT_MODES), metavar="M,M,...",
                      help=f"modes among {','.join(MODES)} and the kinds of --plugin files (window needs --window)")
     run.add_argument("--plugin", type=Path, action="append", default=[], metavar="FILE.py",

@@ -28,8 +28,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     config, protocol = settings(args)
     output = args.output or record.default_record_path()
     check_output(output, args.force)  # before any measurement: a bad path costs nothing
-    check_fits_in_memory(config, protocol, args.lengths, args.modes)
-    from kvbench import benchmark, capture
+    check_fits_in_memory(config, protocol, [n + (args.workload["kind"] == "contexts") for n in args.lengths], args.modes)
+    from kvbench import benchmark, capture, workloads
     from kvbench.model import build_model
 
     in_effect = {"threads_in_effect": timing.set_threads(protocol.threads),  # before any torch work
@@ -40,14 +40,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     stderr = Console(stderr=True)
     with ProgressBar(stderr, disabled=args.no_progress) as on_progress:
         outcome = benchmark.run_benchmark(model, args.lengths, args.modes, protocol, on_progress=on_progress,
-                                          options=args.cache_options)
+                                          options=args.cache_options, workload=workloads.workload_from(**args.workload))
     with args.signals.deferred():  # from here on a signal is only counted: the record is saved first
         if outcome.interrupted and not (outcome.checks or outcome.repetitions):
             raise args.signals.first or KeyboardInterrupt()  # nothing was completed: nothing to save
         result = record.record_from_run(
             outcome, command=["kvbench", *args.argv], preset=args.preset, config=config, lengths=args.lengths,
             modes=args.modes, protocol=protocol, in_effect=in_effect, environment=environment, plugins=args.plugins,
-            cache_options=args.cache_options,
+            cache_options=args.cache_options, workload=args.workload,
         )
         path = save_record(result, output, args.force)
     console, view = stdout_console(), record.RecordView(result, str(path))
@@ -90,6 +90,7 @@ def settings(args: argparse.Namespace) -> tuple[PlainConfig, Protocol]:
         raise CliError("--modes window needs --window W: the sliding window the window kind keeps")
     args.cache_options = {mode: {"group_size": args.quant_group, "residual": args.quant_residual}
                           for mode in args.modes if mode in quantized}
+    workload_settings(args, config)
     too_long = [n for n in [*args.lengths, args.per_step or 0] if n > config.max_length]
     if too_long:
         raise CliError(f"length {too_long[0]} exceeds max_length {config.max_length} of preset {args.preset!r}")
@@ -110,6 +111,34 @@ def settings(args: argparse.Namespace) -> tuple[PlainConfig, Protocol]:
     except ValueError as error:
         raise CliError(str(error)) from None
     return config, protocol
+
+
+def workload_settings(args: argparse.Namespace, config: PlainConfig) -> None:
+    """args.lengths and args.workload (what kvbench.workloads builds) from --lengths, --prompt/--generate or
+    --contexts, which exclude each other; every length a cell's positions."""
+    request, contexts = args.prompt is not None or args.generate is not None, args.contexts is not None
+    chosen = [option for option, given in (("--lengths", args.lengths is not None), ("--prompt/--generate", request),
+                                            ("--contexts", contexts)) if given]
+    if len(chosen) > 1:
+        raise CliError(f"{' and '.join(chosen)} choose different workloads: give one of them")
+    if (request or contexts) and args.per_step is not None:
+        raise CliError(f"--per-step profiles a loop; a {'request' if request else 'context'} run times every step itself")
+    if request:
+        if args.prompt is None or args.generate is None:
+            raise CliError("a request needs both --prompt P (tokens prefilled) and --generate N (tokens generated)")
+        positions = args.prompt + args.generate - 1
+        if positions > config.max_length:
+            raise CliError(f"--prompt {args.prompt} + --generate {args.generate} holds {positions} positions, beyond "
+                           f"max_length {config.max_length} of preset {args.preset!r}")
+        args.lengths, args.workload = [positions], {"kind": "request", "prompt": args.prompt, "generate": args.generate}
+    elif contexts:
+        beyond = [c for c in args.contexts if c + 1 > config.max_length]
+        if beyond:
+            raise CliError(f"--contexts {beyond[0]}: a step after {beyond[0]} tokens needs {beyond[0] + 1} positions, "
+                           f"beyond max_length {config.max_length} of preset {args.preset!r}")
+        args.lengths, args.workload = list(args.contexts), {"kind": "contexts"}
+    else:
+        args.lengths, args.workload = list(args.lengths or timing.DEFAULT_LENGTHS), {"kind": "loop"}
 
 
 def check_fits_in_memory(config: PlainConfig, protocol: Protocol, lengths: list[int], modes: list[str]) -> None:

@@ -239,7 +239,7 @@ def check_summary(record: dict) -> str | None:
         recomputed = summarize(record["repetitions"], record["checks"], summary.get("baseline", "full"),
                                record["run"].get("control"), summary.get("estimator"), summary.get("interval"),
                                summary.get("between_run"), (summary.get("estimation") or {}).get("rule"),
-                               record["run"]["threads"])
+                               record["run"]["threads"], record["run"].get("workload"), record["run"]["batch"])
     except ArithmeticError as error:
         return f"summary: its repetitions cannot be summarized ({error})"
     sections = [("cells", ("median", "min", "max", "q1", "q3", "repetitions", "per_token_median")),
@@ -250,6 +250,9 @@ def check_summary(record: dict) -> str | None:
     if summary.get("estimation") != recomputed.get("estimation"):
         return (f"summary/estimation is {summary.get('estimation')}, but the telemetry of its repetitions gives "
                 f"{recomputed.get('estimation')}")
+    if not close(summary.get("latency"), recomputed.get("latency")):
+        return (f"summary/latency is not what the repetitions give: recorded {str(summary.get('latency'))[:200]}, "
+                f"recomputed {str(recomputed.get('latency'))[:200]}")
     for section, stats in sections:
         stored, derived = by_cell(record["summary"][section]), by_cell(recomputed[section])
         extra = sorted(set(stored) - set(derived))
@@ -271,6 +274,37 @@ def check_summary(record: dict) -> str | None:
     return None
 
 
+def close(a: object, b: object) -> bool:
+    """Equal, numbers within rounding (a summary recomputed on load sums floats in the same order, but
+    a JSON round trip may print the last digit differently)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(close(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(close(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and math.isclose(a, b, rel_tol=1e-9,
+                                                                                            abs_tol=1e-15)
+    return a == b
+
+
+def check_workload(record: dict) -> str | None:
+    """A request run's repetitions each time exactly its prompt's prefill and generate - 1 steps."""
+    workload = record["run"].get("workload") or {"kind": "loop"}
+    if workload["kind"] != "request":
+        return None
+    if record["run"]["lengths"] != [workload["prompt"] + workload["generate"] - 1]:
+        return (f"run/lengths is {record['run']['lengths']}, but a request of {workload['prompt']} + "
+                f"{workload['generate']} tokens holds {workload['prompt'] + workload['generate'] - 1} positions")
+    for index, rep in enumerate(record["repetitions"]):
+        steps = rep.get("step_seconds")
+        if rep.get("ttft_seconds") is None or steps is None or len(steps) != workload["generate"] - 1:
+            return (f"repetitions/{index}: a request of {workload['generate']} tokens times a prefill and "
+                    f"{workload['generate'] - 1} steps, got {'no ' if steps is None else len(steps)} steps")
+        if rep["ttft_seconds"] + sum(steps) > rep["seconds"] * (1 + 1e-9) + 1e-9:
+            return f"repetitions/{index}: its steps add up to more than the request's {rep['seconds']} s"
+    return None
+
+
 def check_machine_probe(record: dict) -> str | None:
     """Each phase of the probe times exactly the workloads it names, `repeats` times each."""
     probe = record.get("machine_probe")
@@ -288,5 +322,5 @@ def check_machine_probe(record: dict) -> str | None:
     return None
 
 
-MEANING_CHECKS = (check_run, check_checks, check_sampling, check_repetitions, check_memory, check_per_step, check_summary,
-                  check_machine_probe)
+MEANING_CHECKS = (check_run, check_workload, check_checks, check_sampling, check_repetitions, check_memory,
+                  check_per_step, check_summary, check_machine_probe)

@@ -14,6 +14,7 @@ import jsonschema
 
 from kvbench import estimation
 from kvbench.config import DTYPE_NAMES
+from kvbench.kinds import WORKLOADS
 from kvbench.kinds import FAILURES, KIND_NAME
 from kvbench.files import first_non_finite
 from kvbench.record.meaning import MEANING_CHECKS, RecordError
@@ -138,7 +139,14 @@ def _schema_v2() -> dict:
         "type": "object", "required": ["path", "sha256", "kinds"],
         "properties": {"path": {"type": "string"}, "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
                        "kinds": {"type": "array", "minItems": 1, "items": _mode}}}}
+    schema["properties"]["run"]["properties"]["workload"] = {  # absent before 2026-12-01: the loop
+        "type": "object", "required": ["kind"], "additionalProperties": False,
+        "properties": {"kind": {"enum": list(WORKLOADS)}, "prompt": _positive, "generate": _positive},
+        "if": {"properties": {"kind": {"const": "request"}}}, "then": {"required": ["kind", "prompt", "generate"]}}
     repetition = schema["properties"]["repetitions"]["items"]
+    repetition["properties"].update({
+        "ttft_seconds": {"type": "number", "minimum": 0, "maximum": MAX_SAMPLE_SECONDS},
+        "step_seconds": {"type": "array", "items": {"type": "number", "minimum": 0, "maximum": MAX_SAMPLE_SECONDS}}})
     repetition["required"] += ["round", "started", *TELEMETRY]
     repetition["properties"].update({"round": _count, "started": {"type": "number", "minimum": 0},
                                      **{name: {"type": [kind, "null"], "minimum": 0} for name, kind in TELEMETRY.items()}})

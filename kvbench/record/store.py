@@ -41,6 +41,7 @@ def build_record(
         "sampling": sampling or fixed_sampling(run, repetitions, status),
         "summary": summarize(repetitions, checks, control=run.get("control"), estimator=stats.DEFAULT_ESTIMATOR,
                              interval=stats.DEFAULT_INTERVAL, rule=estimation.RULE, threads=run["threads"],
+                             workload=run.get("workload"), batch=run["batch"],
                              between_run={"speedup": protocol.get("between_run", stats.BETWEEN_RUN["speedup"]),
                                           "seconds": stats.BETWEEN_RUN["seconds"]}),
         "memory": memory,
@@ -89,14 +90,14 @@ def load_record(path: Path | str) -> dict:
 
 def record_from_run(outcome, *, command: list[str], preset: str, config, lengths: list[int], modes: list[str],
                     protocol, in_effect: dict, environment: dict, plugins: list[dict] = (),
-                    cache_options: dict | None = None) -> dict:
+                    cache_options: dict | None = None, workload: dict | None = None) -> dict:
     """The record of one run: its settings (a DecoderConfig and a timing.Protocol) beside its outcome
     (a benchmark.RunOutcome); `in_effect`: the threads and CPUs that took effect."""
     sampling = outcome.sampling
     return build_record(
         command=command, config=config.to_dict(),
         run={**protocol.run_section(preset, lengths, modes), "control": outcome.control, "plugins": list(plugins),
-             "cache_options": dict(cache_options or {})},
+             "cache_options": dict(cache_options or {}), "workload": workload or {"kind": "loop"}},
         protocol=protocol.describe(in_effect), environment=environment, checks=outcome.checks,
         repetitions=outcome.repetitions, memory=outcome.memory, per_step=outcome.per_step,
         status="incomplete" if outcome.interrupted else "complete", machine_probe=outcome.machine_probe,

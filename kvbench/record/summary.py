@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 
 from kvbench import estimation as clocks
-from kvbench import stats
+from kvbench import latency, stats
 from kvbench.kinds import CONTROL
 
 
@@ -44,7 +44,7 @@ def by_cell(entries: list[dict]) -> dict[tuple[str, int], dict]:
 
 def summarize(repetitions: list[dict], checks: list[dict], baseline: str = "full", control: str | None = None,
               estimator: str | None = None, interval: str | None = None, between_run: dict | None = None,
-              rule: str | None = None, threads: int = 1) -> dict:
+              rule: str | None = None, threads: int = 1, workload: dict | None = None, batch: int = 1) -> dict:
     """Per (label, length): median, min, max, quartiles; per length and label: the speedup over the
     baseline; per length: the A/A control's ratio.
 
@@ -54,7 +54,9 @@ def summarize(repetitions: list[dict], checks: list[dict], baseline: str = "full
     `between_run` ({"speedup": SD, "seconds": SD}) widens the speedup intervals for what varies
     from one run to the next; None for records written before it was recorded (no widening).
     With a `rule` (kvbench.estimation.RULE) each length's speedups are estimated on the clock its
-    samples' telemetry chose; without one (records written before it), on wall time.
+    samples' telemetry chose; without one (records written before it), on wall time. A request
+    `workload` adds each mode's latency figures (kvbench.latency) and its TTFT and TPOT against the
+    baseline's.
     """
     passed = {key: check["passed"] for key, check in by_cell(checks).items()}
     samples = samples_by_cell(repetitions)
@@ -97,7 +99,28 @@ def summarize(repetitions: list[dict], checks: list[dict], baseline: str = "full
             summary["between_run"] = dict(between_run)
         if rule is not None:
             summary["estimation"] = {"rule": rule, "lengths": [chosen[n].to_dict() for n in sorted(chosen)]}
+    if (workload or {}).get("kind") == "request":
+        summary["latency"] = request_latency(repetitions, baseline, batch, (between_run or {}).get("speedup", 0.0))
     return summary
+
+
+def request_latency(repetitions: list[dict], baseline: str, batch: int, between_run: float) -> list[dict]:
+    """Per (label, length): the latency figures of its sampled requests, and TTFT and TPOT ratios to the baseline."""
+    by_label: dict[tuple[str, int], list[dict]] = {}
+    for rep in repetitions:
+        by_label.setdefault((rep["mode"], rep["length"]), []).append(rep)
+    out = []
+    for (label, length), reps in by_label.items():
+        entry = {"mode": label, "length": length, **latency.mode_latency(reps, batch), "ratios": {}}
+        base = by_label.get((baseline, length))
+        if label != baseline and base:
+            for name in latency.RATIOS:
+                estimate = latency.ratio_to_baseline(base, reps, name, between_run, key=(label, length))
+                if estimate is not None:
+                    entry["ratios"][name] = {"ratio": estimate.ratio, "low": estimate.low, "high": estimate.high,
+                                             "pairs": estimate.pairs}
+        out.append(entry)
+    return out
 
 
 def control_ratios(samples: dict, control: str | None, estimator: str, interval: str, on_clock=None) -> list[dict]:

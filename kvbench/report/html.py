@@ -10,6 +10,7 @@ import base64
 from kvbench import stats
 from kvbench.report import columns
 from kvbench.report.format import as_sentence, escape_html, format_bytes
+from kvbench.report.latency import LATENCY_COLUMNS, latency_cells, latency_sentence
 from kvbench.report.model import MARKS, Report, Row, environment_line
 
 CSS = """
@@ -110,7 +111,7 @@ def render_report(report: Report, images: dict[str, tuple[bytes, str]]) -> str:
              f'<p class="meta">record <code>{escape_html(report.source)}</code> · created '
              f"{escape_html(report.created_utc)}</p>",
              f'<p class="meta">{escape_html(environment_line(report.environment))}</p>']
-    parts += _timings_section(report) + _sampling_section(report) + _tradeoff_section(report)
+    parts += _latency_section(report) + _timings_section(report) + _sampling_section(report) + _tradeoff_section(report)
     parts += _fit_section(report) + _profile_section(report) + _plots_section(images)
     parts.append("<h2>Environment</h2>")
     facts = [[key, _fact(key, value)] for key, value in report.environment.items()]
@@ -118,6 +119,14 @@ def render_report(report: Report, images: dict[str, tuple[bytes, str]]) -> str:
     parts.append(f'<p class="meta">command: <code>{escape_html(" ".join(report.command))}</code></p>')
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
+
+
+def _latency_section(report: Report) -> list[str]:
+    if not report.latency:
+        return []
+    return ["<h2>What a client sees: one request</h2>",
+            _plain_table(LATENCY_COLUMNS, [latency_cells(row) for row in report.latency], ("mode", "equivalence")),
+            f'<p class="legend">{escape_html(as_sentence(latency_sentence(report.latency, report.baseline)))}</p>']
 
 
 def _timings_section(report: Report) -> list[str]:

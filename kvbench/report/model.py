@@ -16,6 +16,7 @@ from kvbench.capture import summarize_environment
 from kvbench.config import PlainConfig
 from kvbench.kinds import expected_cache_bytes
 from kvbench.record import RecordView
+from kvbench.report.latency import LatencyRow, latency_rows
 from kvbench.stats import NOISY_SPREAD, PowerFit, RatioEstimate
 from kvbench.telemetry import disturbances, tally
 
@@ -140,6 +141,8 @@ class Report:
     sampling: list[LengthRow] = field(default_factory=list)
     control: str | None = None
     noise: Noise | None = None
+    latency: list[LatencyRow] = field(default_factory=list)  # a request run's TTFT, TPOT, ITL (report.latency)
+    workload: dict = field(default_factory=lambda: {"kind": "loop"})
     tradeoffs: list[Tradeoff] = field(default_factory=list)
 
     @property
@@ -295,6 +298,7 @@ def build_report(view: RecordView, seed: int = stats.SEED, resamples: int = stat
         if clock_note(report.sampling):
             report.notes.append(clock_note(report.sampling))
     report.tradeoffs = tradeoffs(view, rows)
+    report.latency, report.workload = latency_rows(view), dict(view.run.get("workload") or {"kind": "loop"})
     return report
 
 

@@ -24,6 +24,7 @@ from kvbench.report.compare import (
 )
 from kvbench.report.differences import CRITICAL, INFORMATIONAL, NOTABLE
 from kvbench.report.format import format_bytes, render_plain, rich_escape
+from kvbench.report.latency import LATENCY_COLUMNS, latency_cells, latency_sentence
 from kvbench.report.model import MARKS, Report, Row, clock_note, environment_line
 
 STYLES = {"failed": "bold red", "invalid": "red", "noisy": "yellow", "unchecked": "yellow"}
@@ -61,9 +62,22 @@ def quick_table(report: Report) -> Table:
     return rows_table(report.rows, columns.QUICK_COLUMNS, title=title, title_justify="left")
 
 
+def latency_table(report: Report) -> Table:
+    table = Table(title=f"request: {report.latency[0].prompt} prompt tokens, {report.latency[0].generate} generated",
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in LATENCY_COLUMNS:
+        table.add_column(name, justify="left" if name in ("mode", "equivalence") else "right", no_wrap=True)
+    for row in report.latency:
+        table.add_row(*(rich_escape(text) for text in latency_cells(row)))
+    return table
+
+
 def quick_renderables(report: Report) -> list:
-    """The quick table, then how each length was sampled and how noisy the machine was."""
-    out: list = [quick_table(report)]
+    """The quick table (a request run: its latency table first), then how each length was sampled and how
+    noisy the machine was."""
+    out: list = [latency_table(report), rich_escape(latency_sentence(report.latency, report.baseline))] \
+        if report.latency else []
+    out.append(quick_table(report))
     if report.sampling:
         out.append("sampled: " + "; ".join(
             f"{row.length}: {row.rotations} rotations, {columns.STOP_TEXTS.get(row.stop, row.stop)}"
@@ -94,6 +108,8 @@ def report_renderables(report: Report) -> list:
     out.append(f"[bold]{rich_escape(report.title)}[/]{status}")
     out.append(f"record {rich_escape(report.source)} · created {rich_escape(report.created_utc)}")
     out.append(rich_escape(environment_line(report.environment)))
+    if report.latency:
+        out += [latency_table(report), rich_escape(latency_sentence(report.latency, report.baseline))]
     out.append(rows_table(report.rows, columns.TEXT_COLUMNS, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True))
     if any(row.memory and row.memory["reserved_bytes"] != row.memory["measured_bytes"] for row in report.rows):
         out.append("  KV bytes a/b: a retained, b reserved (allocated) by the cache")

@@ -1,0 +1,78 @@
+"""Every figure a client sees, from the raw per-step durations a record keeps: one function per figure.
+
+For one request of N generated tokens (step 0 the prefill, steps 1..N-1 one token each):
+
+  TTFT    time to first token: the prefill, up to the first token's logits (step 0)
+  ITL     inter-token latency: the duration of each later step (N - 1 values)
+  TPOT    time per output token after the first, as vLLM defines it: (E2E - TTFT) / (N - 1)
+  E2E     end to end: TTFT + the sum of the ITLs
+  tokens/s  batch * N / E2E: output tokens of every sequence of the batch
+
+Across the sampled requests of a mode: TTFT, TPOT and E2E are medians with the
+order-statistic interval of a median; the ITL percentiles pool every step of every sample
+(as vLLM pools them over requests); a mode's TTFT and TPOT against `full`'s are medians of
+per-rotation ratios, paired as kvbench's speedups are. The report, compare and the exporters
+all read these functions, so a figure means one thing everywhere.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import numpy as np
+
+from kvbench import stats
+
+ITL_PERCENTILES = (50, 90, 99)
+RATIOS = ("ttft", "tpot")  # the figures whose ratio to full a request run is sampled until precise
+
+
+def tpot(ttft_seconds: float, step_seconds: list[float]) -> float | None:
+    """vLLM's TPOT: (E2E - TTFT) / (N - 1); None for a request of one token."""
+    return sum(step_seconds) / len(step_seconds) if step_seconds else None
+
+
+def request_figures(repetition: dict, batch: int = 1) -> dict[str, float | None]:
+    """TTFT, TPOT, E2E and tokens/s of one sampled request (a record's repetition)."""
+    ttft, steps = repetition["ttft_seconds"], repetition["step_seconds"]
+    e2e = ttft + sum(steps)
+    return {"ttft": ttft, "tpot": tpot(ttft, steps), "e2e": e2e, "tokens_per_second": batch * (len(steps) + 1) / e2e}
+
+
+def itl_percentiles(repetitions: list[dict]) -> dict[str, float]:
+    """ITL percentiles over every step of every sampled request (p50, p90, p99), as "itl_p50" etc."""
+    steps = [s for rep in repetitions for s in rep["step_seconds"]]
+    if not steps:
+        return {}
+    return {f"itl_p{level}": float(value) for level, value in zip(ITL_PERCENTILES, np.percentile(steps, ITL_PERCENTILES))}
+
+
+def median_with_interval(values: list[float]) -> dict[str, float]:
+    low, high = stats.median_interval(values)
+    return {"median": statistics.median(values), "low": low, "high": high}
+
+
+def mode_latency(repetitions: list[dict], batch: int = 1) -> dict:
+    """One mode's figures over its sampled requests: medians with intervals, and the pooled ITL percentiles."""
+    figures = [request_figures(rep, batch) for rep in repetitions]
+    out = {name: median_with_interval([f[name] for f in figures if f[name] is not None])
+           for name in ("ttft", "tpot", "e2e", "tokens_per_second") if any(f[name] is not None for f in figures)}
+    return {**out, **itl_percentiles(repetitions), "requests": len(repetitions),
+            "generated": len(repetitions[0]["step_seconds"]) + 1 if repetitions else 0}
+
+
+def figure_by_rotation(repetitions: list[dict], figure: str, batch: int = 1) -> dict[int, float]:
+    return {rep["repetition"]: request_figures(rep, batch)[figure] for rep in repetitions
+            if request_figures(rep, batch)[figure] is not None}
+
+
+def ratio_to_baseline(baseline: list[dict], mode: list[dict], figure: str, between_run: float,
+                      key: tuple = ()) -> stats.RatioEstimate | None:
+    """baseline's figure / this mode's, median of per-rotation ratios, with kvbench's rerun interval."""
+    return stats.speedup(figure_by_rotation(baseline, figure), figure_by_rotation(mode, figure),
+                         between_run=between_run, key=(figure, *key))
+
+
+def achieved_bandwidth(bytes_read: int, seconds: float) -> float:
+    """Bytes per second a step streamed, if it read `bytes_read` (weights plus cache) exactly once."""
+    return bytes_read / seconds

@@ -1,0 +1,187 @@
+"""What one sample times: a whole decode loop (the source document's), one request, or one step at a context.
+
+Each workload gives, per cell length, the gate's checks, the memory entry and the call to time;
+`kvbench.benchmark.run_benchmark` drives all three the same way, through the same sampler,
+record and report. A cell's `length` is always the positions its cache holds at the end:
+
+  loop      length T: T one-token steps from an empty cache, timed as one loop
+  request   length P + N - 1: a prefill of P tokens, then N - 1 steps, every step timed on its own
+  contexts  length c: the one step after c tokens were prefilled outside the timed region
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from torch import Tensor
+
+from kvbench import latency, requests
+from kvbench.cache import make_cache
+from kvbench.decode import FULL, decode, decode_full, mode_expected_bytes, run_gate
+from kvbench.kinds import WORKLOADS
+from kvbench.memory import memory_profile, peak_memory_growth
+from kvbench.model import Decoder
+from kvbench.sampling import Sample
+from kvbench.timing import Protocol
+
+
+
+class Loop:
+    """The seed's unit: one whole teacher-forced decode loop per sample."""
+
+    name = "loop"
+
+    def __init__(self) -> None:
+        self.reference: Tensor | None = None
+
+    def describe(self) -> dict:
+        return {"kind": self.name}
+
+    def positions(self, length: int) -> int:
+        """Token ids a cell of this length consumes."""
+        return length
+
+    def gate(self, model: Decoder, ids: Tensor, length: int, modes: list[str], options: dict | None) -> dict:
+        if self.reference is None:  # once, at the longest length: step t depends only on ids[:, :t + 1]
+            self.reference = decode_full(model, ids, keep_logits=True)
+        checks = run_gate(model, ids, [length], modes, reference=self.reference, options=options)
+        return {mode: checks[(mode, length)] for mode in modes}
+
+    def memory(self, model: Decoder, ids: Tensor, length: int, mode: str, options: dict | None) -> dict:
+        return memory_profile(model, ids[:, :length], mode, options)
+
+    def call(self, model: Decoder, ids: Tensor, length: int, mode: str, options: dict | None) -> Callable[[], object]:
+        cell = ids[:, :length]
+        return lambda: decode(model, cell, mode, options=options)
+
+    def watch(self, protocol: Protocol, baseline: str):
+        return None  # every speedup, the sampler's default
+
+
+class TimedRequest:
+    """The call the sampler times for one request; `detail()` hands it the request's per-step durations."""
+
+    def __init__(self, model: Decoder, ids: Tensor, mode: str, prompt: int, options: dict | None) -> None:
+        self.model, self.ids, self.mode, self.prompt, self.options = model, ids, mode, prompt, options
+        self.last: dict = {}
+
+    def __call__(self) -> None:
+        self.last = requests.time_request(self.model, self.ids, self.mode, self.prompt, self.options)
+
+    def detail(self) -> dict:
+        return self.last
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request per sample: a prefill of `prompt` tokens, then `generate` - 1 one-token steps."""
+
+    prompt: int
+    generate: int
+    name = "request"
+
+    def __post_init__(self) -> None:
+        for field, value in (("prompt", self.prompt), ("generate", self.generate)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{field} must be a positive integer, got {value!r}")
+
+    @property
+    def length(self) -> int:
+        return self.prompt + self.generate - 1
+
+    def describe(self) -> dict:
+        return {"kind": self.name, "prompt": self.prompt, "generate": self.generate}
+
+    def positions(self, length: int) -> int:
+        return length
+
+    def gate(self, model: Decoder, ids: Tensor, length: int, modes: list[str], options: dict | None) -> dict:
+        checks = requests.check_request(model, ids[:, :length], modes, self.prompt, options)
+        return {mode: {**check, "length": length} for mode, check in checks.items()}
+
+    def memory(self, model: Decoder, ids: Tensor, length: int, mode: str, options: dict | None) -> dict:
+        return footprint(model, ids[:, :length], mode, options,
+                         lambda: requests.request_logits(model, ids[:, :length], mode, self.prompt, options))
+
+    def call(self, model: Decoder, ids: Tensor, length: int, mode: str, options: dict | None) -> TimedRequest:
+        return TimedRequest(model, ids[:, :length], mode, self.prompt, options)
+
+    def watch(self, protocol: Protocol, baseline: str):
+        """TTFT and TPOT against full's, and every mode's own TPOT: each as precise as the protocol asks."""
+        def half_widths(samples: list[Sample], length: int) -> dict[str, float]:
+            cells: dict[str, list[dict]] = {}
+            for kept in samples:
+                if kept.length == length:
+                    cells.setdefault(kept.mode, []).append(kept.to_dict())
+            widths = {}
+            for mode, reps in cells.items():
+                figure = latency.mode_latency(reps, protocol.batch).get("tpot")
+                if figure and len(reps) > 1:
+                    widths[f"{mode} tpot"] = (figure["high"] - figure["low"]) / (2 * figure["median"])
+                if mode != baseline and baseline in cells:
+                    for name in latency.RATIOS:
+                        estimate = latency.ratio_to_baseline(cells[baseline], reps, name, protocol.between_run,
+                                                             key=("stop", mode, length))
+                        if estimate is not None:
+                            widths[f"{mode} {name} ratio"] = estimate.half_width
+            return widths
+
+        return half_widths
+
+
+@dataclass(frozen=True)
+class Contexts:
+    """One decode step per sample, after a context prefilled outside the timed region."""
+
+    name = "contexts"
+
+    def describe(self) -> dict:
+        return {"kind": self.name}
+
+    def positions(self, length: int) -> int:
+        return length + 1
+
+    def gate(self, model: Decoder, ids: Tensor, length: int, modes: list[str], options: dict | None) -> dict:
+        checks = requests.check_context(model, ids, modes, length, options)
+        return {mode: {**check, "length": length} for mode, check in checks.items()}
+
+    def memory(self, model: Decoder, ids: Tensor, length: int, mode: str, options: dict | None) -> dict:
+        step = requests.ContextStep(model, ids, mode, length, options)
+        return footprint(model, ids[:, :length], mode, options, lambda: (step.prepare(), step()))
+
+    def call(self, model: Decoder, ids: Tensor, length: int, mode: str, options: dict | None) -> requests.ContextStep:
+        return requests.ContextStep(model, ids, mode, length, options)
+
+    def watch(self, protocol: Protocol, baseline: str):
+        return None  # every mode's per-step speedup over full's forward at that context
+
+
+def footprint(model: Decoder, ids: Tensor, mode: str, options: dict | None, run: Callable[[], object]) -> dict:
+    """The bytes a mode's cache holds for ids' positions (formula, measured from a cache filled in one
+    prefill, reserved) and the peak resident growth of `run`."""
+    import torch
+
+    B, T = ids.shape
+    _, peak = peak_memory_growth(run)
+    with torch.inference_mode():
+        if mode == FULL:
+            _, cache = model(ids)
+        else:
+            cache = make_cache(mode, model.config, batch=B, capacity=T, **(options or {}).get(mode, {}))
+            _, cache = model(ids, cache)
+        found = {"measured_bytes": cache.nbytes, "reserved_bytes": cache.reserved_bytes}
+        cache.release()
+    return {"expected_bytes": mode_expected_bytes(mode, model.config, B, T, (options or {}).get(mode)), **found, **peak}
+
+
+def workload_from(kind: str, prompt: int | None = None, generate: int | None = None):
+    if kind == "request":
+        return Request(prompt, generate)
+    if kind == "contexts":
+        return Contexts()
+    if kind != "loop":
+        raise ValueError(f"workload must be one of {list(WORKLOADS)}, got {kind!r}")
+    return Loop()
+
+

@@ -1,0 +1,41 @@
+"""kvbench.latency: every client-visible figure from raw per-step durations, checked by hand."""
+
+import pytest
+
+from kvbench import latency
+
+
+def request(rotation, ttft, steps, mode="static"):
+    return {"mode": mode, "length": len(steps) + 4, "repetition": rotation, "seconds": ttft + sum(steps) + 1e-6,
+            "ttft_seconds": ttft, "step_seconds": steps}
+
+
+def test_one_request_by_hand():
+    figures = latency.request_figures(request(0, 0.010, [0.002, 0.003, 0.004]), batch=2)
+    assert figures["ttft"] == 0.010
+    assert figures["e2e"] == pytest.approx(0.019)
+    assert figures["tpot"] == pytest.approx((0.019 - 0.010) / 3)  # vLLM: (E2E - TTFT) / (N - 1)
+    assert figures["tokens_per_second"] == pytest.approx(2 * 4 / 0.019)  # batch x N tokens over E2E
+    assert latency.request_figures(request(0, 0.01, []))["tpot"] is None  # one token: no TPOT
+
+
+def test_a_modes_figures_are_medians_and_its_itl_percentiles_pool_every_step():
+    reps = [request(r, 0.010 + 0.001 * r, [0.002] * 9 + [0.02 * (r + 1)]) for r in range(5)]
+    figures = latency.mode_latency(reps)
+    assert figures["ttft"]["median"] == pytest.approx(0.012)
+    assert figures["ttft"]["low"] == 0.010 and figures["ttft"]["high"] == 0.014  # five values: their range
+    assert figures["itl_p50"] == pytest.approx(0.002) and figures["itl_p99"] > 0.05  # the slow last steps
+    assert (figures["requests"], figures["generated"]) == (5, 11)
+
+
+def test_ratios_to_the_baseline_are_paired_by_rotation():
+    base = [request(r, 0.010, [0.004] * 4, "full") for r in range(7)]
+    mine = [request(r, 0.010, [0.001] * 4) for r in range(7)]
+    tpot = latency.ratio_to_baseline(base, mine, "tpot", between_run=0.0)
+    ttft = latency.ratio_to_baseline(base, mine, "ttft", between_run=0.0)
+    assert tpot.ratio == pytest.approx(4.0) and tpot.pairs == 7
+    assert ttft.ratio == pytest.approx(1.0)
+
+
+def test_achieved_bandwidth_is_bytes_over_seconds():
+    assert latency.achieved_bandwidth(2_000_000, 0.001) == pytest.approx(2e9)
