@@ -15,7 +15,7 @@ from kvbench.decode import FULL, check_modes, failed_check, timeable, token_ids
 from kvbench.model import Decoder
 from kvbench.sampling import Sample, Sampling, sample
 from kvbench.timing import CONTROL, Protocol, control_mode, per_step_seconds
-from kvbench.workloads import Loop
+from kvbench.workloads import Loop, matmul_shapes, weights_read_per_step
 
 
 @dataclass
@@ -34,6 +34,7 @@ class RunOutcome:
     control: str | None = None  # the cached mode timed a second time under the label "control"
     sampling: Sampling = field(default_factory=Sampling)
     machine_probe: dict | None = None  # the fixed workloads of kvbench.machine, at the start and the end
+    limits: dict | None = None  # what the machine can stream and multiply, for a request or a contexts run
 
 
 def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol: Protocol = Protocol(),
@@ -53,6 +54,9 @@ def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol
         calls = machine.workloads()
         outcome.machine_probe = {"workloads": dict(machine.WORKLOADS), "repeats": machine.REPEATS,
                                  "start": machine.probe_phase(calls)}
+        if workload.name != "loop":  # a step's distance to the machine's limit needs the limit
+            progress("machine limits", 0, 1)
+            outcome.limits = machine_limits(model, workload, lengths, protocol)
         longest = token_ids(model.config, protocol.batch, max(workload.positions(n) for n in lengths), protocol.seed)
         progress("reference", 0, 1)
         gate: dict[tuple[str, int], dict] = {}
@@ -84,6 +88,18 @@ def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol
     except KeyboardInterrupt:
         outcome.interrupted = True
     return outcome
+
+
+def machine_limits(model: Decoder, workload, lengths: list[int], protocol: Protocol) -> dict:
+    """Memory bandwidth on one thread and all, matmul throughput at the model's shapes (a decode step's rows
+    and the longest prefill's), and the weight bytes a decode step reads."""
+    import os
+
+    prefill = workload.prompt if workload.name == "request" else max(lengths)
+    everything = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    found = machine.limits(matmul_shapes(model, [protocol.batch, protocol.batch * prefill]), sorted({1, everything}))
+    return {**found, "weight_bytes_per_step": weights_read_per_step(model),
+            "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
 
 
 def checked(workload, model: Decoder, ids, length: int, modes: list[str], options: dict | None) -> dict:

@@ -76,3 +76,34 @@ def ratio_to_baseline(baseline: list[dict], mode: list[dict], figure: str, betwe
 def achieved_bandwidth(bytes_read: int, seconds: float) -> float:
     """Bytes per second a step streamed, if it read `bytes_read` (weights plus cache) exactly once."""
     return bytes_read / seconds
+
+
+def bandwidth_limit(limits: dict, threads: int) -> float | None:
+    """The measured triad bandwidth (bytes/s, median) on `threads` threads, or on the most measured below it."""
+    triad = (limits or {}).get("memory_bandwidth", {}).get("triad", {})
+    counts = sorted((int(count) for count in triad), reverse=True)
+    usable = [count for count in counts if count <= threads] or counts[-1:]
+    return triad[str(usable[0])]["median"] if usable else None
+
+
+def compute_limit(limits: dict) -> float | None:
+    """The fastest measured matmul (FLOP/s, median): the compute roof."""
+    rates = [entry["flops_per_second"]["median"] for entry in (limits or {}).get("matmul", [])]
+    return max(rates, default=None)
+
+
+def decode_step(weight_bytes: int, cache_bytes: int, config, batch: int, context: int) -> dict[str, float]:
+    """What one decode step at `context` must read and compute: every weight once (embedding rows aside),
+    every cached key and value once; 2 FLOPs per weight per sequence, and attention's 4 per head, head
+    width and cached position (scores and the weighted sum) per layer and sequence."""
+    weights = weight_bytes / config.element_bytes
+    attention = 4 * config.layers * config.heads * config.head_dim * (context + 1)
+    return {"bytes": weight_bytes + cache_bytes, "flops": batch * (2 * weights + attention)}
+
+
+def prefill(weight_bytes: int, config, batch: int, tokens: int) -> dict[str, float]:
+    """A prefill of `tokens`: the weights read once, 2 FLOPs per weight per token, and causal attention's
+    2 * (scores and sum) per head, head width and visible pair per layer."""
+    weights = weight_bytes / config.element_bytes
+    attention = 2 * config.layers * config.heads * config.head_dim * tokens * (tokens + 1)
+    return {"bytes": weight_bytes, "flops": batch * (2 * weights * tokens + attention)}

@@ -56,3 +56,80 @@ def probe_phase(calls: dict[str, Callable[[], object]], repeats: int = REPEATS) 
         for name, call in calls.items():
             seconds[name].append(time_call(call))
     return seconds
+
+
+# -- the machine's limits: how fast it can stream memory and multiply ------------------------
+
+LIMIT_REPEATS = 5
+MIN_BUFFER_BYTES = 64 << 20
+MAX_BUFFER_BYTES = 512 << 20
+STREAMS = {"copy": 2, "triad": 3}  # arrays a kernel moves, counted as STREAM counts them (no write-allocate)
+
+
+def last_level_cache_bytes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> int | None:
+    """The largest unified or data cache this CPU reports (Linux sysfs), or None."""
+    from pathlib import Path
+
+    sizes = []
+    for index in Path(root).glob("index*"):
+        try:
+            if (index / "type").read_text().strip() in ("Unified", "Data"):
+                text = (index / "size").read_text().strip().upper()
+                sizes.append(int(text[:-1]) * {"K": 1 << 10, "M": 1 << 20}[text[-1]] if text[-1] in "KM" else int(text))
+        except (OSError, ValueError, KeyError):
+            continue
+    return max(sizes, default=None)
+
+
+def buffer_bytes(llc: int | None) -> int:
+    """Per array: four times the last-level cache, so no pass is served from it; 64 MiB to 512 MiB."""
+    return min(max(4 * (llc or 32 << 20), MIN_BUFFER_BYTES), MAX_BUFFER_BYTES)
+
+
+def summarize(values: list[float]) -> dict:
+    ordered = sorted(values)
+    median = ordered[len(ordered) // 2] if len(ordered) % 2 else (ordered[len(ordered) // 2 - 1] + ordered[len(ordered) // 2]) / 2
+    return {"median": median, "min": ordered[0], "max": ordered[-1], "samples": list(values)}
+
+
+def memory_bandwidth(threads: list[int], size: int, repeats: int = LIMIT_REPEATS) -> dict:
+    """{kernel: {threads: bytes per second (median, min, max, every sample)}}, copy (a = b) and triad
+    (a = b + s c) over float32 arrays of `size` bytes; torch's thread count restored after."""
+    import torch
+
+    before = torch.get_num_threads()
+    a, b, c = torch.zeros(size // 4), torch.ones(size // 4), torch.ones(size // 4)  # every page touched first
+    kernels = {"copy": lambda: a.copy_(b), "triad": lambda: torch.add(b, c, alpha=3.0, out=a)}
+    found: dict[str, dict[str, dict]] = {name: {} for name in kernels}
+    try:
+        for count in threads:
+            torch.set_num_threads(count)
+            for name, kernel in kernels.items():
+                kernel()  # first touch and warm-up
+                rates = [STREAMS[name] * size / time_call(kernel) for _ in range(repeats)]
+                found[name][str(count)] = summarize(rates)
+    finally:
+        torch.set_num_threads(before)
+    return found
+
+
+def matmul_rates(shapes: list[tuple[int, int, int]], repeats: int = LIMIT_REPEATS) -> list[dict]:
+    """FLOP/s of (M x K) @ (K x N) float32 products at the given shapes, on torch's current threads."""
+    import torch
+
+    out = []
+    for m, k, n in shapes:
+        x, w = torch.randn(m, k), torch.randn(n, k)
+        call = lambda x=x, w=w: torch.nn.functional.linear(x, w)  # noqa: E731 - the product a layer computes
+        call()
+        rates = [2 * m * k * n / time_call(call) for _ in range(repeats)]
+        out.append({"shape": [m, k, n], "flops_per_second": summarize(rates)})
+    return out
+
+
+def limits(shapes: list[tuple[int, int, int]], threads: list[int]) -> dict:
+    """What this machine can do, for a record: memory bandwidth (one thread and all) and matmul throughput."""
+    llc = last_level_cache_bytes()
+    size = buffer_bytes(llc)
+    return {"last_level_cache_bytes": llc, "buffer_bytes": size, "streams": dict(STREAMS),
+            "memory_bandwidth": memory_bandwidth(threads, size), "matmul": matmul_rates(shapes)}

@@ -157,6 +157,25 @@ class Contexts:
         return None  # every mode's per-step speedup over full's forward at that context
 
 
+def weights_read_per_step(model: Decoder) -> int:
+    """Bytes of the weights a decode step reads once: every parameter but the embedding tables, of which a
+    step reads only its tokens' rows (a table tied to the output head is read whole, by the head)."""
+    import torch.nn as nn
+
+    linear = {id(module.weight) for module in model.modules() if isinstance(module, nn.Linear)}
+    skipped = {id(module.weight) for module in model.modules() if isinstance(module, nn.Embedding)} - linear
+    return sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in skipped)
+
+
+def matmul_shapes(model: Decoder, rows: list[int]) -> list[tuple[int, int, int]]:
+    """(M, K, N) of every distinct linear layer, for M = each of `rows` (a decode step's batch, a prefill's
+    tokens): the products a step or a prefill is made of."""
+    import torch.nn as nn
+
+    layers = sorted({tuple(module.weight.shape[::-1]) for module in model.modules() if isinstance(module, nn.Linear)})
+    return [(m, k, n) for m in rows for k, n in layers]
+
+
 def footprint(model: Decoder, ids: Tensor, mode: str, options: dict | None, run: Callable[[], object]) -> dict:
     """The bytes a mode's cache holds for ids' positions (formula, measured from a cache filled in one
     prefill, reserved) and the peak resident growth of `run`."""

@@ -136,9 +136,9 @@ def budget_record(steal_share: float, wait_share: float):
 
 
 @pytest.mark.parametrize("steal, wait, opening", [
-    (0.12, 0.0, "this machine was contended: 12% of the timed time stolen by the hypervisor"),
+    (0.24, 0.0, "this machine was contended: 12% of the machine's CPU time stolen by the hypervisor"),  # 2 CPUs
     (0.0, 0.21, "this machine was contended: 21% of the timed time spent waiting for a CPU"),
-    (0.01, 0.0, "the samples disagreed more than this machine's counters explain (1% of the timed time stolen"),
+    (0.02, 0.0, "the samples disagreed more than this machine's counters explain (1% of the machine's CPU time"),
 ])
 def test_a_run_that_ran_out_of_time_says_why_in_words(steal, wait, opening):
     from kvbench.report.model import contention_sentence

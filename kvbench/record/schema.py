@@ -127,6 +127,32 @@ RECORD_SCHEMA_V1 = {
 
 
 
+def machine_sections() -> dict:
+    """The machine probe (every run since 2026-12-01) and the machine's limits (request and contexts runs)."""
+    seconds = {"type": "array", "minItems": 1, "items": {"type": "number", "exclusiveMinimum": 0,
+                                                         "maximum": MAX_SAMPLE_SECONDS}}
+    phase = {"type": "object", "propertyNames": {"pattern": MODE_NAME}, "additionalProperties": seconds}
+    probe = {  # absent in records written before 2026-12-01
+        "type": "object", "required": ["workloads", "repeats", "start"], "additionalProperties": False,
+        "properties": {"workloads": {"type": "object", "minProperties": 1, "propertyNames": {"pattern": MODE_NAME},
+                                     "additionalProperties": {"type": "string"}},
+                       "repeats": _positive, "start": phase, "end": phase}}
+    rate = {"type": "object", "required": ["median", "min", "max", "samples"],
+            "properties": {name: {"type": "number", "exclusiveMinimum": 0} for name in ("median", "min", "max")}}
+    limits = {  # request and contexts runs since 2026-12-01: the machine's limits
+        "type": "object", "required": ["buffer_bytes", "memory_bandwidth", "matmul", "weight_bytes_per_step"],
+        "properties": {"buffer_bytes": _positive, "weight_bytes_per_step": _positive, "parameter_bytes": _positive,
+                       "last_level_cache_bytes": {"type": ["integer", "null"], "minimum": 1},
+                       "memory_bandwidth": {"type": "object", "required": ["copy", "triad"], "additionalProperties": {
+                           "type": "object", "minProperties": 1, "propertyNames": {"pattern": "^[0-9]+$"},
+                           "additionalProperties": rate}},
+                       "matmul": {"type": "array", "items": {"type": "object", "required": ["shape", "flops_per_second"],
+                                                            "properties": {"shape": {"type": "array", "items": _positive,
+                                                                                     "minItems": 3, "maxItems": 3},
+                                                                           "flops_per_second": rate}}}}}
+    return {"machine_probe": probe, "limits": limits}
+
+
 def _schema_v2() -> dict:
     """Version 2 adds the sampling section, per-sample rounds and telemetry, speedup intervals."""
     schema = copy.deepcopy(RECORD_SCHEMA_V1)
@@ -157,14 +183,7 @@ def _schema_v2() -> dict:
             "properties": {"length": _positive, "rotations": _count, "stop": {"enum": list(STOPS)},
                            "half_width": {"type": ["number", "null"], "minimum": 0}}}}},
     }
-    seconds = {"type": "array", "minItems": 1, "items": {"type": "number", "exclusiveMinimum": 0,
-                                                         "maximum": MAX_SAMPLE_SECONDS}}
-    phase = {"type": "object", "propertyNames": {"pattern": MODE_NAME}, "additionalProperties": seconds}
-    schema["properties"]["machine_probe"] = {  # absent in records written before 2026-12-01
-        "type": "object", "required": ["workloads", "repeats", "start"], "additionalProperties": False,
-        "properties": {"workloads": {"type": "object", "minProperties": 1, "propertyNames": {"pattern": MODE_NAME},
-                                     "additionalProperties": {"type": "string"}},
-                       "repeats": _positive, "start": phase, "end": phase}}
+    schema["properties"].update(machine_sections())
     summary = schema["properties"]["summary"]
     summary["required"] += ["estimator", "interval", "controls"]
     summary["properties"]["estimator"] = {"enum": list(ESTIMATORS)}

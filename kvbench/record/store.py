@@ -25,6 +25,7 @@ def build_record(
     *, command: list[str], config: dict, run: dict, protocol: dict, environment: dict,
     checks: list[dict], repetitions: list[dict], memory: list[dict], status: str = "complete",
     per_step: list[dict] | None = None, sampling: dict | None = None, machine_probe: dict | None = None,
+    limits: dict | None = None,
 ) -> dict:
     """A validated schema-2 record. Without `sampling`, every length ran the fixed protocol."""
     record = {
@@ -50,6 +51,8 @@ def build_record(
         record["per_step"] = per_step
     if machine_probe is not None:
         record["machine_probe"] = machine_probe
+    if limits is not None:
+        record["limits"] = limits
     validate_record(record)
     return record
 
@@ -101,6 +104,7 @@ def record_from_run(outcome, *, command: list[str], preset: str, config, lengths
         protocol=protocol.describe(in_effect), environment=environment, checks=outcome.checks,
         repetitions=outcome.repetitions, memory=outcome.memory, per_step=outcome.per_step,
         status="incomplete" if outcome.interrupted else "complete", machine_probe=outcome.machine_probe,
+        limits=outcome.limits,
         sampling={"lengths": [state.to_dict() for length, state in sampling.lengths.items() if length in lengths],
                   "telemetry": {"unavailable": sampling.telemetry_unavailable,
                                 "per_sample_seconds": sampling.telemetry_seconds},

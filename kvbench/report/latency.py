@@ -1,4 +1,5 @@
-"""What a client sees, as rows and texts: a request run's TTFT, TPOT, ITL percentiles, E2E and tokens/s.
+"""What a client sees, as rows and texts: a request run's TTFT, TPOT, ITL percentiles, E2E and tokens/s,
+and how close each step came to the machine's limits (bandwidth and matmul).
 
 The numbers are the record's summary (kvbench.latency computed them from the raw per-step
 durations when the record was written, and again when it was loaded); this module only
@@ -7,10 +8,14 @@ arranges them for the layouts, as columns.py does for the timing table.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
+from kvbench import latency
+from kvbench.config import PlainConfig
+from kvbench.kinds import formula_bytes
 from kvbench.record import RecordView
-from kvbench.report.format import check_text, ms
+from kvbench.report.format import check_text, format_bytes, ms
 
 
 @dataclass(frozen=True)
@@ -77,3 +82,88 @@ def latency_sentence(rows: list[LatencyRow], baseline: str) -> str:
             f"prefill, up to the first token's logits; TPOT = (E2E - TTFT) / (N - 1), as vLLM defines it; ITL "
             f"percentiles pool every step of every request; medians with their 95% intervals. TTFT × and TPOT ×: "
             f"{baseline}'s figure / the mode's, the median over rotations, with the rerun interval (±)")
+
+
+@dataclass(frozen=True)
+class LimitRow:
+    """How close one measured step (or prefill) came to what the machine can stream and multiply."""
+
+    mode: str
+    what: str  # "decode @ C" or "prefill P"
+    seconds: float  # median
+    bytes_read: float
+    flops: float
+    bandwidth: float | None  # the measured triad bandwidth on the run's threads
+    compute: float | None  # the fastest measured matmul
+
+    @property
+    def achieved_bandwidth(self) -> float:
+        return latency.achieved_bandwidth(self.bytes_read, self.seconds)
+
+    @property
+    def achieved_flops(self) -> float:
+        return self.flops / self.seconds
+
+
+def limit_rows(view: RecordView) -> list[LimitRow]:
+    """Contexts runs: every cached mode's step at every context; request runs: every mode's prefill and
+    every cached mode's average decode step (at the request's middle context)."""
+    limits, workload = view.record.get("limits"), view.run.get("workload") or {}
+    if not limits:
+        return []
+    config, batch, weights = PlainConfig.from_dict(view.config), view.run["batch"], limits["weight_bytes_per_step"]
+    roofs = (latency.bandwidth_limit(limits, view.run["threads"]), latency.compute_limit(limits))
+    rows = []
+    if workload.get("kind") == "contexts":
+        for mode, length in view.cells():
+            memory = view.memory(mode, length)
+            if mode == view.baseline or mode not in view.modes or memory is None:
+                continue
+            step = latency.decode_step(weights, memory["measured_bytes"], config, batch, length)
+            rows.append(LimitRow(mode, f"decode @ {length}", statistics.median(view.speedup_samples(mode, length).values()),
+                                 step["bytes"], step["flops"], *roofs))
+    for row in latency_rows(view):
+        work = latency.prefill(weights, config, batch, row.prompt)
+        rows.append(LimitRow(row.mode, f"prefill {row.prompt}", row.figures["ttft"]["median"], work["bytes"],
+                             work["flops"], *roofs))
+        if row.mode != view.baseline and "tpot" in row.figures:
+            middle = row.prompt + row.generate // 2
+            step = latency.decode_step(weights, formula_bytes(row.mode, config, batch, middle,
+                                                              view.run.get("cache_options", {}).get(row.mode)),
+                                       config, batch, middle)
+            rows.append(LimitRow(row.mode, f"decode @ {middle} (TPOT)", row.figures["tpot"]["median"], step["bytes"],
+                                 step["flops"], *roofs))
+    return rows
+
+
+LIMIT_COLUMNS = ("mode", "step", "ms", "reads", "GB/s", "% of bandwidth", "GFLOP/s", "% of matmul")
+
+
+def limit_cells(row: LimitRow) -> list[str]:
+    share = lambda value, roof: "" if roof is None else f"{value / roof:.0%}"  # noqa: E731
+    return [row.mode, row.what, ms(row.seconds), format_bytes(int(row.bytes_read)), f"{row.achieved_bandwidth / 1e9:.2f}",
+            share(row.achieved_bandwidth, row.bandwidth), f"{row.achieved_flops / 1e9:.2f}",
+            share(row.achieved_flops, row.compute)]
+
+
+def limit_sentence(view: RecordView) -> str:
+    limits = view.record["limits"]
+    bandwidth, compute = latency.bandwidth_limit(limits, view.run["threads"]), latency.compute_limit(limits)
+    return (f"The machine's limits, measured in this run: triad {bandwidth / 1e9:.1f} GB/s on {view.run['threads']} "
+            f"thread(s) over {format_bytes(limits['buffer_bytes'])} arrays, matmul {compute / 1e9:.1f} GFLOP/s at the "
+            f"model's shapes. A decode step must read every weight once ({format_bytes(limits['weight_bytes_per_step'])}"
+            f", embedding rows aside) and the cache it attends to; % of bandwidth is those bytes over the step's median "
+            f"time against triad, % of matmul its FLOPs against the fastest matmul")
+
+
+def step_medians(view: RecordView) -> dict[str, list[float]]:
+    """A request run: per mode, the median over its requests of each step's duration (step j at context P + j)."""
+    workload = view.run.get("workload") or {}
+    if workload.get("kind") != "request":
+        return {}
+    out = {}
+    for mode, length in view.cells():
+        if mode in view.modes:
+            steps = [rep["step_seconds"] for rep in view.repetitions(mode, length)]
+            out[mode] = [statistics.median(column) for column in zip(*steps)] if steps else []
+    return out

@@ -16,7 +16,7 @@ from kvbench.capture import summarize_environment
 from kvbench.config import PlainConfig
 from kvbench.kinds import expected_cache_bytes
 from kvbench.record import RecordView
-from kvbench.report.latency import LatencyRow, latency_rows
+from kvbench.report.latency import LatencyRow, LimitRow, latency_rows, limit_rows, limit_sentence, step_medians
 from kvbench.stats import NOISY_SPREAD, PowerFit, RatioEstimate
 from kvbench.telemetry import disturbances, tally
 
@@ -143,6 +143,9 @@ class Report:
     noise: Noise | None = None
     latency: list[LatencyRow] = field(default_factory=list)  # a request run's TTFT, TPOT, ITL (report.latency)
     workload: dict = field(default_factory=lambda: {"kind": "loop"})
+    limits: list[LimitRow] = field(default_factory=list)  # each step against the machine's limits
+    limits_note: str | None = None
+    step_latency: dict[str, list[float]] = field(default_factory=dict)  # a request's median step, per position
     tradeoffs: list[Tradeoff] = field(default_factory=list)
 
     @property
@@ -299,6 +302,8 @@ def build_report(view: RecordView, seed: int = stats.SEED, resamples: int = stat
             report.notes.append(clock_note(report.sampling))
     report.tradeoffs = tradeoffs(view, rows)
     report.latency, report.workload = latency_rows(view), dict(view.run.get("workload") or {"kind": "loop"})
+    report.limits, report.step_latency = limit_rows(view), step_medians(view)
+    report.limits_note = limit_sentence(view) if report.limits else None
     return report
 
 
@@ -315,10 +320,13 @@ def contention_sentence(view: RecordView, report: Report) -> str | None:
         return None
     repetitions = view.record["repetitions"]
     wall = sum(rep["seconds"] for rep in repetitions) or 1.0
-    shares = [(name, sum(rep.get(key) or 0.0 for rep in repetitions) / wall)
-              for name, key in (("stolen by the hypervisor", "steal_seconds"), ("spent waiting for a CPU", "runqueue_seconds"),
-                                ("throttled", "throttled_seconds"))]
-    seen = ", ".join(f"{share:.0%} of the timed time {name}" for name, share in shares if share >= 0.005)
+    cpus = (view.environment.get("system") or {}).get("logical_cores") or 1  # steal is counted over every CPU
+    shares = [("of the machine's CPU time stolen by the hypervisor", sum(rep.get("steal_seconds") or 0.0
+                                                                          for rep in repetitions) / (wall * cpus)),
+              ("of the timed time spent waiting for a CPU", sum(rep.get("runqueue_seconds") or 0.0
+                                                                for rep in repetitions) / wall),
+              ("of the timed time throttled", sum(rep.get("throttled_seconds") or 0.0 for rep in repetitions) / wall)]
+    seen = ", ".join(f"{share:.0%} {name}" for name, share in shares if share >= 0.005)
     if sum(share for _, share in shares) >= CONTENDED_TIME:
         what = f"this machine was contended: {seen}"
     else:  # e.g. a busy host that steals cycles the guest's counters never see

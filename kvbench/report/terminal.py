@@ -24,7 +24,7 @@ from kvbench.report.compare import (
 )
 from kvbench.report.differences import CRITICAL, INFORMATIONAL, NOTABLE
 from kvbench.report.format import format_bytes, render_plain, rich_escape
-from kvbench.report.latency import LATENCY_COLUMNS, latency_cells, latency_sentence
+from kvbench.report.latency import LATENCY_COLUMNS, LIMIT_COLUMNS, latency_cells, latency_sentence, limit_cells
 from kvbench.report.model import MARKS, Report, Row, clock_note, environment_line
 
 STYLES = {"failed": "bold red", "invalid": "red", "noisy": "yellow", "unchecked": "yellow"}
@@ -72,6 +72,15 @@ def latency_table(report: Report) -> Table:
     return table
 
 
+def limits_table(report: Report) -> Table:
+    table = Table(title="against the machine's limits", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in LIMIT_COLUMNS:
+        table.add_column(name, justify="left" if name in ("mode", "step") else "right", no_wrap=True)
+    for row in report.limits:
+        table.add_row(*(rich_escape(text) for text in limit_cells(row)))
+    return table
+
+
 def quick_renderables(report: Report) -> list:
     """The quick table (a request run: its latency table first), then how each length was sampled and how
     noisy the machine was."""
@@ -110,6 +119,8 @@ def report_renderables(report: Report) -> list:
     out.append(rich_escape(environment_line(report.environment)))
     if report.latency:
         out += [latency_table(report), rich_escape(latency_sentence(report.latency, report.baseline))]
+    if report.limits:
+        out += [limits_table(report), rich_escape(report.limits_note)]
     out.append(rows_table(report.rows, columns.TEXT_COLUMNS, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True))
     if any(row.memory and row.memory["reserved_bytes"] != row.memory["measured_bytes"] for row in report.rows):
         out.append("  KV bytes a/b: a retained, b reserved (allocated) by the cache")
