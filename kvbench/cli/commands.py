@@ -112,11 +112,16 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_compare(args: argparse.Namespace) -> int:
+def check_comparison_options(args: argparse.Namespace) -> None:
+    """--factor and --alpha, which compare and history share."""
     if not args.factor > 1:
         raise CliError(f"--factor must be greater than 1, got {args.factor:g}")
     if not 0 < args.alpha < 1:
         raise CliError(f"--alpha must lie strictly between 0 and 1, got {args.alpha:g}")
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    check_comparison_options(args)
     mapping = dict(args.pair)
     if len(mapping) < len(args.pair):
         raise CliError("--pair names a NEW mode twice")
@@ -155,10 +160,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_history(args: argparse.Namespace) -> int:
     from kvbench.report import history, historypage
 
-    if not args.factor > 1:
-        raise CliError(f"--factor must be greater than 1, got {args.factor:g}")
-    if not 0 < args.alpha < 1:
-        raise CliError(f"--alpha must lie strictly between 0 and 1, got {args.alpha:g}")
+    check_comparison_options(args)
     check_output(args.output, args.force)
     model = history.build_history(args.results_dir, factor=args.factor, alpha=args.alpha)
     write_bytes_atomic(args.output, historypage.render_page(model).encode(), args.force)

@@ -245,6 +245,14 @@ def add_run_parser(commands) -> None:
     add_model_options(run)
 
 
+def add_comparison_options(parser: argparse.ArgumentParser) -> None:
+    """The verdict's settings, shared by compare (two records) and history (consecutive commits)."""
+    parser.add_argument("--factor", type=finite_float, default=FACTOR,
+                        help="a detectable change within [1/factor, factor] is reported unchanged")
+    parser.add_argument("--alpha", type=finite_float, default=ALPHA,
+                        help="1 - the level of the intervals; the MDE is detected at this level with 80%% power")
+
+
 def add_reading_parsers(commands) -> None:
     formatter = DefaultsHelpFormatter
     show = commands.add_parser("show", help="print the table of a saved record", formatter_class=formatter)
@@ -270,10 +278,7 @@ def add_reading_parsers(commands) -> None:
     )
     compare.add_argument("old", type=Path, metavar="OLD")
     compare.add_argument("new", type=Path, metavar="NEW")
-    compare.add_argument("--factor", type=finite_float, default=FACTOR,
-                         help="a detectable change within [1/factor, factor] is reported unchanged")
-    compare.add_argument("--alpha", type=finite_float, default=ALPHA,
-                         help="1 - the level of the intervals; the MDE is detected at this level with 80%% power")
+    add_comparison_options(compare)
     compare.add_argument("--pair", type=mode_pair, action="append", default=[], metavar="NEW_MODE=OLD_MODE",
                          help="compare NEW's NEW_MODE with OLD's OLD_MODE (a kind against the one it replaces)")
     compare.add_argument("--fail-on-regression", action="store_true",
@@ -307,10 +312,7 @@ def add_publishing_parsers(commands) -> None:
                          help="an asv results directory (results/asv: one folder per machine)")
     history.add_argument("--output", type=Path, required=True, metavar="PAGE.html", help="the page to write")
     history.add_argument("--force", action="store_true", help="overwrite --output if it exists")
-    history.add_argument("--factor", type=finite_float, default=FACTOR,
-                         help="a detectable step within [1/factor, factor] is reported unchanged")
-    history.add_argument("--alpha", type=finite_float, default=ALPHA,
-                         help="1 - the level of the intervals; the MDE is detected at this level with 80%% power")
+    add_comparison_options(history)
 
 
 def add_tool_parsers(commands) -> None:

@@ -136,11 +136,15 @@ def read_runs(results_dir: Path) -> tuple[list[Run], list[str]]:
 
 
 def commit_order(runs: list[Run]) -> list[Commit]:
-    """Commits by asv's commit date (the order `asv publish` draws them in), hash to break ties."""
+    """Commits by asv's commit date; commits of the same second by when they were first benchmarked."""
     dates: dict[str, int | None] = {}
+    benchmarked: dict[str, float] = {}
     for run in runs:
         dates.setdefault(run.commit, run.results.date)
-    return [Commit(h, d) for h, d in sorted(dates.items(), key=lambda item: (item[1] is None, item[1] or 0, item[0]))]
+        started = min((v for v in (run.results.started_at or {}).values() if v is not None), default=math.inf)
+        benchmarked[run.commit] = min(benchmarked.get(run.commit, math.inf), started)
+    order = sorted(dates, key=lambda h: (dates[h] is None, dates[h] or 0, benchmarked[h], h))
+    return [Commit(h, dates[h]) for h in order]
 
 
 def parameter_label(names: list[str], combination: tuple) -> str:
