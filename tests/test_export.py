@@ -59,7 +59,11 @@ def speedup_entry(reference, mode, length):
 
 
 def test_formats_are_the_cli_choices():
-    assert set(FORMATS) == {"bmf", "conbench", "github-action-benchmark", "pytest-benchmark"}
+    from kvbench.cli import build_parser
+
+    export_parser = build_parser()._subparsers._group_actions[0].choices["export"]
+    (choices,) = [action.choices for action in export_parser._actions if "--format" in action.option_strings]
+    assert list(choices) == list(FORMATS) == ["bmf", "conbench", "github-action-benchmark", "pytest-benchmark"]
 
 
 # -- Bencher Metric Format ----------------------------------------------------------------------
