@@ -361,14 +361,15 @@ def load_capture(path: Path | str) -> dict:
     return document
 
 
-def read_json_file(path: Path, what: str):
-    """A capture or result file, read as kvbench reads records: a regular file, bounded, finite JSON."""
+def read_json_file(path: Path, what: str, finite: bool = True):
+    """A capture or result file, read as kvbench reads records: a regular file, bounded JSON (finite numbers
+    only, unless not `finite`)."""
     # Imported here: this module also runs from the checkout against older commits' kvbench
     # (see benchmarks/common.py), which have no kvbench.files; only the CLI reads files.
     from kvbench.files import UnreadableFileError, read_json
 
     try:
-        return read_json(path, f"asv {what} file")
+        return read_json(path, f"asv {what} file", finite=finite)
     except UnreadableFileError as error:
         raise AsvToolError(str(error)) from None
 

@@ -223,8 +223,8 @@ def read_regular_file(path: Path | str, what: str = "file", limit: int = MAX_REA
         os.close(descriptor)
 
 
-def read_json(path: Path | str, what: str = "JSON file", limit: int = MAX_READ_BYTES) -> object:
-    """A regular file's JSON: finite numbers only, nested at most MAX_JSON_DEPTH levels."""
+def read_json(path: Path | str, what: str = "JSON file", limit: int = MAX_READ_BYTES, finite: bool = True) -> object:
+    """A regular file's JSON nested at most MAX_JSON_DEPTH levels; with `finite`, finite numbers only."""
     content = read_regular_file(path, what, limit)
     try:
         text = content.decode("utf-8")
@@ -242,7 +242,7 @@ def read_json(path: Path | str, what: str = "JSON file", limit: int = MAX_READ_B
     depth = json_depth(data)
     if depth > MAX_JSON_DEPTH:
         raise UnreadableFileError(f"{path}: JSON nested more than {MAX_JSON_DEPTH} levels deep")
-    found = first_non_finite(data)
+    found = first_non_finite(data) if finite else None
     if found is not None:
         where, value = found
         name = "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")

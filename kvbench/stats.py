@@ -281,6 +281,22 @@ def with_between_run(estimate: RatioEstimate, between_run: float, confidence: fl
                          estimate.pairs, estimate.estimator, f"{estimate.interval} + between runs {between_run:.1%}")
 
 
+def median_estimate(seconds: list[float], between_run: float, confidence: float = CONFIDENCE) -> RatioEstimate:
+    """A median of seconds with its confidence interval: the order-statistic interval of the median, widened by
+    `between_run`, the relative standard deviation of a median between runs of the same code."""
+    low, high = median_interval(seconds, confidence)
+    within = RatioEstimate(statistics.median(seconds), low, high, len(seconds), "median", "order statistics")
+    return with_between_run(within, between_run, confidence)
+
+
+def confidence_from_rerun(estimate: RatioEstimate) -> RatioEstimate:
+    """The confidence interval a rerun interval was widened from (the inverse of rerun_interval)."""
+    low = estimate.ratio * (estimate.low / estimate.ratio) ** (1 / math.sqrt(2))
+    high = estimate.ratio * (estimate.high / estimate.ratio) ** (1 / math.sqrt(2))
+    return RatioEstimate(estimate.ratio, low, high, estimate.pairs, estimate.estimator,
+                         f"confidence (rerun {estimate.interval} / sqrt 2)")
+
+
 def rerun_interval(estimate: RatioEstimate) -> RatioEstimate:
     """Where an identical rerun's estimate falls: the difference of two estimates with the same
     standard error has sqrt(2) times that error, so each side of the interval (log scale) is

@@ -341,6 +341,31 @@ def test_asv_show_prints_samples_beside_the_capture(existing):
     assert len(re.findall(r"samples: (?:[\d.e-]+ ){4}[\d.e-]+\n", out + "\n")) == len(MODES), out
 
 
+@pytest.mark.slow
+def test_history_judges_the_slowed_commit_slower_on_its_machine(existing, tmp_path):
+    """kvbench history over the same asv results: the cached modes' step on m1 is slower by kvbench's rules."""
+    from kvbench.report.history import build_history
+
+    repo = existing["repo"]
+    page = tmp_path / "history.html"
+    run([sys.executable, "-m", "kvbench", "history", str(repo / "results" / "asv"), "--output", str(page),
+         "--factor", FACTOR], repo, existing["env"])
+    assert "m1" in page.read_text() and "m2" in page.read_text()
+    history = build_history(repo / "results" / "asv", factor=float(FACTOR))
+    assert history.machines == ["m1", "m2"] and [c.hash for c in history.commits] == [existing["first"], existing["second"]]
+    steps = {chart.label: [step for step in chart.steps if step.machine == "m1"] for chart in history.charts
+             if chart.benchmark == "decode.TimeDecode.time_decode"}
+    cached = []
+    for mode in CACHED:
+        (step,) = steps[f"mode='{mode}', length={LENGTH}"]
+        assert step.verdict == "slower" and step.judged.low > 1, step
+        cached.append(step.judged.ratio)
+    # full's code did not change; on a loaded machine its time may still move, but far less than the
+    # cached loops, which gained 1 ms a token (several times their own time)
+    (full,) = steps[f"mode='{FULL}', length={LENGTH}"]
+    assert full.judged.ratio < min(cached) / 1.5, (full, cached)
+
+
 @pytest.mark.virtualenv
 def test_virtualenv_per_commit(tmp_path):
     """asv builds a virtualenv (torch from the pinned matrix), installs each commit's wheel."""

@@ -8,6 +8,7 @@ import os
 import platform
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from asv import environment as asv_environment
@@ -361,6 +362,15 @@ def test_asv_show_without_samples_or_capture(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "capture  none:" in out and "no such file" in out
     assert "samples: not recorded (run asv with --record-samples)" in out
+
+
+def test_asv_show_reads_a_result_with_skipped_parameters(capsys):
+    """asv writes NaN for a parameter combination `--bench` skipped; a real result of results/history."""
+    result = sorted((Path(__file__).resolve().parents[1] / "results" / "history" / "asv" / "history-a").glob("*-*.json"))[0]
+    assert "NaN" in result.read_text()
+    assert cli.main(["asv-show", str(result)]) == 0
+    out = capsys.readouterr().out
+    assert "mode='paged', length=64: median skipped" in out and "mode='full', length=64: median" in out
 
 
 def test_asv_show_warns_about_a_mismatched_capture(tmp_path, environment, capsys):

@@ -302,6 +302,22 @@ def test_help_argument_checks_refusals_budget_and_compare_import_no_torch_scipy_
     assert imported_by(*argv) == (status, [])
 
 
+@pytest.mark.parametrize("fmt", ["bmf", "conbench", "github-action-benchmark", "pytest-benchmark"])
+def test_export_imports_no_torch_scipy_or_matplotlib(tmp_path, fmt):
+    """Publishing a record is reading it: numbers only."""
+    output = tmp_path / "out.json"
+    repository = ["--repository", "https://github.com/example/kvbench"] if fmt == "conbench" else []
+    assert imported_by("export", "results/reference.json", "--format", fmt, "--output", str(output), *repository) \
+        == (0, [])
+    assert output.is_file()
+
+
+def test_history_imports_no_torch_scipy_or_matplotlib(tmp_path):
+    output = tmp_path / "history.html"
+    assert imported_by("history", "results/history/asv", "--output", str(output)) == (0, [])
+    assert output.is_file()
+
+
 def test_reading_a_record_imports_no_torch_and_no_matplotlib_without_a_plot(tmp_path):
     """show and report read numbers only; scipy is theirs for the trend test and the scaling fit."""
     status, heavy = imported_by("show", "results/reference.json")

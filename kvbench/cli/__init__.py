@@ -13,7 +13,17 @@ import sys
 from signal import SIGINT
 
 from kvbench import files
-from kvbench.cli.commands import cmd_asv_machine, cmd_asv_show, cmd_budget, cmd_compare, cmd_env, cmd_report, cmd_show
+from kvbench.cli.commands import (
+    cmd_asv_machine,
+    cmd_asv_show,
+    cmd_budget,
+    cmd_compare,
+    cmd_env,
+    cmd_export,
+    cmd_history,
+    cmd_report,
+    cmd_show,
+)
 from kvbench.cli.options import CliError, build_parser
 from kvbench.cli.run import cmd_run
 from kvbench.files import OutputExistsError
@@ -22,8 +32,8 @@ from kvbench.signals import Interrupted, SignalGuard
 
 __all__ = ["COMMANDS", "CliError", "build_parser", "main"]
 
-COMMANDS = {"run": cmd_run, "show": cmd_show, "report": cmd_report, "compare": cmd_compare, "env": cmd_env,
-            "budget": cmd_budget, "asv-machine": cmd_asv_machine, "asv-show": cmd_asv_show}
+COMMANDS = {"run": cmd_run, "show": cmd_show, "report": cmd_report, "compare": cmd_compare, "export": cmd_export,
+            "history": cmd_history, "env": cmd_env, "budget": cmd_budget, "asv-machine": cmd_asv_machine, "asv-show": cmd_asv_show}
 
 
 class StdoutError(OSError):

@@ -1,4 +1,4 @@
-"""The reading and tool commands: show, report, compare, env, budget, asv-machine, asv-show.
+"""The reading and tool commands: show, report, compare, export, history, env, budget, asv-machine, asv-show.
 
 Each `cmd_*` checks its options against each other, turns them into typed values and
 calls the library; the library's errors speak of values, never of options.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from kvbench import capture, files
 from kvbench.budget import kv_budget
-from kvbench.cli.options import PLOT_SUFFIXES, CliError
+from kvbench.cli.options import PLOT_SUFFIXES, REPOSITORY_VARIABLE, CliError
 from kvbench.config import PlainConfig
 from kvbench.files import write_bytes_atomic
 from kvbench.record import RecordView
@@ -112,11 +112,16 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_compare(args: argparse.Namespace) -> int:
+def check_comparison_options(args: argparse.Namespace) -> None:
+    """--factor and --alpha, which compare and history share."""
     if not args.factor > 1:
         raise CliError(f"--factor must be greater than 1, got {args.factor:g}")
     if not 0 < args.alpha < 1:
         raise CliError(f"--alpha must lie strictly between 0 and 1, got {args.alpha:g}")
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    check_comparison_options(args)
     mapping = dict(args.pair)
     if len(mapping) < len(args.pair):
         raise CliError("--pair names a NEW mode twice")
@@ -135,6 +140,32 @@ def cmd_compare(args: argparse.Namespace) -> int:
               f"{args.factor:g}x; worst {worst.mode} at length {worst.length}: {judged.ratio:.2f}x "
               f"[{judged.low:.2f}, {judged.high:.2f}], MDE ±{judged.mde:.1%}", file=sys.stderr)
         return 1
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from kvbench.export import export_bytes
+
+    if args.repository is not None and args.format != "conbench":
+        raise CliError(f"--repository is conbench's github.repository; --format {args.format} has no such field")
+    for record in args.records:
+        check_output(args.output, args.force, reading=record)
+    views = [load_view(record) for record in args.records]
+    repository = args.repository or os.environ.get(REPOSITORY_VARIABLE)
+    write_bytes_atomic(args.output, export_bytes(views, args.format, {"repository": repository}), args.force)
+    print(f"wrote {args.output}: {args.format}, {len(views)} record(s)")
+    return 0
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from kvbench.report import history, historypage
+
+    check_comparison_options(args)
+    check_output(args.output, args.force)
+    model = history.build_history(args.results_dir, factor=args.factor, alpha=args.alpha)
+    write_bytes_atomic(args.output, historypage.render_page(model).encode(), args.force)
+    print(f"wrote {args.output}: {len(model.charts)} chart(s), {len(model.machines)} machine(s), "
+          f"{len(model.commits)} commit(s)")
     return 0
 
 

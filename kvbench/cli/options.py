@@ -16,6 +16,7 @@ from pathlib import Path
 from kvbench.budget import DTYPES as BUDGET_DTYPES
 from kvbench.budget import QUANTIZATIONS, parse_size
 from kvbench.config import DTYPE_NAMES, PRESETS
+from kvbench.export import FORMATS as EXPORT_FORMATS
 from kvbench.kinds import DEFAULT_MODES, GROUP_SIZE, KIND_NAME, MODES, RESIDUAL
 from kvbench.report.compare import ALPHA, FACTOR
 from kvbench.timing import DEFAULT_LENGTHS, ORDERS, Protocol
@@ -23,6 +24,7 @@ from kvbench.timing import DEFAULT_LENGTHS, ORDERS, Protocol
 REPORT_FORMATS = ("text", "markdown", "html")
 COMPARE_FORMATS = ("text", "markdown")
 PLOT_SUFFIXES = (".png", ".svg")
+REPOSITORY_VARIABLE = "CONBENCH_PROJECT_REPOSITORY"  # conbench's own client reads it too
 MAX_REPEATS = 100_000  # a week of the default grid; more is a typo
 MAX_WARMUP = 1_000
 MAX_SECONDS = 7 * 24 * 3600.0
@@ -253,6 +255,14 @@ def add_run_parser(commands) -> None:
     add_model_options(run)
 
 
+def add_comparison_options(parser: argparse.ArgumentParser) -> None:
+    """The verdict's settings, shared by compare (two records) and history (consecutive commits)."""
+    parser.add_argument("--factor", type=finite_float, default=FACTOR,
+                        help="a detectable change within [1/factor, factor] is reported unchanged")
+    parser.add_argument("--alpha", type=finite_float, default=ALPHA,
+                        help="1 - the level of the intervals; the MDE is detected at this level with 80%% power")
+
+
 def add_reading_parsers(commands) -> None:
     formatter = DefaultsHelpFormatter
     show = commands.add_parser("show", help="print the table of a saved record", formatter_class=formatter)
@@ -278,15 +288,41 @@ def add_reading_parsers(commands) -> None:
     )
     compare.add_argument("old", type=Path, metavar="OLD")
     compare.add_argument("new", type=Path, metavar="NEW")
-    compare.add_argument("--factor", type=finite_float, default=FACTOR,
-                         help="a detectable change within [1/factor, factor] is reported unchanged")
-    compare.add_argument("--alpha", type=finite_float, default=ALPHA,
-                         help="1 - the level of the intervals; the MDE is detected at this level with 80%% power")
+    add_comparison_options(compare)
     compare.add_argument("--pair", type=mode_pair, action="append", default=[], metavar="NEW_MODE=OLD_MODE",
                          help="compare NEW's NEW_MODE with OLD's OLD_MODE (a kind against the one it replaces)")
     compare.add_argument("--fail-on-regression", action="store_true",
                          help="exit 1 when a cell is slower beyond its MDE and --factor")
     compare.add_argument("--format", choices=COMPARE_FORMATS, default="text", help="layout of the comparison")
+
+
+def add_publishing_parsers(commands) -> None:
+    formatter = DefaultsHelpFormatter
+    export = commands.add_parser(
+        "export", help="records in a continuous-benchmarking format: Bencher BMF, conbench, "
+                       "github-action-benchmark, pytest-benchmark (docs/export.md)",
+        formatter_class=formatter,
+        epilog="example: kvbench export results/reference.json --format bmf --output bmf.json",
+    )
+    export.add_argument("records", type=Path, nargs="+", metavar="RECORD", help="kvbench records (several machines "
+                        "into one file where the format holds machines: conbench, github-action-benchmark)")
+    export.add_argument("--format", choices=list(EXPORT_FORMATS), required=True, help="the engine's format")
+    export.add_argument("--output", type=Path, required=True, help="the file to write")
+    export.add_argument("--force", action="store_true", help="overwrite --output if it exists")
+    export.add_argument("--repository", metavar="URL",
+                        help=f"conbench only: the GitHub repository measured, https://github.com/ORG/REPO "
+                             f"(default: ${REPOSITORY_VARIABLE})")
+
+    history = commands.add_parser(
+        "history", help="one offline HTML page of asv results across commits, per machine, with kvbench's "
+                        "verdicts and environment changes (docs/history.md)",
+        formatter_class=formatter, epilog="example: kvbench history results/asv --output history.html",
+    )
+    history.add_argument("results_dir", type=Path, metavar="RESULTS_DIR",
+                         help="an asv results directory (results/asv: one folder per machine)")
+    history.add_argument("--output", type=Path, required=True, metavar="PAGE.html", help="the page to write")
+    history.add_argument("--force", action="store_true", help="overwrite --output if it exists")
+    add_comparison_options(history)
 
 
 def add_tool_parsers(commands) -> None:
@@ -336,5 +372,6 @@ def build_parser() -> argparse.ArgumentParser:
     commands.required = True
     add_run_parser(commands)
     add_reading_parsers(commands)
+    add_publishing_parsers(commands)
     add_tool_parsers(commands)
     return parser

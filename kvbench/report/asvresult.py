@@ -22,7 +22,7 @@ def load_result(path: Path | str):
     path = Path(path)
     if path.name in ASV_METADATA_FILES:
         raise AsvToolError(f"{path}: this is asv's {path.name}, not a result file; pass results/asv/<machine>/<commit>-<env>.json")
-    document = read_json_file(path, "result")
+    document = read_json_file(path, "result", finite=False)  # asv writes NaN for a skipped benchmark
     if not isinstance(document, dict) or "result_columns" not in document or "commit_hash" not in document:
         raise AsvToolError(f"{path}: not an asv result file (no commit_hash and result_columns)")
     try:
@@ -32,13 +32,13 @@ def load_result(path: Path | str):
         raise AsvToolError(f"{path}: cannot load asv result: {message}") from None
 
 
-def _benchmark_metadata(result_path: Path) -> dict:
-    """benchmarks.json at the results root: units and parameter names (may be absent)."""
+def benchmark_metadata(results_dir: Path) -> dict:
+    """benchmarks.json at the results root: units, types and parameter names (may be absent)."""
     try:
-        data = json.loads((result_path.parent.parent / "benchmarks.json").read_text())
+        data = json.loads((Path(results_dir) / "benchmarks.json").read_text())
     except (OSError, ValueError):
         return {}
-    return {name: meta for name, meta in data.items() if isinstance(meta, dict)}
+    return {name: meta for name, meta in data.items() if isinstance(meta, dict)} if isinstance(data, dict) else {}
 
 
 def _format_value(value, unit: str) -> str:
@@ -67,7 +67,7 @@ def show_result(path: Path | str) -> str:
     """The text of `kvbench asv-show`: environment and capture, then every benchmark."""
     path = Path(path)
     document, results = load_result(path)
-    meta = _benchmark_metadata(path)
+    meta = benchmark_metadata(path.parent.parent)
     lines = result_lines(path, document, results) + capture_lines(path, results)
     for name in sorted(results.get_all_result_keys()):
         lines += ["", *benchmark_lines(results, name, meta.get(name, {}))]

@@ -1,0 +1,100 @@
+"""conbench: a JSON list of BenchmarkResult objects, one per cell, as `POST /api/benchmark-results` takes them.
+
+Per cell: `stats.data` the raw seconds in the order they ran, unit `s` (conbench allows only `s`,
+`ns`, `B`, `B/s` and `i/s`, so a speedup cannot be a result of its own); `tags` the case (name
+`kvbench-decode`, workload, mode, length); `info` the median with its 95% rerun interval and the
+speedup with its interval and validity; `context` what breaks a history when it changes (Python,
+torch, threads, CPU capability); `machine_info` the captured machine; `github` the repository
+(which the record does not know: the caller passes it) and the captured commit.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from kvbench.export.common import Cell, Source, cell_facts
+
+BENCHMARK_NAME = "kvbench-decode"
+REPOSITORY_PREFIX = "https://github.com/"  # the only kind of repository the conbench server accepts
+UNIT = "s"
+RUN_REASON = "commit"
+GIB = 1 << 30
+NAMESPACE = uuid.UUID("6b5e0d64-7d1f-4bb8-9b2e-4c1f1c0f2a11")  # run ids are uuid5(NAMESPACE, machine + created)
+
+
+def integer(value, default: int = 0) -> int:
+    """conbench's machine fields are integers; an unknown one is 0, as conbench's own client sends it."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def machine_info(source: Source) -> dict:
+    memory = integer(source.fact("system", "memory_total_bytes"))
+    max_mhz = source.fact("system", "cpu_freq_max_mhz")
+    frequency = integer(max_mhz * 1e6) if max_mhz else integer(source.fact("cpu", "hz_advertised"))
+    release = str(source.fact("os", "release") or "")
+    return {
+        "name": source.machine,
+        "architecture_name": str(source.fact("os", "machine") or ""),
+        "kernel_name": release,
+        "os_name": str(source.fact("os", "system") or ""),
+        "os_version": release,
+        "cpu_model_name": str(source.fact("cpu", "brand") or ""),
+        "cpu_l1d_cache_bytes": integer(source.fact("cpu", "l1d_cache_bytes")),
+        "cpu_l1i_cache_bytes": integer(source.fact("cpu", "l1i_cache_bytes")),
+        "cpu_l2_cache_bytes": integer(source.fact("cpu", "l2_cache_bytes")),
+        "cpu_l3_cache_bytes": integer(source.fact("cpu", "l3_cache_bytes")),
+        "cpu_core_count": integer(source.fact("system", "physical_cores")),
+        "cpu_thread_count": integer(source.fact("system", "logical_cores")),
+        "cpu_frequency_max_hz": frequency,
+        # rounded to GiB as conbench's client does, so the machine's identity survives a reboot
+        "memory_bytes": round(memory / GIB) * GIB,
+        "gpu_count": 0,
+        "gpu_product_names": [],
+    }
+
+
+def context(source: Source) -> dict:
+    facts = {"benchmark_language": "Python", "benchmark_language_version": source.fact("python", "version"),
+             "torch_version": source.fact("torch", "version"), "cpu_capability": source.fact("torch", "cpu_capability"),
+             "intra_op_threads": source.fact("torch", "intra_op_threads"),
+             "inter_op_threads": source.fact("torch", "inter_op_threads")}
+    return {key: str(value) for key, value in facts.items() if value is not None}
+
+
+def github(source: Source, repository: str) -> dict:
+    out = {"repository": repository}
+    if source.commit:
+        out["commit"] = source.commit
+    return out
+
+
+def result(cell: Cell, source: Source, repository: str) -> dict:
+    run_id = uuid.uuid5(NAMESPACE, f"{source.machine}\n{source.created_utc}\n{source.path}").hex
+    named = {"run_name": f"{RUN_REASON}: {source.commit}"} if source.commit else {}  # as conbench's client names it
+    return {
+        **named,
+        "run_id": run_id,
+        "run_tags": {"machine": source.machine},
+        "batch_id": run_id,
+        "run_reason": RUN_REASON,
+        "timestamp": source.created_utc.replace("Z", "+00:00"),
+        "stats": {"data": list(cell.seconds), "unit": UNIT, "iterations": 1},
+        "tags": {"name": BENCHMARK_NAME, "workload": cell.workload, "mode": cell.mode, "length": str(cell.length)},
+        "info": {key: value for key, value in cell_facts(cell, source).items() if value is not None},
+        "machine_info": machine_info(source),
+        "context": context(source),
+        "github": github(source, repository),
+    }
+
+
+def document(sources: list[Source], options: dict) -> object:
+    repository = options.get("repository")
+    if not repository:
+        raise ValueError("conbench needs the GitHub repository the records measured (its github.repository field "
+                         "is required): pass --repository https://github.com/ORG/REPO or set CONBENCH_PROJECT_REPOSITORY")
+    if not repository.startswith(REPOSITORY_PREFIX):
+        raise ValueError(f"conbench takes a repository URL starting with {REPOSITORY_PREFIX}, got {repository!r}")
+    return [result(cell, source, repository) for source in sources for cell in source.cells]

@@ -1,0 +1,56 @@
+"""github-action-benchmark's `customSmallerIsBetter` JSON: a list of {name, unit, value, range, extra}.
+
+Per cell, `kvbench/<workload>/<mode>/<length>` in milliseconds (the median of one whole decode loop;
+`range` its 95% rerun interval; `extra` the samples, the speedup with its interval, the machine and
+the commit), and for a cached mode whose check passed `... cost vs <baseline>`: mode / baseline,
+the inverse of the speedup, with its interval. One file is one tool, and this tool is "smaller is
+better", so the speedup goes in as the cost it saves, which is smaller-is-better too.
+
+The action stamps each run with the workflow's own commit and knows no machines: records from
+several machines go into one file with the machine appended to each name, and records must share
+one commit.
+"""
+
+from __future__ import annotations
+
+from kvbench.export.common import Cell, Source, cell_facts, finite
+
+MILLISECONDS = 1e3
+
+
+def interval_text(low: float, high: float, unit: str) -> str:
+    return f"{low:.6g} to {high:.6g} {unit} (95% rerun interval)"
+
+
+def extra_text(cell: Cell, source: Source) -> str:
+    facts = cell_facts(cell, source)
+    lines = [f"{key}: {value}" for key, value in facts.items() if value is not None]
+    lines.append("samples ms: " + " ".join(f"{seconds * MILLISECONDS:.6g}" for seconds in cell.seconds))
+    return "\n".join(lines)
+
+
+def entries(cell: Cell, source: Source, suffix: str) -> list[dict]:
+    median = cell.median
+    out = [{"name": f"kvbench/{cell.key}{suffix}", "unit": "ms", "value": finite(median.ratio * MILLISECONDS),
+            "range": interval_text(median.low * MILLISECONDS, median.high * MILLISECONDS, "ms"),
+            "extra": extra_text(cell, source)}]
+    cost = cell.cost
+    if cost is not None and cell.speedup_valid:
+        out.append({"name": f"kvbench/{cell.key} cost vs {cell.baseline}{suffix}", "unit": f"x {cell.baseline}",
+                    "value": finite(cost.ratio), "range": interval_text(cost.low, cost.high, f"x {cell.baseline}"),
+                    "extra": f"speedup {cell.speedup.ratio:.6g}x ({cell.baseline} / {cell.mode}); cost = 1 / speedup"})
+    return out
+
+
+def document(sources: list[Source], options: dict) -> object:
+    commits = sorted({source.commit or "unknown" for source in sources})
+    if len(commits) > 1:
+        raise ValueError(f"github-action-benchmark files one commit per run (the workflow's); these records come "
+                         f"from commits {', '.join(c[:12] for c in commits)}: export each commit's records on its own")
+    several = len({source.machine for source in sources}) > 1
+    out = []
+    for source in sources:
+        suffix = f" on {source.machine}" if several else ""
+        for cell in source.cells:
+            out.extend(entries(cell, source, suffix))
+    return out

@@ -1,0 +1,242 @@
+"""The history model: asv's results across commits, per machine, judged by kvbench's rules.
+
+`build_history(results_dir)` reads every result file under ``<results_dir>/<machine>/`` with asv's
+own reader (kvbench.report.asvresult) and the kvbench capture beside each (kvbench.asvtools), and
+returns one `Chart` per benchmark and parameter combination: one series per machine, a point per
+commit with its 95% confidence interval, and a `Step` between consecutive commits of a machine
+judged by kvbench compare's `change` (minimum detectable effect, within noise, the factor), never
+by medians alone. Intervals come from what asv kept:
+
+  time_*         the order-statistic interval of the median of asv's samples (`--record-samples`),
+                 widened by the between-run allowance for seconds, as `kvbench compare` judges times;
+  track_speedup  the interval the benchmark wrote into the capture, a rerun interval turned back into
+                 the confidence interval it was widened from; a drop in speedup is "slower";
+  anything else  a value without an interval: plotted, not judged.
+
+An `EnvironmentMark` is placed where the captured environment of one machine differs between two
+consecutive commits beyond the informational facts (report.differences ranks them).
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvbench import stats
+from kvbench.asvtools import ASV_METADATA_FILES, AsvToolError, capture_path_for_result, load_capture
+from kvbench.report.asvresult import benchmark_metadata, load_result
+from kvbench.report.compare import ALPHA, FACTOR, Change, change
+from kvbench.report.differences import INFORMATIONAL, Difference, environment_diff
+from kvbench.stats import RatioEstimate
+
+SPEEDUP_BENCHMARK = "track_speedup"
+
+
+@dataclass(frozen=True)
+class Commit:
+    hash: str
+    date: int | None  # asv's commit date, ms since the epoch
+
+
+@dataclass(frozen=True)
+class Point:
+    machine: str
+    commit: str
+    value: float | None  # None: the benchmark failed or was skipped at this commit
+    estimate: RatioEstimate | None  # the value with its 95% confidence interval; None without one
+    samples: int = 0
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Step:
+    machine: str
+    old: str
+    new: str
+    judged: Change | None  # None: one side has no interval
+    reason: str = ""  # why it was not judged
+
+    @property
+    def verdict(self) -> str:
+        return self.judged.verdict if self.judged else "not judged"
+
+
+@dataclass(frozen=True)
+class EnvironmentMark:
+    machine: str
+    old: str
+    new: str
+    differences: tuple[Difference, ...]
+
+
+@dataclass
+class Chart:
+    benchmark: str
+    label: str  # the parameter combination, e.g. "mode='static', length=64"
+    unit: str
+    higher_is_better: bool
+    series: dict[str, list[Point]]  # machine -> points in commit order
+    steps: list[Step] = field(default_factory=list)
+
+    @property
+    def title(self) -> str:
+        return f"{self.benchmark} ({self.label})" if self.label else self.benchmark
+
+
+@dataclass
+class History:
+    results_dir: str
+    machines: list[str]
+    commits: list[Commit]
+    charts: list[Chart]
+    marks: list[EnvironmentMark]
+    factor: float
+    alpha: float
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One asv result file with the capture beside it."""
+
+    machine: str
+    path: Path
+    results: object  # asv.results.Results
+    capture: dict | None
+
+    @property
+    def commit(self) -> str:
+        return self.results.commit_hash
+
+
+def read_runs(results_dir: Path) -> tuple[list[Run], list[str]]:
+    """Every result file of every machine folder (one holding machine.json), and notes on what is missing."""
+    if not results_dir.is_dir():
+        raise ValueError(f"{results_dir}: not a directory; expected asv's results directory (e.g. results/asv)")
+    machines = sorted(d for d in results_dir.iterdir() if d.is_dir() and (d / "machine.json").is_file())
+    runs, notes = [], []
+    for machine in machines:
+        for path in sorted(machine.glob("*.json")):
+            if path.name in ASV_METADATA_FILES:
+                continue
+            _, results = load_result(path)
+            try:
+                capture = load_capture(capture_path_for_result(path))
+            except AsvToolError as error:
+                capture = None
+                notes.append(f"no environment capture for {machine.name}/{path.name}: {error}")
+            runs.append(Run(machine.name, path, results, capture))
+    if not runs:
+        raise ValueError(f"{results_dir}: no asv result files; expected {results_dir}/<machine>/machine.json "
+                         "beside <commit>-<environment>.json files")
+    return runs, notes
+
+
+def commit_order(runs: list[Run]) -> list[Commit]:
+    """Commits by asv's commit date; commits of the same second by when they were first benchmarked."""
+    dates: dict[str, int | None] = {}
+    benchmarked: dict[str, float] = {}
+    for run in runs:
+        dates.setdefault(run.commit, run.results.date)
+        started = min((v for v in (run.results.started_at or {}).values() if v is not None), default=math.inf)
+        benchmarked[run.commit] = min(benchmarked.get(run.commit, math.inf), started)
+    order = sorted(dates, key=lambda h: (dates[h] is None, dates[h] or 0, benchmarked[h], h))
+    return [Commit(h, dates[h]) for h in order]
+
+
+def parameter_label(names: list[str], combination: tuple) -> str:
+    return ", ".join(f"{name}={value}" for name, value in zip(names, combination))
+
+
+def speedup_estimate(run: Run, combination: tuple) -> RatioEstimate | None:
+    """track_speedup's interval from the capture ("<kind>@<length>"), as a confidence interval."""
+    section = (run.capture or {}).get(SPEEDUP_BENCHMARK) or {}
+    try:
+        key = "@".join(str(ast.literal_eval(value)) for value in combination)
+    except (ValueError, SyntaxError):
+        return None
+    entry = section.get(key)
+    if not isinstance(entry, dict) or not all(isinstance(entry.get(k), (int, float)) for k in ("speedup", "low", "high")):
+        return None
+    estimate = RatioEstimate(entry["speedup"], entry["low"], entry["high"], int(entry.get("rotations") or 0),
+                             str(entry.get("estimator")), str(entry.get("interval")))
+    return stats.confidence_from_rerun(estimate) if estimate.interval.startswith("rerun") else estimate
+
+
+def point_of(run: Run, name: str, kind: str, combination: tuple, value, samples) -> Point:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return Point(run.machine, run.commit, None, None, note="failed" if value is None else "skipped")
+    value = float(value)
+    if name.endswith(SPEEDUP_BENCHMARK):
+        estimate = speedup_estimate(run, combination)
+        return Point(run.machine, run.commit, value, estimate, estimate.pairs if estimate else 0,
+                     "" if estimate else "no interval in the capture")
+    kept = [s for s in samples or [] if s is not None and math.isfinite(s)]
+    if kind == "time" and kept:
+        return Point(run.machine, run.commit, value, stats.median_estimate(kept, stats.BETWEEN_RUN["seconds"]),
+                     len(kept))
+    return Point(run.machine, run.commit, value, None,
+                 note="asv kept no samples (run with --record-samples)" if kind == "time" else "a value without interval")
+
+
+def judge_steps(chart: Chart, factor: float, alpha: float) -> None:
+    for machine, points in chart.series.items():
+        measured = [p for p in points if p.value is not None]
+        for old, new in zip(measured, measured[1:]):
+            if old.estimate is None or new.estimate is None:
+                chart.steps.append(Step(machine, old.commit, new.commit, None, old.note or new.note))
+                continue
+            judged = change(old.estimate, new.estimate, factor=factor, alpha=alpha, invert=chart.higher_is_better)
+            chart.steps.append(Step(machine, old.commit, new.commit, judged))
+
+
+def build_charts(runs: list[Run], commits: list[Commit], meta: dict, factor: float, alpha: float) -> list[Chart]:
+    order = {commit.hash: i for i, commit in enumerate(commits)}
+    charts: dict[tuple[str, tuple], Chart] = {}
+    for run in sorted(runs, key=lambda r: (r.machine, order[r.commit])):
+        for name in sorted(run.results.get_all_result_keys()):
+            info = meta.get(name, {})
+            params = run.results.get_result_params(name) or []
+            names = info.get("param_names") or [f"param{i}" for i in range(len(params))]
+            combos = list(itertools.product(*params))
+            values = run.results.get_result_value(name, params)
+            samples = run.results.get_result_samples(name, params)
+            for combo, value, sample in zip(combos, values, samples):
+                key = (name, combo)
+                if key not in charts:
+                    charts[key] = Chart(name, parameter_label(names, combo), info.get("unit", ""),
+                                        name.endswith(SPEEDUP_BENCHMARK), {})
+                point = point_of(run, name, info.get("type", "time"), combo, value, sample)
+                charts[key].series.setdefault(run.machine, []).append(point)
+    measured = [charts[key] for key in sorted(charts)
+                if any(p.value is not None for points in charts[key].series.values() for p in points)]
+    for chart in measured:
+        judge_steps(chart, factor, alpha)
+    return measured
+
+
+def environment_marks(runs: list[Run], commits: list[Commit]) -> list[EnvironmentMark]:
+    """Per machine, consecutive commits whose captures differ in a fact ranked above informational."""
+    order = {commit.hash: i for i, commit in enumerate(commits)}
+    marks = []
+    for machine, group in itertools.groupby(sorted(runs, key=lambda r: (r.machine, order[r.commit])),
+                                            key=lambda r: r.machine):
+        captured = [run for run in group if run.capture is not None]
+        for old, new in zip(captured, captured[1:]):
+            differences = [d for d in environment_diff(old.capture["environment"], new.capture["environment"])
+                           if d.rank != INFORMATIONAL]
+            if differences:
+                marks.append(EnvironmentMark(machine, old.commit, new.commit, tuple(differences)))
+    return marks
+
+
+def build_history(results_dir: Path | str, *, factor: float = FACTOR, alpha: float = ALPHA) -> History:
+    results_dir = Path(results_dir)
+    runs, notes = read_runs(results_dir)
+    commits = commit_order(runs)
+    charts = build_charts(runs, commits, benchmark_metadata(results_dir), factor, alpha)
+    return History(str(results_dir), sorted({run.machine for run in runs}), commits, charts,
+                   environment_marks(runs, commits), factor, alpha, notes)

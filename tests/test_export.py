@@ -1,0 +1,321 @@
+"""kvbench export: every format of results/reference.json read back by its consumer, not only written.
+
+pytest-benchmark's own `pytest-benchmark compare` (a subprocess) prints the exported file's table;
+the conbench document passes conbench's client-side BenchmarkResult (benchadapt) and a schema of
+the server's documented create rules; BMF and github-action-benchmark documents pass schemas
+written from their published documentation (tests/schemas/). Then several machines, bad records.
+"""
+
+import copy
+import json
+import math
+import re
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import jsonschema
+import pytest
+from records import synthetic_record, view
+
+from kvbench.cli import main
+from kvbench.export import FORMATS, export_document
+from kvbench.export.pytest_benchmark import sample_stats
+from kvbench.record import RecordView
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE = ROOT / "results" / "reference.json"
+SCHEMAS = Path(__file__).resolve().parent / "schemas"
+REPOSITORY = "https://github.com/example-org/kvbench"
+PYTEST_BENCHMARK = str(Path(sys.executable).with_name("pytest-benchmark"))
+
+
+def schema(name: str) -> dict:
+    return json.loads((SCHEMAS / name).read_text())
+
+
+def export(capsys, tmp_path, fmt, *records, extra=()):
+    output = tmp_path / f"{fmt}.json"
+    code = main(["export", *map(str, records or (REFERENCE,)), "--format", fmt, "--output", str(output), *extra])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert f"wrote {output}" in out
+    return json.loads(output.read_text()), output
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return RecordView.load(REFERENCE)
+
+
+def cells(reference):
+    return reference.cells()
+
+
+def speedup_entry(reference, mode, length):
+    return reference.speedup(mode, length)
+
+
+def test_formats_are_the_cli_choices():
+    from kvbench.cli import build_parser
+
+    export_parser = build_parser()._subparsers._group_actions[0].choices["export"]
+    (choices,) = [action.choices for action in export_parser._actions if "--format" in action.option_strings]
+    assert list(choices) == list(FORMATS) == ["bmf", "conbench", "github-action-benchmark", "pytest-benchmark"]
+
+
+# -- Bencher Metric Format ----------------------------------------------------------------------
+
+
+def test_bmf_validates_and_holds_every_cell_with_its_interval_and_speedup(capsys, tmp_path, reference):
+    document, _ = export(capsys, tmp_path, "bmf")
+    jsonschema.validate(document, schema("bmf.schema.json"))
+    assert len(document) == len(cells(reference)) == 24
+    for mode, length in cells(reference):
+        measures = document[f"kvbench/seed/{mode}/{length}"]
+        latency = measures["latency"]
+        assert latency["value"] == pytest.approx(reference.summary(mode, length)["median"] * 1e9)
+        assert latency["lower_value"] < latency["value"] < latency["upper_value"]
+        if mode == "full":
+            assert set(measures) == {"latency"}
+            continue
+        entry = speedup_entry(reference, mode, length)
+        assert measures["speedup"] == pytest.approx({"value": entry["speedup"], "lower_value": entry["low"],
+                                                     "upper_value": entry["high"]})
+
+
+def test_bmf_of_the_reference_matches_the_report_interval(capsys, tmp_path):
+    """static at 512: the README prints 9.06x [8.79, 9.32] for this record."""
+    document, _ = export(capsys, tmp_path, "bmf")
+    speedup = document["kvbench/seed/static/512"]["speedup"]
+    assert (round(speedup["value"], 2), round(speedup["lower_value"], 2), round(speedup["upper_value"], 2)) == \
+        (9.06, 8.79, 9.32)
+
+
+# -- github-action-benchmark --------------------------------------------------------------------
+
+
+def test_github_action_benchmark_validates_with_unique_names_and_cost_vs_full(capsys, tmp_path, reference):
+    document, _ = export(capsys, tmp_path, "github-action-benchmark")
+    jsonschema.validate(document, schema("github-action-benchmark.schema.json"))
+    names = [entry["name"] for entry in document]
+    assert len(names) == len(set(names)), "the action matches a benchmark to its previous value by name"
+    by_name = {entry["name"]: entry for entry in document}
+    for mode, length in cells(reference):
+        seconds = by_name[f"kvbench/seed/{mode}/{length}"]
+        assert seconds["unit"] == "ms"
+        assert seconds["value"] == pytest.approx(reference.summary(mode, length)["median"] * 1e3)
+        low, high = map(float, re.match(r"([0-9.e+-]+) to ([0-9.e+-]+) ms", seconds["range"]).groups())
+        assert low < seconds["value"] < high
+        samples = seconds["extra"].split("samples ms: ")[1].split()
+        assert [float(s) for s in samples] == pytest.approx([s * 1e3 for s in reference.seconds(mode, length)],
+                                                             rel=1e-5)
+        cost = by_name.get(f"kvbench/seed/{mode}/{length} cost vs full")
+        if mode == "full":
+            assert cost is None
+        else:
+            assert cost["value"] == pytest.approx(1 / speedup_entry(reference, mode, length)["speedup"])
+
+
+# -- conbench -----------------------------------------------------------------------------------
+
+
+def test_conbench_passes_benchadapt_and_the_servers_rules(capsys, tmp_path, reference):
+    from benchadapt import BenchmarkResult
+
+    document, _ = export(capsys, tmp_path, "conbench", extra=("--repository", REPOSITORY))
+    assert isinstance(document, list) and len(document) == len(cells(reference))
+    server = schema("conbench-result.schema.json")
+    for result in document:
+        jsonschema.validate(result, server)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # benchadapt warns "Result not publishable!" for a result the server refuses
+            assert BenchmarkResult(**copy.deepcopy(result)).to_publishable_dict() == result
+        tags = result["tags"]
+        mode, length = tags["mode"], int(tags["length"])
+        assert result["stats"]["data"] == [r["seconds"] for r in reference.repetitions(mode, length)]
+        assert result["stats"]["unit"] == "s"
+        assert result["github"] == {"repository": REPOSITORY, "commit": reference.environment["kvbench"]["git_commit"]}
+        assert result["machine_info"]["name"] == "vm" and result["machine_info"]["cpu_model_name"] == "AMD EPYC"
+        if mode != "full":
+            entry = speedup_entry(reference, mode, length)
+            info = result["info"]
+            assert (info["speedup_vs_full"], info["speedup_low"], info["speedup_high"]) == \
+                (entry["speedup"], entry["low"], entry["high"])
+    assert len({r["run_id"] for r in document}) == 1, "one record is one conbench run"
+
+
+def test_conbench_needs_a_github_repository(capsys, tmp_path, monkeypatch):
+    monkeypatch.delenv("CONBENCH_PROJECT_REPOSITORY", raising=False)
+    output = tmp_path / "c.json"
+    for extra, fragment in (((), "--repository https://github.com/ORG/REPO"),
+                            (("--repository", "https://gitlab.com/x/y"), "starting with https://github.com/")):
+        code = main(["export", str(REFERENCE), "--format", "conbench", "--output", str(output), *extra])
+        assert_one_line_error(capsys, code, fragment)
+        assert not output.exists()
+    monkeypatch.setenv("CONBENCH_PROJECT_REPOSITORY", REPOSITORY)
+    document, _ = export(capsys, tmp_path, "conbench")
+    assert document[0]["github"]["repository"] == REPOSITORY
+
+
+# -- pytest-benchmark ---------------------------------------------------------------------------
+
+
+def test_pytest_benchmark_stats_are_pytest_benchmarks_own(reference):
+    """Every field as the pinned pytest-benchmark computes it, but hd15iqr: 5.2 returns the first datum beyond
+    Q3 + 1.5 IQR (an outlier), 5.3 fixed it to the highest datum within, which kvbench writes."""
+    from pytest_benchmark.stats import Stats
+
+    datasets = [reference.seconds(mode, length) for mode, length in cells(reference)]
+    datasets += [[1.0], [3.0, 1.0], [5.0, 1.0, 2.0, 4.0, 3.0], [1.0, 9.0, 2.0, 8.0, 3.0, 7.0, 100.0]]
+    for data in datasets:
+        theirs = Stats()
+        for value in data:
+            theirs.update(value)
+        mine = sample_stats(data)
+        fields = [field for field in Stats.fields if field != "hd15iqr"]
+        assert {field: mine[field] for field in fields} == pytest.approx({f: theirs.as_dict()[f] for f in fields})
+        assert mine["hd15iqr"] == max(value for value in data if value <= theirs.q3 + 1.5 * theirs.iqr)
+        assert mine["data"] == data and mine["iterations"] == 1
+
+
+@pytest.mark.skipif(not Path(PYTEST_BENCHMARK).exists(), reason="pytest-benchmark is in the dev extra")
+def test_pytest_benchmark_compare_prints_the_exported_table(capsys, tmp_path, reference):
+    document, output = export(capsys, tmp_path, "pytest-benchmark")
+    assert document["commit_info"]["id"] == reference.environment["kvbench"]["git_commit"]
+    done = subprocess.run([PYTEST_BENCHMARK, "compare", str(output), "--columns=min,median,max,rounds",
+                           "--name=long", "--time-unit=ms", "--group-by=group"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "Failed to load" not in done.stdout + done.stderr
+    table = done.stdout
+    for mode, length in cells(reference):
+        name = f"kvbench/seed::decode[{mode}-{length}]"
+        line = next((line for line in table.splitlines() if name in line), None)
+        assert line is not None, f"{name} missing from:\n{table}"
+        median_ms = reference.summary(mode, length)["median"] * 1e3
+        numbers = [float(n.replace(",", "")) for n in re.findall(r"(?<![\w.\[-])[0-9][0-9,]*\.?[0-9]*(?![\w\]-])",
+                                                                   line.split(name, 1)[1])]
+        assert any(math.isclose(n, median_ms, rel_tol=1e-3) for n in numbers), (line, median_ms)
+        assert len(reference.seconds(mode, length)) in numbers, line
+    assert "seed, length 512" in table  # grouped by length: the modes line up
+
+
+# -- several machines ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def second_machine(tmp_path):
+    record = json.loads(REFERENCE.read_text())
+    record["environment"]["os"]["hostname"] = "laptop"
+    record["environment"]["cpu"]["brand"] = "Laptop CPU"
+    path = tmp_path / "laptop.json"
+    path.write_text(json.dumps(record))
+    return path
+
+
+def test_two_machines_go_into_one_conbench_and_one_action_file(capsys, tmp_path, second_machine):
+    document, _ = export(capsys, tmp_path, "conbench", REFERENCE, second_machine, extra=("--repository", REPOSITORY))
+    assert {r["machine_info"]["name"] for r in document} == {"vm", "laptop"}
+    assert len(document) == 48 and len({r["run_id"] for r in document}) == 2
+    actions, _ = export(capsys, tmp_path, "github-action-benchmark", REFERENCE, second_machine)
+    jsonschema.validate(actions, schema("github-action-benchmark.schema.json"))
+    names = [entry["name"] for entry in actions]
+    assert "kvbench/seed/static/64 on vm" in names and "kvbench/seed/static/64 on laptop" in names
+    assert len(names) == len(set(names))
+
+
+@pytest.mark.parametrize("fmt, fragment", [("bmf", "--testbed"), ("pytest-benchmark", "one machine_info")])
+def test_formats_with_one_machine_per_file_refuse_two(capsys, tmp_path, second_machine, fmt, fragment):
+    output = tmp_path / "out.json"
+    code = main(["export", str(REFERENCE), str(second_machine), "--format", fmt, "--output", str(output)])
+    assert_one_line_error(capsys, code, fragment)
+    assert not output.exists()
+
+
+def test_records_of_different_commits_do_not_share_an_action_file(capsys, tmp_path, second_machine):
+    record = json.loads(second_machine.read_text())
+    record["environment"]["kvbench"]["git_commit"] = "b" * 40
+    second_machine.write_text(json.dumps(record))
+    output = tmp_path / "out.json"
+    code = main(["export", str(REFERENCE), str(second_machine), "--format", "github-action-benchmark",
+                 "--output", str(output)])
+    assert_one_line_error(capsys, code, "one commit per run")
+    assert not output.exists()
+
+
+# -- what a cell that failed its check exports -----------------------------------------------------
+
+
+def test_a_failed_check_keeps_its_seconds_and_loses_its_speedup():
+    seconds = {("full", 8): [2e-3, 2.1e-3, 1.9e-3, 2e-3, 2e-3], ("concat", 8): [1e-3] * 5, ("static", 8): [1e-3] * 5}
+    record = view(synthetic_record(seconds, failed={("concat", 8)}))
+    bmf = export_document([record], "bmf")
+    assert set(bmf["kvbench/seed/concat/8"]) == {"latency"}
+    assert set(bmf["kvbench/seed/static/8"]) == {"latency", "speedup"}
+    conbench = {r["tags"]["mode"]: r for r in export_document([record], "conbench", {"repository": REPOSITORY})}
+    assert conbench["concat"]["info"]["speedup_valid"] is False and conbench["concat"]["info"]["equivalence"] == "FAILED"
+    actions = {entry["name"] for entry in export_document([record], "github-action-benchmark")}
+    assert "kvbench/seed/concat/8 cost vs full" not in actions and "kvbench/seed/static/8 cost vs full" in actions
+
+
+def test_workload_names_what_differs_from_the_preset():
+    seconds = {("full", 8): [2e-3] * 3, ("static", 8): [1e-3] * 3}
+    record = synthetic_record(seconds)
+    record["config"]["layers"] = 2
+    names = export_document([view(record)], "bmf")
+    assert set(names) == {"kvbench/seed,layers=2/full/8", "kvbench/seed,layers=2/static/8"}
+
+
+# -- bad input ----------------------------------------------------------------------------------
+
+
+def assert_one_line_error(capsys, code, fragment):
+    _, err = capsys.readouterr()
+    assert code == 2, err
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvbench: error: ") and "Traceback" not in err, err
+    assert fragment in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("content, fragment", [
+    (None, "no such file"),
+    ("", "not valid JSON"),
+    ('{"schema": "kvbench.record/2", "status": "comp', "not valid JSON"),
+    ('{"name": "package.json"}', "not a kvbench record"),
+    ("[1, 2]", "expected a JSON object"),
+])
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_bad_records_are_one_line_and_nothing_is_written(capsys, tmp_path, content, fragment, fmt):
+    bad = tmp_path / "bad.json"
+    if content is not None:
+        bad.write_text(content)
+    output = tmp_path / "out.json"
+    code = main(["export", str(REFERENCE), str(bad), "--format", fmt, "--output", str(output),
+                 "--repository", REPOSITORY] if fmt == "conbench" else
+                ["export", str(REFERENCE), str(bad), "--format", fmt, "--output", str(output)])
+    assert_one_line_error(capsys, code, fragment)
+    assert not output.exists() and list(tmp_path.iterdir()) == ([bad] if content is not None else [])
+
+
+def test_output_checks(capsys, tmp_path):
+    existing = tmp_path / "old.json"
+    existing.write_text("keep")
+    code = main(["export", str(REFERENCE), "--format", "bmf", "--output", str(existing)])
+    assert_one_line_error(capsys, code, "--force")
+    assert existing.read_text() == "keep"
+    copy_of_reference = tmp_path / "ref.json"
+    shutil.copy(REFERENCE, copy_of_reference)
+    code = main(["export", str(copy_of_reference), "--format", "bmf", "--output", str(copy_of_reference), "--force"])
+    assert_one_line_error(capsys, code, "is the record being read")
+    code = main(["export", str(REFERENCE), "--format", "bmf", "--output", "/proc/kvbench.json"])
+    assert_one_line_error(capsys, code, "/proc")
+    code = main(["export", str(REFERENCE), "--format", "bmf", "--output", str(tmp_path / "b.json"),
+                 "--repository", REPOSITORY])
+    assert_one_line_error(capsys, code, "--repository")
+    code = main(["export", str(REFERENCE), "--format", "csv", "--output", str(tmp_path / "c.json")])
+    assert_one_line_error(capsys, code, "--format")
+    assert main(["export", str(REFERENCE), "--format", "bmf", "--output", str(existing), "--force"]) == 0
+    assert "kvbench/seed/full/16" in json.loads(existing.read_text())
