@@ -38,7 +38,7 @@ VERDICTS = (SLOWER, FASTER, UNCHANGED, WITHIN_NOISE)
 
 __all__ = ["ALPHA", "FACTOR", "RANKS", "VERDICTS", "CellChange", "Change", "Comparison", "Difference",
            "MachineChange", "change", "compare_records", "config_diff", "environment_diff", "judged_change",
-           "machine_change", "relative_to", "seconds_estimate"]
+           "machine_change", "relative_to"]
 
 
 @dataclass(frozen=True)
@@ -125,8 +125,8 @@ def machine_change(old: RecordView, new: RecordView, *, factor: float, alpha: fl
              and old.probe_seconds(name) and new.probe_seconds(name)]
     if not names:
         return None
-    workloads = {name: change(seconds_estimate(old.probe_seconds(name), old.between_run["seconds"]),
-                              seconds_estimate(new.probe_seconds(name), new.between_run["seconds"]),
+    workloads = {name: change(stats.median_estimate(old.probe_seconds(name), old.between_run["seconds"]),
+                              stats.median_estimate(new.probe_seconds(name), new.between_run["seconds"]),
                               factor=factor, alpha=alpha) for name in names}
     ratio = math.exp(statistics.fmean(math.log(c.ratio) for c in workloads.values()))
     error = math.hypot(*(c.log_error for c in workloads.values())) / len(workloads)
@@ -186,17 +186,9 @@ class Comparison:
         return sum(cell.verdict == verdict for cell in self.cells)
 
 
-def seconds_estimate(seconds: list[float], between_run: float) -> stats.RatioEstimate:
-    """Median seconds with its confidence interval, as a ratio-like estimate: the order-statistic
-    interval of this run, widened by how much a median moves between runs of the same code."""
-    low, high = stats.median_interval(seconds)
-    within = stats.RatioEstimate(statistics.median(seconds), low, high, len(seconds), "median", "order statistics")
-    return stats.with_between_run(within, between_run)
-
-
 def median_estimate(view: RecordView, mode: str, length: int) -> stats.RatioEstimate:
-    """A cell's median seconds with its confidence interval (seconds_estimate)."""
-    return seconds_estimate(view.seconds(mode, length), view.between_run["seconds"])
+    """A cell's median seconds with its confidence interval, widened by how much a median moves between runs."""
+    return stats.median_estimate(view.seconds(mode, length), view.between_run["seconds"])
 
 
 def speedup_estimate(view: RecordView, mode: str, length: int) -> stats.RatioEstimate | None:
