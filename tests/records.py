@@ -63,8 +63,12 @@ def machine_probe(slower: float = 1.0, repeats: int = 5, spread: float = 0.01, s
 
 def synthetic_record(seconds: dict[tuple[str, int], list[float]], *, failed=(), status="complete", repeats=None,
                      environment=None, per_step=None, lengths=None, config=None, checks=None,
-                     probe: dict | None = None, preset: str = "seed") -> dict:
-    """A valid record with these raw seconds per (mode, length), in the protocol's rotating order."""
+                     probe: dict | None = None, preset: str = "seed", steps: dict | None = None,
+                     workload: dict | None = None) -> dict:
+    """A valid record with these raw seconds per (mode, length), in the protocol's rotating order.
+
+    A request record: `workload` {"kind": "request", "prompt", "generate"} and `steps` {(mode, length):
+    [(ttft, [step seconds]) per repetition]}; each repetition's seconds are then its TTFT and steps' sum."""
     modes = list(dict.fromkeys(mode for mode, _ in seconds))
     lengths = lengths or sorted({length for _, length in seconds})
     repeats = repeats or max(len(v) for v in seconds.values())
@@ -74,6 +78,10 @@ def synthetic_record(seconds: dict[tuple[str, int], list[float]], *, failed=(), 
          "round": r, "started": round(r + orders[r].index(mode) / 100, 6), **NO_TELEMETRY}
         for (mode, length), values in seconds.items() for r, s in enumerate(values)
     ]
+    for rep in repetitions:
+        if steps and (rep["mode"], rep["length"]) in steps:
+            ttft, durations = steps[(rep["mode"], rep["length"])][rep["repetition"]]
+            rep.update(seconds=ttft + sum(durations), ttft_seconds=ttft, step_seconds=list(durations))
     config = config or DecoderConfig().to_dict()
     if checks is None:  # each compares logits in the config's dtype
         checks = [{**check(mode, length, (mode, length) not in failed), "dtype": config["dtype"]}
@@ -88,7 +96,8 @@ def synthetic_record(seconds: dict[tuple[str, int], list[float]], *, failed=(), 
                "measured_bytes": formula(mode, length), "reserved_bytes": 2 * per_position * length}
               for mode, length in seconds]
     run = {"preset": preset, "lengths": lengths, "modes": modes, "batch": 1, "seed": 0, "repeats": repeats,
-           "warmup": 1, "threads": 1, "per_step_length": per_step and per_step[0]["length"]}
+           "warmup": 1, "threads": 1, "per_step_length": per_step and per_step[0]["length"],
+           "workload": workload or {"kind": "loop"}}
     return build_record(
         command=["kvbench", "run"], config=config, run=run,
         protocol={"repeats": repeats, "warmup": 1, "threads": 1},
@@ -111,3 +120,20 @@ def scaling_seconds(modes=("full", "concat"), lengths=(16, 32, 64, 128), repeats
             center *= (slow or {}).get((mode, length), 1.0)
             out[(mode, length)] = noisy(center, repeats, seed=seed * 1000 + i * 10 + j)
     return out
+
+
+def request_record(prompt: int = 16, generate: int = 9, repeats: int = 15, seed: int = 0,
+                   slow: dict | None = None) -> dict:
+    """A request run of full, static and paged: TTFT 2 ms for all; TPOT 1 ms for full, 0.25 ms for the caches,
+    with 1% noise; `slow` maps (mode, "ttft" | "tpot") -> a factor applied."""
+    rng = np.random.default_rng(seed)
+    length, slow = prompt + generate - 1, slow or {}
+    steps = {}
+    for mode, step in (("full", 1e-3), ("static", 2.5e-4), ("paged", 2.5e-4)):
+        steps[(mode, length)] = [
+            (2e-3 * slow.get((mode, "ttft"), 1.0) * (1 + 0.01 * rng.uniform(-1, 1)),
+             [step * slow.get((mode, "tpot"), 1.0) * (1 + 0.01 * rng.uniform(-1, 1)) for _ in range(generate - 1)])
+            for _ in range(repeats)]
+    seconds = {cell: [ttft + sum(durations) for ttft, durations in values] for cell, values in steps.items()}
+    return synthetic_record(seconds, steps=steps,
+                            workload={"kind": "request", "prompt": prompt, "generate": generate})

@@ -345,3 +345,34 @@ def test_a_record_with_a_tampered_summary_is_rejected(records, tmp_path, capsys)
     tampered.write_text(json.dumps(data))
     assert main(["compare", str(tampered), str(records["same"])]) == 2
     assert "but its repetitions give" in capsys.readouterr().err
+
+
+# --- what a client sees: two request runs -------------------------------------------------
+
+
+def test_two_request_runs_compare_ttft_and_tpot_and_a_slower_tpot_fails_the_regression_check(tmp_path, capsys):
+    from records import request_record
+
+    old, new = request_record(seed=1), request_record(seed=2, slow={("static", "tpot"): 1.5})
+    result = compare_records(old, new)
+    changes = {(c.mode, c.figure): c for c in result.latency}
+    assert set(changes) == {(m, f) for m in ("full", "static", "paged") for f in ("ttft", "tpot")}
+    slowed = changes[("static", "tpot")]
+    assert slowed.relative.ratio == pytest.approx(1.5, rel=0.02) and slowed.verdict == compare.SLOWER
+    assert slowed.judged_by == "vs full"  # full's TPOT did not move: the ratio to it judges
+    assert all(c.verdict == compare.WITHIN_NOISE for key, c in changes.items() if key != ("static", "tpot"))
+    assert changes[("full", "tpot")].relative is None and changes[("full", "tpot")].judged_by == "time"
+    assert slowed in result.regressions
+    status = main(["compare", str(write(tmp_path, "old.json", old)), str(write(tmp_path, "new.json", new)),
+                   "--fail-on-regression"])
+    captured = capsys.readouterr()
+    assert status == 1 and "worst TPOT of static at length 24: 1.50x" in captured.err
+    assert "TPOT" in captured.out and "what a client sees" in captured.out
+
+
+def test_request_runs_of_different_shapes_compare_no_latency_and_say_so():
+    from records import request_record
+
+    result = compare_records(request_record(), request_record(prompt=20, generate=5, seed=3))  # both hold 24
+    assert result.latency == []
+    assert any("different requests" in note for note in result.notes)

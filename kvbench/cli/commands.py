@@ -137,7 +137,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         worst = max(comparison.regressions, key=lambda cell: cell.judged.ratio)
         judged = worst.judged
         print(f"kvbench: regression: {len(comparison.regressions)} cell(s) slower beyond their MDE and "
-              f"{args.factor:g}x; worst {worst.mode} at length {worst.length}: {judged.ratio:.2f}x "
+              f"{args.factor:g}x; worst {worst.label} at length {worst.length}: {judged.ratio:.2f}x "
               f"[{judged.low:.2f}, {judged.high:.2f}], MDE ±{judged.mde:.1%}", file=sys.stderr)
         return 1
     return 0

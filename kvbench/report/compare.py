@@ -25,7 +25,7 @@ import math
 import statistics
 from dataclasses import dataclass, field, replace
 
-from kvbench import stats
+from kvbench import latency, stats
 from kvbench.record import RecordView
 from kvbench.report.differences import RANKS, Difference, config_diff, environment_diff
 from kvbench.report.format import check_text, ms
@@ -37,7 +37,7 @@ SLOWER, FASTER, UNCHANGED, WITHIN_NOISE = "slower", "faster", "unchanged", "with
 VERDICTS = (SLOWER, FASTER, UNCHANGED, WITHIN_NOISE)
 
 __all__ = ["ALPHA", "FACTOR", "RANKS", "VERDICTS", "CellChange", "Change", "Comparison", "Difference",
-           "MachineChange", "change", "compare_records", "config_diff", "environment_diff", "judged_change",
+           "LatencyChange", "MachineChange", "change", "compare_records", "config_diff", "environment_diff", "judged_change",
            "machine_change", "relative_to"]
 
 
@@ -162,6 +162,36 @@ class CellChange:
     def verdict(self) -> str:
         return self.judged.verdict
 
+    @property
+    def label(self) -> str:
+        return self.mode
+
+
+@dataclass(frozen=True)
+class LatencyChange:
+    """NEW / OLD of one mode's TTFT or TPOT in two request runs, and of its ratio to full's (judged like a cell)."""
+
+    mode: str
+    figure: str  # "ttft" or "tpot" (kvbench.latency.RATIOS)
+    old_median: float
+    new_median: float
+    time: Change
+    relative: Change | None  # the figure relative to full's: OLD ratio / NEW ratio
+    length: int = 0  # the request's positions, as its cell is keyed
+    judged_by: str = "time"
+
+    @property
+    def judged(self) -> Change:
+        return self.relative if self.judged_by == "vs full" and self.relative is not None else self.time
+
+    @property
+    def verdict(self) -> str:
+        return self.judged.verdict
+
+    @property
+    def label(self) -> str:
+        return f"{self.figure.upper()} of {self.mode}"
+
 
 @dataclass
 class Comparison:
@@ -177,10 +207,11 @@ class Comparison:
     alpha: float
     notes: list[str] = field(default_factory=list)
     machine: MachineChange | None = None  # None unless both records carry a machine probe
+    latency: list[LatencyChange] = field(default_factory=list)  # two request runs of the same shape
 
     @property
-    def regressions(self) -> list[CellChange]:
-        return [cell for cell in self.cells if cell.verdict == SLOWER]
+    def regressions(self) -> list:
+        return [c for c in [*self.cells, *self.latency] if c.verdict == SLOWER]
 
     def count(self, verdict: str) -> int:
         return sum(cell.verdict == verdict for cell in self.cells)
@@ -263,7 +294,42 @@ def compare_records(old: RecordView, new: RecordView, *, factor: float = FACTOR,
     if any(d.key.startswith("config.") or d.key in ("run.batch", "run.seed", "run.threads") for d in comparison.config):
         comparison.notes.append("the records ran different workloads (config differs): ratios compare different work")
     comparison.notes.extend(machine_notes(machine, cells, new.baseline))
+    comparison.latency = latency_changes(old, new, mapping, factor=factor, alpha=alpha)
+    shapes = [view.run.get("workload") or {"kind": "loop"} for view in (old, new)]
+    if shapes[0] != shapes[1]:
+        comparison.notes.append(f"the records ran different requests or workloads ({shapes[0]} and {shapes[1]}): "
+                                "their cells compare different work, and no TTFT or TPOT is compared")
     return comparison
+
+
+def latency_changes(old: RecordView, new: RecordView, mapping: dict[str, str], *, factor: float,
+                    alpha: float) -> list[LatencyChange]:
+    """Two request runs of the same prompt and length: each mode's TTFT and TPOT, NEW / OLD, judged by its
+    ratio to full's unless full's own figure changed beyond its noise."""
+    shapes = [view.run.get("workload") or {} for view in (old, new)]
+    if shapes[0].get("kind") != "request" or shapes[0] != shapes[1]:
+        return []
+    length, options = new.lengths[0], {"factor": factor, "alpha": alpha}
+
+    def estimate(view: RecordView, mode: str, figure: str) -> stats.RatioEstimate:
+        values = list(latency.figure_by_rotation(view.repetitions(mode, length), figure).values())
+        return stats.median_estimate(values, view.between_run["seconds"])
+
+    def ratio(view: RecordView, mode: str, figure: str) -> stats.RatioEstimate | None:
+        return latency.ratio_to_baseline(view.repetitions(view.baseline, length), view.repetitions(mode, length),
+                                         figure, view.between_run["speedup"], key=(mode, length), interval="confidence")
+
+    found = []
+    for mode in [m for m in new.modes if (mapping.get(m, m), length) in old.cells()]:
+        for figure in latency.RATIOS:
+            first, second = estimate(old, mapping.get(mode, mode), figure), estimate(new, mode, figure)
+            before, after = ratio(old, mapping.get(mode, mode), figure), ratio(new, mode, figure)
+            relative = change(before, after, invert=True, **options) if mode != new.baseline and before and after \
+                else None
+            found.append(LatencyChange(mode, figure, first.ratio, second.ratio, change(first, second, **options), relative,
+                                       length))
+    moved = {c.figure for c in found if c.mode == new.baseline and c.time.verdict != WITHIN_NOISE}
+    return [replace(c, judged_by="vs full") if c.relative is not None and c.figure not in moved else c for c in found]
 
 
 def judge(cells: list[CellChange], baseline: str, machine: MachineChange | None = None, *,
@@ -331,6 +397,17 @@ def cell_texts(cell: CellChange) -> list[str]:
             f"{cell.verdict} ({cell.judged_by})" if cell.relative is not None or cell.judged_by != "time"
             else cell.verdict,
             f"{check_text(cell.old_check)} → {check_text(cell.new_check)}", "; ".join(cell.notes)]
+
+
+LATENCY_HEADER = ("mode", "figure", "old ms", "new ms", "new/old [95% CI]", "MDE", "vs full new/old [95% CI]", "MDE",
+                  "verdict")
+
+
+def latency_texts(c: LatencyChange) -> list[str]:
+    """The plain texts of one compared TTFT or TPOT, in the order of LATENCY_HEADER."""
+    verdict = f"{c.verdict} ({c.judged_by})" if c.relative is not None else c.verdict
+    return [c.mode, c.figure.upper(), ms(c.old_median), ms(c.new_median), *_change_texts(c.time),
+            *_change_texts(c.relative), verdict]
 
 
 COMPARE_HEADER = ("length", "mode", "n old/new", "old ms", "new ms", "time new/old [95% CI]", "MDE",

@@ -7,7 +7,8 @@ words kvbench generates are written as they are.
 from __future__ import annotations
 
 from kvbench.report import columns
-from kvbench.report.compare import COMPARE_HEADER, FASTER, SLOWER, VERDICT_COLUMN, Comparison, cell_texts, summary_line
+from kvbench.report.compare import (COMPARE_HEADER, FASTER, LATENCY_HEADER, SLOWER, VERDICT_COLUMN, Comparison, cell_texts,
+                                    latency_texts, summary_line)
 from kvbench.report.differences import CRITICAL
 from kvbench.report.format import as_sentence, escape_markdown, markdown_table
 from kvbench.report.latency import LATENCY_COLUMNS, LIMIT_COLUMNS, latency_cells, latency_sentence, limit_cells
@@ -93,6 +94,10 @@ def render_comparison(c: Comparison) -> str:
             texts[VERDICT_COLUMN] = f"**{texts[VERDICT_COLUMN]}**"
         rows.append(texts)
     lines += markdown_table(COMPARE_HEADER, rows)
+    if c.latency:
+        lines += ["", "What a client sees, NEW / OLD:", ""]
+        lines += markdown_table(LATENCY_HEADER, [[escape_markdown(t) for t in latency_texts(change)]
+                                                 for change in c.latency])
     lines += ["", summary_line(c)]
     return "\n".join(lines) + "\n"
 

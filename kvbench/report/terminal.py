@@ -18,8 +18,10 @@ from kvbench.report.compare import (
     SLOWER,
     VERDICT_COLUMN,
     WITHIN_NOISE,
+    LATENCY_HEADER,
     Comparison,
     cell_texts,
+    latency_texts,
     summary_line,
 )
 from kvbench.report.differences import CRITICAL, INFORMATIONAL, NOTABLE
@@ -204,6 +206,17 @@ def compare_renderables(c: Comparison) -> list:
     for cell in c.cells:
         if cell.notes:
             out.append(f"  {rich_escape(cell.mode)} at {cell.length}: " + rich_escape("; ".join(cell.notes)))
+    if c.latency:
+        latency = Table(title="what a client sees: TTFT and TPOT, NEW / OLD", title_justify="left",
+                        box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+        for name in LATENCY_HEADER:
+            latency.add_column(name, justify="left" if name in ("mode", "figure", "verdict") else "right", no_wrap=True)
+        for change in c.latency:
+            texts = [rich_escape(t) for t in latency_texts(change)]
+            if change.verdict in VERDICT_STYLES:
+                texts[-1] = f"[{VERDICT_STYLES[change.verdict]}]{texts[-1]}[/]"
+            latency.add_row(*texts)
+        out.append(latency)
     out.append(summary_line(c))
     out.append(COMPARE_LEGEND)
     return out
