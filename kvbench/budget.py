@@ -14,8 +14,14 @@ import re
 from dataclasses import asdict, dataclass
 
 from kvbench.config import PlainConfig
-from kvbench.kinds import (GROUP_SIZE, QUANTIZED_BITS, RESIDUAL, check_quantized_options, expected_cache_bytes,
-                           quantized_cache_bytes)
+from kvbench.kinds import (
+    GROUP_SIZE,
+    QUANTIZED_BITS,
+    RESIDUAL,
+    check_quantized_options,
+    expected_cache_bytes,
+    quantized_cache_bytes,
+)
 
 DTYPES = ("float32", "bfloat16", "float16")
 QUANTIZATIONS = ("int8", "int4")  # the quantized kinds, quantized-int8 and quantized-int4

@@ -28,6 +28,10 @@ if TYPE_CHECKING:
 
     from kvbench.model import Decoder
 
+__all__ = ["CLOCK", "CONTROL", "DEFAULT_LENGTHS", "GC_POLICY", "ORDERS", "ORDER_RULES", "Protocol", "Sample",
+           "collector_paused", "control_mode", "least_busy_cpu", "mode_orders", "per_step_seconds", "pin_cpu",
+           "rotated", "rotation_order", "set_threads", "time_call", "time_observed"]
+
 DEFAULT_LENGTHS = (16, 32, 64, 128, 256, 512)
 ORDERS = ("random", "rotate")
 GC_POLICY = "collect before each sample, disabled while timing"

@@ -26,7 +26,6 @@ from kvbench.sampling import Sample
 from kvbench.timing import Protocol
 
 
-
 class Loop:
     """The seed's unit: one whole teacher-forced decode loop per sample."""
 

@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 from kvbench.config import PRESETS, PlainConfig
-from kvbench.kinds import QUANTIZED_BITS, quantized_cache_parts
 from kvbench.files import write_bytes_atomic
+from kvbench.kinds import QUANTIZED_BITS, quantized_cache_parts
 from kvbench.record import RecordView
 from kvbench.report.format import format_bytes, markdown_table
 from kvbench.report.markdown import splice

@@ -15,8 +15,8 @@ import torch
 from torch import Tensor
 
 from kvbench.cache.base import Cache
-from kvbench.kinds import window_cache_bytes
 from kvbench.config import DecoderConfig
+from kvbench.kinds import window_cache_bytes
 
 
 class WindowCache(Cache):

@@ -12,7 +12,16 @@ from __future__ import annotations
 import math
 
 from kvbench.config import PlainConfig
-from kvbench.kinds import CONTROL, DRIFT_METRICS, FORMULAS, FULL, MODES, REFERENCE_NOT_FINITE, formula_bytes, within_limits
+from kvbench.kinds import (
+    CONTROL,
+    DRIFT_METRICS,
+    FORMULAS,
+    FULL,
+    MODES,
+    REFERENCE_NOT_FINITE,
+    formula_bytes,
+    within_limits,
+)
 from kvbench.record.summary import by_cell, summarize
 
 

@@ -14,9 +14,8 @@ import jsonschema
 
 from kvbench import estimation
 from kvbench.config import DTYPE_NAMES
-from kvbench.kinds import WORKLOADS
-from kvbench.kinds import FAILURES, KIND_NAME
 from kvbench.files import first_non_finite
+from kvbench.kinds import FAILURES, KIND_NAME, WORKLOADS
 from kvbench.record.meaning import MEANING_CHECKS, RecordError
 from kvbench.sampling import STOPS
 from kvbench.stats import ESTIMATORS, INTERVALS

@@ -29,64 +29,24 @@ from kvbench import latency, stats
 from kvbench.record import RecordView
 from kvbench.report.differences import RANKS, Difference, config_diff, environment_diff
 from kvbench.report.format import check_text, ms
+from kvbench.report.verdicts import (
+    ALPHA,
+    FACTOR,
+    FASTER,
+    POWER,
+    SLOWER,
+    UNCHANGED,
+    VERDICTS,
+    WITHIN_NOISE,
+    Change,
+    change,
+    judged_change,
+    relative_to,
+)
 
-FACTOR = 1.1  # a detectable change smaller than this ratio is "unchanged"
-ALPHA = 0.05  # two-sided level of every interval and of the minimum detectable effect
-POWER = 0.80  # the MDE is the true change detected with this probability
-SLOWER, FASTER, UNCHANGED, WITHIN_NOISE = "slower", "faster", "unchanged", "within noise"
-VERDICTS = (SLOWER, FASTER, UNCHANGED, WITHIN_NOISE)
-
-__all__ = ["ALPHA", "FACTOR", "RANKS", "VERDICTS", "CellChange", "Change", "Comparison", "Difference",
+__all__ = ["ALPHA", "FACTOR", "FASTER", "POWER", "RANKS", "SLOWER", "UNCHANGED", "VERDICTS", "WITHIN_NOISE", "CellChange", "Change", "Comparison", "Difference",
            "LatencyChange", "MachineChange", "change", "compare_records", "config_diff", "environment_diff", "judged_change",
            "machine_change", "relative_to"]
-
-
-@dataclass(frozen=True)
-class Change:
-    """NEW / OLD of one quantity (above 1: NEW costs more), its interval, MDE and verdict."""
-
-    ratio: float
-    low: float
-    high: float
-    mde: float  # relative: 0.06 means a true change of 6% would be detected with POWER
-    verdict: str
-    log_error: float = 0.0  # standard error of log(ratio): what two changes combine by
-
-
-def judged_change(ratio: float, error: float, *, factor: float, alpha: float) -> Change:
-    """The interval, MDE and verdict of a ratio whose log has standard error `error`."""
-    z = stats.normal_quantile(1 - alpha / 2)
-    low, high = ratio * math.exp(-z * error), ratio * math.exp(z * error)
-    mde = math.exp((z + stats.normal_quantile(POWER)) * error) - 1
-    size = abs(math.log(ratio))
-    if size < math.log1p(mde):
-        verdict = WITHIN_NOISE
-    elif ratio > factor and low > 1:
-        verdict = SLOWER
-    elif ratio < 1 / factor and high < 1:
-        verdict = FASTER
-    else:
-        verdict = UNCHANGED
-    return Change(ratio, low, high, mde, verdict, error)
-
-
-def change(old: stats.RatioEstimate, new: stats.RatioEstimate, *, factor: float, alpha: float,
-           invert: bool = False) -> Change:
-    """NEW / OLD (or OLD / NEW with `invert`, for speedups) from two independent runs' confidence intervals.
-
-    Each side's standard error is read off its interval in log scale; the two add in
-    quadrature. The MDE is (z_{1-alpha/2} + z_{power}) standard errors of the difference.
-    """
-    error = math.hypot(*(stats.log_standard_error(estimate) for estimate in (old, new)))
-    ratio = old.ratio / new.ratio if invert else new.ratio / old.ratio
-    return judged_change(ratio, error, factor=factor, alpha=alpha)
-
-
-def relative_to(value: Change, reference: Change, *, factor: float, alpha: float) -> Change:
-    """`value` held against `reference` (e.g. full's time against the machine probe's): their ratio,
-    the two errors combined as from independent measurements."""
-    return judged_change(value.ratio / reference.ratio, math.hypot(value.log_error, reference.log_error),
-                         factor=factor, alpha=alpha)
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,17 @@ words kvbench generates are written as they are.
 from __future__ import annotations
 
 from kvbench.report import columns
-from kvbench.report.compare import (COMPARE_HEADER, FASTER, LATENCY_HEADER, SLOWER, VERDICT_COLUMN, Comparison, cell_texts,
-                                    latency_texts, summary_line)
+from kvbench.report.compare import (
+    COMPARE_HEADER,
+    FASTER,
+    LATENCY_HEADER,
+    SLOWER,
+    VERDICT_COLUMN,
+    Comparison,
+    cell_texts,
+    latency_texts,
+    summary_line,
+)
 from kvbench.report.differences import CRITICAL
 from kvbench.report.format import as_sentence, escape_markdown, markdown_table
 from kvbench.report.latency import LATENCY_COLUMNS, LIMIT_COLUMNS, latency_cells, latency_sentence, limit_cells
