@@ -376,3 +376,50 @@ def test_request_runs_of_different_shapes_compare_no_latency_and_say_so():
     result = compare_records(request_record(), request_record(prompt=20, generate=5, seed=3))  # both hold 24
     assert result.latency == []
     assert any("different requests" in note for note in result.notes)
+
+
+# --- across machines ----------------------------------------------------------------------------
+
+
+def test_records_from_two_machines_compare_ratios_only_and_call_no_raw_time_slower(tmp_path, capsys):
+    """Another machine, 40% slower at everything, and a static cache 20% costlier relative to full there:
+    raw times are not comparable; the ratio to each run's own full is, and it shows the static change."""
+    base = scaling_seconds(modes=("full", "concat", "static"), seed=1, repeats=15)
+    old = synthetic_record(base)
+    slower = {key: [s * 1.4 * (1.2 if key[0] == "static" else 1.0) for s in values] for key, values in base.items()}
+    new = synthetic_record(slower, environment=changed_environment(**{"os.hostname": "bench-2", "cpu.brand": "Other"}))
+    result = compare_records(old, new)
+    assert any("ran on different machines (os.hostname bench-1 -> bench-2; cpu.brand Test CPU 9000 -> Other)" in note
+               for note in result.notes)
+    full = [c for c in result.cells if c.mode == "full"]
+    assert all(c.verdict == compare.NOT_COMPARABLE and c.time.ratio == pytest.approx(1.4) for c in full)
+    static = [c for c in result.cells if c.mode == "static"]
+    assert all(c.judged_by == "vs full" and c.relative.ratio == pytest.approx(1.2) and c.verdict == compare.SLOWER
+               for c in static)
+    assert all(c.verdict == compare.WITHIN_NOISE for c in result.cells if c.mode == "concat")
+    assert "not comparable" in compare.summary_line(result) and len(result.regressions) == len(static)
+
+
+def test_across_machines_lines_every_records_speedups_up_per_cell(tmp_path, capsys):
+    records = []
+    for index, (host, factor) in enumerate((("a", 1.0), ("b", 1.5), ("c", 1.0))):
+        seconds = scaling_seconds(seed=index, repeats=9, slow={("concat", n): factor for n in (16, 32, 64, 128)})
+        records.append(str(write(tmp_path, f"{host}.json", synthetic_record(
+            seconds, environment=changed_environment(**{"os.hostname": f"host-{host}"})))))
+    assert main(["compare", "--across-machines", *records]) == 0
+    out = capsys.readouterr().out
+    assert "host-a (Test CPU 9000)" in out and "host-c (Test CPU 9000)" in out
+    line = next(line for line in out.splitlines() if line.strip().startswith("64") and "concat" in line)
+    assert "apart" in line and line.count("x [") == 3  # b's concat costs 1.5x: its interval is elsewhere
+    assert main(["compare", "--across-machines", "--format", "markdown", *records]) == 0
+    assert "| length | mode | host-a (Test CPU 9000) |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["a.json", "b.json", "c.json"], "1 more record(s) need --across-machines"),
+    (["--across-machines", "--pair", "x=y", "a.json", "b.json"], "--pair judges NEW against OLD"),
+    (["--across-machines", "--fail-on-regression", "a.json", "b.json"], "--fail-on-regression judges NEW"),
+])
+def test_across_machines_options_that_do_not_fit_are_refused(tmp_path, capsys, argv, fragment):
+    assert main(["compare", *argv]) == 2
+    assert fragment in capsys.readouterr().err

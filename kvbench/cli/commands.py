@@ -122,6 +122,20 @@ def check_comparison_options(args: argparse.Namespace) -> None:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     check_comparison_options(args)
+    if args.more and not args.across_machines:
+        raise CliError(f"compare takes OLD and NEW; {len(args.more)} more record(s) need --across-machines")
+    if args.across_machines:
+        for option, given in (("--pair", args.pair), ("--fail-on-regression", args.fail_on_regression)):
+            if given:
+                raise CliError(f"{option} judges NEW against OLD; --across-machines lines records up instead")
+        views = [load_view(path) for path in (args.old, args.new, *args.more)]
+        if args.format == "markdown":
+            sys.stdout.write(markdown.render_across(views))
+        else:
+            console = stdout_console()
+            for item in terminal.across_renderables(views):
+                console.print(item)
+        return 0
     mapping = dict(args.pair)
     if len(mapping) < len(args.pair):
         raise CliError("--pair names a NEW mode twice")

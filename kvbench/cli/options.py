@@ -288,6 +288,11 @@ def add_reading_parsers(commands) -> None:
     )
     compare.add_argument("old", type=Path, metavar="OLD")
     compare.add_argument("new", type=Path, metavar="NEW")
+    compare.add_argument("more", type=Path, nargs="*", metavar="RECORD",
+                         help="with --across-machines: further records, each from its own machine")
+    compare.add_argument("--across-machines", action="store_true",
+                         help="line up every record's speedups per cell, one column per machine (raw seconds from "
+                              "different machines are not compared)")
     add_comparison_options(compare)
     compare.add_argument("--pair", type=mode_pair, action="append", default=[], metavar="NEW_MODE=OLD_MODE",
                          help="compare NEW's NEW_MODE with OLD's OLD_MODE (a kind against the one it replaces)")

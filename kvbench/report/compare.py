@@ -33,6 +33,7 @@ from kvbench.report.verdicts import (
     ALPHA,
     FACTOR,
     FASTER,
+    NOT_COMPARABLE,
     POWER,
     SLOWER,
     UNCHANGED,
@@ -44,7 +45,7 @@ from kvbench.report.verdicts import (
     relative_to,
 )
 
-__all__ = ["ALPHA", "FACTOR", "FASTER", "POWER", "RANKS", "SLOWER", "UNCHANGED", "VERDICTS", "WITHIN_NOISE", "CellChange", "Change", "Comparison", "Difference",
+__all__ = ["ALPHA", "FACTOR", "FASTER", "POWER", "RANKS", "NOT_COMPARABLE", "SLOWER", "UNCHANGED", "VERDICTS", "WITHIN_NOISE", "CellChange", "Change", "Comparison", "Difference",
            "LatencyChange", "MachineChange", "change", "compare_records", "config_diff", "environment_diff", "judged_change",
            "machine_change", "relative_to"]
 
@@ -120,7 +121,7 @@ class CellChange:
 
     @property
     def verdict(self) -> str:
-        return self.judged.verdict
+        return NOT_COMPARABLE if self.judged_by == "across machines" else self.judged.verdict
 
     @property
     def label(self) -> str:
@@ -146,7 +147,7 @@ class LatencyChange:
 
     @property
     def verdict(self) -> str:
-        return self.judged.verdict
+        return NOT_COMPARABLE if self.judged_by == "across machines" else self.judged.verdict
 
     @property
     def label(self) -> str:
@@ -253,8 +254,15 @@ def compare_records(old: RecordView, new: RecordView, *, factor: float = FACTOR,
             comparison.notes.append(f"{label} is INCOMPLETE (interrupted run): only its completed repetitions are compared")
     if any(d.key.startswith("config.") or d.key in ("run.batch", "run.seed", "run.threads") for d in comparison.config):
         comparison.notes.append("the records ran different workloads (config differs): ratios compare different work")
-    comparison.notes.extend(machine_notes(machine, cells, new.baseline))
     comparison.latency = latency_changes(old, new, mapping, factor=factor, alpha=alpha)
+    across = machine_identity_differences(old, new)
+    if across:
+        comparison.notes.append(f"OLD and NEW ran on different machines ({'; '.join(across)}): raw seconds are not "
+                                f"comparable, so every time-judged verdict is '{NOT_COMPARABLE}'; each cached mode is "
+                                f"compared by its cost relative to its own run's {new.baseline}")
+        comparison.cells = cells = across_machines(cells)
+        comparison.latency = across_machines(comparison.latency)
+    comparison.notes.extend(machine_notes(machine, cells, new.baseline, bool(across)))
     shapes = [view.run.get("workload") or {"kind": "loop"} for view in (old, new)]
     if shapes[0] != shapes[1]:
         comparison.notes.append(f"the records ran different requests or workloads ({shapes[0]} and {shapes[1]}): "
@@ -292,6 +300,25 @@ def latency_changes(old: RecordView, new: RecordView, mapping: dict[str, str], *
     return [replace(c, judged_by="vs full") if c.relative is not None and c.figure not in moved else c for c in found]
 
 
+IDENTITY = (("os", "hostname"), ("cpu", "brand"), ("cpu", "arch"), ("system", "logical_cores"))  # what names a machine
+
+
+def machine_identity_differences(old: RecordView, new: RecordView) -> list[str]:
+    """'key a -> b' for every fact naming the machine that differs between two records' captures."""
+    out = []
+    for section, key in IDENTITY:
+        before, after = (old.environment.get(section) or {}).get(key), (new.environment.get(section) or {}).get(key)
+        if before is not None and after is not None and before != after:
+            out.append(f"{section}.{key} {before} -> {after}")
+    return out
+
+
+def across_machines(cells: list) -> list:
+    """Between two machines a ratio measured within each run still compares; a raw time never does."""
+    return [replace(cell, judged_by="vs full") if cell.relative is not None
+            else replace(cell, judged_by="across machines") for cell in cells]
+
+
 def judge(cells: list[CellChange], baseline: str, machine: MachineChange | None = None, *,
           factor: float = FACTOR, alpha: float = ALPHA) -> list[CellChange]:
     """A cached mode is judged by its cost relative to full (machine drift cancels in it) when full
@@ -319,10 +346,15 @@ def judge(cells: list[CellChange], baseline: str, machine: MachineChange | None 
     return judged
 
 
-def machine_notes(machine: MachineChange | None, cells: list[CellChange], baseline: str) -> list[str]:
+def machine_notes(machine: MachineChange | None, cells: list[CellChange], baseline: str,
+                  across: bool = False) -> list[str]:
     """What the machine probe says about the comparison, in words."""
     if machine is None:
         return []
+    if across:
+        direction = "slower" if machine.overall.ratio > 1 else "faster"
+        return [f"on the machine probe NEW's machine is {abs(machine.overall.ratio - 1):.0%} {direction} than OLD's "
+                f"({', '.join(f'{name} {percent(c.ratio)}' for name, c in machine.workloads.items())})"]
     moved_alone = sorted(cell.length for cell in cells if cell.mode == baseline and cell.judged_by == "time"
                          and cell.time.verdict != WITHIN_NOISE)
     notes = []
@@ -377,7 +409,7 @@ CHECK_COLUMN = COMPARE_HEADER.index("max |Δ| old → new")
 
 
 def summary_line(c: Comparison) -> str:
-    counts = ", ".join(f"{c.count(v)} {v}" for v in VERDICTS)
+    counts = ", ".join(f"{c.count(v)} {v}" for v in VERDICTS + ((NOT_COMPARABLE,) if c.count(NOT_COMPARABLE) else ()))
     return (f"{len(c.cells)} cells compared: {counts}. A cached mode is judged by its cost relative to full "
             f"(unless full itself changed more than the machine did), full by its time (against the machine "
             f"probe's when the machine moved); slower/faster = beyond both the MDE and {c.factor:g}x.")

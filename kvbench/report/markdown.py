@@ -6,7 +6,7 @@ words kvbench generates are written as they are.
 
 from __future__ import annotations
 
-from kvbench.report import columns
+from kvbench.report import columns, machines
 from kvbench.report.compare import (
     COMPARE_HEADER,
     FASTER,
@@ -108,6 +108,20 @@ def render_comparison(c: Comparison) -> str:
         lines += markdown_table(LATENCY_HEADER, [[escape_markdown(t) for t in latency_texts(change)]
                                                  for change in c.latency])
     lines += ["", summary_line(c)]
+    return "\n".join(lines) + "\n"
+
+
+def render_across(views: list) -> str:
+    """`kvbench compare --across-machines --format markdown`."""
+    labels, cells, differences = machines.across(views)
+    lines = [f"**kvbench compare --across-machines**: {len(views)} records", ""]
+    lines += [f"{index + 1}. {escape_markdown(label)}: `{view.source}`" for index, (label, view) in
+              enumerate(zip(labels, views))] + [""]
+    for index, found in enumerate(differences, start=2):
+        if found:
+            lines += [f"> Environment of record {index} against record 1: {escape_markdown('; '.join(found))}", ""]
+    lines += markdown_table([escape_markdown(name) for name in machines.header(labels)],
+                            [[escape_markdown(text) for text in machines.cell_texts(cell, labels)] for cell in cells])
     return "\n".join(lines) + "\n"
 
 

@@ -10,7 +10,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from kvbench.report import columns
+from kvbench.report import columns, machines
 from kvbench.report.compare import (
     CHECK_COLUMN,
     COMPARE_HEADER,
@@ -253,3 +253,27 @@ def budget_renderables(result) -> list:
     out.append(table)
     out.append("Counts key/value storage only: weights, activations and allocator slack need --reserved.")
     return out
+
+
+def across_renderables(views: list) -> list:
+    """`kvbench compare --across-machines`: each cached cell's speedup on every machine."""
+    labels, cells, differences = machines.across(views)
+    out: list = [f"[bold]kvbench compare --across-machines[/]: {len(views)} records"]
+    for index, (label, view) in enumerate(zip(labels, views)):
+        out.append(f"  [{index + 1}] {rich_escape(label)}: {rich_escape(view.source)}")
+    for index, found in enumerate(differences, start=2):
+        if found:
+            out.append(f"[yellow]environment of [{index}] against [1]: {rich_escape('; '.join(found))}[/]")
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for name in machines.header(labels):
+        table.add_column(rich_escape(name), justify="left" if name in ("mode", "intervals") else "right")
+    for cell in cells:
+        table.add_row(*(rich_escape(text) for text in machines.cell_texts(cell, labels)))
+    out += [table, MACHINES_LEGEND]
+    return out
+
+
+MACHINES_LEGEND = ("each speedup is its own run's full-prefix time over the cached time, measured in the same rotations, "
+                   "with its 95% rerun interval; raw seconds from different machines are not compared. spread: max / "
+                   "min - 1; intervals: overlap when one value lies in all of them (these records cannot tell the "
+                   "machines apart), apart when not")

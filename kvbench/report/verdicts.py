@@ -17,6 +17,7 @@ ALPHA = 0.05  # two-sided level of every interval and of the minimum detectable 
 POWER = 0.80  # the MDE is the true change detected with this probability
 SLOWER, FASTER, UNCHANGED, WITHIN_NOISE = "slower", "faster", "unchanged", "within noise"
 VERDICTS = (SLOWER, FASTER, UNCHANGED, WITHIN_NOISE)
+NOT_COMPARABLE = "not comparable"  # a raw time measured on two different machines
 
 
 @dataclass(frozen=True)
