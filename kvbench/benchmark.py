@@ -76,6 +76,8 @@ def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol
             outcome.repetitions.append(kept.to_dict())
             progress("time", len(outcome.repetitions), max(planned, len(outcome.repetitions)))
 
+        if hasattr(workload, "timer_seconds"):  # what timing every step on its own costs each step
+            outcome.sampling.step_timer_seconds = workload.timer_seconds()
         sample(loops, protocol, on_sample=keep, state=outcome.sampling, watch=workload.watch(protocol, FULL))
         if protocol.per_step_length is not None:
             ids = token_ids(model.config, protocol.batch, protocol.per_step_length, protocol.seed)

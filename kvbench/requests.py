@@ -80,6 +80,21 @@ def time_request(model: Decoder, ids: Tensor, mode: str, prompt: int, options: d
     return {"ttft_seconds": durations[0], "step_seconds": durations[1:]}
 
 
+def step_timer_seconds(count: int = 20_000) -> float:
+    """What time_request's clock costs a step: the same loop over a generator that does nothing."""
+    def nothing():
+        for _ in range(count):
+            yield None
+
+    durations = []
+    start = last = time.perf_counter_ns()
+    for _ in nothing():
+        now = time.perf_counter_ns()
+        durations.append((now - last) / 1e9)
+        last = now
+    return (time.perf_counter_ns() - start) / count / 1e9
+
+
 class ContextStep:
     """One decode step after `context` tokens: `prepare()` prefills a fresh cache outside the timed region,
     calling the object times the step itself (for `full`: one forward of context + 1 tokens)."""

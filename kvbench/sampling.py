@@ -50,6 +50,7 @@ class Sampling:
     lengths: dict[int, LengthSampling] = field(default_factory=dict)
     telemetry_unavailable: dict[str, str] = field(default_factory=dict)
     telemetry_seconds: float | None = None  # what a sample's telemetry costs (outside its timed region)
+    step_timer_seconds: float | None = None  # a request run: what reading the clock between steps costs a step
     elapsed: float = 0.0  # seconds from the first timed sample to the last
 
 

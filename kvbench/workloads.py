@@ -106,6 +106,9 @@ class Request:
     def call(self, model: Decoder, ids: Tensor, length: int, mode: str, options: dict | None) -> TimedRequest:
         return TimedRequest(model, ids[:, :length], mode, self.prompt, options)
 
+    def timer_seconds(self) -> float:
+        return requests.step_timer_seconds()
+
     def watch(self, protocol: Protocol, baseline: str):
         """TTFT and TPOT against full's, and every mode's own TPOT: each as precise as the protocol asks."""
         def half_widths(samples: list[Sample], length: int) -> dict[str, float]:

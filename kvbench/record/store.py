@@ -107,6 +107,8 @@ def record_from_run(outcome, *, command: list[str], preset: str, config, lengths
         limits=outcome.limits,
         sampling={"lengths": [state.to_dict() for length, state in sampling.lengths.items() if length in lengths],
                   "telemetry": {"unavailable": sampling.telemetry_unavailable,
-                                "per_sample_seconds": sampling.telemetry_seconds},
+                                "per_sample_seconds": sampling.telemetry_seconds,
+                                **({"per_step_timer_seconds": sampling.step_timer_seconds}
+                                   if sampling.step_timer_seconds is not None else {})},
                   "elapsed": sampling.elapsed},
     )

@@ -10,7 +10,7 @@ import base64
 from kvbench import stats
 from kvbench.report import columns
 from kvbench.report.format import as_sentence, escape_html, format_bytes
-from kvbench.report.latency import LATENCY_COLUMNS, LIMIT_COLUMNS, latency_cells, latency_sentence, limit_cells
+from kvbench.report.latency import LATENCY_COLUMNS, LIMIT_COLUMNS, latency_cells, limit_cells
 from kvbench.report.model import MARKS, Report, Row, environment_line
 
 CSS = """
@@ -126,7 +126,7 @@ def _latency_section(report: Report) -> list[str]:
     if report.latency:
         parts += ["<h2>What a client sees: one request</h2>",
                   _plain_table(LATENCY_COLUMNS, [latency_cells(row) for row in report.latency], ("mode", "equivalence")),
-                  f'<p class="legend">{escape_html(as_sentence(latency_sentence(report.latency, report.baseline)))}</p>']
+                  f'<p class="legend">{escape_html(as_sentence(report.latency_note))}</p>']
     if report.limits:
         parts += ["<h2>Against the machine's limits</h2>",
                   _plain_table(LIMIT_COLUMNS, [limit_cells(row) for row in report.limits], ("mode", "step")),

@@ -75,13 +75,22 @@ def latency_cells(row: LatencyRow) -> list[str]:
             check_text(row.check)]
 
 
-def latency_sentence(rows: list[LatencyRow], baseline: str) -> str:
+def timer_sentence(view: RecordView) -> str:
+    """What timing every step cost it, against the shortest step reported ("" when not measured)."""
+    cost = (view.sampling.get("telemetry") or {}).get("per_step_timer_seconds")
+    steps = [s for mode, length in view.cells() for rep in view.repetitions(mode, length) for s in rep["step_seconds"]]
+    if cost is None or not steps:
+        return ""
+    return f"; reading the clock between steps costs {cost * 1e9:.0f} ns a step, {cost / min(steps):.2%} of the shortest step"
+
+
+def latency_sentence(rows: list[LatencyRow], baseline: str, timer: str = "") -> str:
     first = rows[0]
     return (f"One request per sample: a prompt of {first.prompt} tokens prefilled in one call, then "
             f"{first.generate - 1} one-token steps ({first.generate} tokens generated), teacher-forced. TTFT: the "
             f"prefill, up to the first token's logits; TPOT = (E2E - TTFT) / (N - 1), as vLLM defines it; ITL "
             f"percentiles pool every step of every request; medians with their 95% intervals. TTFT × and TPOT ×: "
-            f"{baseline}'s figure / the mode's, the median over rotations, with the rerun interval (±)")
+            f"{baseline}'s figure / the mode's, the median over rotations, with the rerun interval (±){timer}")
 
 
 @dataclass(frozen=True)

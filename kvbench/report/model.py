@@ -16,7 +16,16 @@ from kvbench.capture import summarize_environment
 from kvbench.config import PlainConfig
 from kvbench.kinds import expected_cache_bytes
 from kvbench.record import RecordView
-from kvbench.report.latency import LatencyRow, LimitRow, latency_rows, limit_rows, limit_sentence, step_medians
+from kvbench.report.latency import (
+    LatencyRow,
+    LimitRow,
+    latency_rows,
+    latency_sentence,
+    limit_rows,
+    limit_sentence,
+    step_medians,
+    timer_sentence,
+)
 from kvbench.stats import NOISY_SPREAD, PowerFit, RatioEstimate
 from kvbench.telemetry import disturbances, tally
 
@@ -145,6 +154,7 @@ class Report:
     workload: dict = field(default_factory=lambda: {"kind": "loop"})
     limits: list[LimitRow] = field(default_factory=list)  # each step against the machine's limits
     limits_note: str | None = None
+    latency_note: str | None = None
     step_latency: dict[str, list[float]] = field(default_factory=dict)  # a request's median step, per position
     tradeoffs: list[Tradeoff] = field(default_factory=list)
 
@@ -304,6 +314,7 @@ def build_report(view: RecordView, seed: int = stats.SEED, resamples: int = stat
     report.latency, report.workload = latency_rows(view), dict(view.run.get("workload") or {"kind": "loop"})
     report.limits, report.step_latency = limit_rows(view), step_medians(view)
     report.limits_note = limit_sentence(view) if report.limits else None
+    report.latency_note = latency_sentence(report.latency, view.baseline, timer_sentence(view)) if report.latency else None
     return report
 
 

@@ -26,7 +26,7 @@ from kvbench.report.compare import (
 )
 from kvbench.report.differences import CRITICAL, INFORMATIONAL, NOTABLE
 from kvbench.report.format import format_bytes, render_plain, rich_escape
-from kvbench.report.latency import LATENCY_COLUMNS, LIMIT_COLUMNS, latency_cells, latency_sentence, limit_cells
+from kvbench.report.latency import LATENCY_COLUMNS, LIMIT_COLUMNS, latency_cells, limit_cells
 from kvbench.report.model import MARKS, Report, Row, clock_note, environment_line
 
 STYLES = {"failed": "bold red", "invalid": "red", "noisy": "yellow", "unchecked": "yellow"}
@@ -86,7 +86,7 @@ def limits_table(report: Report) -> Table:
 def quick_renderables(report: Report) -> list:
     """The quick table (a request run: its latency table first), then how each length was sampled and how
     noisy the machine was."""
-    out: list = [latency_table(report), rich_escape(latency_sentence(report.latency, report.baseline))] \
+    out: list = [latency_table(report), rich_escape(report.latency_note)] \
         if report.latency else []
     out.append(quick_table(report))
     if report.sampling:
@@ -120,7 +120,7 @@ def report_renderables(report: Report) -> list:
     out.append(f"record {rich_escape(report.source)} · created {rich_escape(report.created_utc)}")
     out.append(rich_escape(environment_line(report.environment)))
     if report.latency:
-        out += [latency_table(report), rich_escape(latency_sentence(report.latency, report.baseline))]
+        out += [latency_table(report), rich_escape(report.latency_note)]
     if report.limits:
         out += [limits_table(report), rich_escape(report.limits_note)]
     out.append(rows_table(report.rows, columns.TEXT_COLUMNS, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True))
