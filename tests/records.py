@@ -64,7 +64,7 @@ def machine_probe(slower: float = 1.0, repeats: int = 5, spread: float = 0.01, s
 def synthetic_record(seconds: dict[tuple[str, int], list[float]], *, failed=(), status="complete", repeats=None,
                      environment=None, per_step=None, lengths=None, config=None, checks=None,
                      probe: dict | None = None, preset: str = "seed", steps: dict | None = None,
-                     workload: dict | None = None) -> dict:
+                     workload: dict | None = None, limits: dict | None = None) -> dict:
     """A valid record with these raw seconds per (mode, length), in the protocol's rotating order.
 
     A request record: `workload` {"kind": "request", "prompt", "generate"} and `steps` {(mode, length):
@@ -103,7 +103,7 @@ def synthetic_record(seconds: dict[tuple[str, int], list[float]], *, failed=(), 
         protocol={"repeats": repeats, "warmup": 1, "threads": 1},
         environment=copy.deepcopy(ENVIRONMENT if environment is None else environment),
         checks=checks, repetitions=repetitions, memory=memory, status=status, per_step=per_step,
-        machine_probe=probe,
+        machine_probe=probe, limits=limits,
     )
 
 
@@ -137,3 +137,14 @@ def request_record(prompt: int = 16, generate: int = 9, repeats: int = 15, seed:
     seconds = {cell: [ttft + sum(durations) for ttft, durations in values] for cell, values in steps.items()}
     return synthetic_record(seconds, steps=steps,
                             workload={"kind": "request", "prompt": prompt, "generate": generate})
+
+
+def rate(value: float) -> dict:
+    return {"median": value, "min": value * 0.95, "max": value * 1.05, "samples": [value * 0.95, value, value * 1.05]}
+
+
+LIMITS = {"last_level_cache_bytes": 32 << 20, "buffer_bytes": 128 << 20, "streams": {"copy": 2, "triad": 3},
+          "memory_bandwidth": {"copy": {"1": rate(12e9), "2": rate(18e9)}, "triad": {"1": rate(10e9), "2": rate(16e9)}},
+          "matmul": [{"shape": [1, 32, 96], "flops_per_second": rate(2e9)},
+                     {"shape": [64, 32, 96], "flops_per_second": rate(40e9)}],
+          "weight_bytes_per_step": 67968, "parameter_bytes": 346496}

@@ -12,7 +12,7 @@ from records import scaling_seconds, synthetic_record, view
 from kvbench import stats
 from kvbench.cli import main
 from kvbench.record import write_record
-from kvbench.report import markdown, terminal
+from kvbench.report import html, markdown, plots, terminal
 from kvbench.report.model import build_report
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -258,3 +258,47 @@ def test_report_refuses_one_file_for_two_outputs(record_file, tmp_path, monkeypa
     assert main(["report", str(record_file), *args]) == 2
     assert fragment in capsys.readouterr().err
     assert sorted(os.listdir(tmp_path)) == ["doc.svg"]
+
+
+# -- the client-visible workloads -----------------------------------------------------------
+
+
+def contexts_record():
+    from records import LIMITS, scaling_seconds
+
+    return synthetic_record(scaling_seconds(modes=("full", "static", "paged"), lengths=(64, 256), repeats=7),
+                            workload={"kind": "contexts"}, limits=LIMITS)
+
+
+def test_a_contexts_report_puts_every_step_against_the_machines_limits():
+    report = build_report(view(contexts_record()))
+    rows = {(row.mode, row.what): row for row in report.limits}
+    assert set(rows) == {(m, f"decode @ {n}") for m in ("static", "paged") for n in (64, 256)}
+    step = rows[("static", "decode @ 256")]
+    cache = 2 * 4 * 256 * 8 * 4  # the memory entry's bytes at that context
+    assert step.bytes_read == 67968 + cache and step.bandwidth == 10e9 and step.compute == 40e9
+    assert step.achieved_bandwidth == pytest.approx(step.bytes_read / step.seconds)
+    assert "triad 10.0 GB/s on 1 thread(s)" in report.limits_note
+    assert set(plots.drawn_panels(report)) == {"context", "speedup", "roofline"}
+    assert plots.render_overview(report, ".png").startswith(b"\x89PNG")
+
+
+def test_a_request_report_shows_what_a_client_sees_in_every_layout():
+    from records import LIMITS, request_record
+
+    record = request_record()
+    record["limits"] = LIMITS
+    report = build_report(view(record))
+    assert [row.mode for row in report.latency] == ["full", "static", "paged"]
+    static = report.latency[1]
+    assert static.figures["tpot"]["median"] == pytest.approx(2.5e-4, rel=0.02)
+    assert static.ratios["tpot"]["ratio"] == pytest.approx(4.0, rel=0.03)
+    assert {row.what for row in report.limits} == {"prefill 16", "decode @ 20 (TPOT)"}
+    assert set(plots.drawn_panels(report)) == {"context", "roofline"}
+    markdown_text = markdown.render_report(report)
+    assert "| static | 15 | 2.00 \\[2.00, 2.01\\] | 0.250 \\[0.250, 0.251\\] |" in markdown_text
+    assert "TPOT = (E2E - TTFT) / (N - 1)" in markdown_text and "| static | decode @ 20 (TPOT) |" in markdown_text
+    text = terminal.render_report(report)
+    assert "request: 16 prompt tokens, 9 generated" in text and "against the machine's limits" in text
+    page = html.render_report(report, plots.render_panels(report))
+    assert "What a client sees: one request" in page and page.count("data:image/png") == 2

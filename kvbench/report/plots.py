@@ -35,18 +35,28 @@ def color(mode: str, modes: list[str]) -> str:
     return EXTRA_COLORS[others.index(mode) % len(EXTRA_COLORS)]
 
 
-def _length_axis(ax: Axes, lengths: list[int]) -> None:
+AXIS_LABELS = {"loop": "length T (tokens decoded)", "contexts": "context c (tokens prefilled before the step)",
+               "request": "context (tokens held before the step)"}
+
+
+def _length_axis(ax: Axes, lengths: list[int], workload: str = "loop") -> None:
     ax.set_xscale("log", base=2)
     ax.set_xticks(lengths)
     ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
     ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel("length T (tokens decoded)")
+    ax.set_xlabel(AXIS_LABELS.get(workload, AXIS_LABELS["loop"]))
 
 
 def _plain_log_ticks(axis) -> None:
     """Log-scale labels as plain numbers (200, 1000), minor ones only when the range is short."""
     axis.set_major_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1.5, 0.4)))
     axis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1.5, 0.4)))
+
+
+def _plain_numbers(axis) -> None:
+    """Log-scale labels written as plain numbers (0.3, 2, 40), minor ones included."""
+    axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    axis.set_minor_formatter(FuncFormatter(lambda value, _: f"{value:g}" if f"{value:.1g}"[0] in "25" else ""))
 
 
 def _lengths(report: Report) -> list[int]:
@@ -99,9 +109,10 @@ def panel_speedup(ax: Axes, report: Report) -> None:
             ax.plot([r.length for r in invalid], [r.speedup.ratio for r in invalid], "x", ms=9, mew=2,
                     color=FAILED_COLOR, label=f"{mode}: invalid (equivalence failed)")
     ax.axhline(1.0, color="#555555", lw=0.9, ls=":")
-    _length_axis(ax, _lengths(report))
+    _length_axis(ax, _lengths(report), report.workload["kind"])
     ax.set_ylabel(f"speedup over {report.baseline} (×)")
-    ax.set_title(f"Speedup vs length ({report.baseline} / cached, medians)")
+    ax.set_title(f"Speedup vs {'context' if report.workload['kind'] == 'contexts' else 'length'} "
+                 f"({report.baseline} / cached)")
     if drawn:
         ax.legend(loc="upper left")
     else:
@@ -164,8 +175,63 @@ def panel_tradeoff(ax: Axes, report: Report) -> None:
     ax.legend(loc="upper right")
 
 
+def panel_context(ax: Axes, report: Report) -> None:
+    """Latency of one decode step against the context it follows: a contexts run's median step per mode
+    (IQR bars), or a request's median step at each position."""
+    modes = report.modes
+    if report.step_latency:
+        first = report.latency[0]
+        for mode, steps in report.step_latency.items():
+            contexts = [first.prompt + j for j in range(1, len(steps) + 1)]
+            ax.plot(contexts, [s * 1e3 for s in steps], lw=1.3, color=color(mode, modes), label=mode)
+        ax.set_xlabel(AXIS_LABELS["request"])
+        ax.set_title(f"Step latency across one request ({first.prompt} prompt tokens, median over requests)")
+    else:
+        for mode in modes:
+            rows = report.rows_of(mode)
+            err = [[(r.median - r.q1) * 1e3 for r in rows], [(r.q3 - r.median) * 1e3 for r in rows]]
+            ax.errorbar([r.length for r in rows], [r.median * 1e3 for r in rows], yerr=err, marker="o", ms=4, lw=1.4,
+                        capsize=2.5, color=color(mode, modes), label=mode)
+        _length_axis(ax, _lengths(report), "contexts")
+        ax.set_title("Latency of one decode step vs context")
+    ax.set_yscale("log")
+    _plain_numbers(ax.yaxis)
+    ax.set_ylabel("step latency (ms)")
+    ax.legend(loc="upper left")
+
+
+def panel_roofline(ax: Axes, report: Report) -> None:
+    """Each step and prefill at its arithmetic intensity and achieved FLOP/s, under the measured roofs."""
+    modes = report.modes
+    rows = report.limits
+    intensity = [row.flops / row.bytes_read for row in rows]
+    low, high = min(intensity) / 4, max(intensity) * 4
+    xs = [low * (high / low) ** (i / 60) for i in range(61)]
+    bandwidth, compute = rows[0].bandwidth, rows[0].compute
+    if bandwidth:
+        roof = [bandwidth * x if compute is None else min(bandwidth * x, compute) for x in xs]
+        ax.plot(xs, [r / 1e9 for r in roof], color="#555555", lw=1.2, label=f"roof: {bandwidth / 1e9:.1f} GB/s triad"
+                + (f", {compute / 1e9:.0f} GFLOP/s matmul" if compute else ""))
+    for row, x in zip(rows, intensity):
+        marker = "s" if row.what.startswith("prefill") else "o"
+        ax.plot([x], [row.achieved_flops / 1e9], marker, ms=6, color=color(row.mode, modes))
+    for mode in dict.fromkeys(row.mode for row in rows):
+        ax.plot([], [], "o", color=color(mode, modes), label=mode)
+    ax.plot([], [], "s", color="#777777", label="prefill (o: decode step)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    _plain_numbers(ax.xaxis)
+    _plain_numbers(ax.yaxis)
+    ax.set_xlabel("arithmetic intensity (FLOP per byte read)")
+    ax.set_ylabel("achieved GFLOP/s")
+    ax.set_title("Against the machine's limits (roofline)")
+    ax.legend(loc="upper left")
+
+
 PANELS = {"time": panel_time, "speedup": panel_speedup, "per_token": panel_per_token, "per_step": panel_per_step,
-          "tradeoff": panel_tradeoff}
+          "tradeoff": panel_tradeoff, "context": panel_context, "roofline": panel_roofline}
+WORKLOAD_PANELS = {"loop": ("time", "speedup", "per_token", "per_step", "tradeoff"),
+                   "contexts": ("context", "speedup", "roofline", "tradeoff"), "request": ("context", "roofline")}
 
 
 def _save(figure: Figure, suffix: str) -> bytes:
@@ -179,8 +245,11 @@ def _save(figure: Figure, suffix: str) -> bytes:
 
 
 def drawn_panels(report: Report) -> dict:
-    """The panels this report has: the trade-off only when a kind changes the representation."""
-    return {name: draw for name, draw in PANELS.items() if name != "tradeoff" or report.tradeoffs}
+    """The panels this report's workload has: the trade-off only when a kind changes the representation,
+    the roofline only with the machine's limits measured."""
+    names = WORKLOAD_PANELS.get(report.workload["kind"], WORKLOAD_PANELS["loop"])
+    return {name: PANELS[name] for name in names
+            if (name != "tradeoff" or report.tradeoffs) and (name != "roofline" or report.limits)}
 
 
 def render_overview(report: Report, suffix: str = ".png") -> bytes:
@@ -191,10 +260,10 @@ def render_overview(report: Report, suffix: str = ".png") -> bytes:
         figure = Figure(figsize=(12, 4.5 * rows), layout="constrained")
         title = report.title + ("" if report.complete else "  —  INCOMPLETE (interrupted run)")
         figure.suptitle(title, fontsize=12, color="#000000" if report.complete else "#a05a00")
-        axes = figure.subplots(rows, 2).flat
+        axes = list(figure.subplots(rows, 2).flat)
         for ax, draw in zip(axes, panels.values()):
             draw(ax, report)
-        for ax in axes:  # an odd panel count leaves one empty
+        for ax in axes[len(panels):]:  # an odd panel count leaves one empty
             ax.set_axis_off()
         return _save(figure, suffix)
 
