@@ -318,7 +318,7 @@ def check_equivalence(
         candidate = reference if mode == FULL else decode(model, ids, mode, keep_logits=True, options=options)
         kind = KINDS.get(mode)
         if kind is not None and not kind.exact:
-            results[mode] = compare_drift(mode, candidate, reference, kind.drift_limits, atol, rtol)
+            results[mode] = compare_drift(mode, candidate, reference, kind.limits_for(model.config), atol, rtol)
         else:
             results[mode] = compare_logits(mode, candidate, reference, atol, rtol)
     return results

@@ -355,10 +355,13 @@ def test_cache_footprint_measured_equals_expected(model_for, mode, batch, length
     tiny_model = model_for(mode)
     ids = token_ids(tiny_model.config, batch, length)
     footprint = cache_footprint(tiny_model, ids, mode)
-    held = min(length, tiny_model.config.window or length)  # the window kind keeps the last W positions
-    expected = expected_cache_bytes(tiny_model.config, batch, held if mode == "window" else length)
-    # 2 (k, v) * 1 layer * B * 4 kv heads * T * 8 head dim * 4 bytes
-    assert expected == 2 * 1 * batch * 4 * (held if mode == "window" else length) * 8 * 4
+    config = tiny_model.config
+    # the window kind keeps the last W positions of a sliding layer, every position of the others
+    held = [min(length, window or length) if mode == "window" else length for window in config.layer_windows]
+    # 2 (k, v) * B * KVH kv heads * positions held in each layer * D head dim * 4 bytes
+    expected = 2 * batch * config.kv_heads * sum(held) * config.head_dim * 4
+    if mode != "window":
+        assert expected == expected_cache_bytes(config, batch, length)
     assert footprint["expected_bytes"] == expected
     assert footprint["measured_bytes"] == expected
     assert footprint["reserved_bytes"] >= footprint["measured_bytes"]

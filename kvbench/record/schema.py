@@ -12,7 +12,7 @@ import copy
 
 import jsonschema
 
-from kvbench.config import DTYPE_NAMES
+from kvbench.config import DTYPE_NAMES, FAMILIES, WINDOW_PATTERNS
 from kvbench.kinds import FAILURES, KIND_NAME
 from kvbench.files import first_non_finite
 from kvbench.record.meaning import MEANING_CHECKS, RecordError
@@ -130,6 +130,17 @@ def _schema_v2() -> dict:
     schema = copy.deepcopy(RECORD_SCHEMA_V1)
     schema["properties"]["schema"] = {"const": SCHEMA}
     schema["required"].append("sampling")
+    _number = {"type": "number", "exclusiveMinimum": 0}
+    schema["properties"]["config"]["properties"].update({  # the model families' fields (absent before them: gpt2)
+        "family": {"enum": list(FAMILIES)}, "head_dim": _positive, "intermediate_size": _positive,
+        "window_pattern": {"enum": [*WINDOW_PATTERNS, None]}, "norm_eps": _number,
+        "rope_theta": {"type": ["number", "null"], "exclusiveMinimum": 0},
+        "rope_scaling": {"oneOf": [{"type": "null"}, {
+            "type": "object", "additionalProperties": False,
+            "required": ["factor", "low_freq_factor", "high_freq_factor", "original_max_length"],
+            "properties": {"factor": _number, "low_freq_factor": _number, "high_freq_factor": _number,
+                           "original_max_length": _positive}}]},
+        "qkv_bias": {"type": "boolean"}, "tie_embeddings": {"type": "boolean"}})
     schema["properties"]["run"]["properties"]["control"] = {"type": ["string", "null"], "pattern": MODE_NAME}
     schema["properties"]["run"]["properties"]["cache_options"] = {
         "type": "object", "propertyNames": {"pattern": MODE_NAME}, "additionalProperties": {"type": "object"}}
