@@ -228,6 +228,7 @@ class DecoderConfig(PlainConfig):
 
 
 LLAMA3_SCALING = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_length": 8192}
+TINY_SCALING = {**LLAMA3_SCALING, "original_max_length": 1024}  # within the tiny presets' max_length, as published
 
 # Presets are data: a name and the fields it overrides. The published ones copy their model's
 # config.json on the Hugging Face hub (docs/models.md names each and says what kvbench leaves out);
@@ -264,10 +265,10 @@ PRESETS: dict[str, dict] = {
     # every layer, Gemma-2's alternating windows and a head width that is not width / heads.
     "llama-tiny": {"family": "llama", "vocab_size": 256, "width": 64, "intermediate_size": 192, "layers": 2,
                    "heads": 4, "kv_heads": 2, "head_dim": 16, "max_length": 2048, "norm_eps": 1e-5,
-                   "rope_theta": 500000.0, "rope_scaling": {"factor": 32.0, **LLAMA3_SCALING}, "tie_embeddings": True},
-    "llama-mini": {"family": "llama", "vocab_size": 4096, "width": 256, "intermediate_size": 768, "layers": 4,
+                   "rope_theta": 500000.0, "rope_scaling": {"factor": 32.0, **TINY_SCALING}, "tie_embeddings": True},
+    "llama-mini": {"family": "llama", "vocab_size": 1024, "width": 256, "intermediate_size": 512, "layers": 4,
                    "heads": 8, "kv_heads": 2, "head_dim": 32, "max_length": 4096, "norm_eps": 1e-5,
-                   "rope_theta": 500000.0, "rope_scaling": {"factor": 8.0, **LLAMA3_SCALING}},
+                   "rope_theta": 500000.0, "rope_scaling": {"factor": 8.0, **TINY_SCALING}},
     "qwen-tiny": {"family": "llama", "vocab_size": 256, "width": 64, "intermediate_size": 160, "layers": 2,
                   "heads": 4, "kv_heads": 1, "head_dim": 16, "max_length": 2048, "norm_eps": 1e-6,
                   "rope_theta": 1000000.0, "qkv_bias": True, "tie_embeddings": True},

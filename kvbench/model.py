@@ -74,9 +74,9 @@ class RMSNorm(nn.Module):
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """x / rms(x) * weight, the mean square taken in float32 whatever x's dtype (as Llama's reference does)."""
-    h = x.float()
-    return weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    """x / sqrt(mean(x^2) + eps) * weight over the last dimension: torch's one call, where the
+    written-out formula takes six (the same float32 numbers as transformers')."""
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
 def llama3_frequencies(inverse: Tensor, scaling: RopeScaling) -> Tensor:
@@ -92,7 +92,8 @@ def llama3_frequencies(inverse: Tensor, scaling: RopeScaling) -> Tensor:
 
 
 def rotary_tables(config: DecoderConfig) -> tuple[Tensor, Tensor]:
-    """cos and signed sin (max_length, D) of every position, in float32 (the model casts them to its dtype).
+    """cos and signed sin (max_length, 1, D) of every position, in float32 (the model casts them to its dtype);
+    the 1 broadcasts over heads.
 
     Channel i turns with channel i + D/2 at frequency i (transformers' "half" layout, so
     published weights need no permutation). sin carries the rotation's sign, -sin on the
@@ -104,11 +105,12 @@ def rotary_tables(config: DecoderConfig) -> tuple[Tensor, Tensor]:
         inverse = llama3_frequencies(inverse, config.rope_scaling)
     angles = torch.arange(config.max_length, dtype=torch.float)[:, None] * inverse  # (max_length, D/2)
     sign = torch.cat((-torch.ones(D // 2), torch.ones(D // 2)))
-    return torch.cat((angles, angles), dim=-1).cos(), torch.cat((angles, angles), dim=-1).sin() * sign
+    angles = torch.cat((angles, angles), dim=-1)[:, None]  # (max_length, 1, D)
+    return angles.cos(), angles.sin() * sign
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x (B, heads, L, D) rotated to its positions; cos, sin (L, D) from rotary_tables at those positions.
+    """x (B, L, heads, D) rotated to its positions; cos, sin (L, 1, D) from rotary_tables at those positions.
     Equals x * cos + rotate_half(x) * sin with rotate_half(x) = (-x2, x1): roll gives (x2, x1), sin the sign."""
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
@@ -132,11 +134,11 @@ class LlamaBlock(nn.Module):
     def forward(self, x: Tensor, cache: Cache, layer: int, offset: int, rotary: tuple[Tensor, Tensor]) -> Tensor:
         B, L, C = x.shape
         H, KVH, D = self.heads, self.kv_heads, self.head_dim
-        h = rms_norm(x, self.norm1.weight, self.eps)
-        q, k, v = F.linear(h, self.qkv.weight, self.qkv.bias).split((H * D, KVH * D, KVH * D), dim=-1)
-        q = apply_rotary(q.view(B, L, H, D).transpose(1, 2), *rotary)  # (B, H, L, D) at positions offset..offset+L-1
-        k = apply_rotary(k.view(B, L, KVH, D).transpose(1, 2), *rotary)  # (B, KVH, L, D): rotated before it is kept
-        v = v.view(B, L, KVH, D).transpose(1, 2)
+        qkv = F.linear(rms_norm(x, self.norm1.weight, self.eps), self.qkv.weight, self.qkv.bias)
+        qkv = qkv.view(B, L, H + 2 * KVH, D)
+        qk = apply_rotary(qkv[:, :, : H + KVH], *rotary)  # q and k at once, to positions offset..offset+L-1
+        q, k = qk.transpose(1, 2).split((H, KVH), dim=1)  # (B, H, L, D), (B, KVH, L, D): k rotated before it is kept
+        v = qkv[:, :, H + KVH :].transpose(1, 2)  # (B, KVH, L, D)
         k, v = cache.update(layer, k, v)  # (B, KVH, T, D), T = offset + L (fewer in a window's ring)
         y = causal_attention(q, k, v, offset, self.window, cache.key_positions)  # (B, H, L, D)
         x = x + F.linear(y.transpose(1, 2).reshape(B, L, H * D), self.out.weight)
@@ -182,7 +184,7 @@ class Decoder(nn.Module):
         if self.config.family == "gpt2":
             x = x + self.position.weight[offset : offset + L]
         else:
-            rotary = (self.cos[offset : offset + L], self.sin[offset : offset + L])  # (L, D) each
+            rotary = (self.cos[offset : offset + L], self.sin[offset : offset + L])  # (L, 1, D) each
         try:  # one transaction: the cache commits all L positions, or rolls back to where it was
             cache.reserve(L)  # paged caches allocate blocks here; nothing was mutated before
             for layer, block in enumerate(self.blocks):

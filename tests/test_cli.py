@@ -71,6 +71,10 @@ def restore_threads():
         (["--kv-heads", "3"], "kv_heads must divide heads"),
         (["--dtype", "int4"], "--dtype"),
         (["--preset", "huge"], "--preset"),
+        (["--preset", "gemma-tiny", "--heads", "3"], "kv_heads must divide heads"),
+        (["--preset", "llama-tiny", "--window-pattern", "alternating"], "needs a sliding window"),
+        (["--preset", "llama-3.1-8b", "--lengths", "16", "--dtype", "float32"],
+         "preset 'llama-3.1-8b' (8.03B parameters, 29.9 GiB of float32 weights)"),
         (["--frobnicate"], "unrecognized arguments"),
     ],
 )
@@ -285,6 +289,8 @@ def imported_by(*argv: str) -> tuple[int, list[str]]:
     (["show", "/dev/null"], 2),
     (["compare", "/dev/null", "results/reference.json"], 2),
     (["budget", "--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--tokens", "8192", "--memory", "80GiB"], 0),
+    (["budget", "--preset", "llama-3.1-8b", "--dtype", "bfloat16", "--tokens", "8192", "--memory", "80GiB"], 0),
+    (["run", "--preset", "llama-3.1-8b", "--lengths", "16"], 2),
     (["compare", "results/reference.json", "results/reference.json"], 0),
 ], ids=lambda value: " ".join(value) if isinstance(value, list) else str(value))
 def test_help_argument_checks_refusals_budget_and_compare_import_no_torch_scipy_or_matplotlib(argv, status):

@@ -145,7 +145,7 @@ def test_rotated_keys_are_what_gets_quantized():
     error = (quantized.keys(0) - concat.keys(0)).abs()
     assert (error <= 0.65 * step + 3e-3).all()  # within half a step of the rotated keys
     positions = torch.arange(64)
-    unrotated = concat.keys(0) * model.cos[positions] - concat.keys(0).roll(8, dims=-1) * model.sin[positions]
+    unrotated = concat.keys(0) * model.cos[positions, 0] - concat.keys(0).roll(8, dims=-1) * model.sin[positions, 0]
     assert (quantized.keys(0) - unrotated).abs().max() > 100 * error.max()  # not of the keys before rotation
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from kvbench.budget import DTYPES as BUDGET_DTYPES
 from kvbench.budget import QUANTIZATIONS, parse_size
-from kvbench.config import DTYPE_NAMES, PRESETS
+from kvbench.config import DTYPE_NAMES, PRESETS, WINDOW_PATTERNS
 from kvbench.kinds import DEFAULT_MODES, GROUP_SIZE, KIND_NAME, MODES, RESIDUAL
 from kvbench.report.compare import ALPHA, FACTOR
 from kvbench.timing import DEFAULT_LENGTHS, ORDERS, Protocol
@@ -174,7 +174,9 @@ def positive_size(text: str) -> int:
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model (a preset, then per-field overrides)")
-    group.add_argument("--preset", choices=sorted(PRESETS), default="seed", help="named model dimensions; seed = the source document's lab")
+    group.add_argument("--preset", choices=sorted(PRESETS), default="seed", metavar="PRESET",
+                       help="named model dimensions (docs/models.md): seed = the source document's lab; "
+                            f"{', '.join(name for name in sorted(PRESETS) if name != 'seed')}")
     group.add_argument("--width", type=positive_int, help="model width C (default: the preset's)")
     group.add_argument("--heads", type=positive_int, help="query heads H (default: the preset's)")
     group.add_argument("--kv-heads", type=positive_int, help="key/value heads, dividing --heads (default: = heads)")
@@ -185,6 +187,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--window", type=positive_int, metavar="W",
                        help="sliding-window attention: each query sees the last W positions (every mode; the "
                             "window kind keeps only those)")
+    group.add_argument("--window-pattern", choices=WINDOW_PATTERNS,
+                       help="which layers slide: all, or alternating (0, 2, 4, ...; Gemma-2) (default: the preset's)")
     add_quantization_options(parser.add_argument_group("quantized kinds (quantized-int8, quantized-int4)"),
                              group_help="tokens per key group (per-channel scales), channels per value group at most",
                              residual_help="newest positions kept in full precision, at least")
