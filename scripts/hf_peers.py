@@ -33,7 +33,7 @@ from kvbench import capture, hf
 from kvbench.cache import KINDS
 from kvbench.config import DecoderConfig, preset_config
 from kvbench.decode import check_equivalence, compare_drift, compare_logits, decode, token_ids, tolerances
-from kvbench.files import write_json_atomic
+from kvbench.files import check_output, write_json_atomic
 from kvbench.model import build_model
 from kvbench.record import utc_now
 from kvbench.sampling import measure_loops
@@ -149,11 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true")
     args = parser.parse_args(argv)
     output = args.output or OUTPUTS[args.kind]
-
-    threads = set_threads(1)
+    check_output(output, args.force)  # before anything is measured
     config = preset_config(args.preset)
-    if config.family == "llama":
-        hf.require_transformers()  # before any model is built: one line when it is missing or another version
+    hf.require_transformers()  # before anything is built or set: one line when it is missing or another version
+    threads = set_threads(1)
     model = build_model(config, seed=0)
     ids = token_ids(config, 1, args.length)
     options = {kind: {"group_size": args.group, "residual": args.residual} for kind in KVBENCH_MODES["quantized"][1:]}
@@ -190,15 +189,18 @@ def main(argv: list[str] | None = None) -> int:
         "same_weights": config.family == "llama",
     }
     write_json_atomic(result, output, force=args.force)
-    for mode in loops:
-        check = found[mode]
-        verdict = ("exact" if check.get("exact", True) else f"KL {check['kl_mean']:.1e}, top-1 {check['top1_agreement']:.1%}")
-        print(f"{mode:24s} {result['per_token_median_us'][mode]:9.1f} us/token  "
-              f"{'ok' if check['passed'] else 'FAILED'} {verdict}")
-    for label, ratio in result["ratio_fastest_kvbench_to_each_hf"].items():
-        print(f"{fastest_kvbench} / {label} = {ratio:.2f}")
-    print(f"-> {output}")
+    print_summary(result, output)
     return 0
+
+
+def print_summary(result: dict, output: Path) -> None:
+    for mode, per_token in result["per_token_median_us"].items():
+        check = result["checks"][mode]
+        verdict = ("exact" if check.get("exact", True) else f"KL {check['kl_mean']:.1e}, top-1 {check['top1_agreement']:.1%}")
+        print(f"{mode:24s} {per_token:9.1f} us/token  {'ok' if check['passed'] else 'FAILED'} {verdict}")
+    for label, ratio in result["ratio_fastest_kvbench_to_each_hf"].items():
+        print(f"{result['fastest_kvbench_mode']} / {label} = {ratio:.2f}")
+    print(f"-> {output}")
 
 
 def _version(package: str) -> str | None:

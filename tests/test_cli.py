@@ -168,6 +168,26 @@ def test_run_then_show(capsys, tmp_path, restore_threads):
     assert shown.splitlines() == out.splitlines()[:-1]
 
 
+def test_a_llama_preset_runs_every_exact_kind_and_its_record_holds_the_family(capsys, tmp_path, restore_threads):
+    """gemma-tiny: rotated keys, windows on every other layer, a head width that is not width / heads."""
+    output = tmp_path / "rec.json"
+    code, out, err = run_main(capsys, "run", "--preset", "gemma-tiny", "--window", "6", "--lengths", "4,10",
+                              "--modes", "full,static,paged,window,quantized-int8", "--repeats", "1",
+                              "--control", "none", "--output", output, "--no-progress")
+    assert code == 0, err
+    record = load_record(output)
+    config = record["config"]
+    assert (config["family"], config["window"], config["window_pattern"], config["head_dim"]) == ("llama", 6,
+                                                                                                  "alternating", 16)
+    assert config["tie_embeddings"] is True and config["rope_theta"] == 10000.0
+    assert all(check["passed"] for check in record["checks"])
+    window = {m["length"]: m["measured_bytes"] for m in record["memory"] if m["mode"] == "window"}
+    per_position = 2 * 2 * 16 * 4  # k and v, 2 KV heads of 16, float32, one layer
+    assert window == {4: 4 * 4 * per_position, 10: (6 + 10 + 6 + 10) * per_position}
+    code, shown, _ = run_main(capsys, "report", output)
+    assert code == 0 and "gemma-tiny" in shown
+
+
 def test_force_replaces_existing_output(capsys, tmp_path, restore_threads):
     output = tmp_path / "rec.json"
     output.write_text("old")

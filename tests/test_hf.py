@@ -165,3 +165,17 @@ def test_importing_kvbench_hf_imports_no_transformers():
 
     code = "import sys, kvbench.hf, kvbench.model; print('transformers' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+def test_the_transformers_comparison_refuses_another_version_in_one_line(monkeypatch, capsys, tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("hf_peers", Path(__file__).resolve().parents[1] / "scripts/hf_peers.py")
+    hf_peers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hf_peers)
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "4.0.0")
+    output = tmp_path / "peers.json"
+    assert hf_peers.run(["dynamic", "--preset", "llama-tiny", "--length", "8", "--output", str(output)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "needs transformers 5.24.0" in err and "got 4.0.0" in err
+    assert not output.exists()
