@@ -60,10 +60,12 @@ asv-publish: $(STAMP)
 # The README's results block and plot, generated from the committed reference record
 # (never typed by hand): replaces the block between the kvbench report markers in README.md.
 REFERENCE_RECORD ?= results/reference.json
+LLAMA_RECORD ?= results/llama/llama-tiny.json  # the llama family's table in docs/models.md
 
 report: $(STAMP)
 	$(BIN)/kvbench report $(REFERENCE_RECORD) --format markdown --plot docs/results.svg --into README.md --force
 	$(BIN)/python scripts/layout_targets.py --into README.md > /dev/null
+	$(BIN)/kvbench report $(LLAMA_RECORD) --format markdown --into docs/models.md --force
 
 # Does a verdict survive a rerun? Five A/A pairs of `kvbench run` with the test-only slowed kind,
 # compared (about 20 minutes on 2 cores); records and summary.json under results/reproducibility/.

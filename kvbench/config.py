@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass
 
 DTYPE_NAMES = ("bfloat16", "float16", "float32", "float64")
@@ -22,6 +23,9 @@ ELEMENT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}
 # llama: rotary positions, RMSNorm, SwiGLU, no biases but Qwen2's on q/k/v, head width free, tied head or not.
 FAMILIES = ("gpt2", "llama")
 WINDOW_PATTERNS = ("all", "alternating")  # alternating: layers 0, 2, 4, ... slide (Gemma-2), the others see all
+# A preset's name: a plain word that may carry a published version ("qwen2.5-0.5b"); nothing a terminal,
+# markdown or HTML interprets.
+PRESET_NAME = re.compile(r"[a-z][a-z0-9._-]{0,39}")
 LLAMA_ONLY = {"rope_theta": None, "rope_scaling": None, "tie_embeddings": False}  # field -> its gpt2 value
 
 

@@ -91,6 +91,14 @@ def test_published_presets_have_the_published_shapes_and_parameter_counts(name):
     assert parameter_count(config) == parameters
 
 
+def test_every_preset_name_is_one_a_record_accepts():
+    from kvbench.config import PRESET_NAME
+    from kvbench.record.schema import RECORD_SCHEMA
+
+    assert all(PRESET_NAME.fullmatch(name) for name in PRESETS)
+    assert RECORD_SCHEMA["properties"]["run"]["properties"]["preset"]["pattern"] == f"^{PRESET_NAME.pattern}$"
+
+
 def test_llama_3_presets_scale_their_rotary_frequencies():
     assert PlainConfig.from_preset("llama-3.1-8b").rope_scaling == RopeScaling(8.0, 1.0, 4.0, 8192)
     assert PlainConfig.from_preset("llama-3.2-1b").rope_scaling.factor == 32.0

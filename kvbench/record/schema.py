@@ -12,7 +12,7 @@ import copy
 
 import jsonschema
 
-from kvbench.config import DTYPE_NAMES, FAMILIES, WINDOW_PATTERNS
+from kvbench.config import DTYPE_NAMES, FAMILIES, PRESET_NAME, WINDOW_PATTERNS
 from kvbench.kinds import FAILURES, KIND_NAME
 from kvbench.files import first_non_finite
 from kvbench.record.meaning import MEANING_CHECKS, RecordError
@@ -60,7 +60,7 @@ RECORD_SCHEMA_V1 = {
             "type": "object",
             "required": ["preset", "lengths", "modes", "batch", "seed", "repeats", "warmup", "threads"],
             "properties": {
-                "preset": {"type": "string", "pattern": MODE_NAME},
+                "preset": {"type": "string", "pattern": f"^{PRESET_NAME.pattern}$"},
                 "lengths": {"type": "array", "minItems": 1, "uniqueItems": True, "items": _positive},
                 "modes": {"type": "array", "minItems": 1, "uniqueItems": True, "items": _mode},
                 "batch": _positive, "seed": _count, "repeats": _positive, "warmup": _count, "threads": _positive,
