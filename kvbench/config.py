@@ -135,9 +135,12 @@ class PlainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.head_dim is None:
+        if self.head_dim is None or self.family == "gpt2":  # the gpt2 block's heads split the width
             if self.width % self.heads:
                 raise ValueError(f"heads must divide width: width {self.width} is not divisible by {self.heads} heads")
+            if self.head_dim not in (None, self.width // self.heads):
+                raise ValueError(f"the gpt2 family's head width is width / heads: expected head_dim=None or "
+                                 f"{self.width // self.heads}, got {self.head_dim!r}")
             object.__setattr__(self, "head_dim", self.width // self.heads)
         if self.intermediate_size is None:
             object.__setattr__(self, "intermediate_size", self.mlp_ratio * self.width)

@@ -30,12 +30,12 @@ __all__ = ["DTYPES", "PRESETS", "Block", "Decoder", "DecoderConfig", "LlamaBlock
 
 
 class Block(nn.Module):
-    """The gpt2 family's block: the source document's, with GQA and a window of its own."""
+    """The gpt2 family's block: the source document's, with GQA and its layer's window."""
 
-    def __init__(self, config: DecoderConfig, window: int | None = None) -> None:
+    def __init__(self, config: DecoderConfig, layer: int = 0) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = config.heads, config.kv_heads, config.head_dim
-        self.window, self.eps = window, config.norm_eps
+        self.window, self.eps = config.layer_windows[layer], config.norm_eps
         self.norm1 = nn.LayerNorm(config.width, eps=config.norm_eps)
         # One projection for q, k and v (as in the source document); k and v
         # get kv_heads heads each, so GQA shrinks this and the cache alike.
@@ -118,10 +118,10 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 class LlamaBlock(nn.Module):
     """The llama family's block (Llama, Qwen2, Mistral): RMSNorm, rotary GQA attention, RMSNorm, SwiGLU."""
 
-    def __init__(self, config: DecoderConfig, window: int | None = None) -> None:
+    def __init__(self, config: DecoderConfig, layer: int = 0) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = config.heads, config.kv_heads, config.head_dim
-        self.window, self.eps = window, config.norm_eps
+        self.window, self.eps = config.layer_windows[layer], config.norm_eps  # this layer's window, or None
         C, HD = config.width, config.heads * config.head_dim
         self.norm1 = RMSNorm(C)
         # q, k and v in one matmul, as gate and up below: one call instead of three (or two) per step.
@@ -153,13 +153,13 @@ class Decoder(nn.Module):
         self.token = nn.Embedding(config.vocab_size, config.width)
         if config.family == "gpt2":  # learned positions, LayerNorm, a head of its own with a bias
             self.position = nn.Embedding(config.max_length, config.width)
-            self.blocks = nn.ModuleList(Block(config, window) for window in config.layer_windows)
+            self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.layers))
             self.final = nn.LayerNorm(config.width, eps=config.norm_eps)
             self.head = nn.Linear(config.width, config.vocab_size)
         else:  # rotary positions (tables, computed once, not weights), RMSNorm, a head without bias or tied
             with torch.no_grad():  # std 1/sqrt(C), not 1: a tied head then gives logits of order one, as an untied one
                 self.token.weight.mul_(config.width**-0.5)
-            self.blocks = nn.ModuleList(LlamaBlock(config, window) for window in config.layer_windows)
+            self.blocks = nn.ModuleList(LlamaBlock(config, layer) for layer in range(config.layers))
             self.final = RMSNorm(config.width)
             self.head = None if config.tie_embeddings else nn.Linear(config.width, config.vocab_size, bias=False)
             cos, sin = rotary_tables(config)

@@ -9,8 +9,15 @@ import kvbench.decode as decode_module
 import kvbench.sampling as sampling_module
 from kvbench import machine
 from kvbench.benchmark import control_mode, run_benchmark
+from kvbench.model import DecoderConfig, build_model
 from kvbench.record import build_record
 from kvbench.timing import CONTROL, Protocol, mode_orders
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    """The harness does not depend on the family (tests/test_cache.py and test_decode.py run both): the lab."""
+    return build_model(DecoderConfig(max_length=64), seed=0)
 
 
 def test_control_mode_repeats_a_cached_mode():

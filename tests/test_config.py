@@ -141,6 +141,8 @@ def test_each_layer_has_its_window(fields, windows):
     ({"rope_theta": 10000.0}, r"rope_theta belongs to the llama family.*expected rope_theta=None for family 'gpt2'"),
     ({"tie_embeddings": True}, r"tie_embeddings belongs to the llama family"),
     ({"qkv_bias": False}, r"the gpt2 family has a bias on every projection: expected qkv_bias=True or None, got False"),
+    ({"head_dim": 16}, r"the gpt2 family's head width is width / heads: expected head_dim=None or 8, got 16"),
+    ({"heads": 5, "head_dim": 8}, r"heads must divide width: width 32 is not divisible by 5 heads"),
     ({"family": "llama", "heads": 4, "kv_heads": 3}, r"kv_heads must divide heads"),
     ({"family": "llama", "width": 30}, r"heads must divide width: width 30 is not divisible by 4 heads"),
     ({"family": "llama", "head_dim": 7}, r"expected an even head_dim, got 7"),
