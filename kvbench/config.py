@@ -206,8 +206,14 @@ class PlainConfig:
         return (self.window,) * self.layers
 
     def to_dict(self) -> dict:
+        """Every field, the dtype as its name; head_dim and intermediate_size as None where they are the
+        derived width / heads and mlp_ratio x width, so that a dict with another width derives them again."""
         fields = dataclasses.asdict(self)
         fields["dtype"] = dtype_name(self.dtype)
+        if self.heads * self.head_dim == self.width:
+            fields["head_dim"] = None
+        if self.intermediate_size == self.mlp_ratio * self.width:
+            fields["intermediate_size"] = None
         return fields
 
     @classmethod

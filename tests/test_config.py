@@ -119,6 +119,14 @@ def test_an_old_records_config_reads_as_the_gpt2_family():
     assert PlainConfig.from_dict(PlainConfig.from_preset("gemma-tiny").to_dict()) == PlainConfig.from_preset("gemma-tiny")
 
 
+def test_a_records_config_edited_to_another_width_derives_its_head_width_again():
+    edited = PlainConfig.from_dict({**PlainConfig().to_dict(), "width": 64})
+    assert (edited.head_dim, edited.intermediate_size) == (16, 256)
+    gemma, llama = PlainConfig.from_preset("gemma-tiny").to_dict(), PlainConfig.from_preset("llama-tiny").to_dict()
+    assert gemma["head_dim"] == 16 and llama["intermediate_size"] == 192  # not the derived values: kept
+    assert llama["head_dim"] is None and gemma["intermediate_size"] is None  # 64 / 4 and 4 x 72: derived
+
+
 def test_head_dim_need_not_be_width_over_heads():
     config = DecoderConfig(family="llama", width=72, heads=4, head_dim=16)
     assert config.head_dim == 16 and config.heads * config.head_dim != config.width

@@ -131,8 +131,9 @@ def _schema_v2() -> dict:
     schema["properties"]["schema"] = {"const": SCHEMA}
     schema["required"].append("sampling")
     _number = {"type": "number", "exclusiveMinimum": 0}
+    _derived = {"type": ["integer", "null"], "minimum": 1}  # null: width / heads, mlp_ratio x width
     schema["properties"]["config"]["properties"].update({  # the model families' fields (absent before them: gpt2)
-        "family": {"enum": list(FAMILIES)}, "head_dim": _positive, "intermediate_size": _positive,
+        "family": {"enum": list(FAMILIES)}, "head_dim": _derived, "intermediate_size": _derived,
         "window_pattern": {"enum": [*WINDOW_PATTERNS, None]}, "norm_eps": _number,
         "rope_theta": {"type": ["number", "null"], "exclusiveMinimum": 0},
         "rope_scaling": {"oneOf": [{"type": "null"}, {
