@@ -1,6 +1,7 @@
 # Two commands on a fresh clone: `make bench` and `make test`.
 # Both bootstrap .venv with the exact CPU build of torch that results are
-# measured against (TORCH_VERSION is also pinned in asv.conf.json).
+# measured against (TORCH_VERSION is also pinned in asv.conf.json), and the
+# pinned transformers the oracle tests compare the llama family with.
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_VERSION ?= 2.13.0
@@ -15,7 +16,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -qq --upgrade pip
 	$(BIN)/python -m pip install -qq "torch==$(TORCH_VERSION)"
-	$(BIN)/python -m pip install -qq -e ".[dev]"
+	$(BIN)/python -m pip install -qq -e ".[dev,hf]"
 	touch $(STAMP)
 
 bench: $(STAMP)
@@ -83,10 +84,12 @@ history-page: $(STAMP)
 # The README's results block and plot, generated from the committed reference record
 # (never typed by hand): replaces the block between the kvbench report markers in README.md.
 REFERENCE_RECORD ?= results/reference.json
+LLAMA_RECORD ?= results/llama/llama-tiny.json  # the llama family's table in docs/models.md
 
 report: $(STAMP)
 	$(BIN)/kvbench report $(REFERENCE_RECORD) --format markdown --plot docs/results.svg --into README.md --force
 	$(BIN)/python scripts/layout_targets.py --into README.md > /dev/null
+	$(BIN)/kvbench report $(LLAMA_RECORD) --format markdown --into docs/models.md --force
 
 # Does a verdict survive a rerun? Five A/A pairs of `kvbench run` with the test-only slowed kind,
 # compared (about 20 minutes on 2 cores); records and summary.json under results/reproducibility/.
@@ -103,7 +106,7 @@ noise-study: $(STAMP)
 # The medium preset's full-prefix loop at T=2048 would take minutes per repetition,
 # so the medium records time the cached kinds only; their targets are ratios between them.
 layouts: $(STAMP)
-	$(BIN)/pip install -qq -e ".[hf]"
+	$(BIN)/pip install -qq -e ".[quanto]"
 	$(BIN)/kvbench run --no-progress --lengths 64,1024 --repeats 15 --output results/layouts/seed.json --force
 	$(BIN)/kvbench run --no-progress --lengths 64,2048 --modes concat,static,paged --repeats 15 --output results/layouts/seed-long.json --force
 	$(BIN)/kvbench run --no-progress --preset medium --lengths 2048 --modes concat,static,paged --repeats 5 --output results/layouts/medium.json --force

@@ -34,6 +34,17 @@ def visibility(query_positions: Tensor, key_positions: Tensor, window: int | Non
     return seen
 
 
+def one_query(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """One new position attending to every key. Under grouped-query attention the query heads that share a
+    key/value head become that head's queries (B, KVH, H / KVH, D): one plain attention call, about twice as
+    fast on the CPU as SDPA's enable_gqa for a single query, with no mask (each of them sees every key)."""
+    B, H, _, D = q.shape
+    KVH = k.shape[1]
+    if H == KVH:
+        return F.scaled_dot_product_attention(q, k, v)
+    return F.scaled_dot_product_attention(q.reshape(B, KVH, H // KVH, D), k, v).view(B, H, 1, D)
+
+
 def causal_attention(q: Tensor, k: Tensor, v: Tensor, offset: int, window: int | None = None,
                      key_positions: Tensor | None = None) -> Tensor:
     """Attend new queries to the keys they may see.
@@ -58,7 +69,7 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, offset: int, window: int |
             k, v, start = k[:, :, first - start :], v[:, :, first - start :], first
         # Chosen by shape, so that the one-token decode step never builds a mask over the whole prefix.
         if length == 1:  # the newest query sees every key left
-            return F.scaled_dot_product_attention(q, k, v, enable_gqa=grouped)
+            return one_query(q, k, v)
         if offset == 0 and (window is None or length <= window):  # square: the ordinary lower triangle
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=grouped)
         key_positions = torch.arange(start, offset + length, device=q.device)

@@ -1,19 +1,32 @@
 """Model dimensions: the floor every other module builds on (model and cache both import it).
 
 `DecoderConfig`'s defaults are the source document's lab; presets are data, a name and
-the fields it overrides. Derived values (head width, key/value heads) are properties or
-filled in at construction, so a config is always complete and checked. torch is imported
-only to turn a dtype name into a torch.dtype: `PlainConfig` has the same fields and checks
-with the dtype as a name, for everything that only reads numbers.
+the fields it overrides. A model family is data too: `family` names the block
+(kvbench.model holds one per family) and the other fields say what the block is made of.
+Derived values (head width, key/value heads, intermediate size, the window of each layer)
+are filled in at construction or are properties, so a config is always complete and
+checked, and a field that contradicts its family is refused. torch is imported only to
+turn a dtype name into a torch.dtype: `PlainConfig` has the same fields and checks with
+the dtype as a name, for everything that only reads numbers.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from dataclasses import dataclass
 
 DTYPE_NAMES = ("bfloat16", "float16", "float32", "float64")
 ELEMENT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}
+# gpt2: the source document's block (learned positions, LayerNorm, GELU MLP, biases everywhere, untied head).
+# llama: rotary positions, RMSNorm, SwiGLU, no biases but Qwen2's on q/k/v, head width free, tied head or not.
+FAMILIES = ("gpt2", "llama")
+WINDOW_PATTERNS = ("all", "alternating")  # alternating: layers 0, 2, 4, ... slide (Gemma-2), the others see all
+# A preset's name: a plain word that may carry a published version ("qwen2.5-0.5b"); nothing a terminal,
+# markdown or HTML interprets.
+PRESET_NAME = re.compile(r"[a-z][a-z0-9._-]{0,39}")
+LLAMA_ONLY = {"rope_theta": None, "rope_scaling": None, "tie_embeddings": False}  # field -> its gpt2 value
 
 
 def __getattr__(name: str):
@@ -46,6 +59,40 @@ def parse_dtype(value: object):
     return getattr(torch, check_dtype_name(value))
 
 
+def _positive_number(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3.1's frequency scaling of RoPE (rope_type "llama3" in its config): wavelengths longer than
+    original_max_length / low_freq_factor are stretched by `factor`, shorter than original_max_length /
+    high_freq_factor are kept, the ones between are interpolated smoothly."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_length: int
+
+    def __post_init__(self) -> None:
+        for name in ("factor", "low_freq_factor", "high_freq_factor", "original_max_length"):
+            _positive_number(f"rope_scaling.{name}", getattr(self, name))
+        if not self.low_freq_factor < self.high_freq_factor:
+            raise ValueError(f"rope_scaling needs low_freq_factor < high_freq_factor, got {self.low_freq_factor} "
+                             f"and {self.high_freq_factor}")
+
+    @classmethod
+    def from_value(cls, value: object) -> RopeScaling | None:
+        """None, a RopeScaling, or its fields as a dict (a record's JSON)."""
+        if value is None or isinstance(value, cls):
+            return value
+        known = [f.name for f in dataclasses.fields(cls)]
+        if not isinstance(value, dict) or sorted(value) != sorted(known):
+            raise ValueError(f"rope_scaling must be None or have exactly the fields {known}, got {value!r}")
+        return cls(**value)
+
+
 @dataclass(frozen=True)
 class PlainConfig:
     """Model dimensions as plain values (the dtype as a name): what reading a record or a budget needs.
@@ -63,22 +110,82 @@ class PlainConfig:
     mlp_ratio: int = 4
     dtype: str = "float32"
     window: int | None = None  # sliding window: a query sees only the last W positions (None: all)
+    family: str = "gpt2"  # which block: one of FAMILIES
+    head_dim: int | None = None  # None: width // heads
+    intermediate_size: int | None = None  # the MLP's hidden width; None: mlp_ratio * width
+    window_pattern: str | None = None  # with a window: None (or "all") every layer slides, "alternating" even ones
+    norm_eps: float = 1e-5  # LayerNorm's (gpt2) or RMSNorm's (llama) epsilon
+    rope_theta: float | None = None  # llama: the rotary base (None: 10000.0); gpt2 has learned positions
+    rope_scaling: RopeScaling | None = None  # llama: Llama 3.1's frequency scaling, or none
+    qkv_bias: bool | None = None  # biases on q, k and v; None: the family's (gpt2 True, llama False; Qwen2 True)
+    tie_embeddings: bool = False  # llama: the output head is the token embedding (gpt2: its own, with a bias)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", self.dtype_value(check_dtype_name(self.dtype)))
+        if self.family not in FAMILIES:
+            raise ValueError(f"family must be one of {list(FAMILIES)}, got {self.family!r}")
+        self._check_sizes()
+        self._check_family()
+        self._check_window()
+
+    def _check_sizes(self) -> None:
         if self.kv_heads is None:
             object.__setattr__(self, "kv_heads", self.heads)
         for name in ("vocab_size", "width", "heads", "kv_heads", "layers", "max_length", "mlp_ratio"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.head_dim is None or self.family == "gpt2":  # the gpt2 block's heads split the width
+            if self.width % self.heads:
+                raise ValueError(f"heads must divide width: width {self.width} is not divisible by {self.heads} heads")
+            if self.head_dim not in (None, self.width // self.heads):
+                raise ValueError(f"the gpt2 family's head width is width / heads: expected head_dim=None or "
+                                 f"{self.width // self.heads}, got {self.head_dim!r}")
+            object.__setattr__(self, "head_dim", self.width // self.heads)
+        if self.intermediate_size is None:
+            object.__setattr__(self, "intermediate_size", self.mlp_ratio * self.width)
+        for name in ("head_dim", "intermediate_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"kv_heads must divide heads: {self.heads} heads are not divisible by {self.kv_heads} kv_heads")
+        _positive_number("norm_eps", self.norm_eps)
+
+    def _check_family(self) -> None:
+        object.__setattr__(self, "rope_scaling", RopeScaling.from_value(self.rope_scaling))
+        if self.family == "gpt2":
+            for name, value in LLAMA_ONLY.items():
+                if getattr(self, name) != value:
+                    raise ValueError(f"{name} belongs to the llama family (rotary positions, a tied or bias-free head): "
+                                     f"expected {name}={value} for family 'gpt2', got {getattr(self, name)!r}")
+            if self.qkv_bias is False:
+                raise ValueError("the gpt2 family has a bias on every projection: expected qkv_bias=True or None, "
+                                 "got False")
+            object.__setattr__(self, "qkv_bias", True)
+            return
+        if self.rope_theta is None:
+            object.__setattr__(self, "rope_theta", 10000.0)
+        _positive_number("rope_theta", self.rope_theta)
+        object.__setattr__(self, "rope_theta", float(self.rope_theta))
+        if self.head_dim % 2:
+            raise ValueError(f"rotary positions turn pairs of channels: expected an even head_dim, got {self.head_dim}")
+        for name in ("qkv_bias", "tie_embeddings"):
+            if getattr(self, name) not in (None, True, False):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        object.__setattr__(self, "qkv_bias", bool(self.qkv_bias))
+
+    def _check_window(self) -> None:
         if self.window is not None and (isinstance(self.window, bool) or not isinstance(self.window, int)
                                         or self.window < 1):
             raise ValueError(f"window must be a positive integer or None, got {self.window!r}")
-        if self.width % self.heads:
-            raise ValueError(f"heads must divide width: width {self.width} is not divisible by {self.heads} heads")
-        if self.heads % self.kv_heads:
-            raise ValueError(f"kv_heads must divide heads: {self.heads} heads are not divisible by {self.kv_heads} kv_heads")
+        if self.window_pattern is not None and self.window_pattern not in WINDOW_PATTERNS:
+            raise ValueError(f"window_pattern must be one of {list(WINDOW_PATTERNS)} or None, got {self.window_pattern!r}")
+        if self.window is None and self.window_pattern is not None:
+            raise ValueError(f"window_pattern {self.window_pattern!r} needs a sliding window: expected window=W, "
+                             "got window=None")
+        if self.window_pattern == "all":  # the same model as None: one way to write it, so configs compare equal
+            object.__setattr__(self, "window_pattern", None)
 
     @staticmethod
     def dtype_value(name: str) -> object:
@@ -86,16 +193,27 @@ class PlainConfig:
         return name
 
     @property
-    def head_dim(self) -> int:
-        return self.width // self.heads
-
-    @property
     def element_bytes(self) -> int:
         return ELEMENT_BYTES[dtype_name(self.dtype)]
 
+    @property
+    def layer_windows(self) -> tuple[int | None, ...]:
+        """Each layer's window: W on a sliding layer, None on a layer that sees every earlier position."""
+        if self.window is None:
+            return (None,) * self.layers
+        if self.window_pattern == "alternating":
+            return tuple(self.window if layer % 2 == 0 else None for layer in range(self.layers))
+        return (self.window,) * self.layers
+
     def to_dict(self) -> dict:
+        """Every field, the dtype as its name; head_dim and intermediate_size as None where they are the
+        derived width / heads and mlp_ratio x width, so that a dict with another width derives them again."""
         fields = dataclasses.asdict(self)
         fields["dtype"] = dtype_name(self.dtype)
+        if self.heads * self.head_dim == self.width:
+            fields["head_dim"] = None
+        if self.intermediate_size == self.mlp_ratio * self.width:
+            fields["intermediate_size"] = None
         return fields
 
     @classmethod
@@ -122,10 +240,57 @@ class DecoderConfig(PlainConfig):
         return parse_dtype(name)
 
 
-# Presets are data: a name and the fields it overrides.
+LLAMA3_SCALING = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_length": 8192}
+TINY_SCALING = {**LLAMA3_SCALING, "original_max_length": 1024}  # within the tiny presets' max_length, as published
+
+# Presets are data: a name and the fields it overrides. The published ones copy their model's
+# config.json on the Hugging Face hub (docs/models.md names each and says what kvbench leaves out);
+# the scaled-down ones keep their family's features at a size that runs in about a minute on 2 cores.
 PRESETS: dict[str, dict] = {
     "seed": {},
     "medium": {"width": 256, "heads": 8, "layers": 4, "max_length": 4096},
+    # meta-llama/Llama-3.2-1B
+    "llama-3.2-1b": {"family": "llama", "vocab_size": 128256, "width": 2048, "intermediate_size": 8192, "layers": 16,
+                     "heads": 32, "kv_heads": 8, "head_dim": 64, "max_length": 131072, "norm_eps": 1e-5,
+                     "rope_theta": 500000.0, "rope_scaling": {"factor": 32.0, **LLAMA3_SCALING}, "tie_embeddings": True},
+    # meta-llama/Llama-3.1-8B
+    "llama-3.1-8b": {"family": "llama", "vocab_size": 128256, "width": 4096, "intermediate_size": 14336, "layers": 32,
+                     "heads": 32, "kv_heads": 8, "head_dim": 128, "max_length": 131072, "norm_eps": 1e-5,
+                     "rope_theta": 500000.0, "rope_scaling": {"factor": 8.0, **LLAMA3_SCALING}},
+    # Qwen/Qwen2.5-0.5B (use_sliding_window is false: no window)
+    "qwen2.5-0.5b": {"family": "llama", "vocab_size": 151936, "width": 896, "intermediate_size": 4864, "layers": 24,
+                     "heads": 14, "kv_heads": 2, "head_dim": 64, "max_length": 32768, "norm_eps": 1e-6,
+                     "rope_theta": 1000000.0, "qkv_bias": True, "tie_embeddings": True},
+    # Qwen/Qwen2.5-7B
+    "qwen2.5-7b": {"family": "llama", "vocab_size": 152064, "width": 3584, "intermediate_size": 18944, "layers": 28,
+                   "heads": 28, "kv_heads": 4, "head_dim": 128, "max_length": 131072, "norm_eps": 1e-6,
+                   "rope_theta": 1000000.0, "qkv_bias": True},
+    # mistralai/Mistral-7B-v0.1 (a 4096-position window on every layer)
+    "mistral-7b": {"family": "llama", "vocab_size": 32000, "width": 4096, "intermediate_size": 14336, "layers": 32,
+                   "heads": 32, "kv_heads": 8, "head_dim": 128, "max_length": 32768, "norm_eps": 1e-5,
+                   "rope_theta": 10000.0, "window": 4096},
+    # google/gemma-2-2b: its attention and cache shapes (windows on every other layer); not its soft-capping,
+    # (1 + w) norms, scaled embeddings, extra norms or GeGLU (docs/models.md)
+    "gemma-2-2b": {"family": "llama", "vocab_size": 256000, "width": 2304, "intermediate_size": 9216, "layers": 26,
+                   "heads": 8, "kv_heads": 4, "head_dim": 256, "max_length": 8192, "norm_eps": 1e-6,
+                   "rope_theta": 10000.0, "window": 4096, "window_pattern": "alternating", "tie_embeddings": True},
+    # Scaled down, same features: Llama 3's scaling and tied head, Qwen2's q/k/v biases, Mistral's window on
+    # every layer, Gemma-2's alternating windows and a head width that is not width / heads.
+    "llama-tiny": {"family": "llama", "vocab_size": 256, "width": 64, "intermediate_size": 192, "layers": 2,
+                   "heads": 4, "kv_heads": 2, "head_dim": 16, "max_length": 2048, "norm_eps": 1e-5,
+                   "rope_theta": 500000.0, "rope_scaling": {"factor": 32.0, **TINY_SCALING}, "tie_embeddings": True},
+    "llama-mini": {"family": "llama", "vocab_size": 1024, "width": 256, "intermediate_size": 512, "layers": 4,
+                   "heads": 8, "kv_heads": 2, "head_dim": 32, "max_length": 4096, "norm_eps": 1e-5,
+                   "rope_theta": 500000.0, "rope_scaling": {"factor": 8.0, **TINY_SCALING}},
+    "qwen-tiny": {"family": "llama", "vocab_size": 256, "width": 64, "intermediate_size": 160, "layers": 2,
+                  "heads": 4, "kv_heads": 1, "head_dim": 16, "max_length": 2048, "norm_eps": 1e-6,
+                  "rope_theta": 1000000.0, "qkv_bias": True, "tie_embeddings": True},
+    "mistral-tiny": {"family": "llama", "vocab_size": 256, "width": 64, "intermediate_size": 224, "layers": 2,
+                     "heads": 4, "kv_heads": 2, "head_dim": 16, "max_length": 2048, "norm_eps": 1e-5,
+                     "rope_theta": 10000.0, "window": 64},
+    "gemma-tiny": {"family": "llama", "vocab_size": 256, "width": 72, "intermediate_size": 288, "layers": 4,
+                   "heads": 4, "kv_heads": 2, "head_dim": 16, "max_length": 2048, "norm_eps": 1e-6,
+                   "rope_theta": 10000.0, "window": 64, "window_pattern": "alternating", "tie_embeddings": True},
 }
 
 

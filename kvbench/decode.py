@@ -316,16 +316,17 @@ def check_equivalence(
     results = {}
     for mode in check_modes(modes):
         candidate = reference if mode == FULL else decode(model, ids, mode, keep_logits=True, options=options)
-        results[mode] = judge_logits(mode, candidate, reference, atol, rtol)
+        results[mode] = judge_logits(mode, candidate, reference, atol, rtol, model.config)
     return results
 
 
-def judge_logits(mode: str, candidate: Tensor, reference: Tensor, atol: float, rtol: float) -> Equivalence | Drift:
+def judge_logits(mode: str, candidate: Tensor, reference: Tensor, atol: float, rtol: float,
+                 config: DecoderConfig) -> Equivalence | Drift:
     """A mode's logits against the full-prefix path's, by its kind's rule: a lossy kind within its own
-    drift limits, every other mode within the dtype's tolerance."""
+    drift limits for this model's family, every other mode within the dtype's tolerance."""
     kind = KINDS.get(mode)
     if kind is not None and not kind.exact:
-        return compare_drift(mode, candidate, reference, kind.drift_limits, atol, rtol)
+        return compare_drift(mode, candidate, reference, kind.limits_for(config), atol, rtol)
     return compare_logits(mode, candidate, reference, atol, rtol)
 
 

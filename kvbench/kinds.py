@@ -43,7 +43,7 @@ def check_modes(modes: list[str] | tuple[str, ...], known: tuple[str, ...] = MOD
 
 # -- what a kind retains ------------------------------------------------------------------
 # `config` is a kvbench.config.PlainConfig or DecoderConfig: the formulas read its layers,
-# kv_heads, head_dim, element_bytes and window.
+# kv_heads, head_dim, element_bytes and layer_windows.
 
 
 def _count(**values: int) -> None:
@@ -59,8 +59,35 @@ def expected_cache_bytes(config, batch: int, length: int) -> int:
 
 
 def window_cache_bytes(config, batch: int, length: int, **options) -> int:
-    """The last W positions at most: 2 * layers * B * KVH * min(T, W) * D * elt."""
-    return expected_cache_bytes(config, batch, min(length, config.window or length))
+    """A cache that evicts what no query can see: the last W positions at most on a sliding layer, every
+    position on the others: 2 * B * KVH * D * elt * sum over layers of min(T, W_layer)."""
+    _count(batch=batch, length=length)
+    positions = sum(min(length, window or length) for window in config.layer_windows)
+    return 2 * batch * config.kv_heads * positions * config.head_dim * config.element_bytes
+
+
+def parameter_count(config) -> int:
+    """Weights of the model kvbench builds from `config` (kvbench.model), counted from the shapes: every
+    parameter once (a tied head is the token embedding). The rotary tables are not weights: see
+    rotary_table_bytes."""
+    C, V, I, D = config.width, config.vocab_size, config.intermediate_size, config.head_dim
+    H, KVH = config.heads, config.kv_heads
+    qkv = (H + 2 * KVH) * D
+    if config.family == "gpt2":  # biases on every projection, LayerNorm's weight and bias, learned positions
+        per_layer = (C * qkv + qkv) + (H * D * C + C) + (C * I + I) + (I * C + C) + 2 * 2 * C
+        return V * C + config.max_length * C + config.layers * per_layer + 2 * C + (C * V + V)
+    per_layer = C * qkv + (qkv if config.qkv_bias else 0) + H * D * C + 3 * C * I + 2 * C  # RMSNorm: a weight
+    return V * C + config.layers * per_layer + C + (0 if config.tie_embeddings else C * V)
+
+
+def weight_bytes(config) -> int:
+    """The model's weights in its dtype."""
+    return parameter_count(config) * config.element_bytes
+
+
+def rotary_table_bytes(config) -> int:
+    """The llama family's cos and sin of every position (max_length, D) each, kept in the model's dtype."""
+    return 0 if config.family == "gpt2" else 2 * config.max_length * config.head_dim * config.element_bytes
 
 
 def quantized_cache_parts(config, batch: int, length: int, bits: int, group_size: int = GROUP_SIZE,

@@ -21,7 +21,7 @@ except ImportError:  # not on Windows: no address-space limit to read
     resource = None
 
 from kvbench.config import PlainConfig
-from kvbench.kinds import FULL, expected_cache_bytes
+from kvbench.kinds import FULL, expected_cache_bytes, parameter_count, rotary_table_bytes
 from kvbench.telemetry import cgroup_directories
 
 if TYPE_CHECKING:
@@ -93,23 +93,25 @@ def memory_profile(model: Decoder, ids: Tensor, mode: str, options: dict | None 
 def estimate_run_bytes(config: PlainConfig, batch: int, lengths: list[int], modes: list[str]) -> dict[str, int]:
     """What a run allocates at its peak, part by part, before it allocates any of it.
 
-    Conservative on purpose: the weights, the token ids (drawn for max_length), the
-    logits the gate keeps and compares in float64, a cache of the longest length and
-    concat's copy of it, and the activations of the full-prefix path's last step
-    (attention scores of (B, H, T, T) included).
+    Conservative on purpose: the weights (counted from the shapes of either family; built in
+    float32 before they are cast, so never fewer than 4 bytes each) and the llama family's
+    rotary tables, the token ids (drawn for max_length), the logits the gate keeps and
+    compares in float64, a cache of the longest length and concat's copy of it, and the
+    activations of the full-prefix path's last step (attention scores of (B, H, T, T) included).
     """
     T, B, elt = max(lengths), batch, config.element_bytes
-    C, V, H, KVH, D, m = config.width, config.vocab_size, config.heads, config.kv_heads, config.head_dim, config.mlp_ratio
+    C, V, H, KVH, D, I = (config.width, config.vocab_size, config.heads, config.kv_heads, config.head_dim,
+                          config.intermediate_size)
     qkv = (H + 2 * KVH) * D
-    per_layer = C * qkv + qkv + C * C + C + 2 * m * C * C + m * C + C + 4 * C
     parts = {
-        "weights": (V * C + config.max_length * C + config.layers * per_layer + 2 * C + C * V + V) * elt,
+        "weights" if elt >= 4 else "weights (built in float32)": parameter_count(config) * max(elt, 4)
+        + rotary_table_bytes(config),
         "token ids": 2 * B * config.max_length * 8,
         "gate logits": B * T * V * (2 * elt + 4 * 8 + 2),
         "caches": 2 * expected_cache_bytes(config, B, T),
     }
     if FULL in modes:
-        parts["full-prefix activations"] = B * T * ((4 + 2 * m) * C + qkv + 2 * V) * elt + 2 * B * H * T * T * elt
+        parts["full-prefix activations"] = B * T * (4 * C + 3 * I + qkv + 2 * V) * elt + 2 * B * H * T * T * elt
     return parts
 
 

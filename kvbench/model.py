@@ -1,13 +1,18 @@
-"""The source document's random-weight decoder, generalised to layers and GQA.
+"""The random-weight decoders: the source document's block (gpt2) and Llama's (llama), layers and GQA.
 
-Token and learned position embeddings, then pre-norm blocks (attention and a
-feed-forward network, each with a residual), a final norm and an output head.
-The model holds no per-request state: the cache is passed in and returned.
-Shapes use one vocabulary: B batch, L new positions, T = offset + L positions
-held, C width, H query heads, KVH key/value heads, D head width, V vocabulary.
+Token embeddings, then pre-norm blocks (attention and a feed-forward network, each with a
+residual), a final norm and an output head. The gpt2 family adds learned position
+embeddings to the tokens; the llama family rotates queries and keys by their absolute
+positions (RoPE) before the cache stores them, so every cache kind holds rotated keys and
+none needs to know the family. The model holds no per-request state: the cache is passed
+in and returned. Shapes use one vocabulary: B batch, L new positions, T = offset + L
+positions held, C width, H query heads, KVH key/value heads, D head width, I intermediate
+(MLP) width, V vocabulary.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn as nn
@@ -18,44 +23,127 @@ from kvbench.attention import causal_attention
 from kvbench.cache import Cache, ConcatCache
 
 # Re-exported: `from kvbench.model import DecoderConfig` is part of the public contract.
-from kvbench.config import DTYPES, PRESETS, DecoderConfig, dtype_name, parse_dtype, preset_config
+from kvbench.config import DTYPES, PRESETS, DecoderConfig, RopeScaling, dtype_name, parse_dtype, preset_config
 
-__all__ = ["DTYPES", "PRESETS", "Block", "Decoder", "DecoderConfig", "build_model", "dtype_name", "parse_dtype",
-           "preset_config"]
+__all__ = ["DTYPES", "PRESETS", "Block", "Decoder", "DecoderConfig", "LlamaBlock", "RMSNorm", "apply_rotary",
+           "build_model", "dtype_name", "parse_dtype", "preset_config", "rms_norm", "rotary_tables"]
 
 
 class Block(nn.Module):
-    def __init__(self, config: DecoderConfig) -> None:
+    """The gpt2 family's block: the source document's, with GQA and its layer's window."""
+
+    def __init__(self, config: DecoderConfig, layer: int = 0) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = config.heads, config.kv_heads, config.head_dim
-        self.window = config.window
-        self.norm1 = nn.LayerNorm(config.width)
+        self.window, self.eps = config.layer_windows[layer], config.norm_eps
+        self.norm1 = nn.LayerNorm(config.width, eps=config.norm_eps)
         # One projection for q, k and v (as in the source document); k and v
         # get kv_heads heads each, so GQA shrinks this and the cache alike.
         self.qkv = nn.Linear(config.width, (config.heads + 2 * config.kv_heads) * config.head_dim)
-        self.out = nn.Linear(config.width, config.width)
-        self.norm2 = nn.LayerNorm(config.width)
-        self.fc = nn.Linear(config.width, config.mlp_ratio * config.width)
-        self.proj = nn.Linear(config.mlp_ratio * config.width, config.width)
+        self.out = nn.Linear(config.heads * config.head_dim, config.width)
+        self.norm2 = nn.LayerNorm(config.width, eps=config.norm_eps)
+        self.fc = nn.Linear(config.width, config.intermediate_size)
+        self.proj = nn.Linear(config.intermediate_size, config.width)
 
-    def forward(self, x: Tensor, cache: Cache, layer: int, offset: int) -> Tensor:
+    def forward(self, x: Tensor, cache: Cache, layer: int, offset: int, rotary: None = None) -> Tensor:
         # Functional calls on the modules' parameters: at one token per step the
         # per-call overhead of nn.Module.__call__ is a visible share of the step.
         B, L, C = x.shape
         H, KVH, D = self.heads, self.kv_heads, self.head_dim
-        h = F.layer_norm(x, (C,), self.norm1.weight, self.norm1.bias)
+        h = F.layer_norm(x, (C,), self.norm1.weight, self.norm1.bias, self.eps)
         q, k, v = F.linear(h, self.qkv.weight, self.qkv.bias).split((H * D, KVH * D, KVH * D), dim=-1)
         q = q.view(B, L, H, D).transpose(1, 2)  # (B, H, L, D)
         k = k.view(B, L, KVH, D).transpose(1, 2)  # (B, KVH, L, D)
         v = v.view(B, L, KVH, D).transpose(1, 2)
         k, v = cache.update(layer, k, v)  # (B, KVH, T, D), T = offset + L (fewer in a window's ring)
         y = causal_attention(q, k, v, offset, self.window, cache.key_positions)  # (B, H, L, D)
-        x = x + F.linear(y.transpose(1, 2).reshape(B, L, C), self.out.weight, self.out.bias)
-        h = F.layer_norm(x, (C,), self.norm2.weight, self.norm2.bias)
+        x = x + F.linear(y.transpose(1, 2).reshape(B, L, H * D), self.out.weight, self.out.bias)
+        h = F.layer_norm(x, (C,), self.norm2.weight, self.norm2.bias, self.eps)
         # GPT-2's tanh GELU: exact (erf) GELU has a fixed ~17 us per call on small
         # CPU tensors that would dominate a one-token step of this tiny model.
         h = F.gelu(F.linear(h, self.fc.weight, self.fc.bias), approximate="tanh")
         return x + F.linear(h, self.proj.weight, self.proj.bias)
+
+
+class RMSNorm(nn.Module):
+    """A weight per channel; the blocks call rms_norm on it."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width))
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """x / sqrt(mean(x^2) + eps) * weight over the last dimension: torch's one call, where the
+    written-out formula takes six (the same float32 numbers as transformers')."""
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def llama3_frequencies(inverse: Tensor, scaling: RopeScaling) -> Tensor:
+    """Llama 3.1's stretch of the rotary frequencies: long wavelengths slowed by `factor`, short ones kept,
+    the band between interpolated (the published reference's arithmetic, in float32)."""
+    wavelength = 2 * math.pi / inverse
+    low, high = scaling.original_max_length / scaling.low_freq_factor, scaling.original_max_length / scaling.high_freq_factor
+    stretched = torch.where(wavelength > low, inverse / scaling.factor, inverse)
+    smooth = (scaling.original_max_length / wavelength - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor)
+    between = ~(wavelength < high) * ~(wavelength > low)
+    return torch.where(between, (1 - smooth) * stretched / scaling.factor + smooth * stretched, stretched)
+
+
+def rotary_tables(config: DecoderConfig) -> tuple[Tensor, Tensor]:
+    """cos and signed sin (max_length, 1, D) of every position, in float32 (the model casts them to its dtype);
+    the 1 broadcasts over heads.
+
+    Channel i turns with channel i + D/2 at frequency i (transformers' "half" layout, so
+    published weights need no permutation). sin carries the rotation's sign, -sin on the
+    first half, so that apply_rotary needs a roll where rotate_half needs four ops.
+    """
+    D = config.head_dim
+    inverse = 1.0 / (config.rope_theta ** (torch.arange(0, D, 2, dtype=torch.float) / D))  # (D/2,)
+    if config.rope_scaling is not None:
+        inverse = llama3_frequencies(inverse, config.rope_scaling)
+    angles = torch.arange(config.max_length, dtype=torch.float)[:, None] * inverse  # (max_length, D/2)
+    sign = torch.cat((-torch.ones(D // 2), torch.ones(D // 2)))
+    angles = torch.cat((angles, angles), dim=-1)[:, None]  # (max_length, 1, D)
+    return angles.cos(), angles.sin() * sign
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x (B, L, heads, D) rotated to its positions; cos, sin (L, 1, D) from rotary_tables at those positions.
+    Equals x * cos + rotate_half(x) * sin with rotate_half(x) = (-x2, x1): roll gives (x2, x1), sin the sign."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
+
+
+class LlamaBlock(nn.Module):
+    """The llama family's block (Llama, Qwen2, Mistral): RMSNorm, rotary GQA attention, RMSNorm, SwiGLU."""
+
+    def __init__(self, config: DecoderConfig, layer: int = 0) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = config.heads, config.kv_heads, config.head_dim
+        self.window, self.eps = config.layer_windows[layer], config.norm_eps  # this layer's window, or None
+        C, HD = config.width, config.heads * config.head_dim
+        self.norm1 = RMSNorm(C)
+        # q, k and v in one matmul, as gate and up below: one call instead of three (or two) per step.
+        self.qkv = nn.Linear(C, HD + 2 * config.kv_heads * config.head_dim, bias=config.qkv_bias)  # Qwen2's biases
+        self.out = nn.Linear(HD, C, bias=False)
+        self.norm2 = RMSNorm(C)
+        self.gate_up = nn.Linear(C, 2 * config.intermediate_size, bias=False)
+        self.down = nn.Linear(config.intermediate_size, C, bias=False)
+
+    def forward(self, x: Tensor, cache: Cache, layer: int, offset: int, rotary: tuple[Tensor, Tensor]) -> Tensor:
+        B, L, C = x.shape
+        H, KVH, D = self.heads, self.kv_heads, self.head_dim
+        qkv = F.linear(rms_norm(x, self.norm1.weight, self.eps), self.qkv.weight, self.qkv.bias)
+        qkv = qkv.view(B, L, H + 2 * KVH, D)
+        qk = apply_rotary(qkv[:, :, : H + KVH], *rotary)  # q and k at once, to positions offset..offset+L-1
+        q, k = qk.transpose(1, 2).split((H, KVH), dim=1)  # (B, H, L, D), (B, KVH, L, D): k rotated before it is kept
+        v = qkv[:, :, H + KVH :].transpose(1, 2)  # (B, KVH, L, D)
+        k, v = cache.update(layer, k, v)  # (B, KVH, T, D), T = offset + L (fewer in a window's ring)
+        y = causal_attention(q, k, v, offset, self.window, cache.key_positions)  # (B, H, L, D)
+        x = x + F.linear(y.transpose(1, 2).reshape(B, L, H * D), self.out.weight)
+        gate, up = F.linear(rms_norm(x, self.norm2.weight, self.eps), self.gate_up.weight).chunk(2, dim=-1)  # (B, L, I)
+        return x + F.linear(F.silu(gate) * up, self.down.weight)
 
 
 class Decoder(nn.Module):
@@ -63,10 +151,20 @@ class Decoder(nn.Module):
         super().__init__()
         self.config = config
         self.token = nn.Embedding(config.vocab_size, config.width)
-        self.position = nn.Embedding(config.max_length, config.width)
-        self.blocks = nn.ModuleList(Block(config) for _ in range(config.layers))
-        self.final = nn.LayerNorm(config.width)
-        self.head = nn.Linear(config.width, config.vocab_size)
+        if config.family == "gpt2":  # learned positions, LayerNorm, a head of its own with a bias
+            self.position = nn.Embedding(config.max_length, config.width)
+            self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.layers))
+            self.final = nn.LayerNorm(config.width, eps=config.norm_eps)
+            self.head = nn.Linear(config.width, config.vocab_size)
+        else:  # rotary positions (tables, computed once, not weights), RMSNorm, a head without bias or tied
+            with torch.no_grad():  # std 1/sqrt(C), not 1: a tied head then gives logits of order one, as an untied one
+                self.token.weight.mul_(config.width**-0.5)
+            self.blocks = nn.ModuleList(LlamaBlock(config, layer) for layer in range(config.layers))
+            self.final = RMSNorm(config.width)
+            self.head = None if config.tie_embeddings else nn.Linear(config.width, config.vocab_size, bias=False)
+            cos, sin = rotary_tables(config)
+            self.register_buffer("cos", cos, persistent=False)
+            self.register_buffer("sin", sin, persistent=False)
 
     def forward(self, ids: Tensor, cache: Cache | None = None) -> tuple[Tensor, Cache]:
         """ids (B, L) -> logits (B, L, V) and the cache, now holding L more positions."""
@@ -81,18 +179,29 @@ class Decoder(nn.Module):
             x = F.embedding(ids, self.token.weight)  # (B, L, C)
         except IndexError:  # only reached on bad ids; the happy path pays nothing
             raise ValueError(token_range_message(ids, self.config)) from None
-        # Positions offset..offset+L-1 are a slice of the table (check_append kept them in range).
-        x = x + self.position.weight[offset : offset + L]
+        # Positions offset..offset+L-1 are a slice of a table (check_append kept them in range).
+        rotary = None
+        if self.config.family == "gpt2":
+            x = x + self.position.weight[offset : offset + L]
+        else:
+            rotary = (self.cos[offset : offset + L], self.sin[offset : offset + L])  # (L, 1, D) each
         try:  # one transaction: the cache commits all L positions, or rolls back to where it was
             cache.reserve(L)  # paged caches allocate blocks here; nothing was mutated before
             for layer, block in enumerate(self.blocks):
-                x = block(x, cache, layer, offset)
+                x = block(x, cache, layer, offset, rotary)
             cache.commit(L)
         except BaseException:  # whatever the failure, Ctrl-C included
             cache.rollback()
             raise
-        x = F.layer_norm(x, (self.config.width,), self.final.weight, self.final.bias)
-        return F.linear(x, self.head.weight, self.head.bias), cache
+        return self.logits(x), cache
+
+    def logits(self, x: Tensor) -> Tensor:
+        """(B, L, C) -> (B, L, V): the final norm and the head."""
+        if self.config.family == "gpt2":
+            x = F.layer_norm(x, (self.config.width,), self.final.weight, self.final.bias, self.config.norm_eps)
+            return F.linear(x, self.head.weight, self.head.bias)
+        x = rms_norm(x, self.final.weight, self.config.norm_eps)
+        return F.linear(x, self.token.weight if self.head is None else self.head.weight)
 
 
 def check_token_ids(ids: Tensor, config: DecoderConfig) -> tuple[int, int]:

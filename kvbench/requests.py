@@ -61,7 +61,7 @@ def check_request(model: Decoder, ids: Tensor, modes: list[str], prompt: int,
     atol, rtol = tolerances(model.config.dtype)
     reference = request_logits(model, ids, FULL, prompt)
     return {mode: judge_logits(mode, reference if mode == FULL else request_logits(model, ids, mode, prompt, options),
-                               reference, atol, rtol).to_dict() for mode in modes}
+                               reference, atol, rtol, model.config).to_dict() for mode in modes}
 
 
 def time_request(model: Decoder, ids: Tensor, mode: str, prompt: int, options: dict | None = None) -> dict:
@@ -138,4 +138,4 @@ def check_context(model: Decoder, ids: Tensor, modes: list[str], context: int,
         step = ContextStep(model, ids, mode, context, options)
         step.prepare()
         found[mode] = step()[:, None]  # (B, 1, V)
-    return {mode: judge_logits(mode, found[mode], found[FULL], atol, rtol).to_dict() for mode in modes}
+    return {mode: judge_logits(mode, found[mode], found[FULL], atol, rtol, model.config).to_dict() for mode in modes}

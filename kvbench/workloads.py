@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import torch.nn as nn
 from torch import Tensor
 
 from kvbench import latency, requests
@@ -162,19 +163,23 @@ class Contexts:
 def weights_read_per_step(model: Decoder) -> int:
     """Bytes of the weights a decode step reads once: every parameter but the embedding tables, of which a
     step reads only its tokens' rows (a table tied to the output head is read whole, by the head)."""
-    import torch.nn as nn
-
-    linear = {id(module.weight) for module in model.modules() if isinstance(module, nn.Linear)}
-    skipped = {id(module.weight) for module in model.modules() if isinstance(module, nn.Embedding)} - linear
+    read = {id(weight) for weight, _ in linear_weights(model)}
+    skipped = {id(module.weight) for module in model.modules() if isinstance(module, nn.Embedding)} - read
     return sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in skipped)
 
 
-def matmul_shapes(model: Decoder, rows: list[int]) -> list[tuple[int, int, int]]:
-    """(M, K, N) of every distinct linear layer, for M = each of `rows` (a decode step's batch, a prefill's
-    tokens): the products a step or a prefill is made of."""
-    import torch.nn as nn
+def linear_weights(model: Decoder) -> list[tuple[Tensor, str]]:
+    """(weight, name) of every matrix a decode step multiplies by: the linear layers, and a tied head's table."""
+    found = [(module.weight, name) for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+    if getattr(model, "head", True) is None:  # tied: the output head multiplies by the token table
+        found.append((model.token.weight, "token (tied head)"))
+    return found
 
-    layers = sorted({tuple(module.weight.shape[::-1]) for module in model.modules() if isinstance(module, nn.Linear)})
+
+def matmul_shapes(model: Decoder, rows: list[int]) -> list[tuple[int, int, int]]:
+    """(M, K, N) of every distinct matrix product a step makes, for M = each of `rows` (a decode step's batch,
+    a prefill's tokens)."""
+    layers = sorted({(weight.shape[1], weight.shape[0]) for weight, _ in linear_weights(model)})
     return [(m, k, n) for m in rows for k, n in layers]
 
 

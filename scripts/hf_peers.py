@@ -3,15 +3,18 @@
     dynamic    kvbench's exact kinds against transformers' DynamicCache
     quantized  kvbench's quantized kinds against transformers' QuantizedCache (quanto backend)
 
-Same configuration as a kvbench preset (GPT-2, the closest architecture: learned positions,
-pre-norm, GELU; and Llama), random weights and no download, the same teacher-forced token
-ids, kvbench's protocol (a warmup per mode, random order, whole rotations). Every path is
-checked against its own model's full-prefix logits first, with kvbench's metrics: an exact
-cache by the tolerance, a quantized one by its drift (KL of next-token distributions, top-1
+For a gpt2-family preset: transformers' GPT-2 (the closest architecture: learned positions,
+pre-norm, GELU) and Llama of the same size, random weights of their own. For a llama-family
+preset: transformers' own model with exactly the kvbench model's weights (kvbench.hf), and its
+StaticCache beside its DynamicCache. No download; the same teacher-forced token ids,
+kvbench's protocol (a warmup per mode, random order, whole rotations). Every path is checked
+against its own model's full-prefix logits first, with kvbench's metrics: an exact cache by
+the tolerance, a quantized one by its drift (KL of next-token distributions, top-1
 agreement). Writes one JSON record with every sample.
 
-    pip install -e '.[hf]'
+    pip install -e '.[hf]'          # '.[quanto]' for the quantized comparison
     python scripts/hf_peers.py dynamic --length 1024
+    python scripts/hf_peers.py dynamic --preset llama-mini --length 1024
     python scripts/hf_peers.py quantized --preset medium --length 1024
 """
 
@@ -26,11 +29,11 @@ from pathlib import Path
 
 import torch
 
-from kvbench import capture
+from kvbench import capture, hf
 from kvbench.cache import KINDS
 from kvbench.config import DecoderConfig, preset_config
 from kvbench.decode import check_equivalence, compare_drift, compare_logits, decode, token_ids, tolerances
-from kvbench.files import write_json_atomic
+from kvbench.files import check_output, write_json_atomic
 from kvbench.model import build_model
 from kvbench.record import utc_now
 from kvbench.sampling import measure_loops
@@ -41,8 +44,11 @@ OUTPUTS = {"dynamic": Path("results/external/hf-dynamic-cache.json"),
 KVBENCH_MODES = {"dynamic": ("concat", "static", "paged"), "quantized": ("static", "quantized-int8", "quantized-int4")}
 
 
-def hf_models(config: DecoderConfig, families: tuple[str, ...] = ("gpt2", "llama")) -> dict:
-    """Random-weight transformers models of the same size as `config`."""
+def hf_models(config: DecoderConfig, model=None, families: tuple[str, ...] = ("gpt2", "llama")) -> dict:
+    """transformers models of the same size as `config`: for the llama family the kvbench model itself,
+    weight for weight; for the gpt2 family random weights of their own."""
+    if config.family == "llama":
+        return {"llama": hf.hf_model(model)}
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -66,6 +72,12 @@ def dynamic_cache(model):
     from transformers import DynamicCache
 
     return DynamicCache(config=model.config)
+
+
+def static_cache(model, length: int):
+    from transformers import StaticCache
+
+    return StaticCache(config=model.config, max_cache_len=length)
 
 
 def quantized_cache(model, nbits: int, group_size: int, residual: int):
@@ -102,19 +114,22 @@ def hf_reference(model, ids: torch.Tensor) -> torch.Tensor:
 def peers(kind: str, models: dict, args) -> dict:
     """label -> (model, cache factory) of the transformers paths compared."""
     if kind == "dynamic":
-        return {f"hf-{family}-dynamic": (model, dynamic_cache) for family, model in models.items()}
+        paths = {f"hf-{family}-dynamic": (model, dynamic_cache) for family, model in models.items()}
+        if set(models) == {"llama"}:  # the same weights: transformers' preallocated cache too
+            paths["hf-llama-static"] = (models["llama"], lambda m: static_cache(m, args.length))
+        return paths
     return {f"hf-{family}-quanto-int{bits}": (model, lambda m, bits=bits: quantized_cache(m, bits, args.group, args.residual))
             for family, model in models.items() for bits in (4, 2)}
 
 
-def checks(kind: str, model, ids, hf: dict, options: dict) -> dict:
+def checks(kind: str, model, ids, paths: dict, options: dict) -> dict:
     """Every path against its own model's full prefix, with kvbench's metrics."""
     out = {mode: result.to_dict() for mode, result in check_equivalence(model, ids, KVBENCH_MODES[kind],
                                                                            options=options).items()}
     atol, rtol = tolerances(torch.float32)
-    limits = KINDS["quantized-int4"].drift_limits
-    references = {id(hf_model): hf_reference(hf_model, ids) for hf_model, _ in hf.values()}  # once per model
-    for label, (hf_model, make_cache) in hf.items():
+    limits = KINDS["quantized-int4"].limits_for(model.config)
+    references = {id(hf_model): hf_reference(hf_model, ids) for hf_model, _ in paths.values()}  # once per model
+    for label, (hf_model, make_cache) in paths.items():
         candidate, reference = hf_decode(hf_model, ids, make_cache, keep_logits=True), references[id(hf_model)]
         result = compare_logits(label, candidate, reference, atol, rtol) if kind == "dynamic" else \
             compare_drift(label, candidate, reference, limits, atol, rtol)
@@ -134,16 +149,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true")
     args = parser.parse_args(argv)
     output = args.output or OUTPUTS[args.kind]
-
-    threads = set_threads(1)
+    check_output(output, args.force)  # before anything is measured
     config = preset_config(args.preset)
+    hf.require_transformers()  # before anything is built or set: one line when it is missing or another version
+    threads = set_threads(1)
     model = build_model(config, seed=0)
     ids = token_ids(config, 1, args.length)
     options = {kind: {"group_size": args.group, "residual": args.residual} for kind in KVBENCH_MODES["quantized"][1:]}
-    hf = peers(args.kind, hf_models(config), args)
-    found = checks(args.kind, model, ids, hf, options)
+    hf_paths = peers(args.kind, hf_models(config, model), args)
+    found = checks(args.kind, model, ids, hf_paths, options)
     loops = {mode: (lambda mode=mode: decode(model, ids, mode, options=options)) for mode in KVBENCH_MODES[args.kind]}
-    for label, (hf_model, make_cache) in hf.items():
+    for label, (hf_model, make_cache) in hf_paths.items():
         loops[label] = lambda hf_model=hf_model, make_cache=make_cache: hf_decode(hf_model, ids, make_cache)
     samples = measure_loops({args.length: loops}, Protocol.fixed(args.repeats, control="none"))
 
@@ -169,15 +185,22 @@ def main(argv: list[str] | None = None) -> int:
         "fastest_kvbench_mode": fastest_kvbench,
         "fastest_hf_mode": fastest_hf,
         "ratio_fastest_kvbench_to_fastest_hf": medians[fastest_kvbench] / medians[fastest_hf],
+        "ratio_fastest_kvbench_to_each_hf": {m: medians[fastest_kvbench] / medians[m] for m in loops if m.startswith("hf-")},
+        "same_weights": config.family == "llama",
     }
     write_json_atomic(result, output, force=args.force)
-    for mode in loops:
-        check = found[mode]
-        verdict = ("exact" if check.get("exact", True) else f"KL {check['kl_mean']:.1e}, top-1 {check['top1_agreement']:.1%}")
-        print(f"{mode:24s} {result['per_token_median_us'][mode]:9.1f} us/token  "
-              f"{'ok' if check['passed'] else 'FAILED'} {verdict}")
-    print(f"{fastest_kvbench} / {fastest_hf} = {result['ratio_fastest_kvbench_to_fastest_hf']:.2f}  -> {output}")
+    print_summary(result, output)
     return 0
+
+
+def print_summary(result: dict, output: Path) -> None:
+    for mode, per_token in result["per_token_median_us"].items():
+        check = result["checks"][mode]
+        verdict = ("exact" if check.get("exact", True) else f"KL {check['kl_mean']:.1e}, top-1 {check['top1_agreement']:.1%}")
+        print(f"{mode:24s} {per_token:9.1f} us/token  {'ok' if check['passed'] else 'FAILED'} {verdict}")
+    for label, ratio in result["ratio_fastest_kvbench_to_each_hf"].items():
+        print(f"{result['fastest_kvbench_mode']} / {label} = {ratio:.2f}")
+    print(f"-> {output}")
 
 
 def _version(package: str) -> str | None:
@@ -187,5 +210,14 @@ def _version(package: str) -> str | None:
         return None
 
 
+def run(argv: list[str] | None = None) -> int:
+    """main, with kvbench's rule for bad input: one line on stderr, exit status 2."""
+    try:
+        return main(argv)
+    except ValueError as error:
+        print(f"hf_peers: error: {str(error).splitlines()[0]}", file=sys.stderr)
+        return 2
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run())

@@ -3,20 +3,31 @@
 import pytest
 from records import synthetic_record
 
-from kvbench.model import DecoderConfig, build_model
-
-
-@pytest.fixture(scope="session")
-def tiny_model():
-    return build_model(DecoderConfig(max_length=64), seed=0)
-
+from kvbench.model import DecoderConfig, build_model, preset_config
 
 TEST_WINDOW = 5  # shorter than the tests' sequences, so the window really slides
+# Per family, a tiny model and a windowed one. The llama family's carry every feature the presets do:
+# Llama 3's rotary scaling and tied head; the windowed one Gemma-2's alternating windows and a head width
+# that is not width / heads, with Qwen2's q/k/v biases.
+TINY = {"gpt2": DecoderConfig(max_length=64), "llama": preset_config("llama-tiny", vocab_size=128, max_length=64)}
+WINDOWED = {"gpt2": DecoderConfig(max_length=64, window=TEST_WINDOW),
+            "llama": preset_config("gemma-tiny", vocab_size=128, max_length=64, window=TEST_WINDOW, qkv_bias=True)}
+
+
+@pytest.fixture(scope="session", params=list(TINY))
+def family(request):
+    """Every test that takes a model through tiny_model, windowed_model or model_for runs on both families."""
+    return request.param
 
 
 @pytest.fixture(scope="session")
-def windowed_model():
-    return build_model(DecoderConfig(max_length=64, window=TEST_WINDOW), seed=0)
+def tiny_model(family):
+    return build_model(TINY[family], seed=0)
+
+
+@pytest.fixture(scope="session")
+def windowed_model(family):
+    return build_model(WINDOWED[family], seed=0)
 
 
 @pytest.fixture(scope="session")

@@ -137,3 +137,70 @@ def test_a_representation_the_cache_would_refuse_is_refused_the_same_way(options
     cache_options = {name: arguments[name] for name in ("group_size", "residual") if name in options}
     with pytest.raises(ValueError, match=message):
         make_cache(f"quantized-{arguments['quantize']}", config, **cache_options)
+
+
+# --- model presets: shapes, windows and weights from the published configs -----------------
+
+def preset_json(capsys, *extra):
+    assert main(["budget", *extra, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_llama_3_1_8b_in_bfloat16_retains_128_kib_per_token_and_its_weights_come_off_first(capsys):
+    numbers = preset_json(capsys, "--preset", "llama-3.1-8b", "--dtype", "bfloat16", "--tokens", "8192",
+                          "--memory", "80GiB")
+    assert numbers["bytes_per_token"] == 128 * 1024 == 2 * 32 * 8 * 128 * 2
+    assert numbers["request_bytes"] == 8192 * 128 * 1024 == GIB
+    assert numbers["parameters"] == 8_030_261_248 and numbers["weights_bytes"] == 2 * 8_030_261_248
+    assert numbers["kv_memory_bytes"] == 80 * GIB - numbers["weights_bytes"]
+    assert numbers["exact_requests"] == (80 * GIB - 2 * 8_030_261_248) // GIB == 65
+
+
+def test_a_windowed_layer_stops_growing_at_w():
+    """Mistral-7B: every layer keeps 4096 positions at most; Gemma-2-2B: half its layers do."""
+    from kvbench.budget import model_budget
+    from kvbench.config import PlainConfig
+
+    mistral = model_budget(PlainConfig.from_preset("mistral-7b", dtype="bfloat16"), 8192, 80 * GIB, preset="mistral-7b")
+    assert mistral.request_bytes == 4096 * 128 * 1024 and mistral.full_precision_bytes == 8192 * 128 * 1024
+    assert mistral.paged_request_bytes == 8192 * 128 * 1024  # the paged kind keeps every position
+    short = model_budget(PlainConfig.from_preset("mistral-7b", dtype="bfloat16"), 4096, 80 * GIB)
+    assert short.request_bytes == short.full_precision_bytes  # below W nothing is evicted
+    gemma = model_budget(PlainConfig.from_preset("gemma-2-2b", dtype="bfloat16"), 8192, 80 * GIB, preset="gemma-2-2b")
+    per_layer_position = 2 * 4 * 256 * 2
+    assert gemma.request_bytes == (13 * 8192 + 13 * 4096) * per_layer_position
+    assert gemma.sliding_layers == 13 and gemma.window == 4096
+
+
+def test_quantized_budget_of_a_preset_counts_every_position_and_gqa():
+    from kvbench.budget import model_budget
+    from kvbench.config import PlainConfig
+    from kvbench.kinds import quantized_cache_bytes
+
+    config = PlainConfig.from_preset("qwen2.5-7b", dtype="bfloat16")
+    budget = model_budget(config, 8192, 80 * GIB, quantize="int4", preset="qwen2.5-7b")
+    assert budget.request_bytes == quantized_cache_bytes(config, 1, 8192, bits=4)
+    assert budget.kv_heads == 4 and budget.head_dim == 128 and budget.request_bytes < budget.full_precision_bytes / 3
+
+
+def test_budget_table_names_the_preset_and_its_weights(capsys):
+    assert main(["budget", "--preset", "gemma-2-2b", "--tokens", "8192", "--memory", "24GiB"]) == 0
+    out = capsys.readouterr().out
+    assert "gemma-2-2b: 2.61B parameters" in out and "13 of 26 layers slide over 4096 positions" in out
+    assert "of the bfloat16 cache keeping every position" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--preset", "nonesuch"], "--preset"),
+    (["--tokens", "4096"], "budget needs --preset NAME or all of --layers, --kv-heads and --head-dim"),
+    (["--preset", "gemma-2-2b", "--tokens", "9000"], "tokens per request must be <= the model's max_length 8192"),
+    (["--preset", "llama-3.1-8b", "--memory", "8GiB"], "less the weights'"),
+    (["--preset", "llama-3.1-8b", "--kv-heads", "5"], "kv_heads must divide heads"),
+])
+def test_bad_preset_budgets_are_one_line_exit_2(capsys, argv, message):
+    base = {"--tokens": "4096", "--memory": "80GiB"}
+    for option, value in zip(argv[::2], argv[1::2]):
+        base[option] = value
+    assert main(["budget", *[part for pair in base.items() for part in pair]]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and message in err

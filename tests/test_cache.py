@@ -7,6 +7,9 @@ path within float32's atol = rtol = 1e-5; a lossy kind (quantized) must stay wit
 its own drift limits, and is never held to the exact tolerance. The window kind runs
 on a model with a sliding window (its full-prefix path masks the same window), and
 the quantized kinds with small groups and residual, so that every test quantizes.
+Every behaviour test runs on both model families: the gpt2 lab and the llama family
+(rotated keys, Qwen2's biases, Gemma-2's alternating windows, a head width that is not
+width / heads).
 """
 
 import dataclasses
@@ -19,7 +22,7 @@ from hypothesis import strategies as st
 
 from kvbench.cache import CACHE_KINDS, KINDS, expected_bytes, expected_cache_bytes, make_cache
 from kvbench.decode import compare_drift
-from kvbench.model import DecoderConfig, build_model
+from kvbench.model import DecoderConfig, build_model, preset_config
 
 TOLERANCE = dict(atol=1e-5, rtol=1e-5)
 SEED_CONFIG = DecoderConfig()
@@ -31,6 +34,14 @@ CONFIGS = {
     "gqa-layers2-wide": DecoderConfig(width=64, heads=8, kv_heads=2, layers=2),
 }
 WINDOW = 5  # shorter than every test's sequence: the window really slides
+LLAMA_CONFIG = preset_config("llama-tiny", vocab_size=128, qkv_bias=True)  # Llama 3's scaling, tied head, biases
+CONFIGS.update({
+    "llama": LLAMA_CONFIG,
+    "qwen-mqa": preset_config("qwen-tiny", vocab_size=128),
+    "mistral-window": preset_config("mistral-tiny", vocab_size=128, window=WINDOW),  # every layer slides
+    "gemma-alternating": preset_config("gemma-tiny", vocab_size=128, window=WINDOW),  # every other layer slides
+})
+FAMILY_CONFIGS = {"gpt2": SEED_CONFIG, "llama": LLAMA_CONFIG}
 QUANTIZED_OPTIONS = {"group_size": 4, "residual": 3}  # groups form within a dozen tokens
 
 
@@ -51,9 +62,9 @@ def bytes_of(kind: str, config: DecoderConfig, batch: int, length: int) -> int:
     return expected_bytes(kind, config, batch, length, **options_for(kind))
 
 
-def held(kind: str, length: int) -> int:
-    """Positions a kind keeps after `length` appends (its keys() shows them)."""
-    return min(length, WINDOW) if kind == "window" else length
+def held(kind: str, length: int, window: int | None = WINDOW) -> int:
+    """Positions a kind keeps of a layer with `window` after `length` appends (its keys() shows them)."""
+    return min(length, window) if kind == "window" and window is not None else length
 
 
 @functools.lru_cache(maxsize=None)
@@ -61,12 +72,12 @@ def built(config: DecoderConfig):
     return build_model(config, seed=0)
 
 
-def assert_logits(kind: str, candidate, reference):
-    """Exact kinds within the tolerance; a lossy kind within its own drift limits."""
+def assert_logits(kind: str, candidate, reference, config):
+    """Exact kinds within the tolerance; a lossy kind within its own drift limits (for the model's family)."""
     if KINDS[kind].exact:
         torch.testing.assert_close(candidate, reference, **TOLERANCE)
         return
-    drift = compare_drift(kind, candidate, reference, KINDS[kind].drift_limits, **TOLERANCE)
+    drift = compare_drift(kind, candidate, reference, KINDS[kind].limits_for(config), **TOLERANCE)
     assert drift.passed, drift
 
 
@@ -80,8 +91,15 @@ def model(request, kind):
     return built(adapted(CONFIGS[request.param], kind))
 
 
+@pytest.fixture(params=list(FAMILY_CONFIGS))
+def seed_model(request, kind):
+    """The family's tiny model: the source document's lab, or a llama with every feature."""
+    return built(adapted(FAMILY_CONFIGS[request.param], kind))
+
+
 @pytest.fixture
-def seed_model(kind):
+def lab_model(kind):
+    """The source document's lab, for checks whose messages name its sizes."""
     return built(adapted(SEED_CONFIG, kind))
 
 
@@ -128,12 +146,12 @@ def test_stepwise_equivalence_with_shape_and_bytes(model, kind):
             steps.append(step_logits[:, -1])
             references.append(model(ids[:, : t + 1])[0][:, -1])
             assert cache.length == t + 1
-            for layer in range(config.layers):
-                assert cache.keys(layer).shape == (2, config.kv_heads, held(kind, t + 1), config.head_dim)
-                assert cache.values(layer).shape == (2, config.kv_heads, held(kind, t + 1), config.head_dim)
+            for layer, window in enumerate(config.layer_windows):
+                assert cache.keys(layer).shape == (2, config.kv_heads, held(kind, t + 1, window), config.head_dim)
+                assert cache.values(layer).shape == (2, config.kv_heads, held(kind, t + 1, window), config.head_dim)
             assert cache.nbytes == bytes_of(kind, config, 2, t + 1)
             assert cache.reserved_bytes >= cache.nbytes
-    assert_logits(kind, torch.stack(steps, dim=1), torch.stack(references, dim=1))
+    assert_logits(kind, torch.stack(steps, dim=1), torch.stack(references, dim=1), config)
 
 
 def test_chunked_prefill_matches_full_sequence(model, kind):
@@ -144,7 +162,7 @@ def test_chunked_prefill_matches_full_sequence(model, kind):
         prefix_logits, cache = model(ids[:, :7], cache)
         chunk_logits, cache = model(ids[:, 7:], cache)
     reference = full_logits(model, ids)
-    assert_logits(kind, torch.cat((prefix_logits, chunk_logits), dim=1), reference)
+    assert_logits(kind, torch.cat((prefix_logits, chunk_logits), dim=1), reference, config)
     assert cache.length == 12
 
 
@@ -186,8 +204,9 @@ def test_position_capacity(seed_model, kind):
         assert_unchanged(cache, before)
 
 
-def test_max_length_is_the_no_cache_limit(seed_model):
-    config = DecoderConfig(max_length=32)
+@pytest.mark.parametrize("family", list(FAMILY_CONFIGS))
+def test_max_length_is_the_no_cache_limit(family):
+    config = dataclasses.replace(FAMILY_CONFIGS[family], max_length=32)
     model = build_model(config, seed=0)
     ids = ids_for(config, 1, 33)
     with torch.inference_mode():
@@ -214,7 +233,7 @@ def test_random_chunk_splits_match_full_sequence(seed_model, kind, data):
         for start, end in zip(bounds, bounds[1:]):
             logits, cache = seed_model(ids[:, start:end], cache)
             pieces.append(logits)
-    assert_logits(kind, torch.cat(pieces, dim=1), full_logits(seed_model, ids))
+    assert_logits(kind, torch.cat(pieces, dim=1), full_logits(seed_model, ids), config)
     assert cache.nbytes == bytes_of(kind, config, 2, length)
 
 
@@ -237,11 +256,9 @@ def test_positions_continue_at_cache_length(seed_model, kind):
     with torch.inference_mode():
         _, cache = seed_model(ids[:, :5], cache)
         step, _ = seed_model(ids[:, 5:6], cache)
-        restarted = seed_model.head(seed_model.final(seed_model.blocks[0](
-            seed_model.token(ids[:, 5:6]) + seed_model.position(torch.tensor([0])),
-            make_cache("concat", config), 0, 0)))
+        restarted, _ = seed_model(ids[:, 5:6])  # the same token at position 0
     reference = full_logits(seed_model, ids)[:, 5]
-    assert_logits(kind, step[:, -1:], reference[:, None])
+    assert_logits(kind, step[:, -1:], reference[:, None], config)
     assert not torch.allclose(restarted[:, -1], reference, atol=1e-2, rtol=1e-2)
 
 
@@ -313,8 +330,9 @@ def fail_attention_at(monkeypatch, call: int, error: BaseException):
 
 @pytest.mark.parametrize("error", [Failure("boom"), KeyboardInterrupt()], ids=["exception", "ctrl-c"])
 @pytest.mark.parametrize("chunk", [1, 7], ids=["one token", "a chunk crossing a block"])
-def test_a_failure_after_reserve_leaves_the_cache_as_it_was(monkeypatch, kind, chunk, error):
-    model = built(adapted(CONFIGS["gqa-layers2-wide"], kind))
+@pytest.mark.parametrize("name", ["gqa-layers2-wide", "gemma-alternating"])
+def test_a_failure_after_reserve_leaves_the_cache_as_it_was(monkeypatch, kind, chunk, error, name):
+    model = built(adapted(CONFIGS[name], kind))
     cache = primed(model, kind, batch=2, length=16 if kind == "paged" else 5, capacity=32)
     before = snapshot(cache)
     free = cache.pool.free_blocks if kind == "paged" else None
@@ -362,13 +380,13 @@ MISMATCHED = {
 
 
 @pytest.mark.parametrize("case", list(MISMATCHED))
-def test_cache_for_another_config_rejected_and_unchanged(seed_model, kind, case):
+def test_cache_for_another_config_rejected_and_unchanged(lab_model, kind, case):
     config, message = MISMATCHED[case]
     other = built(adapted(config, kind))
     cache = primed(other, kind)
     before = snapshot(cache)
     with torch.inference_mode(), pytest.raises(ValueError, match=message):
-        seed_model(ids_for(SEED_CONFIG, 2, 1), cache)
+        lab_model(ids_for(SEED_CONFIG, 2, 1), cache)
     assert_unchanged(cache, before)
 
 

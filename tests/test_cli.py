@@ -71,6 +71,10 @@ def restore_threads():
         (["--kv-heads", "3"], "kv_heads must divide heads"),
         (["--dtype", "int4"], "--dtype"),
         (["--preset", "huge"], "--preset"),
+        (["--preset", "gemma-tiny", "--heads", "3"], "kv_heads must divide heads"),
+        (["--preset", "llama-tiny", "--window-pattern", "alternating"], "needs a sliding window"),
+        (["--preset", "llama-3.1-8b", "--lengths", "16", "--dtype", "float32"],
+         "preset 'llama-3.1-8b' (8.03B parameters, 29.9 GiB of float32 weights)"),
         (["--frobnicate"], "unrecognized arguments"),
         (["--prompt", "2000", "--generate", "100"], "--prompt 2000 + --generate 100 holds 2099 positions, beyond "
                                                     "max_length 2048 of preset 'seed'"),
@@ -170,6 +174,26 @@ def test_run_then_show(capsys, tmp_path, restore_threads):
     assert code == 0 and err == ""
     # show prints the very table run printed: same medians, same everything.
     assert shown.splitlines() == out.splitlines()[:-1]
+
+
+def test_a_llama_preset_runs_every_exact_kind_and_its_record_holds_the_family(capsys, tmp_path, restore_threads):
+    """gemma-tiny: rotated keys, windows on every other layer, a head width that is not width / heads."""
+    output = tmp_path / "rec.json"
+    code, out, err = run_main(capsys, "run", "--preset", "gemma-tiny", "--window", "6", "--lengths", "4,10",
+                              "--modes", "full,static,paged,window,quantized-int8", "--repeats", "1",
+                              "--control", "none", "--output", output, "--no-progress")
+    assert code == 0, err
+    record = load_record(output)
+    config = record["config"]
+    assert (config["family"], config["window"], config["window_pattern"], config["head_dim"]) == ("llama", 6,
+                                                                                                  "alternating", 16)
+    assert config["tie_embeddings"] is True and config["rope_theta"] == 10000.0
+    assert all(check["passed"] for check in record["checks"])
+    window = {m["length"]: m["measured_bytes"] for m in record["memory"] if m["mode"] == "window"}
+    per_position = 2 * 2 * 16 * 4  # k and v, 2 KV heads of 16, float32, one layer
+    assert window == {4: 4 * 4 * per_position, 10: (6 + 10 + 6 + 10) * per_position}
+    code, shown, _ = run_main(capsys, "report", output)
+    assert code == 0 and "gemma-tiny" in shown
 
 
 def test_force_replaces_existing_output(capsys, tmp_path, restore_threads):
@@ -295,6 +319,8 @@ def imported_by(*argv: str) -> tuple[int, list[str]]:
     (["show", "/dev/null"], 2),
     (["compare", "/dev/null", "results/reference.json"], 2),
     (["budget", "--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--tokens", "8192", "--memory", "80GiB"], 0),
+    (["budget", "--preset", "llama-3.1-8b", "--dtype", "bfloat16", "--tokens", "8192", "--memory", "80GiB"], 0),
+    (["run", "--preset", "llama-3.1-8b", "--lengths", "16"], 2),
     (["compare", "results/reference.json", "results/reference.json"], 0),
 ], ids=lambda value: " ".join(value) if isinstance(value, list) else str(value))
 def test_help_argument_checks_refusals_budget_and_compare_import_no_torch_scipy_or_matplotlib(argv, status):

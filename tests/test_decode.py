@@ -75,13 +75,13 @@ def test_token_ids_length_beyond_max_length_is_rejected():
 SMALL_GROUPS = {kind: {"group_size": 4, "residual": 3} for kind in CACHE_KINDS if not KINDS[kind].exact}
 
 
-def assert_follows_full(kind, cached, full):
+def assert_follows_full(kind, cached, full, config):
     """An exact kind reproduces the full-prefix logits within float32's tolerance; a lossy kind stays
     within its own drift limits while differing measurably (its positions were quantized)."""
     if KINDS[kind].exact:
         torch.testing.assert_close(cached, full, atol=1e-5, rtol=1e-5)
         return
-    drift = compare_drift(kind, cached, full, KINDS[kind].drift_limits, atol=1e-5, rtol=1e-5)
+    drift = compare_drift(kind, cached, full, KINDS[kind].limits_for(config), atol=1e-5, rtol=1e-5)
     assert drift.passed, drift
     assert drift.max_abs_diff > 1e-6  # something was quantized
 
@@ -94,7 +94,7 @@ def test_cached_logits_follow_full_prefix_logits(model_for, kind, batch):
     full = decode_full(tiny_model, ids, keep_logits=True)
     cached = decode_cached(tiny_model, ids, kind, keep_logits=True, options=SMALL_GROUPS)
     assert full.shape == cached.shape == (batch, 12, tiny_model.config.vocab_size)
-    assert_follows_full(kind, cached, full)
+    assert_follows_full(kind, cached, full, tiny_model.config)
     # Step t is the prediction after ids[:, :t + 1]: the last position of a plain forward.
     with torch.inference_mode():
         logits, _ = tiny_model(ids[:, :5])
@@ -102,12 +102,13 @@ def test_cached_logits_follow_full_prefix_logits(model_for, kind, batch):
 
 
 @pytest.mark.parametrize("kind", CACHE_KINDS)
-def test_cached_logits_follow_full_prefix_logits_under_grouped_query_attention(kind):
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_cached_logits_follow_full_prefix_logits_under_grouped_query_attention(kind, family):
     window = 4 if kind == "window" else None
-    model = build_model(DecoderConfig(max_length=32, heads=4, kv_heads=2, layers=2, window=window), seed=3)
+    model = build_model(DecoderConfig(max_length=32, heads=4, kv_heads=2, layers=2, window=window, family=family), seed=3)
     ids = token_ids(model.config, 1, 10)
     full = decode_full(model, ids, keep_logits=True)
-    assert_follows_full(kind, decode_cached(model, ids, kind, keep_logits=True, options=SMALL_GROUPS), full)
+    assert_follows_full(kind, decode_cached(model, ids, kind, keep_logits=True, options=SMALL_GROUPS), full, model.config)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -355,10 +356,13 @@ def test_cache_footprint_measured_equals_expected(model_for, mode, batch, length
     tiny_model = model_for(mode)
     ids = token_ids(tiny_model.config, batch, length)
     footprint = cache_footprint(tiny_model, ids, mode)
-    held = min(length, tiny_model.config.window or length)  # the window kind keeps the last W positions
-    expected = expected_cache_bytes(tiny_model.config, batch, held if mode == "window" else length)
-    # 2 (k, v) * 1 layer * B * 4 kv heads * T * 8 head dim * 4 bytes
-    assert expected == 2 * 1 * batch * 4 * (held if mode == "window" else length) * 8 * 4
+    config = tiny_model.config
+    # the window kind keeps the last W positions of a sliding layer, every position of the others
+    held = [min(length, window or length) if mode == "window" else length for window in config.layer_windows]
+    # 2 (k, v) * B * KVH kv heads * positions held in each layer * D head dim * 4 bytes
+    expected = 2 * batch * config.kv_heads * sum(held) * config.head_dim * 4
+    if mode != "window":
+        assert expected == expected_cache_bytes(config, batch, length)
     assert footprint["expected_bytes"] == expected
     assert footprint["measured_bytes"] == expected
     assert footprint["reserved_bytes"] >= footprint["measured_bytes"]

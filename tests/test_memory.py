@@ -72,3 +72,18 @@ def test_available_memory_is_at_most_what_the_machine_has():
     import psutil
 
     assert 0 < available_bytes() <= psutil.virtual_memory().available
+
+
+def test_the_run_estimate_counts_the_llama_familys_weights():
+    """A preset that cannot fit is refused before it is built: its weights are counted from its shapes."""
+    from kvbench.config import PlainConfig
+    from kvbench.kinds import parameter_count
+    from kvbench.memory import estimate_run_bytes
+
+    small = PlainConfig.from_preset("llama-tiny")
+    model = build_model(DecoderConfig.from_preset("llama-tiny"), seed=0)
+    assert parameter_count(small) == sum(p.numel() for p in model.parameters())
+    assert estimate_run_bytes(small, 1, [16], ["full"])["weights"] == (
+        sum(p.numel() * p.element_size() for p in model.parameters()) + model.cos.nbytes + model.sin.nbytes)
+    big = estimate_run_bytes(PlainConfig.from_preset("llama-3.1-8b", dtype="bfloat16"), 1, [16], ["static"])
+    assert big["weights (built in float32)"] >= 4 * 8_030_261_248

@@ -12,16 +12,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvbench.cache import BlockPool, Cache, PagedCache, expected_cache_bytes, make_cache
-from kvbench.model import DecoderConfig, build_model
+from kvbench.model import DecoderConfig, build_model, preset_config
 
 ATOL = RTOL = 1e-5
-# Two layers and grouped-query attention, so the pool's layer and head dimensions both matter.
-CONFIG = DecoderConfig(layers=2, heads=4, kv_heads=2, max_length=128)
+# Two layers and grouped-query attention, so the pool's layer and head dimensions both matter; in both
+# families (the llama one's keys are rotated before the pool holds them, so forks must keep their positions).
+CONFIGS = {"gpt2": DecoderConfig(layers=2, heads=4, kv_heads=2, max_length=128),
+           "llama": preset_config("llama-tiny", vocab_size=128, max_length=128)}
+CONFIG = CONFIGS["gpt2"]  # what the tests without a model use; both share vocab_size and layers
 
 
-@pytest.fixture(scope="module")
-def model():
-    return build_model(CONFIG, seed=0)
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def model(request):
+    return build_model(CONFIGS[request.param], seed=0)
 
 
 def tokens(batch: int, length: int, seed: int) -> torch.Tensor:
@@ -60,7 +63,7 @@ def assert_same_snapshot(before: dict, after: dict) -> None:
 def test_small_blocks_match_full_prefix_logits(model):
     """block_size 4: decode steps and a chunk straddling blocks, against the full-prefix pass."""
     ids = tokens(2, 30, seed=1)
-    cache = make_cache("paged", CONFIG, batch=2, capacity=32, block_size=4)
+    cache = make_cache("paged", model.config, batch=2, capacity=32, block_size=4)
     with torch.inference_mode():
         logits, cache = model(ids[:, :6], cache)  # prefill ends mid-block
         torch.testing.assert_close(logits, model(ids[:, :6])[0], atol=ATOL, rtol=RTOL)
@@ -76,8 +79,8 @@ def test_small_blocks_match_full_prefix_logits(model):
         _, concat = decode(model, ids[:, 15:], concat)
     assert cache.length == 30
     assert cache.block_table.shape == (2, 8)  # ceil(30 / 4) blocks per sequence
-    for layer in range(CONFIG.layers):  # the pool, read through the table, holds the same keys
-        assert cache.keys(layer).shape == (2, CONFIG.kv_heads, 30, CONFIG.head_dim)
+    for layer in range(model.config.layers):  # the pool, read through the table, holds the same keys
+        assert cache.keys(layer).shape == (2, model.config.kv_heads, 30, model.config.head_dim)
         assert torch.equal(cache.keys(layer), concat.keys(layer))
         assert torch.equal(cache.values(layer), concat.values(layer))
 
@@ -89,8 +92,8 @@ def test_small_blocks_match_full_prefix_logits(model):
 )
 def test_any_chunking_stores_what_concat_stores(model, block_size, chunks):
     ids = tokens(1, sum(chunks), seed=block_size)
-    paged = make_cache("paged", CONFIG, capacity=sum(chunks), block_size=block_size)
-    concat = make_cache("concat", CONFIG)
+    paged = make_cache("paged", model.config, capacity=sum(chunks), block_size=block_size)
+    concat = make_cache("concat", model.config)
     start = 0
     with torch.inference_mode():
         for chunk in chunks:
@@ -98,7 +101,7 @@ def test_any_chunking_stores_what_concat_stores(model, block_size, chunks):
             actual, paged = model(ids[:, start : start + chunk], paged)
             torch.testing.assert_close(actual, expected, atol=ATOL, rtol=RTOL)
             start += chunk
-    for layer in range(CONFIG.layers):
+    for layer in range(model.config.layers):
         assert torch.equal(paged.keys(layer), concat.keys(layer))
         assert torch.equal(paged.values(layer), concat.values(layer))
     assert paged.block_table.shape == (1, -(-start // block_size))
@@ -108,12 +111,12 @@ def test_any_chunking_stores_what_concat_stores(model, block_size, chunks):
 
 
 def test_fork_mid_block_copies_on_write_and_matches_unshared_requests(model):
-    pool = BlockPool(CONFIG, num_blocks=16, block_size=4)
+    pool = BlockPool(model.config, num_blocks=16, block_size=4)
     prompt = tokens(1, 6, seed=2)  # 6 positions: one full block and a half-filled one
     parent_next, child_next = tokens(1, 7, seed=3), tokens(1, 7, seed=4)
     assert not torch.equal(parent_next, child_next)
     with torch.inference_mode():
-        parent = PagedCache(CONFIG, pool=pool)
+        parent = PagedCache(model.config, pool=pool)
         _, parent = model(prompt, parent)
         child = parent.fork()
         assert child.length == parent.length == 6
@@ -135,8 +138,8 @@ def test_fork_mid_block_copies_on_write_and_matches_unshared_requests(model):
         assert parent.block_table[0, 1] == shared[0, 1]  # now sole owner: written in place
 
         # Unshared references: fresh concat caches fed the whole sequences.
-        parent_ref = decode(model, torch.cat((prompt, parent_next), 1), make_cache("concat", CONFIG))[0][:, 6:]
-        child_ref = decode(model, torch.cat((prompt, child_next), 1), make_cache("concat", CONFIG))[0][:, 6:]
+        parent_ref = decode(model, torch.cat((prompt, parent_next), 1), make_cache("concat", model.config))[0][:, 6:]
+        child_ref = decode(model, torch.cat((prompt, child_next), 1), make_cache("concat", model.config))[0][:, 6:]
     torch.testing.assert_close(parent_logits, parent_ref, atol=ATOL, rtol=RTOL)
     torch.testing.assert_close(child_logits, child_ref, atol=ATOL, rtol=RTOL)
     assert (parent_logits - child_logits).abs().max() > 1e-3  # the branches really differ
@@ -147,10 +150,10 @@ def test_full_blocks_reach_the_pool_at_commit(model):
     """The pool holds every filled block without any read forcing a write-back."""
     ids = tokens(2, 9, seed=20)
     with torch.inference_mode():
-        _, cache = decode(model, ids, make_cache("paged", CONFIG, batch=2, capacity=12, block_size=4))
-        _, concat = decode(model, ids, make_cache("concat", CONFIG, batch=2))
+        _, cache = decode(model, ids, make_cache("paged", model.config, batch=2, capacity=12, block_size=4))
+        _, concat = decode(model, ids, make_cache("concat", model.config, batch=2))
     table = cache.block_table  # (2, 3): positions 0-3, 4-7 and 8
-    for layer in range(CONFIG.layers):
+    for layer in range(model.config.layers):
         for b in range(2):
             for index in range(2):
                 stored = cache.pool.storage[layer, 0, :, table[b, index]]  # (KVH, bs, D)
@@ -159,10 +162,10 @@ def test_full_blocks_reach_the_pool_at_commit(model):
 
 
 def test_fork_of_a_fork_made_in_inference_mode_works_outside_it(model):
-    pool = BlockPool(CONFIG, num_blocks=12, block_size=4)
+    pool = BlockPool(model.config, num_blocks=12, block_size=4)
     ids = tokens(1, 12, seed=21)
     with torch.inference_mode():
-        _, parent = model(ids[:, :5], PagedCache(CONFIG, pool=pool))
+        _, parent = model(ids[:, :5], PagedCache(model.config, pool=pool))
         child = parent.fork()
     _, child = model(ids[:, 5:7], child)
     grandchild = child.fork()
@@ -176,10 +179,10 @@ def test_fork_of_a_fork_made_in_inference_mode_works_outside_it(model):
 
 
 def test_fork_of_batch_shares_every_row_and_full_blocks_stay_shared(model):
-    pool = BlockPool(CONFIG, num_blocks=20, block_size=4)
+    pool = BlockPool(model.config, num_blocks=20, block_size=4)
     ids = tokens(2, 8, seed=5)  # exactly two full blocks per sequence: nothing to copy
     with torch.inference_mode():
-        _, parent = model(ids, PagedCache(CONFIG, batch=2, pool=pool))
+        _, parent = model(ids, PagedCache(model.config, batch=2, pool=pool))
         child = parent.fork()
         _, child = model(tokens(2, 1, seed=6), child)
     assert pool.free_blocks == 20 - 4 - 2  # the child took one new block per sequence, copied none
@@ -188,10 +191,10 @@ def test_fork_of_batch_shares_every_row_and_full_blocks_stay_shared(model):
 
 
 def test_releasing_the_parent_keeps_blocks_shared_with_a_live_fork(model):
-    pool = BlockPool(CONFIG, num_blocks=12, block_size=4)
+    pool = BlockPool(model.config, num_blocks=12, block_size=4)
     ids = tokens(1, 16, seed=7)
     with torch.inference_mode():
-        _, parent = model(ids[:, :10], PagedCache(CONFIG, pool=pool))
+        _, parent = model(ids[:, :10], PagedCache(model.config, pool=pool))
         child = parent.fork()
         child_blocks = child.block_table[0].tolist()
         before = snapshot(child)
@@ -202,19 +205,19 @@ def test_releasing_the_parent_keeps_blocks_shared_with_a_live_fork(model):
         # The child continues correctly, writing in place now that it is the sole owner.
         logits, child = decode(model, ids[:, 10:], child)
         assert child.block_table[0, :3].tolist() == child_blocks
-        reference = decode(model, ids, make_cache("concat", CONFIG))[0][:, 10:]
+        reference = decode(model, ids, make_cache("concat", model.config))[0][:, 10:]
     torch.testing.assert_close(logits, reference, atol=ATOL, rtol=RTOL)
 
 
 def test_free_count_returns_to_initial_after_every_request_is_released(model):
-    pool = BlockPool(CONFIG, num_blocks=40, block_size=4)
+    pool = BlockPool(model.config, num_blocks=40, block_size=4)
     with torch.inference_mode():
-        _, a = model(tokens(2, 7, seed=8), PagedCache(CONFIG, batch=2, pool=pool))
+        _, a = model(tokens(2, 7, seed=8), PagedCache(model.config, batch=2, pool=pool))
         b = a.fork()
         _, b = model(tokens(2, 3, seed=9), b)  # copies the shared partial blocks, then appends
         c = b.fork()
         d = a.fork()
-        _, e = model(tokens(1, 5, seed=10), PagedCache(CONFIG, pool=pool))
+        _, e = model(tokens(1, 5, seed=10), PagedCache(model.config, pool=pool))
         _, c = model(tokens(2, 6, seed=11), c)
     assert pool.free_blocks < 40
     for cache in (b, e, a, d, c):  # an order that frees parents before their forks
@@ -227,10 +230,10 @@ def test_free_count_returns_to_initial_after_every_request_is_released(model):
 
 
 def test_pool_exhaustion_is_a_value_error_that_changes_nothing(model):
-    pool = BlockPool(CONFIG, num_blocks=6, block_size=4)
+    pool = BlockPool(model.config, num_blocks=6, block_size=4)
     with torch.inference_mode():
-        _, a = model(tokens(1, 9, seed=12), PagedCache(CONFIG, pool=pool))  # 3 blocks
-        _, b = model(tokens(1, 5, seed=13), PagedCache(CONFIG, pool=pool))  # 2 blocks
+        _, a = model(tokens(1, 9, seed=12), PagedCache(model.config, pool=pool))  # 3 blocks
+        _, b = model(tokens(1, 5, seed=13), PagedCache(model.config, pool=pool))  # 2 blocks
         assert pool.free_blocks == 1
         before = {name: snapshot(cache) for name, cache in (("a", a), ("b", b))}
         # 8 more positions at length 5 need ceil(13 / 4) - 2 = 2 new blocks; 1 is free.
@@ -248,9 +251,9 @@ def test_pool_exhaustion_is_a_value_error_that_changes_nothing(model):
 
 def test_copy_on_write_counts_against_the_pool(model):
     """A fork at mid-block needs a fresh block for its first write even though its table has room."""
-    pool = BlockPool(CONFIG, num_blocks=2, block_size=4)
+    pool = BlockPool(model.config, num_blocks=2, block_size=4)
     with torch.inference_mode():
-        _, parent = model(tokens(1, 6, seed=15), PagedCache(CONFIG, pool=pool))
+        _, parent = model(tokens(1, 6, seed=15), PagedCache(model.config, pool=pool))
         child = parent.fork()
         before = snapshot(child)
         with pytest.raises(ValueError, match=r"needs 1 free blocks.*pool has 0 free of 2"):
@@ -260,13 +263,13 @@ def test_copy_on_write_counts_against_the_pool(model):
 
 
 def test_rejected_token_ids_allocate_nothing(model):
-    pool = BlockPool(CONFIG, num_blocks=4, block_size=4)
-    cache = PagedCache(CONFIG, pool=pool)
+    pool = BlockPool(model.config, num_blocks=4, block_size=4)
+    cache = PagedCache(model.config, pool=pool)
     with torch.inference_mode():
         _, cache = model(tokens(1, 4, seed=17), cache)
         before = snapshot(cache)
         with pytest.raises(ValueError, match="token ids must be in"):
-            model(torch.tensor([[1, CONFIG.vocab_size]]), cache)
+            model(torch.tensor([[1, model.config.vocab_size]]), cache)
     assert pool.free_blocks == 3
     assert_same_snapshot(before, snapshot(cache))
 
@@ -275,9 +278,9 @@ def test_rejected_token_ids_allocate_nothing(model):
 
 
 def test_double_release_and_use_after_release_raise(model):
-    pool = BlockPool(CONFIG, num_blocks=4, block_size=4)
+    pool = BlockPool(model.config, num_blocks=4, block_size=4)
     with torch.inference_mode():
-        _, cache = model(tokens(1, 5, seed=18), PagedCache(CONFIG, pool=pool))
+        _, cache = model(tokens(1, 5, seed=18), PagedCache(model.config, pool=pool))
     cache.release()
     assert pool.free_blocks == 4
     assert (cache.length, cache.nbytes, cache.reserved_bytes) == (0, 0, 0)
@@ -379,13 +382,13 @@ def test_random_requests_forks_and_releases_in_one_pool(model, seed):
         return int(torch.randint(n, (1,), generator=rng))
 
     batch, block_size = 1 + seed % 2, (1, 3, 4)[seed]
-    pool = BlockPool(CONFIG, num_blocks=10 + 6 * seed, block_size=block_size)
+    pool = BlockPool(model.config, num_blocks=10 + 6 * seed, block_size=block_size)
     live: list[tuple[PagedCache, torch.Tensor]] = []  # each request and every token it was fed
     with torch.inference_mode():
         for _ in range(25):
             op = pick(10)
             if op < 2 or not live:
-                live.append((PagedCache(CONFIG, batch=batch, capacity=24, pool=pool), tokens(batch, 0, 0)))
+                live.append((PagedCache(model.config, batch=batch, capacity=24, pool=pool), tokens(batch, 0, 0)))
             elif op < 4:
                 cache, history = live[pick(len(live))]
                 live.append((cache.fork(), history))
@@ -394,7 +397,7 @@ def test_random_requests_forks_and_releases_in_one_pool(model, seed):
             else:
                 index = pick(len(live))
                 cache, history = live[index]
-                new = torch.randint(CONFIG.vocab_size, (batch, 1 + pick(5)), generator=rng)
+                new = torch.randint(model.config.vocab_size, (batch, 1 + pick(5)), generator=rng)
                 before = snapshot(cache)
                 try:
                     logits, cache = model(new, cache)
@@ -421,11 +424,11 @@ def _is_view_of_pool(tensor: torch.Tensor, cache: PagedCache) -> bool:
 def test_a_fresh_request_reads_the_pool_without_copying(model):
     ids = tokens(1, 21, seed=30)
     with torch.inference_mode():
-        cache = make_cache("paged", CONFIG, batch=1, capacity=40, block_size=4)
+        cache = make_cache("paged", model.config, batch=1, capacity=40, block_size=4)
         _, cache = decode(model, ids, cache)
-        _, reference = decode(model, ids, make_cache("concat", CONFIG))
+        _, reference = decode(model, ids, make_cache("concat", model.config))
     assert cache.block_table.tolist() == [[0, 1, 2, 3, 4, 5]]  # consecutive: one strided view
-    for layer in range(CONFIG.layers):
+    for layer in range(model.config.layers):
         assert _is_view_of_pool(cache.keys(layer), cache) and _is_view_of_pool(cache.values(layer), cache)
         assert torch.equal(cache.keys(layer), reference.keys(layer))
         assert torch.equal(cache.values(layer), reference.values(layer))
@@ -433,18 +436,18 @@ def test_a_fresh_request_reads_the_pool_without_copying(model):
 
 def test_scattered_blocks_are_gathered_through_the_table(model):
     """A fork's copied block breaks the run of consecutive blocks: reads then gather, and still match."""
-    pool = BlockPool(CONFIG, num_blocks=16, block_size=4)
+    pool = BlockPool(model.config, num_blocks=16, block_size=4)
     ids = tokens(1, 14, seed=31)
     with torch.inference_mode():
-        _, parent = model(ids[:, :6], PagedCache(CONFIG, pool=pool))
+        _, parent = model(ids[:, :6], PagedCache(model.config, pool=pool))
         child = parent.fork()
         _, parent = decode(model, ids[:, 6:], parent)  # copy-on-write of block 1, then new blocks
-        _, reference = model(ids[:, :6], make_cache("concat", CONFIG))
+        _, reference = model(ids[:, :6], make_cache("concat", model.config))
         _, reference = decode(model, ids[:, 6:], reference)
     table = parent.block_table.tolist()[0]
     assert table != list(range(table[0], table[0] + len(table)))
     assert not _is_view_of_pool(parent.keys(0), parent)
-    for layer in range(CONFIG.layers):
+    for layer in range(model.config.layers):
         assert torch.equal(parent.keys(layer), reference.keys(layer))
         assert torch.equal(parent.values(layer), reference.values(layer))
     child.release()

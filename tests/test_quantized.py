@@ -126,3 +126,33 @@ def test_a_step_without_a_distribution_never_agrees():
     candidate = torch.tensor([[[2.0, 0.0], [float("nan"), 3.0]]])
     drift = compare_drift("x", candidate, reference, {"top1_agreement": 0.5}, 1e-5, 1e-5)
     assert drift.top1_disagreements == 1 and drift.non_finite == 1 and not drift.passed
+
+
+# --- the llama family: keys quantized after rotation --------------------------------------
+
+LLAMA = preset_config("llama-tiny", max_length=512)
+
+
+def test_rotated_keys_are_what_gets_quantized():
+    """The quantized store holds the keys attention sees: rotated at their absolute positions, per channel."""
+    model = build_model(LLAMA, seed=0)
+    ids = token_ids(LLAMA, 1, 64)
+    with torch.inference_mode():
+        _, quantized = model(ids, make_cache("quantized-int8", LLAMA, capacity=64, group_size=8, residual=0))
+        _, concat = model(ids, make_cache("concat", LLAMA))
+    assert quantized.quantized == 64
+    step = quantized._key_scales[0, ..., 0, :].float().repeat_interleave(8, dim=-2)  # per channel, 8 tokens a group
+    error = (quantized.keys(0) - concat.keys(0)).abs()
+    assert (error <= 0.65 * step + 3e-3).all()  # within half a step of the rotated keys
+    positions = torch.arange(64)
+    unrotated = concat.keys(0) * model.cos[positions, 0] - concat.keys(0).roll(8, dims=-1) * model.sin[positions, 0]
+    assert (quantized.keys(0) - unrotated).abs().max() > 100 * error.max()  # not of the keys before rotation
+
+
+@pytest.mark.parametrize("kind", ["quantized-int8", "quantized-int4"])
+def test_the_llama_family_drifts_within_its_own_limits_and_really_drifts(kind):
+    model = build_model(LLAMA, seed=0)
+    (check,) = check_equivalence(model, token_ids(LLAMA, 1, 256), [kind]).values()
+    assert not check.exact and check.passed, check
+    assert check.max_abs_diff > 0 and check.kl_mean > 0
+    assert check.limits == make_cache(kind, LLAMA).drift_limits != make_cache(kind, SEED).drift_limits

@@ -340,3 +340,14 @@ def test_view_of_an_interrupted_run_lists_only_measured_cells(make_record, tmp_p
     assert view.source == str(tmp_path / "part.json") and not view.complete
     assert view.grid() == [("full", 4), ("static", 4), ("full", 8), ("static", 8)]
     assert view.cells() == [("full", 4), ("static", 4)]
+
+
+def test_a_record_of_a_published_preset_with_dots_in_its_name_is_sound():
+    from records import synthetic_record
+
+    from kvbench.config import PlainConfig
+    from kvbench.record import validate_record
+
+    record = synthetic_record({("full", 8): [0.2, 0.21], ("static", 8): [0.1, 0.11]}, preset="qwen2.5-0.5b")
+    record["config"] = PlainConfig.from_preset("qwen-tiny").to_dict()
+    assert validate_record(record)["run"]["preset"] == "qwen2.5-0.5b"

@@ -7,7 +7,7 @@ import torch
 
 from kvbench.cache import WindowCache, expected_cache_bytes, make_cache
 from kvbench.decode import check_equivalence, token_ids
-from kvbench.model import DecoderConfig, build_model
+from kvbench.model import DecoderConfig, build_model, preset_config
 
 CONFIG = DecoderConfig(window=8, max_length=256)
 
@@ -60,3 +60,52 @@ def test_the_window_changes_the_logits_beyond_w():
         a, b = windowed(ids)[0], unbounded(ids)[0]
     torch.testing.assert_close(a[:, :8], b[:, :8], atol=1e-5, rtol=1e-5)
     assert not torch.allclose(a[:, 8:], b[:, 8:], atol=1e-3, rtol=1e-3)
+
+
+# --- per-layer windows: a Gemma-2-style model slides on every other layer -----------------
+
+GEMMA = preset_config("gemma-tiny", window=8, max_length=256)  # layers 0 and 2 slide over 8 positions, 1 and 3 see all
+
+
+@pytest.fixture(scope="module")
+def gemma():
+    return build_model(GEMMA, seed=0)
+
+
+def test_a_sliding_layer_holds_a_ring_and_the_others_every_position(gemma):
+    ids = token_ids(GEMMA, 2, 40)
+    cache = make_cache("window", GEMMA, batch=2, capacity=64)
+    with torch.inference_mode():
+        _, cache = gemma(ids[:, :13], cache)  # a chunk past the window
+        for t in range(13, 40):
+            _, cache = gemma(ids[:, t : t + 1], cache)
+    held = [cache.keys(layer).shape[2] for layer in range(GEMMA.layers)]
+    assert held == [8, 40, 8, 40] and cache.layer_slots == [8, 64, 8, 64]
+    per_position = 2 * 2 * GEMMA.kv_heads * GEMMA.head_dim * 4  # k and v, batch 2, float32, one layer
+    assert cache.nbytes == (8 + 40 + 8 + 40) * per_position == WindowCache.expected_bytes(GEMMA, 2, 40)
+    assert cache.reserved_bytes == (8 + 64 + 8 + 64) * per_position
+    with torch.inference_mode():  # the full layers keep every rotated key, as concat does; the sliding its last 8
+        _, concat = gemma(ids, make_cache("concat", GEMMA, batch=2))
+    torch.testing.assert_close(cache.keys(1), concat.keys(1), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(cache.keys(0), concat.keys(0)[:, :, -8:], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("preset", ["gemma-tiny", "mistral-tiny"])
+@pytest.mark.parametrize("length", [8, 9, 64])
+def test_per_layer_windows_are_exact_for_every_kind(preset, length):
+    config = preset_config(preset, window=8, max_length=256)
+    model = build_model(config, seed=0)
+    checks = check_equivalence(model, token_ids(config, 2, length), ["full", "concat", "static", "paged", "window"])
+    assert all(check.passed and check.exact for check in checks.values()), checks
+
+
+def test_alternating_windows_change_the_logits_beyond_w_and_only_there():
+    windowed = build_model(GEMMA, seed=0)
+    unbounded = build_model(dataclasses.replace(GEMMA, window=None, window_pattern=None), seed=0)
+    everywhere = build_model(dataclasses.replace(GEMMA, window_pattern=None), seed=0)
+    ids = token_ids(GEMMA, 1, 12)
+    with torch.inference_mode():
+        a, b, c = windowed(ids)[0], unbounded(ids)[0], everywhere(ids)[0]
+    torch.testing.assert_close(a[:, :8], b[:, :8], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(a[:, 8:], b[:, 8:], atol=1e-3, rtol=1e-3)
+    assert not torch.allclose(a[:, 8:], c[:, 8:], atol=1e-3, rtol=1e-3)  # half the layers is not all of them

@@ -37,6 +37,11 @@ class Cache:
     key_positions: Tensor | None = None  # absolute positions of the keys update() returned, when not 0..T-1
 
     @classmethod
+    def limits_for(cls, config: DecoderConfig) -> dict[str, float] | None:
+        """The drift limits a lossy kind is judged by on a model of `config` (a family may drift more)."""
+        return cls.drift_limits
+
+    @classmethod
     def expected_bytes(cls, config: DecoderConfig, batch: int, length: int, **options) -> int:
         """This kind's retained bytes for `length` positions: the formula its nbytes must equal
         (kvbench.kinds.FORMULAS holds the shipped kinds', for readers without torch)."""

@@ -1,12 +1,16 @@
 """The window kind: a sliding-window cache that keeps only the last W positions, in a ring buffer.
 
 With a window W (``DecoderConfig(window=W)``) a query at position p sees keys p-W+1..p,
-so nothing older needs to be kept. Position p lives in slot p % W. A one-token step
-writes its slot (over position p - W, which no query from p on can see) and attends to
-the valid slots as they lie: attention over a set of keys does not depend on their order
-and every slot is visible, so no mask is built. A chunk of several tokens attends to the
-ring before it plus the chunk, with the mask built from absolute positions, then keeps
-the chunk's last W positions. Bytes stay at W positions, whatever the length.
+so nothing older needs to be kept. Each layer has a ring of its own: W slots on a sliding
+layer, as many slots as the capacity on a layer that sees every position (a Gemma-2-style
+model's other half), where the ring never wraps. Position p lives in slot p % slots. A
+one-token step writes its slot (over position p - W, which no query from p on can see)
+and attends to the valid slots as they lie: attention over a set of keys does not depend
+on their order and every slot is visible, so no mask is built. A chunk of several tokens
+attends to the ring before it plus the chunk, with the mask built from absolute
+positions, then keeps the chunk's last W positions. Keys arrive rotated (the llama
+family's RoPE is applied before update), so a slot holds its position's rotated key
+whatever slot it lands in. Bytes stay at W positions per sliding layer, whatever the length.
 """
 
 from __future__ import annotations
@@ -27,10 +31,12 @@ class WindowCache(Cache):
         if config.window is None:
             raise ValueError("the window kind needs a model with a sliding window: expected DecoderConfig(window=W), "
                              "got window=None")
-        self.slots = min(config.window, self.capacity)
-        shape = (batch, config.kv_heads, self.slots, config.head_dim)
-        self._keys = [torch.zeros(shape, dtype=config.dtype) for _ in range(config.layers)]
-        self._values = [torch.zeros(shape, dtype=config.dtype) for _ in range(config.layers)]
+        # Slots per layer: the window on a sliding layer, every position on the others.
+        self.layer_slots = [min(window or self.capacity, self.capacity) for window in config.layer_windows]
+        self.slots = min(self.layer_slots)
+        shapes = [(batch, config.kv_heads, slots, config.head_dim) for slots in self.layer_slots]
+        self._keys = [torch.zeros(shape, dtype=config.dtype) for shape in shapes]
+        self._values = [torch.zeros(shape, dtype=config.dtype) for shape in shapes]
         self._overwritten: list[tuple[int, int | Tensor, Tensor, Tensor]] = []  # (layer, slot(s), keys, values)
         self.key_positions = None
 
@@ -38,33 +44,35 @@ class WindowCache(Cache):
     def expected_bytes(cls, config: DecoderConfig, batch: int, length: int, **options) -> int:
         return window_cache_bytes(config, batch, length)
 
-    def ring_positions(self, length: int) -> Tensor:
-        """Absolute position held by each valid slot when `length` positions were appended."""
-        slots = torch.arange(min(length, self.slots))
-        return length - 1 - (length - 1 - slots) % self.slots
+    def ring_positions(self, length: int, layer: int | None = None) -> Tensor:
+        """Absolute position held by each valid slot of a layer (the first sliding one by default) when
+        `length` positions were appended."""
+        size = self.slots if layer is None else self.layer_slots[layer]
+        slots = torch.arange(min(length, size))
+        return length - 1 - (length - 1 - slots) % size
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        start, new = self.length, k.shape[-2]
+        start, new, size = self.length, k.shape[-2], self.layer_slots[layer]
         keys, values = self._keys[layer], self._values[layer]
         if new == 1:  # the decode step
-            slot = start % self.slots
-            if start >= self.slots:  # overwrites a visible position: keep it until commit (a free slot is invisible)
+            slot = start % size
+            if start >= size:  # overwrites a visible position: keep it until commit (a free slot is invisible)
                 self._overwritten.append((layer, slot, keys.narrow(2, slot, 1).clone(), values.narrow(2, slot, 1).clone()))
             keys.narrow(2, slot, 1).copy_(k)
             values.narrow(2, slot, 1).copy_(v)
             self.key_positions = None
-            valid = min(start + 1, self.slots)
+            valid = min(start + 1, size)
             return keys.narrow(2, 0, valid), values.narrow(2, 0, valid)
-        before = min(start, self.slots)
-        positions = torch.cat((self.ring_positions(start), torch.arange(start, start + new)))
+        before = min(start, size)
+        positions = torch.cat((self.ring_positions(start, layer), torch.arange(start, start + new)))
         all_keys = torch.cat((keys.narrow(2, 0, before), k), dim=2)  # (B, KVH, before + new, D)
         all_values = torch.cat((values.narrow(2, 0, before), v), dim=2)
-        kept = torch.arange(max(start, start + new - self.slots), start + new)  # the chunk's last W positions
-        slots = kept % self.slots
+        kept = torch.arange(max(start, start + new - size), start + new)  # the chunk's last W positions
+        slots = kept % size
         self._overwritten.append((layer, slots, keys.index_select(2, slots), values.index_select(2, slots)))
         keys.index_copy_(2, slots, k[:, :, kept - start])
         values.index_copy_(2, slots, v[:, :, kept - start])
-        self.key_positions = positions
+        self.key_positions = positions if start > size else None  # before the ring wraps they are 0..T-1
         return all_keys, all_values
 
     def commit(self, length: int) -> None:
@@ -83,7 +91,7 @@ class WindowCache(Cache):
         self.key_positions = None
 
     def _in_order(self, buffers: list[Tensor], layer: int) -> Tensor:
-        order = torch.argsort(self.ring_positions(self.length))
+        order = torch.argsort(self.ring_positions(self.length, layer))
         return buffers[layer].index_select(2, order)
 
     def keys(self, layer: int = 0) -> Tensor:

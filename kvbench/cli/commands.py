@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from kvbench import capture, files
-from kvbench.budget import kv_budget
+from kvbench.budget import model_budget
 from kvbench.cli.options import PLOT_SUFFIXES, REPOSITORY_VARIABLE, CliError
 from kvbench.config import PlainConfig
 from kvbench.files import write_bytes_atomic
@@ -27,7 +27,7 @@ def config_from_args(args: argparse.Namespace) -> PlainConfig:
     """The preset with the fields the options override, checked without torch."""
     fields = {"width": args.width, "heads": args.heads, "kv_heads": args.kv_heads, "layers": args.layers,
               "vocab_size": args.vocab_size, "max_length": args.max_length, "dtype": args.dtype,
-              "window": args.window}
+              "window": args.window, "window_pattern": args.window_pattern}
     return PlainConfig.from_preset(args.preset, **{name: value for name, value in fields.items() if value is not None})
 
 
@@ -188,10 +188,24 @@ def cmd_env(args: argparse.Namespace) -> int:
     return 0
 
 
+def budget_config(args: argparse.Namespace) -> PlainConfig:
+    """The preset's config with the shapes given overriding it; without a preset, the shapes alone."""
+    shapes = {"layers": args.layers, "kv_heads": args.kv_heads, "head_dim": args.head_dim}
+    if args.preset is not None:
+        return PlainConfig.from_preset(args.preset, dtype=args.dtype,
+                                       **{name: value for name, value in shapes.items() if value is not None})
+    missing = [f"--{name.replace('_', '-')}" for name, value in shapes.items() if value is None]
+    if missing:
+        raise CliError(f"budget needs --preset NAME or all of --layers, --kv-heads and --head-dim; missing "
+                       f"{', '.join(missing)}")
+    return PlainConfig(vocab_size=1, width=args.kv_heads * args.head_dim, heads=args.kv_heads, layers=args.layers,
+                       max_length=max(args.tokens, args.max_length or args.tokens), dtype=args.dtype)
+
+
 def cmd_budget(args: argparse.Namespace) -> int:
-    result = kv_budget(args.layers, args.kv_heads, args.head_dim, args.dtype, args.tokens, args.memory,
-                       block_size=args.block_size, max_length=args.max_length, reserved_bytes=args.reserved,
-                       quantize=args.quantize, group_size=args.quant_group, residual=args.quant_residual)
+    result = model_budget(budget_config(args), args.tokens, args.memory, block_size=args.block_size,
+                          max_length=args.max_length, reserved_bytes=args.reserved, quantize=args.quantize,
+                          group_size=args.quant_group, residual=args.quant_residual, preset=args.preset)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
         return 0

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from kvbench.budget import DTYPES as BUDGET_DTYPES
 from kvbench.budget import QUANTIZATIONS, parse_size
-from kvbench.config import DTYPE_NAMES, PRESETS
+from kvbench.config import DTYPE_NAMES, PRESETS, WINDOW_PATTERNS
 from kvbench.export import FORMATS as EXPORT_FORMATS
 from kvbench.kinds import DEFAULT_MODES, GROUP_SIZE, KIND_NAME, MODES, RESIDUAL
 from kvbench.report.compare import ALPHA, FACTOR
@@ -176,7 +176,9 @@ def positive_size(text: str) -> int:
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model (a preset, then per-field overrides)")
-    group.add_argument("--preset", choices=sorted(PRESETS), default="seed", help="named model dimensions; seed = the source document's lab")
+    group.add_argument("--preset", choices=sorted(PRESETS), default="seed", metavar="PRESET",
+                       help="named model dimensions (docs/models.md): seed = the source document's lab; "
+                            f"{', '.join(name for name in sorted(PRESETS) if name != 'seed')}")
     group.add_argument("--width", type=positive_int, help="model width C (default: the preset's)")
     group.add_argument("--heads", type=positive_int, help="query heads H (default: the preset's)")
     group.add_argument("--kv-heads", type=positive_int, help="key/value heads, dividing --heads (default: = heads)")
@@ -187,6 +189,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--window", type=positive_int, metavar="W",
                        help="sliding-window attention: each query sees the last W positions (every mode; the "
                             "window kind keeps only those)")
+    group.add_argument("--window-pattern", choices=WINDOW_PATTERNS,
+                       help="which layers slide: all, or alternating (0, 2, 4, ...; Gemma-2) (default: the preset's)")
     add_quantization_options(parser.add_argument_group("quantized kinds (quantized-int8, quantized-int4)"),
                              group_help="tokens per key group (per-channel scales), channels per value group at most",
                              residual_help="newest positions kept in full precision, at least")
@@ -335,12 +339,17 @@ def add_tool_parsers(commands) -> None:
     commands.add_parser("env", help="print the captured environment as JSON", formatter_class=formatter)
 
     budget = commands.add_parser(
-        "budget", help="KV-cache bytes per token and request, and how many requests fit", formatter_class=formatter,
-        epilog="example: kvbench budget --layers 32 --kv-heads 8 --head-dim 128 --dtype bfloat16 --tokens 4096 --memory 80GiB",
+        "budget", help="KV-cache bytes per token and request, weights, and how many requests fit",
+        formatter_class=formatter,
+        epilog="examples: kvbench budget --preset llama-3.1-8b --dtype bfloat16 --tokens 8192 --memory 80GiB; "
+               "kvbench budget --layers 32 --kv-heads 8 --head-dim 128 --tokens 4096 --memory 80GiB",
     )
-    budget.add_argument("--layers", type=positive_int, required=True)
-    budget.add_argument("--kv-heads", type=positive_int, required=True, help="key/value heads (the GQA count)")
-    budget.add_argument("--head-dim", type=positive_int, required=True, help="head width D")
+    budget.add_argument("--preset", choices=sorted(PRESETS), metavar="PRESET",
+                        help="a model's shapes, windows and weights (the presets of `kvbench run`: "
+                             f"{', '.join(sorted(PRESETS))}); its weights come off --memory")
+    budget.add_argument("--layers", type=positive_int, help="decoder layers (without --preset: required)")
+    budget.add_argument("--kv-heads", type=positive_int, help="key/value heads, the GQA count (without --preset: required)")
+    budget.add_argument("--head-dim", type=positive_int, help="head width D (without --preset: required)")
     budget.add_argument("--dtype", choices=BUDGET_DTYPES, default="bfloat16",
                         help="element type of the cache (of a quantized cache's newest positions)")
     budget.add_argument("--quantize", choices=sorted(QUANTIZATIONS),
@@ -351,7 +360,8 @@ def add_tool_parsers(commands) -> None:
     budget.add_argument("--max-length", type=positive_int, help="positions a contiguous cache preallocates per request (default: --tokens)")
     budget.add_argument("--block-size", type=positive_int, default=16, help="positions per paged block")
     budget.add_argument("--memory", type=positive_size, required=True, help="memory limit for KV caches, e.g. 24GiB, 80GB")
-    budget.add_argument("--reserved", type=size, default=0, help="part of --memory kept for weights and workspace")
+    budget.add_argument("--reserved", type=size, default=0,
+                        help="part of --memory kept for activations and workspace (and weights, without --preset)")
     budget.add_argument("--json", action="store_true", help="print the numbers as JSON")
 
     asv_machine = commands.add_parser(

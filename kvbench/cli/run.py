@@ -28,7 +28,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     config, protocol = settings(args)
     output = args.output or record.default_record_path()
     check_output(output, args.force)  # before any measurement: a bad path costs nothing
-    check_fits_in_memory(config, protocol, [n + (args.workload["kind"] == "contexts") for n in args.lengths], args.modes)
+    check_fits_in_memory(config, protocol, [n + (args.workload["kind"] == "contexts") for n in args.lengths], args.modes,
+                         args.preset)
     from kvbench import benchmark, capture, workloads
     from kvbench.model import build_model
 
@@ -141,14 +142,16 @@ def workload_settings(args: argparse.Namespace, config: PlainConfig) -> None:
         args.lengths, args.workload = list(args.lengths or timing.DEFAULT_LENGTHS), {"kind": "loop"}
 
 
-def check_fits_in_memory(config: PlainConfig, protocol: Protocol, lengths: list[int], modes: list[str]) -> None:
+def check_fits_in_memory(config: PlainConfig, protocol: Protocol, lengths: list[int], modes: list[str],
+                         preset: str = "seed") -> None:
     """Refuse a run whose model, ids, logits and caches cannot fit, before allocating any of them."""
     parts = memory.estimate_run_bytes(config, protocol.batch, lengths, modes)
     needed, available = sum(parts.values()), memory.available_bytes()
     if needed > available:
         detail = ", ".join(f"{name} {format_bytes(size)}" for name, size in parts.items())
-        raise CliError(f"the run would need about {format_bytes(needed)} ({detail}), "
-                       f"but {format_bytes(available)} of memory is available")
+        raise CliError(f"preset {preset!r} ({kinds.parameter_count(config) / 1e9:.2f}B parameters, "
+                       f"{format_bytes(kinds.weight_bytes(config))} of {config.dtype} weights): the run would need "
+                       f"about {format_bytes(needed)} ({detail}), but {format_bytes(available)} of memory is available")
 
 
 def save_record(result: dict, output: Path, force: bool) -> Path:

@@ -13,7 +13,7 @@ import copy
 import jsonschema
 
 from kvbench import estimation
-from kvbench.config import DTYPE_NAMES
+from kvbench.config import DTYPE_NAMES, FAMILIES, PRESET_NAME, WINDOW_PATTERNS
 from kvbench.files import first_non_finite
 from kvbench.kinds import FAILURES, KIND_NAME, WORKLOADS
 from kvbench.record.meaning import MEANING_CHECKS, RecordError
@@ -61,7 +61,7 @@ RECORD_SCHEMA_V1 = {
             "type": "object",
             "required": ["preset", "lengths", "modes", "batch", "seed", "repeats", "warmup", "threads"],
             "properties": {
-                "preset": {"type": "string", "pattern": MODE_NAME},
+                "preset": {"type": "string", "pattern": f"^{PRESET_NAME.pattern}$"},
                 "lengths": {"type": "array", "minItems": 1, "uniqueItems": True, "items": _positive},
                 "modes": {"type": "array", "minItems": 1, "uniqueItems": True, "items": _mode},
                 "batch": _positive, "seed": _count, "repeats": _positive, "warmup": _count, "threads": _positive,
@@ -152,11 +152,35 @@ def machine_sections() -> dict:
     return {"machine_probe": probe, "limits": limits}
 
 
+def estimation_schema() -> dict:
+    """summary.estimation: the clock and estimator each length's speedups were computed with, and why."""
+    return {  # absent in records written before 2026-12-01 (wall time everywhere)
+        "type": "object", "required": ["rule", "lengths"], "additionalProperties": False,
+        "properties": {"rule": {"enum": [estimation.RULE]}, "lengths": {"type": "array", "items": {
+            "type": "object", "required": ["length", "clock", "estimator", "samples", "waited", "reason"],
+            "additionalProperties": False,
+            "properties": {"length": _positive, "clock": {"enum": list(estimation.CLOCKS)},
+                           "estimator": {"enum": list(ESTIMATORS)}, "samples": _count, "waited": _count,
+                           "reason": {"type": "string"}}}}}}
+
+
 def _schema_v2() -> dict:
     """Version 2 adds the sampling section, per-sample rounds and telemetry, speedup intervals."""
     schema = copy.deepcopy(RECORD_SCHEMA_V1)
     schema["properties"]["schema"] = {"const": SCHEMA}
     schema["required"].append("sampling")
+    _number = {"type": "number", "exclusiveMinimum": 0}
+    _derived = {"type": ["integer", "null"], "minimum": 1}  # null: width / heads, mlp_ratio x width
+    schema["properties"]["config"]["properties"].update({  # the model families' fields (absent before them: gpt2)
+        "family": {"enum": list(FAMILIES)}, "head_dim": _derived, "intermediate_size": _derived,
+        "window_pattern": {"enum": [*WINDOW_PATTERNS, None]}, "norm_eps": _number,
+        "rope_theta": {"type": ["number", "null"], "exclusiveMinimum": 0},
+        "rope_scaling": {"oneOf": [{"type": "null"}, {
+            "type": "object", "additionalProperties": False,
+            "required": ["factor", "low_freq_factor", "high_freq_factor", "original_max_length"],
+            "properties": {"factor": _number, "low_freq_factor": _number, "high_freq_factor": _number,
+                           "original_max_length": _positive}}]},
+        "qkv_bias": {"type": "boolean"}, "tie_embeddings": {"type": "boolean"}})
     schema["properties"]["run"]["properties"]["control"] = {"type": ["string", "null"], "pattern": MODE_NAME}
     schema["properties"]["run"]["properties"]["cache_options"] = {
         "type": "object", "propertyNames": {"pattern": MODE_NAME}, "additionalProperties": {"type": "object"}}
@@ -190,14 +214,7 @@ def _schema_v2() -> dict:
     summary["properties"]["between_run"] = {  # absent in records written before it (no between-run allowance)
         "type": "object", "required": ["speedup", "seconds"], "additionalProperties": False,
         "properties": {name: {"type": "number", "minimum": 0, "exclusiveMaximum": 0.5} for name in ("speedup", "seconds")}}
-    summary["properties"]["estimation"] = {  # absent in records written before 2026-12-01 (wall time everywhere)
-        "type": "object", "required": ["rule", "lengths"], "additionalProperties": False,
-        "properties": {"rule": {"enum": [estimation.RULE]}, "lengths": {"type": "array", "items": {
-            "type": "object", "required": ["length", "clock", "estimator", "samples", "waited", "reason"],
-            "additionalProperties": False,
-            "properties": {"length": _positive, "clock": {"enum": list(estimation.CLOCKS)},
-                           "estimator": {"enum": list(ESTIMATORS)}, "samples": _count, "waited": _count,
-                           "reason": {"type": "string"}}}}}}
+    summary["properties"]["estimation"] = estimation_schema()
     summary["properties"]["speedups"]["items"]["required"] += ["low", "high", "pairs"]
     summary["properties"]["controls"] = {"type": "array", "items": {
         "type": "object", "required": ["mode", "length", "ratio", "low", "high", "pairs"], "properties": _cell}}

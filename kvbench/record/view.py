@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvbench import estimation, stats
+from kvbench.config import PlainConfig
 from kvbench.record.store import load_record
 from kvbench.record.summary import by_cell, samples_by_cell
 
@@ -25,7 +26,9 @@ class RecordView:
         self.complete = self.status == "complete"
         self.created_utc: str = record["created_utc"]
         self.command: list[str] = list(record["command"])
-        self.config: dict = record["config"]
+        # Every field, the derived ones and those a record from before them lacks (their defaults: the gpt2
+        # family) filled in, so that two records of one model show the same config.
+        self.config: dict = PlainConfig.from_dict(record["config"]).to_dict()
         self.run: dict = record["run"]
         self.protocol: dict = record["protocol"]
         self.environment: dict = record["environment"]

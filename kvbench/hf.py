@@ -1,0 +1,135 @@
+"""The llama family in Hugging Face transformers: the same weights in transformers' own model.
+
+Two questions, one function each: which transformers config describes a kvbench config
+(`hf_config`), and which transformers model computes with exactly a kvbench model's
+weights (`hf_model`). The oracle tests compare their logits; scripts/hf_peers.py times
+transformers' caches on them. transformers is an optional extra, pinned (pyproject's `hf`
+extra): it is imported here only, and only when asked for, and another version is refused,
+since its modelling code is what the comparison trusts.
+
+Which transformers class: Llama (no q/k/v biases, no window), Mistral (a window on every
+layer), Qwen2 (q/k/v biases, any per-layer windows through its layer_types). A model with
+alternating windows and no biases (Gemma-2's pattern without Gemma-2's other features) maps
+onto Qwen2 with zero q/k/v biases, which adds exact zeros. The gpt2 family has no
+transformers twin: its head has a bias GPT-2's lacks.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from typing import TYPE_CHECKING
+
+from kvbench.config import PlainConfig, dtype_name
+
+if TYPE_CHECKING:
+    from kvbench.model import Decoder
+
+TRANSFORMERS_VERSION = "5.24.0"  # as pinned in pyproject.toml's `hf` extra
+INSTALL = "pip install -e '.[hf]'"
+
+
+def require_transformers():
+    """The transformers module at the pinned version, or ValueError saying what is installed instead."""
+    try:
+        version = importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        raise ValueError(f"comparing with transformers needs transformers {TRANSFORMERS_VERSION}, which is not "
+                         f"installed: {INSTALL}") from None
+    if version != TRANSFORMERS_VERSION:
+        raise ValueError(f"comparing with transformers needs transformers {TRANSFORMERS_VERSION} (kvbench's pin), "
+                         f"got {version}: {INSTALL}")
+    import transformers
+
+    return transformers
+
+
+def hf_architecture(config: PlainConfig) -> str:
+    """The transformers model class that computes what `config` describes, or ValueError."""
+    if config.family != "llama":
+        raise ValueError(f"only the llama family has a transformers twin, got family {config.family!r} (kvbench's "
+                         "gpt2 head has a bias that GPT-2's lacks)")
+    if config.qkv_bias or config.window_pattern == "alternating":
+        return "Qwen2ForCausalLM"
+    return "MistralForCausalLM" if config.window is not None else "LlamaForCausalLM"
+
+
+def hf_config(config: PlainConfig, attention: str = "sdpa"):
+    """A transformers config of the same shapes, positions, norms, windows and head; `attention` is
+    transformers' attn_implementation ("sdpa" or "eager")."""
+    transformers = require_transformers()
+    architecture = hf_architecture(config)
+    rope = {"rope_type": "default", "rope_theta": config.rope_theta}
+    if config.rope_scaling is not None:
+        scaling = config.rope_scaling
+        rope.update(rope_type="llama3", factor=scaling.factor, low_freq_factor=scaling.low_freq_factor,
+                    high_freq_factor=scaling.high_freq_factor,
+                    original_max_position_embeddings=scaling.original_max_length)
+    fields = dict(
+        vocab_size=config.vocab_size, hidden_size=config.width, intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.layers, num_attention_heads=config.heads, num_key_value_heads=config.kv_heads,
+        head_dim=config.head_dim, max_position_embeddings=config.max_length, rms_norm_eps=config.norm_eps,
+        rope_parameters=rope, tie_word_embeddings=config.tie_embeddings, hidden_act="silu",
+        bos_token_id=0, eos_token_id=0, pad_token_id=0, attn_implementation=attention,
+    )
+    if architecture == "LlamaForCausalLM":
+        return transformers.LlamaConfig(**fields, attention_bias=False, mlp_bias=False)
+    if architecture == "MistralForCausalLM":
+        return transformers.MistralConfig(**fields, sliding_window=config.window)
+    layer_types = ["full_attention" if window is None else "sliding_attention" for window in config.layer_windows]
+    return transformers.Qwen2Config(**fields, use_sliding_window=config.window is not None,
+                                    sliding_window=config.window, layer_types=layer_types)
+
+
+def hf_state_dict(model: Decoder) -> dict:
+    """transformers' parameter names -> kvbench's tensors (q/k/v and gate/up split from their fused matmuls)."""
+    import torch
+
+    config = model.config
+    HD, KVD, I = config.heads * config.head_dim, config.kv_heads * config.head_dim, config.intermediate_size
+    weights = {"model.embed_tokens.weight": model.token.weight, "model.norm.weight": model.final.weight,
+               "lm_head.weight": model.token.weight if model.head is None else model.head.weight}
+    biased = hf_architecture(config) == "Qwen2ForCausalLM"
+    for index, block in enumerate(model.blocks):
+        prefix = f"model.layers.{index}."
+        q, k, v = block.qkv.weight.split((HD, KVD, KVD))
+        gate, up = block.gate_up.weight.split((I, I))
+        weights.update({
+            prefix + "input_layernorm.weight": block.norm1.weight,
+            prefix + "self_attn.q_proj.weight": q, prefix + "self_attn.k_proj.weight": k,
+            prefix + "self_attn.v_proj.weight": v, prefix + "self_attn.o_proj.weight": block.out.weight,
+            prefix + "post_attention_layernorm.weight": block.norm2.weight,
+            prefix + "mlp.gate_proj.weight": gate, prefix + "mlp.up_proj.weight": up,
+            prefix + "mlp.down_proj.weight": block.down.weight,
+        })
+        if biased:
+            bias = block.qkv.bias if block.qkv.bias is not None else torch.zeros(HD + 2 * KVD, dtype=q.dtype)
+            for name, part in zip("qkv", bias.split((HD, KVD, KVD))):
+                weights[prefix + f"self_attn.{name}_proj.bias"] = part
+    return weights
+
+
+def hf_model(model: Decoder, attention: str = "sdpa"):
+    """transformers' model of the same architecture holding exactly `model`'s weights (copies), in its dtype,
+    in eval mode; no weight is downloaded and none is left random."""
+    import torch
+
+    transformers = require_transformers()
+    config = hf_config(model.config, attention)
+    with torch.random.fork_rng(devices=[]):  # transformers initialises weights that are then overwritten
+        hf = getattr(transformers, hf_architecture(model.config))(config)
+    hf = hf.to(model.token.weight.dtype).eval()
+    expected = hf_state_dict(model)
+    missing, unexpected = hf.load_state_dict({name: t.detach().clone() for name, t in expected.items()},
+                                             strict=False)
+    if unexpected or [name for name in missing if name not in tied_names(hf)]:
+        raise ValueError(f"weight mapping mismatch for {type(hf).__name__}: missing {missing}, unexpected {unexpected}")
+    hf.requires_grad_(False)
+    if dtype_name(next(hf.parameters()).dtype) != dtype_name(model.config.dtype):
+        raise ValueError(f"expected the transformers model in {dtype_name(model.config.dtype)}, got "
+                         f"{dtype_name(next(hf.parameters()).dtype)}")
+    return hf
+
+
+def tied_names(hf) -> set[str]:
+    """Parameter names transformers shares with another (a tied head) and so may not list as loaded."""
+    return {"lm_head.weight"} if hf.config.tie_word_embeddings else set()

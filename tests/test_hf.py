@@ -1,0 +1,181 @@
+"""The oracle no one here wrote: kvbench's llama family against transformers' own models, same weights.
+
+transformers' LlamaForCausalLM, Qwen2ForCausalLM and MistralForCausalLM get exactly the
+weights of a kvbench model (kvbench.hf maps them) and must give the same logits, float32
+within atol = rtol = 1e-5: over the whole prefix, and decoding through transformers'
+DynamicCache in chunks of every shape, on the scaled-down presets of each family. Every
+kvbench cache kind is held to transformers' full-prefix logits too, so the caches are
+checked against code from outside, not only against kvbench's own full path.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kvbench import hf
+from kvbench.config import PlainConfig
+from kvbench.decode import decode_cached, token_ids
+from kvbench.model import build_model, preset_config
+
+transformers = pytest.importorskip("transformers", reason="the oracle needs the hf extra (make test installs it)")
+
+TOLERANCE = dict(atol=1e-5, rtol=1e-5)
+ARCHITECTURES = {"llama-tiny": "LlamaForCausalLM", "llama-mini": "LlamaForCausalLM", "qwen-tiny": "Qwen2ForCausalLM",
+                 "mistral-tiny": "MistralForCausalLM", "gemma-tiny": "Qwen2ForCausalLM"}
+TINY = ["llama-tiny", "qwen-tiny", "mistral-tiny", "gemma-tiny"]
+LONGEST = 150  # beyond the windowed presets' 64 positions: their windows slide
+CHUNKINGS = {"one token a step": [1] * 24, "a prompt then steps": [17, 1, 1, 1, 5, 1], "uneven": [3, 30, 2, 64, 1, 50]}
+
+
+@pytest.fixture(scope="module", params=TINY)
+def pair(request):
+    """(kvbench model, transformers model with its weights) for a preset."""
+    model = build_model(preset_config(request.param), seed=0)
+    return model, hf.hf_model(model)
+
+
+def ids_for(model, length: int, batch: int = 2):
+    return token_ids(model.config, batch, length, seed=3)
+
+
+def hf_full(hf_model, ids):
+    with torch.inference_mode():
+        return hf_model(input_ids=ids, use_cache=False).logits
+
+
+def hf_chunked(hf_model, ids, chunks: list[int]):
+    """transformers' decoding through its own DynamicCache, chunk by chunk."""
+    cache = transformers.DynamicCache(config=hf_model.config)
+    pieces, start = [], 0
+    with torch.inference_mode():
+        for size in chunks:
+            pieces.append(hf_model(input_ids=ids[:, start : start + size], cache=cache, use_cache=True).logits)
+            start += size
+    return torch.cat(pieces, dim=1)
+
+
+@pytest.mark.parametrize("preset", list(ARCHITECTURES))
+def test_each_family_maps_onto_its_transformers_architecture(preset):
+    assert hf.hf_architecture(preset_config(preset)) == ARCHITECTURES[preset]
+    config = hf.hf_config(preset_config(preset))
+    kv = preset_config(preset)
+    assert (config.hidden_size, config.num_key_value_heads, config.head_dim, config.intermediate_size) == (
+        kv.width, kv.kv_heads, kv.head_dim, kv.intermediate_size)
+    assert config.tie_word_embeddings == kv.tie_embeddings
+
+
+@pytest.mark.parametrize("length", [1, 7, 64, 65, LONGEST])
+def test_full_prefix_logits_match_transformers(pair, length):
+    model, hf_model = pair
+    ids = ids_for(model, length)
+    with torch.inference_mode():
+        ours = model(ids)[0]
+    torch.testing.assert_close(ours, hf_full(hf_model, ids), **TOLERANCE)
+
+
+@pytest.mark.parametrize("chunking", list(CHUNKINGS))
+def test_transformers_dynamic_cache_decoding_matches_kvbench(pair, chunking):
+    """transformers' cached path and kvbench's full prefix agree, whatever the chunks."""
+    model, hf_model = pair
+    chunks = CHUNKINGS[chunking]
+    ids = ids_for(model, sum(chunks))
+    with torch.inference_mode():
+        ours = model(ids)[0]
+    torch.testing.assert_close(hf_chunked(hf_model, ids, chunks), ours, **TOLERANCE)
+
+
+def test_every_exact_kind_matches_transformers_full_prefix(pair):
+    """Keys stored after rotation at their absolute positions, windows per layer: checked from outside."""
+    model, hf_model = pair
+    ids = ids_for(model, LONGEST)
+    reference = hf_full(hf_model, ids)
+    kinds = ["concat", "static", "paged"] + (["window"] if model.config.window is not None else [])
+    for kind in kinds:
+        cached = decode_cached(model, ids, kind, keep_logits=True)  # one token a step, last-position logits
+        torch.testing.assert_close(cached, reference, **TOLERANCE, msg=lambda m, kind=kind: f"{kind}: {m}")
+
+
+def test_the_mapping_copies_every_weight_and_leaves_none_random():
+    model = build_model(preset_config("qwen-tiny"), seed=1)
+    hf_model = hf.hf_model(model)
+    theirs = dict(hf_model.named_parameters())
+    for name, tensor in hf.hf_state_dict(model).items():
+        if name in theirs:
+            assert torch.equal(theirs[name], tensor), name
+    assert set(theirs) <= set(hf.hf_state_dict(model))  # nothing transformers holds is left out
+    assert theirs["model.layers.0.self_attn.q_proj.bias"].abs().sum() > 0  # Qwen2's biases are kvbench's
+
+
+def test_alternating_windows_without_biases_map_to_qwen2_with_zero_biases():
+    model = build_model(preset_config("gemma-tiny"), seed=0)
+    assert model.blocks[0].qkv.bias is None
+    weights = dict(hf.hf_model(model).named_parameters())
+    assert all(weights[f"model.layers.{i}.self_attn.k_proj.bias"].abs().sum() == 0 for i in range(model.config.layers))
+    assert hf.hf_config(model.config).layer_types == ["sliding_attention", "full_attention"] * 2
+
+
+def test_a_config_without_a_transformers_twin_is_refused_by_name():
+    with pytest.raises(ValueError, match="only the llama family has a transformers twin, got family 'gpt2'"):
+        hf.hf_architecture(PlainConfig())
+
+
+def test_another_transformers_version_is_refused(monkeypatch):
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "4.0.0")
+    with pytest.raises(ValueError, match=rf"needs transformers {re.escape(hf.TRANSFORMERS_VERSION)} .*got 4.0.0"):
+        hf.require_transformers()
+
+
+def test_missing_transformers_is_refused(monkeypatch):
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    with pytest.raises(ValueError, match=r"needs transformers .*which is not installed: pip install"):
+        hf.require_transformers()
+
+
+def test_the_pin_is_the_installed_version_and_the_extras():
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    assert f'"transformers=={hf.TRANSFORMERS_VERSION}"' in pyproject
+    assert importlib.metadata.version("transformers") == hf.TRANSFORMERS_VERSION
+
+
+def test_nothing_else_in_kvbench_imports_transformers():
+    import ast
+
+    root = Path(hf.__file__).resolve().parent
+    importers = []
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(name.split(".")[0] == "transformers" for name in names):
+                importers.append(path.relative_to(root).as_posix())
+    assert importers == ["hf.py"]  # inside require_transformers, when a comparison is asked for
+
+
+def test_importing_kvbench_hf_imports_no_transformers():
+    import subprocess
+
+    code = "import sys, kvbench.hf, kvbench.model; print('transformers' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+def test_the_transformers_comparison_refuses_another_version_in_one_line(monkeypatch, capsys, tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("hf_peers", Path(__file__).resolve().parents[1] / "scripts/hf_peers.py")
+    hf_peers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hf_peers)
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "4.0.0")
+    output = tmp_path / "peers.json"
+    assert hf_peers.run(["dynamic", "--preset", "llama-tiny", "--length", "8", "--output", str(output)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "needs transformers 5.24.0" in err and "got 4.0.0" in err
+    assert not output.exists()
