@@ -27,6 +27,8 @@ from kvbench.kinds import (  # re-exported: the gate's names and rules live in k
     DRIFTED,
     FAILURES,
     FULL,
+    HF_JUDGED_AS,
+    HF_MODES,
     MODES,
     NOT_FINITE,
     REFERENCE_NOT_FINITE,
@@ -45,8 +47,8 @@ __all__ = ["CACHE_KINDS", "DEFAULT_MODES", "DIVERGED", "DRIFTED", "DRIFT_METRICS
 
 
 def known_modes() -> tuple[str, ...]:
-    """Every mode this process can run: the shipped ones and any kind registered since."""
-    return (FULL, *KINDS)
+    """Every mode this process can run: the shipped ones, transformers' caches and any kind registered since."""
+    return (FULL, *KINDS, *HF_MODES)
 
 
 TOLERANCES = {getattr(torch, name): bounds for name, bounds in TOLERANCES_BY_NAME.items()}  # (atol, rtol) per dtype
@@ -81,6 +83,11 @@ def decode_steps(model: Decoder, ids: Tensor, mode: str, options: dict | None = 
         for t in range(T):
             logits, cache = model(ids[:, : t + 1])
             yield logits[:, -1], cache
+        return
+    if mode in HF_MODES:  # transformers' model with the same weights and its own cache, one token a step
+        from kvbench import hf
+
+        yield from hf.steps(model, ids, mode, 1, (options or {}).get(mode))
         return
     cache = make_cache(mode, model.config, batch=B, capacity=T, **(options or {}).get(mode, {}))
     try:
@@ -134,7 +141,8 @@ def cache_footprint(model: Decoder, ids: Tensor, mode: str, options: dict | None
     one forward pass over the whole sequence (its earlier steps are independent of it).
     """
     B, T = ids.shape
-    footprint = {"expected_bytes": mode_expected_bytes(mode, model.config, B, T, (options or {}).get(mode))}
+    footprint = {} if mode in HF_MODES else {  # transformers' representation has no formula here: as measured
+        "expected_bytes": mode_expected_bytes(mode, model.config, B, T, (options or {}).get(mode))}
     with torch.inference_mode():
         if mode == FULL:
             _, cache = model(ids)
@@ -143,6 +151,7 @@ def cache_footprint(model: Decoder, ids: Tensor, mode: str, options: dict | None
         for t, (_, cache) in enumerate(decode_steps(model, ids, mode, options)):
             if t == T - 1:  # before the generator releases the cache
                 footprint.update(measured_bytes=cache.nbytes, reserved_bytes=cache.reserved_bytes)
+    footprint.setdefault("expected_bytes", footprint["measured_bytes"])
     return footprint
 
 
@@ -324,7 +333,7 @@ def judge_logits(mode: str, candidate: Tensor, reference: Tensor, atol: float, r
                  config: DecoderConfig) -> Equivalence | Drift:
     """A mode's logits against the full-prefix path's, by its kind's rule: a lossy kind within its own
     drift limits for this model's family, every other mode within the dtype's tolerance."""
-    kind = KINDS.get(mode)
+    kind = KINDS.get(HF_JUDGED_AS.get(mode, mode))
     if kind is not None and not kind.exact:
         return compare_drift(mode, candidate, reference, kind.limits_for(config), atol, rtol)
     return compare_logits(mode, candidate, reference, atol, rtol)

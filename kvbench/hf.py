@@ -2,8 +2,8 @@
 
 Two questions, one function each: which transformers config describes a kvbench config
 (`hf_config`), and which transformers model computes with exactly a kvbench model's
-weights (`hf_model`). The oracle tests compare their logits; scripts/hf_peers.py times
-transformers' caches on them. transformers is an optional extra, pinned (pyproject's `hf`
+weights (`hf_model`). The oracle tests compare their logits; the `hf-*` modes (`steps`)
+run transformers' own caches on them through kvbench's gate, rotations and record. transformers is an optional extra, pinned (pyproject's `hf`
 extra): it is imported here only, and only when asked for, and another version is refused,
 since its modelling code is what the comparison trusts.
 
@@ -17,6 +17,8 @@ transformers twin: its head has a bias GPT-2's lacks.
 from __future__ import annotations
 
 import importlib.metadata
+import inspect
+import weakref
 from typing import TYPE_CHECKING
 
 from kvbench.config import PlainConfig, dtype_name
@@ -133,3 +135,106 @@ def hf_model(model: Decoder, attention: str = "sdpa"):
 def tied_names(hf) -> set[str]:
     """Parameter names transformers shares with another (a tied head) and so may not list as loaded."""
     return {"lm_head.weight"} if hf.config.tie_word_embeddings else set()
+
+
+# -- transformers' caches as kvbench modes ---------------------------------------------------
+# `hf-*` modes run the same weights in transformers' model with its own caches, through the same
+# gate, rotations and record as kvbench's kinds. The model is built once per kvbench model.
+
+HF_CACHES = {"hf-dynamic": ("DynamicCache", None), "hf-static": ("StaticCache", None),
+             "hf-quantized-int4": ("quanto", 4), "hf-quantized-int8": ("HQQ", 8)}
+EXTRAS = {"quanto": ("optimum-quanto", "pip install -e '.[quanto]'"), "HQQ": ("hqq", "pip install hqq")}
+_models: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def model_for(model: Decoder):
+    """The transformers twin of `model` (hf_model), built on first use and kept while `model` lives."""
+    if model not in _models:
+        _models[model] = hf_model(model)
+    return _models[model]
+
+
+def require_mode(mode: str, config: PlainConfig) -> None:
+    """ValueError unless `mode` can run on `config` here: the llama family, and the mode's backend installed."""
+    if mode not in HF_CACHES:
+        raise ValueError(f"unknown transformers mode {mode!r}: expected one of {list(HF_CACHES)}")
+    hf_architecture(config)
+    require_transformers()
+    backend = HF_CACHES[mode][0]
+    if backend in EXTRAS:
+        package, install = EXTRAS[backend]
+        try:
+            importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            raise ValueError(f"{mode} needs {package} (transformers' {backend} backend), which is not installed: "
+                             f"{install}") from None
+
+
+def make_hf_cache(mode: str, hf, capacity: int, options: dict | None = None):
+    transformers = require_transformers()
+    backend, bits = HF_CACHES[mode]
+    if backend == "DynamicCache":
+        return transformers.DynamicCache(config=hf.config)
+    if backend == "StaticCache":
+        return transformers.StaticCache(config=hf.config, max_cache_len=capacity)
+    options = options or {}
+    return transformers.QuantizedCache(backend=backend, config=hf.config, nbits=bits, axis_key=0, axis_value=0,
+                                       q_group_size=options.get("group_size", 32),
+                                       residual_length=options.get("residual", 128))
+
+
+def cache_keyword(hf) -> str:
+    """transformers 5 calls the cache argument `cache` (formerly `past_key_values`)."""
+    return "cache" if "cache" in inspect.signature(hf.forward).parameters else "past_key_values"
+
+
+class HfCache:
+    """A transformers cache as kvbench's footprint reads it: bytes of every tensor it holds."""
+
+    def __init__(self, cache) -> None:
+        self.cache = cache
+
+    @property
+    def nbytes(self) -> int:
+        """Every tensor the cache holds, quantized codes, scales and a StaticCache's preallocation included."""
+        seen: set[int] = set()
+        return sum(tensor_bytes(value, seen) for layer in getattr(self.cache, "layers", []) for value in
+                   vars(layer).values())
+
+    @property
+    def reserved_bytes(self) -> int:
+        return self.nbytes
+
+    def release(self) -> None:
+        self.cache = None
+
+
+def tensor_bytes(value, seen: set[int]) -> int:
+    """Bytes of a tensor, of a tensor subclass's inner tensors (quanto's codes and scales), or 0."""
+    import torch
+
+    if not isinstance(value, torch.Tensor) or id(value) in seen:
+        return 0
+    seen.add(id(value))
+    if hasattr(value, "__tensor_flatten__") and type(value) is not torch.Tensor:
+        names, _ = value.__tensor_flatten__()
+        return sum(tensor_bytes(getattr(value, name), seen) for name in names)
+    return value.numel() * value.element_size()
+
+
+def steps(model: Decoder, ids, mode: str, prompt: int = 1, options: dict | None = None):
+    """Yields (logits (B, V), HfCache) for the first `prompt` tokens in one call, then one token a step:
+    prompt 1 is the decode loop, prompt P a request, prompt c then one step a context step. Drive it
+    inside torch.inference_mode()."""
+    hf = model_for(model)
+    keyword, T = cache_keyword(hf), ids.shape[1]
+    cache = make_hf_cache(mode, hf, T, options)
+    view = HfCache(cache)
+    try:
+        logits = hf(input_ids=ids[:, :prompt], use_cache=True, **{keyword: cache}).logits
+        yield logits[:, -1], view
+        for t in range(prompt, T):
+            logits = hf(input_ids=ids[:, t : t + 1], use_cache=True, **{keyword: cache}).logits
+            yield logits[:, -1], view
+    finally:
+        view.release()

@@ -18,6 +18,11 @@ CONTROL = "control"  # the A/A label: a cached mode timed a second time in the s
 CACHE_KINDS = ("concat", "static", "paged", "quantized-int8", "quantized-int4", "window")  # the kinds kvbench ships
 MODES = (FULL, *CACHE_KINDS)  # every mode kvbench ships
 DEFAULT_MODES = (FULL, "concat", "static", "paged")  # kvbench run's default: the exact layouts of any model
+# transformers' own caches on the same weights (kvbench.hf; the llama family only). A lossy one is judged by
+# the limits of kvbench's kind of the same bits.
+HF_MODES = ("hf-dynamic", "hf-static", "hf-quantized-int4", "hf-quantized-int8")
+HF_JUDGED_AS = {"hf-quantized-int4": "quantized-int4", "hf-quantized-int8": "quantized-int8"}
+RUNNABLE = (*MODES, *HF_MODES)  # every mode a run may name, but a plugin's
 WORKLOADS = ("loop", "request", "contexts")  # what one sample times (kvbench.workloads)
 KIND_NAME = re.compile(r"[a-z][a-z0-9_-]{0,39}")  # plain words: nothing a terminal, markdown or HTML interprets
 
@@ -28,7 +33,7 @@ SCALE_BYTES = 2  # scales and minimums are float16
 QUANTIZED_BITS = {"quantized-int8": 8, "quantized-int4": 4}
 
 
-def check_modes(modes: list[str] | tuple[str, ...], known: tuple[str, ...] = MODES) -> list[str]:
+def check_modes(modes: list[str] | tuple[str, ...], known: tuple[str, ...] = RUNNABLE) -> list[str]:
     """The modes as a list, or ValueError naming the first unknown or repeated one."""
     modes = list(modes)
     if not modes:

@@ -21,7 +21,7 @@ except ImportError:  # not on Windows: no address-space limit to read
     resource = None
 
 from kvbench.config import PlainConfig
-from kvbench.kinds import FULL, expected_cache_bytes, parameter_count, rotary_table_bytes
+from kvbench.kinds import FULL, HF_MODES, expected_cache_bytes, parameter_count, rotary_table_bytes
 from kvbench.telemetry import cgroup_directories
 
 if TYPE_CHECKING:
@@ -97,7 +97,8 @@ def estimate_run_bytes(config: PlainConfig, batch: int, lengths: list[int], mode
     float32 before they are cast, so never fewer than 4 bytes each) and the llama family's
     rotary tables, the token ids (drawn for max_length), the logits the gate keeps and
     compares in float64, a cache of the longest length and concat's copy of it, and the
-    activations of the full-prefix path's last step (attention scores of (B, H, T, T) included).
+    activations of the full-prefix path's last step (attention scores of (B, H, T, T) included),
+    and transformers' copy of the weights when an hf-* mode runs.
     """
     T, B, elt = max(lengths), batch, config.element_bytes
     C, V, H, KVH, D, I = (config.width, config.vocab_size, config.heads, config.kv_heads, config.head_dim,
@@ -112,6 +113,8 @@ def estimate_run_bytes(config: PlainConfig, batch: int, lengths: list[int], mode
     }
     if FULL in modes:
         parts["full-prefix activations"] = B * T * (4 * C + 3 * I + qkv + 2 * V) * elt + 2 * B * H * T * T * elt
+    if any(mode in HF_MODES for mode in modes):  # the hf-* modes compute with transformers' copy of the weights
+        parts["transformers' copy of the weights"] = parameter_count(config) * elt
     return parts
 
 

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from kvbench.cache import Cache, make_cache
-from kvbench.decode import FULL, judge_logits, tolerances
+from kvbench.decode import FULL, HF_MODES, judge_logits, tolerances
 from kvbench.model import Decoder
 
 
@@ -37,6 +37,11 @@ def request_steps(model: Decoder, ids: Tensor, mode: str, prompt: int,
         for end in range(prompt, T + 1):
             logits, cache = model(ids[:, :end])
             yield logits[:, -1], cache
+        return
+    if mode in HF_MODES:  # transformers' own cache on the same weights: its prefill, then its steps
+        from kvbench import hf
+
+        yield from hf.steps(model, ids, mode, prompt, (options or {}).get(mode))
         return
     cache = make_cache(mode, model.config, batch=B, capacity=T, **(options or {}).get(mode, {}))
     try:
@@ -103,30 +108,29 @@ class ContextStep:
         if ids.shape[1] < context + 1:
             raise ValueError(f"a step after {context} tokens needs {context + 1} ids, got {ids.shape[1]}")
         self.model, self.ids, self.mode, self.context, self.options = model, ids[:, : context + 1], mode, context, options
+        self.steps: Iterator[tuple[Tensor, Cache]] | None = None
         self.cache: Cache | None = None
 
     def prepare(self) -> None:
         if self.mode == FULL:
             return
         self.release()
-        options = (self.options or {}).get(self.mode, {})
         with torch.inference_mode():
-            cache = make_cache(self.mode, self.model.config, batch=self.ids.shape[0], capacity=self.context + 1,
-                               **options)
-            _, self.cache = self.model(self.ids[:, : self.context], cache)
+            self.steps = request_steps(self.model, self.ids, self.mode, self.context, self.options)
+            _, self.cache = next(self.steps)  # the prefill of the context
 
     def __call__(self) -> Tensor:
         with torch.inference_mode():
             if self.mode == FULL:
                 return self.model(self.ids)[0][:, -1]
-            logits, self.cache = self.model(self.ids[:, self.context :], self.cache)
+            logits, _ = next(self.steps)  # the step after it
         self.release()
-        return logits[:, -1]
+        return logits
 
     def release(self) -> None:
-        if self.cache is not None:
-            self.cache.release()
-            self.cache = None
+        if self.steps is not None:
+            self.steps.close()  # the generator releases its cache
+        self.steps = self.cache = None
 
 
 def check_context(model: Decoder, ids: Tensor, modes: list[str], context: int,

@@ -18,9 +18,8 @@ import torch.nn as nn
 from torch import Tensor
 
 from kvbench import latency, requests
-from kvbench.cache import make_cache
 from kvbench.decode import FULL, decode, decode_full, mode_expected_bytes, run_gate
-from kvbench.kinds import WORKLOADS
+from kvbench.kinds import HF_MODES, WORKLOADS
 from kvbench.memory import memory_profile, peak_memory_growth
 from kvbench.model import Decoder
 from kvbench.sampling import Sample
@@ -185,7 +184,8 @@ def matmul_shapes(model: Decoder, rows: list[int]) -> list[tuple[int, int, int]]
 
 def footprint(model: Decoder, ids: Tensor, mode: str, options: dict | None, run: Callable[[], object]) -> dict:
     """The bytes a mode's cache holds for ids' positions (formula, measured from a cache filled in one
-    prefill, reserved) and the peak resident growth of `run`."""
+    prefill, reserved) and the peak resident growth of `run`. transformers' caches have no formula
+    here: their expected bytes are the measured ones."""
     import torch
 
     B, T = ids.shape
@@ -193,12 +193,16 @@ def footprint(model: Decoder, ids: Tensor, mode: str, options: dict | None, run:
     with torch.inference_mode():
         if mode == FULL:
             _, cache = model(ids)
+            found = {"measured_bytes": cache.nbytes, "reserved_bytes": cache.reserved_bytes}
+            cache.release()
         else:
-            cache = make_cache(mode, model.config, batch=B, capacity=T, **(options or {}).get(mode, {}))
-            _, cache = model(ids, cache)
-        found = {"measured_bytes": cache.nbytes, "reserved_bytes": cache.reserved_bytes}
-        cache.release()
-    return {"expected_bytes": mode_expected_bytes(mode, model.config, B, T, (options or {}).get(mode)), **found, **peak}
+            steps = requests.request_steps(model, ids, mode, T, options)  # the prefill only
+            _, cache = next(steps)
+            found = {"measured_bytes": cache.nbytes, "reserved_bytes": cache.reserved_bytes}
+            steps.close()
+    expected = found["measured_bytes"] if mode in HF_MODES else mode_expected_bytes(mode, model.config, B, T,
+                                                                                   (options or {}).get(mode))
+    return {"expected_bytes": expected, **found, **peak}
 
 
 def workload_from(kind: str, prompt: int | None = None, generate: int | None = None):

@@ -1,12 +1,14 @@
-"""kvbench's caches beside Hugging Face transformers' caches, in one process, same work, same protocol.
+"""kvbench's caches beside Hugging Face transformers' caches where they cannot share weights: the gpt2 family.
 
     dynamic    kvbench's exact kinds against transformers' DynamicCache
-    quantized  kvbench's quantized kinds against transformers' QuantizedCache (quanto backend)
+    quantized  kvbench's quantized kinds against transformers' QuantizedCache (quanto, 4 and 2 bits)
 
-For a gpt2-family preset: transformers' GPT-2 (the closest architecture: learned positions,
-pre-norm, GELU) and Llama of the same size, random weights of their own. For a llama-family
-preset: transformers' own model with exactly the kvbench model's weights (kvbench.hf), and its
-StaticCache beside its DynamicCache. No download; the same teacher-forced token ids,
+A llama-family model has a transformers twin with exactly its weights, so its transformers caches
+are modes of `kvbench run` (hf-dynamic, hf-static, hf-quantized-int4, hf-quantized-int8), paired
+in the same rotations and gated against the same full path; this script refuses that family and
+says so. What remains here cannot be a mode: for a gpt2-family preset, transformers' GPT-2 (the
+closest architecture: learned positions, pre-norm, GELU) and Llama of the same size, random
+weights of their own, and quanto's 2-bit cache. No download; the same teacher-forced token ids,
 kvbench's protocol (a warmup per mode, random order, whole rotations). Every path is checked
 against its own model's full-prefix logits first, with kvbench's metrics: an exact cache by
 the tolerance, a quantized one by its drift (KL of next-token distributions, top-1
@@ -14,7 +16,6 @@ agreement). Writes one JSON record with every sample.
 
     pip install -e '.[hf]'          # '.[quanto]' for the quantized comparison
     python scripts/hf_peers.py dynamic --length 1024
-    python scripts/hf_peers.py dynamic --preset llama-mini --length 1024
     python scripts/hf_peers.py quantized --preset medium --length 1024
 """
 
@@ -44,11 +45,8 @@ OUTPUTS = {"dynamic": Path("results/external/hf-dynamic-cache.json"),
 KVBENCH_MODES = {"dynamic": ("concat", "static", "paged"), "quantized": ("static", "quantized-int8", "quantized-int4")}
 
 
-def hf_models(config: DecoderConfig, model=None, families: tuple[str, ...] = ("gpt2", "llama")) -> dict:
-    """transformers models of the same size as `config`: for the llama family the kvbench model itself,
-    weight for weight; for the gpt2 family random weights of their own."""
-    if config.family == "llama":
-        return {"llama": hf.hf_model(model)}
+def hf_models(config: DecoderConfig, families: tuple[str, ...] = ("gpt2", "llama")) -> dict:
+    """transformers models of the same size as a gpt2-family `config`, random weights of their own."""
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -72,12 +70,6 @@ def dynamic_cache(model):
     from transformers import DynamicCache
 
     return DynamicCache(config=model.config)
-
-
-def static_cache(model, length: int):
-    from transformers import StaticCache
-
-    return StaticCache(config=model.config, max_cache_len=length)
 
 
 def quantized_cache(model, nbits: int, group_size: int, residual: int):
@@ -114,10 +106,7 @@ def hf_reference(model, ids: torch.Tensor) -> torch.Tensor:
 def peers(kind: str, models: dict, args) -> dict:
     """label -> (model, cache factory) of the transformers paths compared."""
     if kind == "dynamic":
-        paths = {f"hf-{family}-dynamic": (model, dynamic_cache) for family, model in models.items()}
-        if set(models) == {"llama"}:  # the same weights: transformers' preallocated cache too
-            paths["hf-llama-static"] = (models["llama"], lambda m: static_cache(m, args.length))
-        return paths
+        return {f"hf-{family}-dynamic": (model, dynamic_cache) for family, model in models.items()}
     return {f"hf-{family}-quanto-int{bits}": (model, lambda m, bits=bits: quantized_cache(m, bits, args.group, args.residual))
             for family, model in models.items() for bits in (4, 2)}
 
@@ -152,11 +141,15 @@ def main(argv: list[str] | None = None) -> int:
     check_output(output, args.force)  # before anything is measured
     config = preset_config(args.preset)
     hf.require_transformers()  # before anything is built or set: one line when it is missing or another version
+    if config.family != "gpt2":
+        raise ValueError(f"--preset {args.preset} is of the {config.family} family, whose transformers caches are "
+                         f"modes of kvbench run on the same weights: kvbench run --preset {args.preset} "
+                         "--modes full,static,hf-dynamic,hf-static")
     threads = set_threads(1)
     model = build_model(config, seed=0)
     ids = token_ids(config, 1, args.length)
     options = {kind: {"group_size": args.group, "residual": args.residual} for kind in KVBENCH_MODES["quantized"][1:]}
-    hf_paths = peers(args.kind, hf_models(config, model), args)
+    hf_paths = peers(args.kind, hf_models(config), args)
     found = checks(args.kind, model, ids, hf_paths, options)
     loops = {mode: (lambda mode=mode: decode(model, ids, mode, options=options)) for mode in KVBENCH_MODES[args.kind]}
     for label, (hf_model, make_cache) in hf_paths.items():
@@ -186,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         "fastest_hf_mode": fastest_hf,
         "ratio_fastest_kvbench_to_fastest_hf": medians[fastest_kvbench] / medians[fastest_hf],
         "ratio_fastest_kvbench_to_each_hf": {m: medians[fastest_kvbench] / medians[m] for m in loops if m.startswith("hf-")},
-        "same_weights": config.family == "llama",
+        "same_weights": False,
     }
     write_json_atomic(result, output, force=args.force)
     print_summary(result, output)

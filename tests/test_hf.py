@@ -11,6 +11,7 @@ checked against code from outside, not only against kvbench's own full path.
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import re
 import sys
 from pathlib import Path
@@ -175,7 +176,85 @@ def test_the_transformers_comparison_refuses_another_version_in_one_line(monkeyp
     spec.loader.exec_module(hf_peers)
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "4.0.0")
     output = tmp_path / "peers.json"
-    assert hf_peers.run(["dynamic", "--preset", "llama-tiny", "--length", "8", "--output", str(output)]) == 2
+    assert hf_peers.run(["dynamic", "--length", "8", "--output", str(output)]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "needs transformers 5.24.0" in err and "got 4.0.0" in err
     assert not output.exists()
+
+
+def test_the_transformers_comparison_sends_the_llama_family_to_its_modes(capsys, tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("hf_peers", Path(__file__).resolve().parents[1] / "scripts/hf_peers.py")
+    hf_peers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hf_peers)
+    output = tmp_path / "peers.json"
+    assert hf_peers.run(["dynamic", "--preset", "llama-tiny", "--length", "8", "--output", str(output)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--modes full,static,hf-dynamic,hf-static" in err and "llama family" in err
+    assert not output.exists()
+
+
+# -- transformers' caches as kvbench modes --------------------------------------------------
+
+QUANTO = importlib.util.find_spec("optimum.quanto") is not None
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return build_model(preset_config("llama-tiny"), seed=0)
+
+
+@pytest.mark.parametrize("mode", ["hf-dynamic", "hf-static"])
+def test_transformers_exact_caches_pass_kvbenchs_gate_on_the_same_weights(tiny, mode):
+    from kvbench.decode import check_equivalence
+
+    ids = ids_for(tiny, 24)
+    result = check_equivalence(tiny, ids, ["full", mode])[mode]
+    assert result.passed and result.exact and result.max_abs_diff <= 1e-5, result
+
+
+@pytest.mark.skipif(not QUANTO, reason="needs optimum-quanto (make test installs the quanto extra)")
+def test_transformers_int4_cache_is_judged_by_kvbenchs_int4_limits(tiny):
+    from kvbench.cache import KINDS
+    from kvbench.decode import check_equivalence
+
+    ids = ids_for(tiny, 200)  # past the 128-position residual: codes are in use
+    result = check_equivalence(tiny, ids, ["full", "hf-quantized-int4"],
+                               options={"hf-quantized-int4": {"group_size": 32, "residual": 128}})["hf-quantized-int4"]
+    assert result.exact is False and result.limits == KINDS["quantized-int4"].limits_for(tiny.config)
+    assert result.passed, result
+    assert result.max_abs_diff > 0  # it quantized
+
+
+@pytest.mark.parametrize("mode", ["hf-dynamic", "hf-static"])
+def test_a_transformers_request_and_context_step_follow_the_full_prefix(tiny, mode):
+    from kvbench.decode import FULL, decode_full
+    from kvbench.requests import ContextStep, request_logits
+
+    ids = ids_for(tiny, 20)
+    full = decode_full(tiny, ids, keep_logits=True)
+    torch.testing.assert_close(request_logits(tiny, ids, mode, prompt=9), full[:, 8:], **TOLERANCE)
+    step = ContextStep(tiny, ids, mode, context=15)
+    step.prepare()
+    torch.testing.assert_close(step(), full[:, 15], **TOLERANCE)
+    assert step.steps is None and FULL == "full"
+
+
+def test_a_transformers_cache_counts_the_bytes_of_its_tensors(tiny):
+    from kvbench.cache import expected_cache_bytes
+    from kvbench.decode import cache_footprint
+
+    ids = ids_for(tiny, 12, batch=1)
+    dynamic = cache_footprint(tiny, ids, "hf-dynamic")
+    assert dynamic["measured_bytes"] == dynamic["expected_bytes"] == expected_cache_bytes(tiny.config, 1, 12)
+    static = cache_footprint(tiny, ids, "hf-static")  # preallocated for the 12 positions asked
+    assert static["measured_bytes"] == static["reserved_bytes"] >= expected_cache_bytes(tiny.config, 1, 12)
+
+
+def test_a_transformers_mode_on_a_model_without_a_twin_is_one_line_exit_2(capsys, tmp_path):
+    from kvbench.cli import main
+
+    assert main(["run", "--modes", "full,hf-dynamic", "--lengths", "4", "--output", str(tmp_path / "r.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--modes hf-dynamic: only the llama family has a transformers twin" in err

@@ -17,7 +17,7 @@ from kvbench.budget import DTYPES as BUDGET_DTYPES
 from kvbench.budget import QUANTIZATIONS, parse_size
 from kvbench.config import DTYPE_NAMES, PRESETS, WINDOW_PATTERNS
 from kvbench.export import FORMATS as EXPORT_FORMATS
-from kvbench.kinds import DEFAULT_MODES, GROUP_SIZE, KIND_NAME, MODES, RESIDUAL
+from kvbench.kinds import DEFAULT_MODES, GROUP_SIZE, HF_MODES, KIND_NAME, MODES, RESIDUAL
 from kvbench.report.compare import ALPHA, FACTOR
 from kvbench.timing import DEFAULT_LENGTHS, ORDERS, Protocol
 
@@ -217,7 +217,9 @@ def add_run_parser(commands) -> None:
     workload.add_argument("--contexts", type=int_list, metavar="C,C,...",
                           help="one decode step after C tokens each, prefilled outside the timed region")
     run.add_argument("--modes", type=mode_list, default=list(DEFAULT_MODES), metavar="M,M,...",
-                     help=f"modes among {','.join(MODES)} and the kinds of --plugin files (window needs --window)")
+                     help=f"modes among {','.join(MODES)}, transformers' caches on the same weights "
+                          f"({','.join(HF_MODES)}: llama family, hf extra) and the kinds of --plugin files "
+                          "(window needs --window)")
     run.add_argument("--plugin", type=Path, action="append", default=[], metavar="FILE.py",
                      help="a Python file registering cache kinds of your own (kvbench.cache.register_kind); repeatable")
     sampling = run.add_argument_group(

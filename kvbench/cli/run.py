@@ -72,7 +72,7 @@ def mode_catalogue(with_plugins: bool) -> tuple[tuple[str, ...], set[str]]:
     """(every mode a run may name, the quantized ones that take --quant-* options). The shipped
     modes are known without torch; a plugin's kinds only from the registry it was loaded into."""
     if not with_plugins:
-        return kinds.MODES, set(kinds.QUANTIZED_BITS)
+        return kinds.RUNNABLE, set(kinds.QUANTIZED_BITS)
     from kvbench.cache import KINDS, QuantizedCache
     from kvbench.decode import known_modes
 
@@ -87,10 +87,19 @@ def settings(args: argparse.Namespace) -> tuple[PlainConfig, Protocol]:
     except ValueError as error:
         raise CliError(f"--modes: {error}") from None
     config = config_from_args(args)
+    transformers_modes = [mode for mode in args.modes if mode in kinds.HF_MODES]
+    if transformers_modes:
+        from kvbench import hf  # imports transformers only to check its version
+
+        try:
+            for mode in transformers_modes:
+                hf.require_mode(mode, config)
+        except ValueError as error:
+            raise CliError(f"--modes {transformers_modes[0]}: {error}") from None
     if "window" in args.modes and config.window is None:
         raise CliError("--modes window needs --window W: the sliding window the window kind keeps")
     args.cache_options = {mode: {"group_size": args.quant_group, "residual": args.quant_residual}
-                          for mode in args.modes if mode in quantized}
+                          for mode in args.modes if mode in quantized or mode in kinds.HF_JUDGED_AS}
     workload_settings(args, config)
     too_long = [n for n in [*args.lengths, args.per_step or 0] if n > config.max_length]
     if too_long:

@@ -17,8 +17,8 @@ from kvbench.kinds import (
     DRIFT_METRICS,
     FORMULAS,
     FULL,
-    MODES,
     REFERENCE_NOT_FINITE,
+    RUNNABLE,
     formula_bytes,
     within_limits,
 )
@@ -39,7 +39,7 @@ def check_run(record: dict) -> str | None:
     except ValueError as error:
         return f"config: {error}"
     run = record["run"]
-    known = [*MODES, *(kind for plugin in run.get("plugins", []) for kind in plugin["kinds"])]
+    known = [*RUNNABLE, *(kind for plugin in run.get("plugins", []) for kind in plugin["kinds"])]
     unknown = [mode for mode in run["modes"] if mode not in known]
     if unknown:
         return f"run/modes: unknown mode {unknown[0]!r}; expected modes among {known} (plugins declare theirs)"
