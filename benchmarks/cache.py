@@ -21,12 +21,12 @@ class TrackCacheBytes(common.Cells):
     """
 
     unit = "bytes"
-    version = "kvbench-cache-bytes-1"
+    version = "kvbench-cache-bytes-2"
 
-    def setup(self, gate, mode, length):
-        self.model, self.ids = common.workload(mode, length)
+    def setup(self, gate, model, mode, length):
+        self.model, self.ids = common.workload(model, mode, length)
 
-    def track_cache_bytes(self, gate, mode, length):
+    def track_cache_bytes(self, gate, model, mode, length):
         return cache_footprint(self.model, self.ids, mode)["measured_bytes"]
 
 
@@ -36,15 +36,15 @@ class TrackEquivalence(common.Cells):
     Computed once per commit by the shared setup_cache; a mode that raises fails here.
     """
 
-    params = (common.CACHED_MODES, common.LENGTHS)
+    params = (common.MODELS, common.CACHED_MODES, common.LENGTHS)
     unit = "max abs diff"
-    version = "kvbench-equivalence-1"
+    version = "kvbench-equivalence-2"
 
-    def setup(self, gate, mode, length):
-        common.workload(mode, length)  # skips a mode or length this commit does not have
+    def setup(self, gate, model, mode, length):
+        common.workload(model, mode, length)  # skips a model, mode or length this commit does not have
 
-    def track_max_abs_diff(self, gate, mode, length):
-        check = gate[(mode, length)]
+    def track_max_abs_diff(self, gate, model, mode, length):
+        check = gate[(model, mode, length)]
         if "error" in check:
             raise RuntimeError(f"{mode} at length {length}: {check['error']}")
         return check["max_abs_diff"]
@@ -57,20 +57,20 @@ class TrackDrift(common.Cells):
     asv compare flags as it flags a slowdown. Exact kinds have no drift to track.
     """
 
-    params = (common.LOSSY_MODES, common.LENGTHS)
-    version = "kvbench-drift-1"
+    params = (common.MODELS, common.LOSSY_MODES, common.LENGTHS)
+    version = "kvbench-drift-2"
 
-    def setup(self, gate, mode, length):
-        common.workload(mode, length)  # skips a mode or length this commit does not have
+    def setup(self, gate, model, mode, length):
+        common.workload(model, mode, length)  # skips a model, mode or length this commit does not have
 
-    def track_kl_mean(self, gate, mode, length):
+    def track_kl_mean(self, gate, model, mode, length):
         """Mean KL divergence of the next-token distributions, KL(full || kind), in nats."""
-        return common.drift(gate, mode, length)["kl_mean"]
+        return common.drift(gate, model, mode, length)["kl_mean"]
 
     track_kl_mean.unit = "nats"
 
-    def track_top1_disagreement(self, gate, mode, length):
+    def track_top1_disagreement(self, gate, model, mode, length):
         """Share of steps whose most likely next token differs from the full prefix's."""
-        return 1.0 - common.drift(gate, mode, length)["top1_agreement"]
+        return 1.0 - common.drift(gate, model, mode, length)["top1_agreement"]
 
     track_top1_disagreement.unit = "share"

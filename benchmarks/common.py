@@ -2,8 +2,12 @@
 
 The suites are thin wrappers: the model, the decode loops, the equivalence gate and
 the paired timing protocol all come from kvbench. This module fixes the workload
-(the seed's lab model, batch 1, seed 0, one torch thread) and the grid:
+(batch 1, seed 0, one torch thread) and the grid:
 
+- models: ``MODELS``, the seed's lab and the llama family's tiny preset (rotary positions,
+  RMSNorm, SwiGLU, grouped-query attention), each a parameter, so both histories are tracked.
+  A commit without a preset skips its cells. (Before 2026-12-02 the suites had no model
+  parameter: asv starts the model-parameterised series afresh, under new versions.)
 - modes: ``KNOWN_MODES`` then any newer kind in ``kvbench.decode.MODES``. asv
   passes a benchmark process the *index* of its parameter combination, and the
   suites (always today's) run against every commit's kvbench, so the list must
@@ -43,7 +47,7 @@ from pathlib import Path
 from kvbench.cache import KINDS
 from kvbench.decode import FULL, run_gate, token_ids
 from kvbench.decode import MODES as KVBENCH_MODES
-from kvbench.model import DecoderConfig, build_model
+from kvbench.model import DecoderConfig, build_model, preset_config
 from kvbench.timing import Protocol, set_threads
 
 LENGTHS_VARIABLE = "KVBENCH_ASV_LENGTHS"
@@ -52,6 +56,7 @@ BUDGET_VARIABLE = "KVBENCH_ASV_BUDGET"
 DEFAULT_BUDGET = 180.0  # seconds of track_speedup sampling per commit (docs/asv.md: what each run takes)
 LEDGER = Path("kvbench-asv-budget.json")  # in the setup_cache directory, the benchmarks' working directory
 KNOWN_MODES = ("full", "concat", "static", "paged", "quantized-int8", "quantized-int4", "window")  # never reorder
+MODELS = ("seed", "llama-tiny")  # presets, never reordered: asv passes parameter indices
 PROTOCOL = Protocol()  # the seed's workload: batch 1, seed 0, one thread
 WINDOW = 32  # the window kind's model attends to the last 32 positions; the other modes see them all
 
@@ -89,43 +94,48 @@ LOSSY_MODES = KNOWN_LOSSY + tuple(m for m in CACHED_MODES if m not in KNOWN_LOSS
                                   and not getattr(KINDS[m], "exact", True))
 
 
-def workload(mode: str, length: int):
+def workload(model: str, mode: str, length: int):
     """(model, ids) for one cell, seeded; cheap enough for asv's per-sample setup."""
     set_threads(PROTOCOL.threads)  # before any torch work in this process
     if mode not in KVBENCH_MODES:
         raise NotImplementedError(f"mode {mode!r} does not exist at this commit")
-    config = config_for(mode)
+    config = config_for(model, mode)
     if length > config.max_length:
         raise NotImplementedError(f"length {length} exceeds max_length {config.max_length}")
     return build_model(config, seed=PROTOCOL.seed), token_ids(config, PROTOCOL.batch, length, PROTOCOL.seed)
 
 
-def config_for(mode: str) -> DecoderConfig:
-    """The seed's lab; with a sliding window for the window kind (its full-prefix baseline is windowed too)."""
-    return DecoderConfig(window=WINDOW) if mode == "window" else DecoderConfig()
+def config_for(model: str, mode: str) -> DecoderConfig:
+    """The preset; with a sliding window for the window kind (its full-prefix baseline is windowed too).
+    A preset this commit does not have is skipped (NotImplementedError)."""
+    overrides = {"window": WINDOW} if mode == "window" else {}
+    try:
+        return preset_config(model, **overrides)
+    except ValueError as error:
+        raise NotImplementedError(f"model {model!r} at this commit: {error}") from None
 
 
-def require_equivalent(gate: dict, mode: str, length: int) -> None:
+def require_equivalent(gate: dict, model: str, mode: str, length: int) -> None:
     """asv stores bare numbers, so a mode that failed the gate is not timed at all: the benchmark
     fails (kvbench.decode.run_gate states the policy)."""
     if mode == FULL or mode not in KVBENCH_MODES:
         return
-    check = gate.get((mode, length))
+    check = gate.get((model, mode, length))
     if check is None:
-        raise RuntimeError(f"no equivalence check for {mode} at length {length}")
+        raise RuntimeError(f"no equivalence check for {mode} at length {length} on {model}")
     if not check["passed"]:
         raise RuntimeError(f"{mode} at length {length} failed the equivalence gate: {check.get('error') or check}")
 
 
-def drift(gate: dict, mode: str, length: int) -> dict:
+def drift(gate: dict, model: str, mode: str, length: int) -> dict:
     """A lossy kind's drift check from the gate; a failure in asv when it raised or is not a drift check."""
-    check = gate.get((mode, length))
+    check = gate.get((model, mode, length))
     if check is None or "error" in check or "kl_mean" not in check:
         raise RuntimeError(f"no drift check for {mode} at length {length}: {check}")
     return check
 
 
-def note_speedup(mode: str, length: int, estimate, state, clock: dict | None = None, budget: dict | None = None) -> None:
+def note_speedup(model: str, mode: str, length: int, estimate, state, clock: dict | None = None, budget: dict | None = None) -> None:
     """Keep beside asv's number what asv cannot hold: its interval, why sampling stopped, the noise."""
     from kvbench.telemetry import disturbances  # since the commit that brought track_speedup's sampling
 
@@ -140,7 +150,7 @@ def note_speedup(mode: str, length: int, estimate, state, clock: dict | None = N
         disturbed += bool(found)
         for reason in found:
             reasons[reason] = reasons.get(reason, 0) + 1
-    asvtools.annotate_capture("track_speedup", f"{mode}@{length}", {
+    asvtools.annotate_capture("track_speedup", f"{model}@{mode}@{length}", {  # the parameters, joined by @
         "speedup": estimate.ratio, "low": estimate.low, "high": estimate.high, "half_width": estimate.half_width,
         "estimator": estimate.estimator, "interval": estimate.interval, "rotations": stopped.rotations,
         "stop": stopped.stop, "samples": len(state.samples),
@@ -198,7 +208,7 @@ def spend(key: str, seconds: float, path: Path = LEDGER) -> None:
 def prepare() -> dict:
     """Once per commit and environment: the capture, the budget ledger, then the gate for every cached cell.
 
-    Returns {(mode, length): Equivalence dict}; an error in a mode becomes a failed
+    Returns {(model, mode, length): Equivalence dict}; an error in a mode becomes a failed
     check with the error, so one broken cache kind cannot cost the others.
     """
     set_threads(PROTOCOL.threads)  # the capture then records the threads the benchmarks use
@@ -212,17 +222,21 @@ def prepare() -> dict:
 
     gate: dict = {}
     modes = [mode for mode in CACHED_MODES if mode in KVBENCH_MODES]
-    for windowed in (False, True):  # the window kind runs on its own, windowed model
-        group = [mode for mode in modes if (mode == "window") == windowed]
-        if not group:  # before config_for: a commit without the window kind has no window field either
-            continue
-        config = config_for("window" if windowed else FULL)
-        lengths = [n for n in LENGTHS if n <= config.max_length]
-        if not lengths:
-            continue
-        model = build_model(config, seed=PROTOCOL.seed)
-        longest = token_ids(config, PROTOCOL.batch, max(lengths), PROTOCOL.seed)
-        gate.update(run_gate(model, longest, lengths, group))
+    for name in MODELS:
+        for windowed in (False, True):  # the window kind runs on its own, windowed model
+            group = [mode for mode in modes if (mode == "window") == windowed]
+            if not group:  # before config_for: a commit without the window kind has no window field either
+                continue
+            try:
+                config = config_for(name, "window" if windowed else FULL)
+            except NotImplementedError:  # a preset this commit lacks: its cells are skipped
+                continue
+            lengths = [n for n in LENGTHS if n <= config.max_length]
+            if not lengths:
+                continue
+            model = build_model(config, seed=PROTOCOL.seed)
+            longest = token_ids(config, PROTOCOL.batch, max(lengths), PROTOCOL.seed)
+            gate.update({(name, *key): check for key, check in run_gate(model, longest, lengths, group).items()})
     return gate
 
 
@@ -230,18 +244,18 @@ prepare.timeout = 900  # the gate at long KVBENCH_ASV_LENGTHS runs the full-pref
 
 
 class Cells:
-    """The shared shape of kvbench's suites: one benchmark per (mode, length) cell.
+    """The shared shape of kvbench's suites: one benchmark per (model, mode, length) cell.
 
     asv runs ``prepare`` once per commit (the gate), then ``setup`` before each sample:
     it skips a cell this commit lacks, refuses one whose mode failed the gate, and
     builds the seeded model and ids, so each timed body is a single call.
     """
 
-    params = (MODES, LENGTHS)
-    param_names = ("mode", "length")
+    params = (MODELS, MODES, LENGTHS)
+    param_names = ("model", "mode", "length")
     setup_cache = staticmethod(prepare)
     timeout = 600
 
-    def setup(self, gate, mode, length):
-        require_equivalent(gate, mode, length)
-        self.model, self.ids = workload(mode, length)
+    def setup(self, gate, model, mode, length):
+        require_equivalent(gate, model, mode, length)
+        self.model, self.ids = workload(model, mode, length)

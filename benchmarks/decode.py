@@ -14,20 +14,20 @@ from . import common
 class TimeDecode(common.Cells):
     """Seconds per decode loop; asv's median over samples, one loop per sample."""
 
-    version = "kvbench-decode-1"
+    version = "kvbench-decode-2"
     number = 1  # one loop per sample; setup runs before every sample and is cheap
     repeat = (5, 15, 20.0)  # min and max samples per round, and the time budget
     rounds = 2  # two processes per cell, interleaved with the other benchmarks
     warmup_time = 0.2  # at least one untimed loop first
 
-    def time_decode(self, gate, mode, length):
+    def time_decode(self, gate, model, mode, length):
         decode(self.model, self.ids, mode)
 
 
 class PeakMemDecode(common.Cells):
     """Peak resident memory of a process that runs one decode loop (torch included)."""
 
-    version = "kvbench-decode-1"
+    version = "kvbench-decode-2"
 
-    def peakmem_decode(self, gate, mode, length):
+    def peakmem_decode(self, gate, model, mode, length):
         decode(self.model, self.ids, mode)

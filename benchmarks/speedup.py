@@ -40,19 +40,19 @@ except ImportError:
 class TrackSpeedup(common.Cells):
     """kvbench's speedup of a cache kind over the full prefix, sampled until precise, per kind and length."""
 
-    params = (common.CACHED_MODES, common.LENGTHS)
+    params = (common.MODELS, common.CACHED_MODES, common.LENGTHS)
     unit = "x"
-    version = "kvbench-speedup-2"
+    version = "kvbench-speedup-3"
     timeout = 900  # a generous ceiling: the commit's budget (common.BUDGET) is what bounds the sampling
 
-    def setup(self, gate, mode, length):
+    def setup(self, gate, model, mode, length):
         if sample is None:
             raise NotImplementedError("no precision-targeted sampling at this commit")
-        super().setup(gate, mode, length)
+        super().setup(gate, model, mode, length)
 
-    def track_speedup(self, gate, mode, length):
-        key = f"{mode}@{length}"
-        seconds, ledger = common.allowance(key, len(common.CACHED_MODES) * len(common.LENGTHS))
+    def track_speedup(self, gate, model, mode, length):
+        key = f"{model}@{mode}@{length}"
+        seconds, ledger = common.allowance(key, len(common.MODELS) * len(common.CACHED_MODES) * len(common.LENGTHS))
         protocol = dataclasses.replace(PROTOCOL, max_seconds=max(seconds, 1.0))
         loops = {length: {name: (lambda name=name: decode(self.model, self.ids, name)) for name in (FULL, mode)}}
         started = time.perf_counter()
@@ -64,7 +64,7 @@ class TrackSpeedup(common.Cells):
         chosen = estimation.choose(length, repetitions, PROTOCOL.threads) if estimation else None
         cells = estimation.series(repetitions, chosen.clock) if chosen else samples_by_cell(repetitions)
         estimate = stats.speedup(cells[(FULL, length)], cells[(mode, length)], key=(mode, length))
-        common.note_speedup(mode, length, estimate, state, clock=chosen.to_dict() if chosen else None, budget={
+        common.note_speedup(model, mode, length, estimate, state, clock=chosen.to_dict() if chosen else None, budget={
             "allowance_seconds": protocol.max_seconds, "commit_budget_seconds": ledger["budget"],
             "spent_before_seconds": ledger["spent"], "sampled_seconds": state.elapsed})
         return estimate.ratio

@@ -12,6 +12,7 @@ environment and install each commit, as `asv run main~1..main` does for users.
 It takes minutes and runs only with `--run-virtualenv` (`make test-virtualenv`).
 """
 
+import itertools
 import json
 import os
 import re
@@ -120,10 +121,10 @@ def assert_cached_slower_full_unchanged(output: str):
     at most instead, which 1 ms per token (several times a cached loop) leaves whatever the drift."""
     marks, ratios = compare_marks(output), compare_ratios(output)
     assert marks, output
-    cached = [ratios[f"decode.TimeDecode.time_decode('{mode}', {LENGTH})"] for mode in CACHED]
+    cached = [ratios[f"decode.TimeDecode.time_decode('seed', '{mode}', {LENGTH})"] for mode in CACHED]
     for mode in CACHED:
-        assert marks.get(f"decode.TimeDecode.time_decode('{mode}', {LENGTH})") == "+", output
-    assert ratios[f"decode.TimeDecode.time_decode('{FULL}', {LENGTH})"] < min(cached) / 2, output
+        assert marks.get(f"decode.TimeDecode.time_decode('seed', '{mode}', {LENGTH})") == "+", output
+    assert ratios[f"decode.TimeDecode.time_decode('seed', '{FULL}', {LENGTH})"] < min(cached) / 2, output
 
 
 def assert_capture(repo: Path, machine: str, commit: str, env_name: str) -> dict:
@@ -196,11 +197,10 @@ def test_every_suite_runs_once(suites, capsys, monkeypatch):
     from kvbench import estimation, stats
     from kvbench.cache import expected_cache_bytes
     from kvbench.decode import decode, token_ids
-    from kvbench.model import DecoderConfig
 
     gate = suites.common.prepare()
     assert "no capture written" in capsys.readouterr().err  # not under asv: nothing to key it by
-    assert set(gate) == {(mode, 16) for mode in CACHED}
+    assert set(gate) == {(model, mode, 16) for model in suites.common.MODELS for mode in CACHED}
     assert all(check["passed"] for check in gate.values())
     loops = []  # what each timed body ran: one whole loop of its cell, on the seeded ids
 
@@ -209,25 +209,27 @@ def test_every_suite_runs_once(suites, capsys, monkeypatch):
         return decode(model, ids, mode, *args, **kwargs)
 
     monkeypatch.setattr(suites.decode, "decode", spy)
-    for mode in MODES:
+    for model, mode in itertools.product(suites.common.MODELS, MODES):
         for cls, method in ((suites.decode.TimeDecode, "time_decode"), (suites.decode.PeakMemDecode, "peakmem_decode")):
             bench = cls()
-            bench.setup(gate, mode, 16)
+            bench.setup(gate, model, mode, 16)
             loops.clear()
-            assert getattr(bench, method)(gate, mode, 16) is None  # asv times or measures the call itself
+            assert getattr(bench, method)(gate, model, mode, 16) is None  # asv times or measures the call itself
             assert [(m, shape) for m, shape, _ in loops] == [(mode, (1, 16))]
             assert torch.equal(loops[0][2], token_ids(bench.model.config, 1, 16, seed=0))
+            assert bench.model.config.family == ("llama" if model.startswith("llama") else "gpt2")
         bytes_bench = suites.cache.TrackCacheBytes()
-        bytes_bench.setup(gate, mode, 16)
-        assert bytes_bench.track_cache_bytes(gate, mode, 16) == expected_cache_bytes(DecoderConfig(), 1, 16)
+        bytes_bench.setup(gate, model, mode, 16)
+        assert bytes_bench.track_cache_bytes(gate, model, mode, 16) == expected_cache_bytes(bytes_bench.model.config, 1, 16)
     noted = {}
     monkeypatch.setattr(suites.common, "note_speedup",
-                        lambda mode, length, estimate, state, clock, budget: noted.update({mode: (estimate, state)}))
-    for mode in CACHED:
+                        lambda model, mode, length, estimate, state, clock, budget: noted.update(
+                            {(model, mode): (estimate, state)}))
+    for model, mode in itertools.product(suites.common.MODELS, CACHED):
         speedup = suites.speedup.TrackSpeedup()
-        speedup.setup(gate, mode, 16)
-        value = speedup.track_speedup(gate, mode, 16)
-        estimate, state = noted[mode]  # the value is kvbench's speedup over exactly the samples it took
+        speedup.setup(gate, model, mode, 16)
+        value = speedup.track_speedup(gate, model, mode, 16)
+        estimate, state = noted[(model, mode)]  # the value is kvbench's speedup over exactly the samples it took
         repetitions = [kept.to_dict() for kept in state.samples]
         clock = estimation.choose(16, repetitions, threads=1).clock  # as kvbench run would choose it
         seconds = estimation.series(repetitions, clock)
@@ -235,24 +237,26 @@ def test_every_suite_runs_once(suites, capsys, monkeypatch):
         assert value == estimate.ratio == stats.speedup(seconds[(FULL, 16)], seconds[(mode, 16)], key=(mode, 16)).ratio
         assert estimate.low <= value <= estimate.high
         equivalence = suites.cache.TrackEquivalence()
-        equivalence.setup(gate, mode, 16)
-        assert 0 <= equivalence.track_max_abs_diff(gate, mode, 16) < 1e-5
+        equivalence.setup(gate, model, mode, 16)
+        assert 0 <= equivalence.track_max_abs_diff(gate, model, mode, 16) < 1e-5
     stmt, setup = suites.imports.TimeImport().timeraw_import_kvbench(gate)
     subprocess.run([sys.executable, "-c", f"{setup}\n{stmt}"], check=True, env=dict(os.environ, PYTHONPATH=""))
 
 
 def test_a_mode_failing_the_gate_is_not_timed(suites):
     mode = CACHED[0]
-    gate = {(mode, 16): {"mode": mode, "length": 16, "passed": False, "error": "ValueError: broken"}}
+    gate = {("seed", mode, 16): {"mode": mode, "length": 16, "passed": False, "error": "ValueError: broken"}}
     for cls in (suites.decode.TimeDecode, suites.decode.PeakMemDecode, suites.speedup.TrackSpeedup):
         with pytest.raises(RuntimeError, match="failed the equivalence gate"):
-            cls().setup(gate, mode, 16)  # a failure in asv (compare shows "!"), not a skip
+            cls().setup(gate, "seed", mode, 16)  # a failure in asv (compare shows "!"), not a skip
     with pytest.raises(RuntimeError, match="broken"):
-        suites.cache.TrackEquivalence().track_max_abs_diff(gate, mode, 16)
+        suites.cache.TrackEquivalence().track_max_abs_diff(gate, "seed", mode, 16)
     with pytest.raises(NotImplementedError, match="does not exist at this commit"):
-        suites.decode.TimeDecode().setup({}, "no-such-kind", 16)  # asv skips it
+        suites.decode.TimeDecode().setup({}, "seed", "no-such-kind", 16)  # asv skips it
     with pytest.raises(NotImplementedError, match="exceeds max_length"):
-        suites.decode.TimeDecode().setup({}, FULL, 10**6)
+        suites.decode.TimeDecode().setup({}, "seed", FULL, 10**6)
+    with pytest.raises(NotImplementedError, match="model 'no-such-preset' at this commit"):
+        suites.decode.TimeDecode().setup({}, "no-such-preset", FULL, 16)
 
 
 # --- asv itself -------------------------------------------------------------------
@@ -269,7 +273,7 @@ def existing(tmp_path_factory):
     for machine in ("m1", "m2"):
         register(machine, repo, env)
     existing_env = f"existing:{sys.executable}"
-    timed = ["-b", r"TimeDecode\.time_decode", "-a", "repeat=5", "-a", "rounds=1", "--record-samples"]
+    timed = ["-b", r"TimeDecode\.time_decode\('seed'", "-a", "repeat=5", "-a", "rounds=1", "--record-samples"]
     logs = {}
     for commit in (first, second):
         git(repo, "checkout", "-q", commit)
@@ -277,7 +281,7 @@ def existing(tmp_path_factory):
                             "--show-stderr", *timed], repo, env).stdout
     # m2 benchmarks only the second commit, and only the full-prefix loop.
     run([ASV, "run", "-E", existing_env, "--set-commit-hash", second, "--machine", "m2", "--quick",
-         "-b", rf"time_decode\('{FULL}'"], repo, env)
+         "-b", rf"time_decode\('seed', '{FULL}'"], repo, env)
     git(repo, "checkout", "-q", "main")
     return {"root": root, "home": home, "repo": repo, "env": env, "first": first, "second": second,
             "env_name": asvtools.existing_env_name(sys.executable), "logs": logs}
@@ -337,7 +341,7 @@ def test_asv_show_prints_samples_beside_the_capture(existing):
     assert f"capture  {asvtools.capture_path_for_result(result)}" in out
     assert "threads intra 1 / inter 1" in out
     for mode in MODES:
-        assert re.search(rf"mode='{mode}', length={LENGTH}: median [\d.]+ms, 99% CI \[", out), out
+        assert re.search(rf"model='seed', mode='{mode}', length={LENGTH}: median [\d.]+ms, 99% CI \[", out), out
     assert len(re.findall(r"samples: (?:[\d.e-]+ ){4}[\d.e-]+\n", out + "\n")) == len(MODES), out
 
 
@@ -357,12 +361,12 @@ def test_history_judges_the_slowed_commit_slower_on_its_machine(existing, tmp_pa
              if chart.benchmark == "decode.TimeDecode.time_decode"}
     cached = []
     for mode in CACHED:
-        (step,) = steps[f"mode='{mode}', length={LENGTH}"]
+        (step,) = steps[f"model='seed', mode='{mode}', length={LENGTH}"]
         assert step.verdict == "slower" and step.judged.low > 1, step
         cached.append(step.judged.ratio)
     # full's code did not change; on a loaded machine its time may still move, but far less than the
     # cached loops, which gained 1 ms a token (several times their own time)
-    (full,) = steps[f"mode='{FULL}', length={LENGTH}"]
+    (full,) = steps[f"model='seed', mode='{FULL}', length={LENGTH}"]
     assert full.judged.ratio < min(cached) / 1.5, (full, cached)
 
 
@@ -374,7 +378,7 @@ def test_virtualenv_per_commit(tmp_path):
     repo, first, second = make_project(tmp_path)
     env = asv_env(home)
     register("m1", repo, env)
-    timed = ["-b", r"TimeDecode\.time_decode", "-a", "repeat=5", "-a", "rounds=1", "--record-samples"]
+    timed = ["-b", r"TimeDecode\.time_decode\('seed'", "-a", "repeat=5", "-a", "rounds=1", "--record-samples"]
     run([ASV, "run", "--machine", "m1", "--show-stderr", *timed, f"{first}^!"], repo, env)
     run([ASV, "run", "--machine", "m1", "--show-stderr", *timed, f"{second}^!"], repo, env)
     results = sorted((repo / "results" / "asv" / "m1").glob("*-virtualenv-*.json"))

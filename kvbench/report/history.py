@@ -152,7 +152,8 @@ def parameter_label(names: list[str], combination: tuple) -> str:
 
 
 def speedup_estimate(run: Run, combination: tuple) -> RatioEstimate | None:
-    """track_speedup's interval from the capture ("<kind>@<length>"), as a confidence interval."""
+    """track_speedup's interval from the capture (its parameters joined by "@": "<model>@<kind>@<length>", or
+    "<kind>@<length>" before the model parameter), as a confidence interval."""
     section = (run.capture or {}).get(SPEEDUP_BENCHMARK) or {}
     try:
         key = "@".join(str(ast.literal_eval(value)) for value in combination)

@@ -1,0 +1,48 @@
+"""What a client sees, per commit: time to first token and time per output token of one request.
+
+The llama family's tiny preset serves a request of ``PROMPT`` prompt tokens and ``GENERATE``
+generated ones (``kvbench.requests``, teacher-forced, every step timed); each value is the
+median over ``REQUESTS`` requests after one untimed, in milliseconds (lower is better, as asv
+assumes). TTFT is the prefill; TPOT is vLLM's (E2E - TTFT) / (N - 1). A cached mode whose
+request fails the gate is not timed (RuntimeError, as in every suite).
+"""
+
+import statistics
+
+from . import common
+
+try:  # commits before the request workload skip these
+    from kvbench import latency, requests
+except ImportError:
+    latency = requests = None
+
+MODEL = "llama-tiny"
+PROMPT, GENERATE, REQUESTS = 64, 16, 9
+MODES = ("full", "concat", "static", "paged")  # the exact kinds every commit since the request workload has
+
+
+class TrackRequest:
+    """TTFT and TPOT of one request on the tiny llama preset, per mode."""
+
+    params = (MODES,)
+    param_names = ("mode",)
+    unit = "ms"
+    version = "kvbench-request-1"
+    timeout = 300
+
+    def setup(self, mode):
+        if requests is None:
+            raise NotImplementedError("no request workload at this commit")
+        model, ids = common.workload(MODEL, mode, PROMPT + GENERATE - 1)
+        check = requests.check_request(model, ids, ["full", mode], PROMPT)[mode]
+        if not check["passed"]:
+            raise RuntimeError(f"{mode}'s request failed the equivalence gate: {check}")
+        requests.time_request(model, ids, mode, PROMPT)  # untimed: first use
+        self.figures = [latency.request_figures(requests.time_request(model, ids, mode, PROMPT))
+                        for _ in range(REQUESTS)]
+
+    def track_ttft(self, mode):
+        return statistics.median(f["ttft"] for f in self.figures) * 1e3
+
+    def track_tpot(self, mode):
+        return statistics.median(f["tpot"] for f in self.figures) * 1e3
