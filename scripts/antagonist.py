@@ -8,18 +8,42 @@ benchmark is pinned to (`kvbench run --cpu 0`), the timed thread waits for its C
 share of the time, as when a neighbour shares a core. `memory` streams copies of a buffer far
 larger than the last-level cache: from another core it competes for memory bandwidth and the
 shared cache, which no scheduler counter shows. It runs until killed (SIGTERM or SIGINT) or for
-`--seconds`; scripts/noise_study.py starts and stops it around its runs.
+`--seconds`; scripts/contention_study.py and scripts/reproducibility.py start and stop it around
+their runs (`contended`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
+
+# condition -> the antagonist's arguments (None: nothing else started); the run is pinned to CPU 0
+CONDITIONS = {"quiet": None, "busy-25": ["busy", "--cpu", "0", "--duty", "0.25"],
+              "busy-50": ["busy", "--cpu", "0", "--duty", "0.5"],
+              "memory": ["memory", "--cpu", "1", "--duty", "1.0", "--mib", "256"]}
+
+
+@contextlib.contextmanager
+def contended(condition: str):
+    """The condition's antagonist running for the length of the block (nothing for "quiet")."""
+    if CONDITIONS[condition] is None:
+        yield
+        return
+    antagonist = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *CONDITIONS[condition]])
+    time.sleep(0.5)  # let it settle into its period
+    try:
+        yield
+    finally:
+        antagonist.terminate()
+        antagonist.wait()
 
 
 def busy(period: float, duty: float, deadline: float) -> None:
