@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -qq --upgrade pip
 	$(BIN)/python -m pip install -qq "torch==$(TORCH_VERSION)"
-	$(BIN)/python -m pip install -qq -e ".[dev,quanto]"
+	$(BIN)/python -m pip install -qq -e ".[dev,quanto,hqq]"
 	touch $(STAMP)
 
 bench: $(STAMP)

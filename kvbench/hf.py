@@ -142,8 +142,8 @@ def tied_names(hf) -> set[str]:
 # gate, rotations and record as kvbench's kinds. The model is built once per kvbench model.
 
 HF_CACHES = {"hf-dynamic": ("DynamicCache", None), "hf-static": ("StaticCache", None),
-             "hf-quantized-int4": ("quanto", 4), "hf-quantized-int8": ("HQQ", 8)}
-EXTRAS = {"quanto": ("optimum-quanto", "pip install -e '.[quanto]'"), "HQQ": ("hqq", "pip install hqq")}
+             "hf-quantized-int4": ("quanto", 4), "hf-quantized-int8": ("hqq", 8)}
+EXTRAS = {"quanto": ("optimum-quanto", "pip install -e '.[quanto]'"), "hqq": ("hqq", "pip install -e '.[hqq]'")}
 _models: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -210,9 +210,14 @@ class HfCache:
 
 
 def tensor_bytes(value, seen: set[int]) -> int:
-    """Bytes of a tensor, of a tensor subclass's inner tensors (quanto's codes and scales), or 0."""
+    """Bytes of a tensor, of a tensor subclass's inner tensors (quanto's codes and scales), of the tensors
+    inside a tuple, list or dict (HQQ keeps its codes beside a dict of scales and zeros), or 0."""
     import torch
 
+    if isinstance(value, (tuple, list)):
+        return sum(tensor_bytes(item, seen) for item in value)
+    if isinstance(value, dict):
+        return sum(tensor_bytes(item, seen) for item in value.values())
     if not isinstance(value, torch.Tensor) or id(value) in seen:
         return 0
     seen.add(id(value))

@@ -214,17 +214,26 @@ def test_transformers_exact_caches_pass_kvbenchs_gate_on_the_same_weights(tiny, 
     assert result.passed and result.exact and result.max_abs_diff <= 1e-5, result
 
 
-@pytest.mark.skipif(not QUANTO, reason="needs optimum-quanto (make test installs the quanto extra)")
-def test_transformers_int4_cache_is_judged_by_kvbenchs_int4_limits(tiny):
-    from kvbench.cache import KINDS
-    from kvbench.decode import check_equivalence
+HQQ = importlib.util.find_spec("hqq") is not None
+QUANTIZED = [pytest.param("hf-quantized-int4", 4, marks=pytest.mark.skipif(not QUANTO, reason="needs optimum-quanto")),
+             pytest.param("hf-quantized-int8", 8, marks=pytest.mark.skipif(not HQQ, reason="needs hqq"))]
 
-    ids = ids_for(tiny, 200)  # past the 128-position residual: codes are in use
-    result = check_equivalence(tiny, ids, ["full", "hf-quantized-int4"],
-                               options={"hf-quantized-int4": {"group_size": 32, "residual": 128}})["hf-quantized-int4"]
-    assert result.exact is False and result.limits == KINDS["quantized-int4"].limits_for(tiny.config)
+
+@pytest.mark.parametrize(("mode", "bits"), QUANTIZED)  # make test installs both extras
+def test_transformers_quantized_caches_are_judged_by_kvbenchs_limits_of_the_same_bits(tiny, mode, bits):
+    from kvbench.cache import KINDS, expected_cache_bytes
+    from kvbench.decode import cache_footprint, check_equivalence
+
+    ids = ids_for(tiny, 200, batch=1)  # past the 128-position residual: codes are in use
+    options = {mode: {"group_size": 32, "residual": 128}}
+    result = check_equivalence(tiny, ids, ["full", mode], options=options)[mode]
+    assert result.exact is False and result.limits == KINDS[f"quantized-int{bits}"].limits_for(tiny.config)
     assert result.passed, result
     assert result.max_abs_diff > 0  # it quantized
+    c = tiny.config
+    codes = 2 * c.layers * c.kv_heads * 200 * c.head_dim * bits // 8  # keys and values, every position
+    measured = cache_footprint(tiny, ids, mode, options)["measured_bytes"]
+    assert codes < measured < expected_cache_bytes(c, 1, 200)  # codes plus scales, below float32's bytes
 
 
 @pytest.mark.parametrize("mode", ["hf-dynamic", "hf-static"])
