@@ -83,6 +83,18 @@ def test_config_diff_ranks_workload_changes_critical_and_statistics_notable():
     assert list(ranks)[0] == "config.dtype"
 
 
+def test_a_record_from_before_workloads_timed_the_loop_like_a_record_that_says_so():
+    old = synthetic_record(scaling_seconds(repeats=5))
+    old["run"].pop("workload", None)
+    loop = synthetic_record(scaling_seconds(repeats=5))
+    loop["run"]["workload"] = {"kind": "loop"}
+    request = synthetic_record(scaling_seconds(repeats=5))
+    request["run"]["workload"] = {"kind": "request", "prompt": 8, "generate": 4}
+    assert not [d for d in compare.config_diff(RecordView(old), RecordView(loop)) if d.key.startswith("run.workload")]
+    ranks = {d.key: d.rank for d in compare.config_diff(RecordView(old), RecordView(request))}
+    assert ranks["run.workload.kind"] == "critical" and ranks["run.workload.prompt"] == "critical"
+
+
 # --- cells --------------------------------------------------------------------------------
 
 def verdicts(result):

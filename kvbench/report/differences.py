@@ -113,7 +113,8 @@ def environment_diff(old: dict, new: dict) -> list[Difference]:
 def config_diff(old: RecordView, new: RecordView) -> list[Difference]:
     """The model config, the run settings and the protocol, ranked like the environment."""
     def settings(view: RecordView) -> dict[str, object]:
-        flat = _flatten({"config": view.config, "run": view.run, "protocol": view.protocol})
+        run = {"workload": {"kind": "loop"}, **view.run}  # a record without a workload timed the loop
+        flat = _flatten({"config": view.config, "run": run, "protocol": view.protocol})
         return {k: v for k, v in flat.items() if not k.startswith(IGNORED_CONFIG)}
 
     ranks = dict(CONFIG_RANKS)
