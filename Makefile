@@ -8,7 +8,7 @@ TORCH_VERSION ?= 2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvbench-installed
 
-.PHONY: bench test test-virtualenv report layouts reproducibility noise-study venv clean
+.PHONY: bench test test-virtualenv report layouts reproducibility reproducibility-quiet reproducibility-contended contention-study noise-study venv clean
 
 venv: $(STAMP)
 
@@ -92,9 +92,24 @@ report: $(STAMP)
 	$(BIN)/kvbench report $(LLAMA_RECORD) --format markdown --into docs/models.md --force
 
 # Does a verdict survive a rerun? Five A/A pairs of `kvbench run` with the test-only slowed kind,
-# compared (about 20 minutes on 2 cores); records and summary.json under results/reproducibility/.
-reproducibility: $(STAMP)
+# compared, on the machine as it is (about 20 minutes on 2 cores) and then under contention: a busy
+# loop on the run's CPU at 25% duty (about 25 minutes); records and summary.json under
+# results/reproducibility/ and results/reproducibility/busy-25/.
+reproducibility: reproducibility-quiet reproducibility-contended
+
+reproducibility-quiet: $(STAMP)
 	$(BIN)/python scripts/reproducibility.py --out results/reproducibility
+
+reproducibility-contended: $(STAMP)
+	$(BIN)/python scripts/reproducibility.py --condition busy-25 --out results/reproducibility/busy-25
+
+# Which estimator to trust under contention (docs/statistics.md, "Contention"): 4 runs of 31
+# rotations per condition (quiet, busy-25, memory), interleaved, and 3 best-of-3 runs under
+# busy-25 (about 70 minutes), then the tables with the shared records of a stealing VM.
+contention-study: $(STAMP)
+	$(BIN)/python scripts/contention_study.py collect --runs 4 --rotations 31 --out results/contention
+	$(BIN)/python scripts/contention_study.py collect --runs 3 --conditions busy-25 --best-of 3 --out results/contention
+	$(BIN)/python scripts/contention_study.py analyze results/contention $(if $(wildcard ../shared/noisy-records),--shared ../shared/noisy-records) > docs/contention-study.md
 
 # The A/A evidence behind the estimator, interval, order and pinning defaults (docs/statistics.md):
 # 18 runs of 31 rotations, variants interleaved (about 45 minutes), then the tables.

@@ -104,12 +104,14 @@ def compare_marks(output: str) -> dict[str, str]:
 
 
 def compare_ratios(output: str) -> dict[str, float]:
-    """{benchmark (params): after / before} from `asv compare` output."""
+    """{benchmark (params): after / before} from `asv compare` output (asv prefixes "~" to a ratio beyond
+    the factor that its statistics do not call significant)."""
     ratios = {}
     for line in output.splitlines():
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        if len(cells) == 5 and "(" in cells[4] and cells[3].replace(".", "", 1).isdigit():
-            ratios[cells[4]] = float(cells[3])
+        ratio = cells[3].removeprefix("~") if len(cells) == 5 else ""
+        if "(" in cells[-1] and ratio.replace(".", "", 1).isdigit():
+            ratios[cells[4]] = float(ratio)
     return ratios
 
 
