@@ -302,3 +302,48 @@ def test_a_request_report_shows_what_a_client_sees_in_every_layout():
     assert "request: 16 prompt tokens, 9 generated" in text and "against the machine's limits" in text
     page = html.render_report(report, plots.render_panels(report))
     assert "What a client sees: one request" in page and page.count("data:image/png") == 2
+
+
+# -- kvbench's caches against transformers' on the same weights ------------------------------
+
+
+def peers_record():
+    """hf-dynamic at 2x static's time, hf-static at 1.25x, in every rotation; concat a little slower than static."""
+    seconds = {}
+    for length in (16, 32):
+        static = [0.010 * length / 16 * (1 + 0.02 * ((r * 7) % 5)) for r in range(9)]
+        seconds[("full", length)] = [s * 3 for s in static]
+        seconds[("concat", length)] = [s * 1.1 for s in static]
+        seconds[("static", length)] = static
+        seconds[("hf-dynamic", length)] = [s * 2.0 for s in static]
+        seconds[("hf-static", length)] = [s * 1.25 for s in static]
+    return synthetic_record(seconds)
+
+
+def test_the_fastest_exact_kind_is_set_against_each_transformers_cache_paired_by_rotation():
+    from kvbench.report.latency import peer_rows
+
+    rows = peer_rows(view(peers_record()))
+    assert [(r.length, r.mode, r.peer) for r in rows] == [(16, "static", "hf-dynamic"), (16, "static", "hf-static"),
+                                                        (32, "static", "hf-dynamic"), (32, "static", "hf-static")]
+    for row in rows:
+        expected = 0.5 if row.peer == "hf-dynamic" else 0.8
+        assert row.ratio.ratio == pytest.approx(expected) and row.ratio.low <= expected <= row.ratio.high
+        assert row.ratio.pairs == 9 and row.valid
+
+
+def test_the_peers_table_is_in_every_layout_and_absent_without_a_transformers_mode(tmp_path, capsys):
+    path = tmp_path / "peers.json"
+    write_record(peers_record(), path)
+    assert main(["report", str(path), "--format", "markdown"]) == 0
+    text = capsys.readouterr().out
+    assert "| 16 | static | hf-dynamic | 0.50x |" in text and "kvbench / transformers" in text
+    assert main(["show", str(path)]) == 0
+    assert "against transformers' caches" in capsys.readouterr().out
+    assert main(["report", str(path), "--format", "html", "--output", str(tmp_path / "p.html")]) == 0
+    assert "Against transformers&#x27; caches" in (tmp_path / "p.html").read_text() or \
+        "Against transformers' caches" in (tmp_path / "p.html").read_text()
+    plain = tmp_path / "plain.json"
+    write_record(synthetic_record(scaling_seconds()), plain)
+    assert main(["report", str(plain), "--format", "markdown"]) == 0
+    assert "kvbench / transformers" not in capsys.readouterr().out

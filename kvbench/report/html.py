@@ -10,7 +10,15 @@ import base64
 from kvbench import stats
 from kvbench.report import columns
 from kvbench.report.format import as_sentence, escape_html, format_bytes
-from kvbench.report.latency import LATENCY_COLUMNS, LIMIT_COLUMNS, latency_cells, limit_cells
+from kvbench.report.latency import (
+    LATENCY_COLUMNS,
+    LIMIT_COLUMNS,
+    PEER_COLUMNS,
+    PEER_NOTE,
+    latency_cells,
+    limit_cells,
+    peer_cells,
+)
 from kvbench.report.model import MARKS, Report, Row, environment_line
 
 CSS = """
@@ -131,6 +139,10 @@ def _latency_section(report: Report) -> list[str]:
         parts += ["<h2>Against the machine's limits</h2>",
                   _plain_table(LIMIT_COLUMNS, [limit_cells(row) for row in report.limits], ("mode", "step")),
                   f'<p class="legend">{escape_html(as_sentence(report.limits_note))}</p>']
+    if report.peers:
+        parts += ["<h2>Against transformers' caches on the same weights</h2>",
+                  _plain_table(PEER_COLUMNS, [peer_cells(row) for row in report.peers], ("kvbench", "transformers")),
+                  f'<p class="legend">{escape_html(as_sentence(PEER_NOTE))}</p>']
     return parts
 
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from kvbench import latency
+from kvbench import latency, stats
 from kvbench.config import PlainConfig
-from kvbench.kinds import formula_bytes
+from kvbench.kinds import HF_MODES, formula_bytes
 from kvbench.record import RecordView
 from kvbench.report.format import check_text, format_bytes, ms
+from kvbench.stats import RatioEstimate
 
 
 @dataclass(frozen=True)
@@ -176,3 +177,56 @@ def step_medians(view: RecordView) -> dict[str, list[float]]:
             steps = [rep["step_seconds"] for rep in view.repetitions(mode, length)]
             out[mode] = [statistics.median(column) for column in zip(*steps)] if steps else []
     return out
+
+
+# -- kvbench's caches against transformers' on the same weights, in the same rotations ------------
+
+
+@dataclass(frozen=True)
+class PeerRow:
+    length: int
+    mode: str  # kvbench's fastest exact kind at this length (lowest median)
+    peer: str  # an exact transformers cache (hf-dynamic, hf-static)
+    ratio: RatioEstimate  # mode seconds / peer seconds: median of per-rotation ratios, rerun interval
+    valid: bool  # both passed the gate
+
+
+def peer_rows(view: RecordView) -> list[PeerRow]:
+    """Per length, kvbench's fastest exact cached kind over each exact transformers cache the run timed:
+    per-token time as a ratio (below 1, kvbench's step is faster), paired by rotation. Empty without an
+    hf-* mode, and for a request run (its latency table compares TPOT per mode)."""
+    if (view.run.get("workload") or {}).get("kind") == "request":
+        return []
+    exact = lambda mode, length: (view.check(mode, length) or {}).get("exact", True)  # noqa: E731
+    rows = []
+    for length in view.lengths:
+        timed = [mode for mode in view.modes if view.summary(mode, length) and mode != view.baseline
+                 and exact(mode, length)]
+        peers = [mode for mode in timed if mode in HF_MODES]
+        ours = [mode for mode in timed if mode not in HF_MODES]
+        if not peers or not ours:
+            continue
+        fastest = min(ours, key=lambda mode: view.summary(mode, length)["median"])
+        for peer in peers:
+            estimate = stats.speedup(view.speedup_samples(fastest, length), view.speedup_samples(peer, length),
+                                     estimator=view.estimation(length)["estimator"],
+                                     between_run=view.recorded_between_run, key=("peer", fastest, peer, length))
+            if estimate is not None:
+                rows.append(PeerRow(length, fastest, peer, estimate,
+                                    view.passed(fastest, length) and view.passed(peer, length)))
+    return rows
+
+
+PEER_COLUMNS = ("length", "kvbench", "transformers", "kvbench / transformers", "95% interval", "pairs")
+
+
+def peer_cells(row: PeerRow) -> list[str]:
+    if not row.valid:
+        return [str(row.length), row.mode, row.peer, "invalid", "", str(row.ratio.pairs)]
+    return [str(row.length), row.mode, row.peer, f"{row.ratio.ratio:.2f}x",
+            f"[{row.ratio.low:.2f}, {row.ratio.high:.2f}]", str(row.ratio.pairs)]
+
+
+PEER_NOTE = ("kvbench / transformers = median over rotations of kvbench's step (or loop) time over transformers' on the "
+             "same weights, each pair from one rotation, with its rerun interval; below 1 kvbench is faster. kvbench's "
+             "side is its fastest exact kind at that length")

@@ -23,6 +23,7 @@ from kvbench.report.latency import (
     latency_sentence,
     limit_rows,
     limit_sentence,
+    peer_rows,
     step_medians,
     timer_sentence,
 )
@@ -154,6 +155,7 @@ class Report:
     workload: dict = field(default_factory=lambda: {"kind": "loop"})
     limits: list[LimitRow] = field(default_factory=list)  # each step against the machine's limits
     limits_note: str | None = None
+    peers: list = field(default_factory=list)  # PeerRow: kvbench's fastest exact kind against transformers' caches
     latency_note: str | None = None
     step_latency: dict[str, list[float]] = field(default_factory=dict)  # a request's median step, per position
     tradeoffs: list[Tradeoff] = field(default_factory=list)
@@ -314,6 +316,7 @@ def build_report(view: RecordView, seed: int = stats.SEED, resamples: int = stat
     report.latency, report.workload = latency_rows(view), dict(view.run.get("workload") or {"kind": "loop"})
     report.limits, report.step_latency = limit_rows(view), step_medians(view)
     report.limits_note = limit_sentence(view) if report.limits else None
+    report.peers = peer_rows(view)
     report.latency_note = latency_sentence(report.latency, view.baseline, timer_sentence(view)) if report.latency else None
     return report
 

@@ -26,7 +26,15 @@ from kvbench.report.compare import (
 )
 from kvbench.report.differences import CRITICAL, INFORMATIONAL, NOTABLE
 from kvbench.report.format import format_bytes, render_plain, rich_escape
-from kvbench.report.latency import LATENCY_COLUMNS, LIMIT_COLUMNS, latency_cells, limit_cells
+from kvbench.report.latency import (
+    LATENCY_COLUMNS,
+    LIMIT_COLUMNS,
+    PEER_COLUMNS,
+    PEER_NOTE,
+    latency_cells,
+    limit_cells,
+    peer_cells,
+)
 from kvbench.report.model import MARKS, Report, Row, clock_note, environment_line
 
 STYLES = {"failed": "bold red", "invalid": "red", "noisy": "yellow", "unchecked": "yellow"}
@@ -83,12 +91,24 @@ def limits_table(report: Report) -> Table:
     return table
 
 
+def peers_table(report: Report) -> Table:
+    table = Table(title="against transformers' caches, same weights, same rotations", title_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in PEER_COLUMNS:
+        table.add_column(name, justify="left" if name in ("kvbench", "transformers") else "right", no_wrap=True)
+    for row in report.peers:
+        table.add_row(*(rich_escape(text) for text in peer_cells(row)))
+    return table
+
+
 def quick_renderables(report: Report) -> list:
     """The quick table (a request run: its latency table first), then how each length was sampled and how
     noisy the machine was."""
     out: list = [latency_table(report), rich_escape(report.latency_note)] \
         if report.latency else []
     out.append(quick_table(report))
+    if report.peers:
+        out += [peers_table(report), rich_escape(PEER_NOTE)]
     if report.sampling:
         out.append("sampled: " + "; ".join(
             f"{row.length}: {row.rotations} rotations, {columns.STOP_TEXTS.get(row.stop, row.stop)}"
@@ -123,6 +143,8 @@ def report_renderables(report: Report) -> list:
         out += [latency_table(report), rich_escape(report.latency_note)]
     if report.limits:
         out += [limits_table(report), rich_escape(report.limits_note)]
+    if report.peers:
+        out += [peers_table(report), rich_escape(PEER_NOTE)]
     out.append(rows_table(report.rows, columns.TEXT_COLUMNS, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True))
     if any(row.memory and row.memory["reserved_bytes"] != row.memory["measured_bytes"] for row in report.rows):
         out.append("  KV bytes a/b: a retained, b reserved (allocated) by the cache")
