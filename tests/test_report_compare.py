@@ -435,3 +435,57 @@ def test_across_machines_lines_every_records_speedups_up_per_cell(tmp_path, caps
 def test_across_machines_options_that_do_not_fit_are_refused(tmp_path, capsys, argv, fragment):
     assert main(["compare", *argv]) == 2
     assert fragment in capsys.readouterr().err
+
+
+# --- a neighbour on the run's CPU ------------------------------------------------------------
+
+
+def contended_record(cpu_slower: float, waits: float, probe: float, full_slower: float = 1.0, seed: int = 0):
+    """The seed grid with thread CPU time `cpu_slower` times the base (full also `full_slower`), every sample
+    waiting `waits` of its CPU time for a CPU, and a machine probe `probe` times slower."""
+    from kvbench import estimation, stats
+    from kvbench.record.summary import summarize
+
+    base = {("full", n): 0.002 * n / 16 for n in (16, 32)} | {("static", n): 0.001 * n / 16 for n in (16, 32)}
+    cpu = {key: jitter(value * cpu_slower * (full_slower if key[0] == "full" else 1.0), 15, 0.02, seed + i)
+           for i, (key, value) in enumerate(base.items())}
+    record = synthetic_record({key: [s * (1 + waits) for s in values] for key, values in cpu.items()},
+                              probe=machine_probe(probe, seed=seed + 50))
+    for rep in record["repetitions"]:
+        rep.update(cpu_seconds=cpu[(rep["mode"], rep["length"])][rep["repetition"]],
+                   runqueue_seconds=rep["seconds"] * waits / (1 + waits))
+    record["summary"] = summarize(record["repetitions"], record["checks"], estimator=stats.DEFAULT_ESTIMATOR,
+                                  interval=stats.DEFAULT_INTERVAL, between_run=record["summary"]["between_run"],
+                                  rule=estimation.RULE, threads=1)
+    return RecordView(record)
+
+
+def test_a_neighbour_on_the_runs_cpu_slows_the_machine_not_the_code():
+    # measured in results/machine-probe: a busy loop at 50% duty made full's wall time 2.5-2.8x, its CPU
+    # time 1.6-1.8x (caches shared with the neighbour) and the probe 1.65x
+    quiet = contended_record(1.0, 0.0, 1.0)
+    busy = contended_record(1.7, 0.6, 1.7, seed=7)
+    result = compare.compare_records(quiet, busy)
+    full = [cell for cell in result.cells if cell.mode == "full"]
+    assert all(cell.time.verdict == "slower" for cell in full)  # by wall time alone it looks like a regression
+    assert all(cell.judged_by == "vs machine" and cell.verdict in ("within noise", "unchanged") for cell in full)
+    assert not result.regressions
+    assert any("its CPU time where a run waited for a CPU" in note for note in result.notes)
+
+
+def test_contention_without_a_probe_that_moved_is_told_by_cpu_time():
+    quiet = contended_record(1.0, 0.0, 1.0)
+    waiting = contended_record(1.0, 0.8, 1.0, seed=7)  # only waits: the thread's own time unchanged
+    result = compare.compare_records(quiet, waiting)
+    assert all(cell.judged_by == "on CPU time" for cell in result.cells if cell.mode == "full")
+    assert not result.regressions
+    assert any("a run waited for a CPU" in note and "full by its CPU time" in note for note in result.notes)
+
+
+def test_full_made_slower_on_a_contended_machine_is_still_a_code_change():
+    quiet = contended_record(1.0, 0.0, 1.0)
+    slower_code = contended_record(1.0, 0.6, 1.0, full_slower=1.5, seed=7)
+    result = compare.compare_records(quiet, slower_code)
+    full = [cell for cell in result.cells if cell.mode == "full"]
+    assert all(cell.judged_by == "time" and cell.verdict == "slower" for cell in full)
+    assert {(cell.mode, cell.length) for cell in result.regressions} >= {("full", 16), ("full", 32)}

@@ -108,14 +108,15 @@ class CellChange:
     old_check: dict | None
     new_check: dict | None
     notes: tuple[str, ...]
-    judged_by: str = "time"  # "vs full", "vs machine" or "time": which change decides the verdict
-    adjusted: Change | None = None  # (full) its time held against the machine probe's
+    judged_by: str = "time"  # "vs full", "vs machine", "on CPU time" or "time": which change decides the verdict
+    adjusted: Change | None = None  # (full) its time held against the machine probe's, or its CPU time's change
+    cpu_time: Change | None = None  # the change of the thread's CPU time, when either run was contended here
 
     @property
     def judged(self) -> Change:
         if self.judged_by == "vs full" and self.relative is not None:
             return self.relative
-        if self.judged_by == "vs machine" and self.adjusted is not None:
+        if self.judged_by in ("vs machine", "on CPU time") and self.adjusted is not None:
             return self.adjusted
         return self.time
 
@@ -216,9 +217,18 @@ def compare_cell(old: RecordView, new: RecordView, old_mode: str, mode: str, len
     clocks = old.estimation(length)["clock"], new.estimation(length)["clock"]
     if relative is not None and clocks[0] != clocks[1]:
         notes += (f"vs full: OLD's speedup on {CLOCK_NAMES[clocks[0]]}, NEW's on {CLOCK_NAMES[clocks[1]]}",)
+    cpu_time = None
+    if "cpu" in clocks:  # either run waited for a CPU here: how the thread's own time changed
+        cpu_time = change(stats.median_estimate(cpu_seconds(old, old_mode, length), old.between_run["seconds"]),
+                          stats.median_estimate(cpu_seconds(new, mode, length), new.between_run["seconds"]), **options)
     return CellChange(mode, length, old_mode, len(old.seconds(old_mode, length)), len(new.seconds(mode, length)),
                       statistics.median(old.seconds(old_mode, length)), statistics.median(new.seconds(mode, length)),
-                      time, relative, old_check, new_check, notes)
+                      time, relative, old_check, new_check, notes, cpu_time=cpu_time)
+
+
+def cpu_seconds(view: RecordView, mode: str, length: int) -> list[float]:
+    """A cell's thread CPU time per sample (its wall time where none was recorded)."""
+    return [rep.get("cpu_seconds") or rep["seconds"] for rep in view.repetitions(mode, length)]
 
 
 CLOCK_NAMES = {"wall": "wall time", "cpu": "CPU time"}
@@ -323,20 +333,36 @@ def judge(cells: list[CellChange], baseline: str, machine: MachineChange | None 
           factor: float = FACTOR, alpha: float = ALPHA) -> list[CellChange]:
     """A cached mode is judged by its cost relative to full (machine drift cancels in it) when full
     did not change beyond its noise at that length, or changed only as much as the machine probe
-    did (full is then judged by its time against the probe's); otherwise, and for full, by its time."""
-    explained: dict[int, Change] = {}  # length -> full's time against the machine's, where that explains full
+    did (full is then judged by its time against the probe's), or, where either run waited for a CPU
+    (its telemetry chose CPU time), did not change on CPU time (full is then judged by its CPU time:
+    the neighbour took wall time, not the code); otherwise, and for full, by its time."""
+    explained: dict[int, tuple[str, Change]] = {}  # length -> (how, the change) where that explains full
     for cell in cells:
-        if cell.mode == baseline and cell.time.verdict != WITHIN_NOISE and machine is not None and machine.moved:
-            adjusted = relative_to(cell.time, machine.overall, factor=factor, alpha=alpha)
-            if adjusted.verdict in (WITHIN_NOISE, UNCHANGED):
-                explained[cell.length] = adjusted
+        if cell.mode != baseline or cell.time.verdict == WITHIN_NOISE:
+            continue
+        if machine is not None and machine.moved:  # its wall time, else (a run waited for a CPU) its CPU time
+            for measured in (cell.time, cell.cpu_time):
+                adjusted = relative_to(measured, machine.overall, factor=factor, alpha=alpha) if measured else None
+                if adjusted is not None and adjusted.verdict in (WITHIN_NOISE, UNCHANGED):
+                    explained[cell.length] = ("vs machine" if measured is cell.time else "vs machine, CPU time",
+                                              adjusted)
+                    break
+            if cell.length in explained:
+                continue
+        if cell.cpu_time is not None and cell.cpu_time.verdict in (WITHIN_NOISE, UNCHANGED):
+            explained[cell.length] = ("on CPU time", cell.cpu_time)
     changed = {cell.length: cell.time.verdict != WITHIN_NOISE and cell.length not in explained
                for cell in cells if cell.mode == baseline}
     judged = []
     for cell in cells:
         if cell.mode == baseline and cell.length in explained:
-            judged.append(replace(cell, judged_by="vs machine", adjusted=explained[cell.length],
-                                  notes=(*cell.notes, "moved with the machine probe")))
+            how, adjusted = explained[cell.length]
+            note = {"vs machine": "moved with the machine probe",
+                    "vs machine, CPU time": "its CPU time moved with the machine probe (its wall time also waited for "
+                                            "a CPU)",
+                    "on CPU time": "its wall time moved with the waits for a CPU; its CPU time did not change"}[how]
+            judged.append(replace(cell, judged_by="on CPU time" if how == "on CPU time" else "vs machine",
+                                  adjusted=adjusted, notes=(*cell.notes, note)))
         elif cell.relative is not None and not changed.get(cell.length, True):
             judged.append(replace(cell, judged_by="vs full"))
         elif cell.relative is not None:
@@ -359,12 +385,19 @@ def machine_notes(machine: MachineChange | None, cells: list[CellChange], baseli
                          and cell.time.verdict != WITHIN_NOISE)
     notes = []
     explained = [cell.length for cell in cells if cell.judged_by == "vs machine"]
+    waited = [cell.length for cell in cells if cell.judged_by == "on CPU time"]
     if machine.moved and explained:
         notes.append(f"{machine.sentence()}; {baseline} moved with it at length(s) "
                      f"{', '.join(map(str, explained))}, so every cell there moved with the machine: cached modes "
-                     f"are judged by their cost relative to {baseline}, {baseline} by its time against the probe's")
+                     f"are judged by their cost relative to {baseline}, {baseline} by its time against the probe's "
+                     f"(its CPU time where a run waited for a CPU)")
     else:
         notes.append(machine.sentence())
+    if waited:
+        notes.append(f"at length(s) {', '.join(map(str, waited))} a run waited for a CPU (another process shared it) "
+                     f"and {baseline}'s wall time moved with the waits while its CPU time did not: the machine was "
+                     f"contended, every cell there moved with it; cached modes are judged by their cost relative to "
+                     f"{baseline}, {baseline} by its CPU time")
     if moved_alone:
         cause = "more than the machine probe did" if machine.moved else "while the machine probe did not"
         notes.append(f"{baseline} changed at length(s) {', '.join(map(str, moved_alone))} {cause}: a change in the "
