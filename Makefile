@@ -48,8 +48,9 @@ asv-machine: $(STAMP)
 asv-check: $(STAMP)
 	$(ASV) check $(ASV_EXISTING)
 
-# asv-quick: a smoke test of the working tree, every benchmark once and 60 s of speedup sampling
-# in all (about 1.5 minutes on 2 cores); `asv run --quick` alone keeps the default 180 s budget.
+# asv-quick: a smoke test of the working tree, every benchmark once and 60 s of speedup sampling in all
+# (about 1.5 minutes on 2 cores); `asv run --quick` alone keeps the default 180 s budget (3.5 minutes
+# measured) and a full `asv run` of one commit took 5 minutes (docs/asv.md).
 ASV_QUICK_BUDGET ?= 60
 
 asv-quick: asv-machine
