@@ -42,7 +42,7 @@ from kvbench.model import Decoder
 __all__ = ["CACHE_KINDS", "DEFAULT_MODES", "DIVERGED", "DRIFTED", "DRIFT_METRICS", "FAILURES", "FULL", "MODES",
            "NOT_FINITE", "REFERENCE_NOT_FINITE", "TOLERANCES", "Drift", "Equivalence", "cache_footprint",
            "check_equivalence", "check_modes", "compare_drift", "compare_logits", "decode", "decode_cached",
-           "decode_full", "decode_steps", "judge_logits", "known_modes", "mode_expected_bytes", "run_gate", "timeable", "token_ids",
+           "decode_full", "decode_steps", "judge_logits", "known_modes", "mode_expected_bytes", "footprint_expected_bytes", "run_gate", "timeable", "token_ids",
            "tolerances", "top1_within", "within_limits"]
 
 
@@ -134,6 +134,13 @@ def mode_expected_bytes(mode: str, config: DecoderConfig, batch: int, length: in
     return expected_bytes(mode, config, batch, length, **(options or {}))
 
 
+def footprint_expected_bytes(mode: str, config: DecoderConfig, batch: int, length: int, options: dict | None,
+                             measured: int) -> int:
+    """The bytes a footprint expects: the mode's formula, or for transformers' caches (whose representation
+    kvbench has no formula for) what was measured."""
+    return measured if mode in HF_MODES else mode_expected_bytes(mode, config, batch, length, options)
+
+
 def cache_footprint(model: Decoder, ids: Tensor, mode: str, options: dict | None = None) -> dict:
     """Bytes held at the end of a loop: measured from tensors, reserved, and the kind's formula.
 
@@ -141,18 +148,17 @@ def cache_footprint(model: Decoder, ids: Tensor, mode: str, options: dict | None
     one forward pass over the whole sequence (its earlier steps are independent of it).
     """
     B, T = ids.shape
-    footprint = {} if mode in HF_MODES else {  # transformers' representation has no formula here: as measured
-        "expected_bytes": mode_expected_bytes(mode, model.config, B, T, (options or {}).get(mode))}
+    footprint = {}
     with torch.inference_mode():
         if mode == FULL:
             _, cache = model(ids)
             footprint.update(measured_bytes=cache.nbytes, reserved_bytes=cache.reserved_bytes)
-            return footprint
-        for t, (_, cache) in enumerate(decode_steps(model, ids, mode, options)):
-            if t == T - 1:  # before the generator releases the cache
-                footprint.update(measured_bytes=cache.nbytes, reserved_bytes=cache.reserved_bytes)
-    footprint.setdefault("expected_bytes", footprint["measured_bytes"])
-    return footprint
+        else:
+            for t, (_, cache) in enumerate(decode_steps(model, ids, mode, options)):
+                if t == T - 1:  # before the generator releases the cache
+                    footprint.update(measured_bytes=cache.nbytes, reserved_bytes=cache.reserved_bytes)
+    expected = footprint_expected_bytes(mode, model.config, B, T, (options or {}).get(mode), footprint["measured_bytes"])
+    return {"expected_bytes": expected, **footprint}
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ import torch.nn as nn
 from torch import Tensor
 
 from kvbench import latency, requests
-from kvbench.decode import FULL, decode, decode_full, mode_expected_bytes, run_gate
-from kvbench.kinds import HF_MODES, WORKLOADS
+from kvbench.decode import FULL, decode, decode_full, footprint_expected_bytes, run_gate
+from kvbench.kinds import WORKLOADS
 from kvbench.memory import memory_profile, peak_memory_growth
 from kvbench.model import Decoder
 from kvbench.sampling import Sample
@@ -200,8 +200,7 @@ def footprint(model: Decoder, ids: Tensor, mode: str, options: dict | None, run:
             _, cache = next(steps)
             found = {"measured_bytes": cache.nbytes, "reserved_bytes": cache.reserved_bytes}
             steps.close()
-    expected = found["measured_bytes"] if mode in HF_MODES else mode_expected_bytes(mode, model.config, B, T,
-                                                                                   (options or {}).get(mode))
+    expected = footprint_expected_bytes(mode, model.config, B, T, (options or {}).get(mode), found["measured_bytes"])
     return {"expected_bytes": expected, **found, **peak}
 
 
