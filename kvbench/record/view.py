@@ -85,9 +85,16 @@ class RecordView:
 
     def speedup_samples(self, mode: str, length: int) -> dict[int, float]:
         """{repetition: seconds} of one cell on the clock its length's speedups are estimated on."""
-        clock = self.estimation(length)["clock"]
-        source = self._samples if clock == "wall" else self._clocked[clock]
-        return dict(source.get((mode, length), {}))
+        return self.samples_on(self.estimation(length)["clock"], mode, length)
+
+    def samples_on(self, clock: str, mode: str, length: int) -> dict[int, float]:
+        """{repetition: seconds} of one cell on a clock of kvbench.estimation.CLOCKS (wall time where a sample
+        has no reading of that clock)."""
+        if clock == "wall":
+            return self.samples(mode, length)
+        if clock not in self._clocked:
+            self._clocked[clock] = estimation.series(self.record["repetitions"], clock)
+        return dict(self._clocked[clock].get((mode, length), {}))
 
     def check(self, mode: str, length: int) -> dict | None:
         return self._checks.get((mode, length))

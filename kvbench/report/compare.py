@@ -175,16 +175,14 @@ def compare_cell(old: RecordView, new: RecordView, old_mode: str, mode: str, len
         notes += (f"vs full: OLD's speedup on {CLOCK_NAMES[clocks[0]]}, NEW's on {CLOCK_NAMES[clocks[1]]}",)
     cpu_time = None
     if "cpu" in clocks:  # either run waited for a CPU here: how the thread's own time changed
-        cpu_time = change(stats.median_estimate(cpu_seconds(old, old_mode, length), old.between_run["seconds"]),
-                          stats.median_estimate(cpu_seconds(new, mode, length), new.between_run["seconds"]), **options)
+        cpu_time = change(stats.median_estimate(list(old.samples_on("cpu", old_mode, length).values()),
+                                                old.between_run["seconds"]),
+                          stats.median_estimate(list(new.samples_on("cpu", mode, length).values()),
+                                                new.between_run["seconds"]), **options)
     return CellChange(mode, length, old_mode, len(old.seconds(old_mode, length)), len(new.seconds(mode, length)),
                       statistics.median(old.seconds(old_mode, length)), statistics.median(new.seconds(mode, length)),
                       time, relative, old_check, new_check, notes, cpu_time=cpu_time)
 
-
-def cpu_seconds(view: RecordView, mode: str, length: int) -> list[float]:
-    """A cell's thread CPU time per sample (its wall time where none was recorded)."""
-    return [rep.get("cpu_seconds") or rep["seconds"] for rep in view.repetitions(mode, length)]
 
 
 CLOCK_NAMES = {"wall": "wall time", "cpu": "CPU time"}
