@@ -22,6 +22,7 @@ import weakref
 from typing import TYPE_CHECKING
 
 from kvbench.config import PlainConfig, dtype_name
+from kvbench.kinds import HF_JUDGED_AS, QUANTIZED_BITS
 
 if TYPE_CHECKING:
     from kvbench.model import Decoder
@@ -141,8 +142,9 @@ def tied_names(hf) -> set[str]:
 # `hf-*` modes run the same weights in transformers' model with its own caches, through the same
 # gate, rotations and record as kvbench's kinds. The model is built once per kvbench model.
 
-HF_CACHES = {"hf-dynamic": ("DynamicCache", None), "hf-static": ("StaticCache", None),
-             "hf-quantized-int4": ("quanto", 4), "hf-quantized-int8": ("hqq", 8)}
+# mode -> transformers' cache class, or QuantizedCache's backend (its bits are those of the kind it is judged as)
+HF_CACHES = {"hf-dynamic": "DynamicCache", "hf-static": "StaticCache", "hf-quantized-int4": "quanto",
+             "hf-quantized-int8": "hqq"}
 EXTRAS = {"quanto": ("optimum-quanto", "pip install -e '.[quanto]'"), "hqq": ("hqq", "pip install -e '.[hqq]'")}
 _models: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -160,7 +162,7 @@ def require_mode(mode: str, config: PlainConfig) -> None:
         raise ValueError(f"unknown transformers mode {mode!r}: expected one of {list(HF_CACHES)}")
     hf_architecture(config)
     require_transformers()
-    backend = HF_CACHES[mode][0]
+    backend = HF_CACHES[mode]
     if backend in EXTRAS:
         package, install = EXTRAS[backend]
         try:
@@ -172,12 +174,13 @@ def require_mode(mode: str, config: PlainConfig) -> None:
 
 def make_hf_cache(mode: str, hf, capacity: int, options: dict | None = None):
     transformers = require_transformers()
-    backend, bits = HF_CACHES[mode]
+    backend = HF_CACHES[mode]
     if backend == "DynamicCache":
         return transformers.DynamicCache(config=hf.config)
     if backend == "StaticCache":
         return transformers.StaticCache(config=hf.config, max_cache_len=capacity)
     options = options or {}
+    bits = QUANTIZED_BITS[HF_JUDGED_AS[mode]]
     return transformers.QuantizedCache(backend=backend, config=hf.config, nbits=bits, axis_key=0, axis_value=0,
                                        q_group_size=options.get("group_size", 32),
                                        residual_length=options.get("residual", 128))

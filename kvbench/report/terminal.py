@@ -72,33 +72,29 @@ def quick_table(report: Report) -> Table:
     return rows_table(report.rows, columns.QUICK_COLUMNS, title=title, title_justify="left")
 
 
-def latency_table(report: Report) -> Table:
-    table = Table(title=f"request: {report.latency[0].prompt} prompt tokens, {report.latency[0].generate} generated",
-                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for name in LATENCY_COLUMNS:
-        table.add_column(name, justify="left" if name in ("mode", "equivalence") else "right", no_wrap=True)
-    for row in report.latency:
-        table.add_row(*(rich_escape(text) for text in latency_cells(row)))
+def plain_table(title: str, names: tuple[str, ...], left: tuple[str, ...], rows: list[list[str]]) -> Table:
+    """A table of already formatted texts: the client-latency, limits and peers tables."""
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in names:
+        table.add_column(name, justify="left" if name in left else "right", no_wrap=True)
+    for cells in rows:
+        table.add_row(*(rich_escape(text) for text in cells))
     return table
+
+
+def latency_table(report: Report) -> Table:
+    return plain_table(f"request: {report.latency[0].prompt} prompt tokens, {report.latency[0].generate} generated",
+                       LATENCY_COLUMNS, ("mode", "equivalence"), [latency_cells(row) for row in report.latency])
 
 
 def limits_table(report: Report) -> Table:
-    table = Table(title="against the machine's limits", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for name in LIMIT_COLUMNS:
-        table.add_column(name, justify="left" if name in ("mode", "step") else "right", no_wrap=True)
-    for row in report.limits:
-        table.add_row(*(rich_escape(text) for text in limit_cells(row)))
-    return table
+    return plain_table("against the machine's limits", LIMIT_COLUMNS, ("mode", "step"),
+                       [limit_cells(row) for row in report.limits])
 
 
 def peers_table(report: Report) -> Table:
-    table = Table(title="against transformers' caches, same weights, same rotations", title_justify="left",
-                  box=box.SIMPLE_HEAD, pad_edge=False)
-    for name in PEER_COLUMNS:
-        table.add_column(name, justify="left" if name in ("kvbench", "transformers") else "right", no_wrap=True)
-    for row in report.peers:
-        table.add_row(*(rich_escape(text) for text in peer_cells(row)))
-    return table
+    return plain_table("against transformers' caches, same weights, same rotations", PEER_COLUMNS,
+                       ("kvbench", "transformers"), [peer_cells(row) for row in report.peers])
 
 
 def quick_renderables(report: Report) -> list:
