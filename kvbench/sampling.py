@@ -1,8 +1,11 @@
 """How many samples to take: whole rotations in rounds, until the speedups are as precise as asked.
 
-A round runs one rotation (every mode once, in the protocol's order) at every length still
-sampling, so each length's samples are spread over the whole run instead of one stretch of
-it: a slow patch of machine time touches every length a little rather than one length a lot.
+A round gives every length still sampling whole rotations (every mode once, in the protocol's
+order), so each length's samples are spread over the whole run instead of one stretch of it:
+a slow patch of machine time touches every length a little rather than one length a lot. Past
+its first `repeats` rotations (one per round), a length runs as many rotations in a round as
+fit in the time the slowest length takes for one: every length gets about the same time, and
+a length whose loop is short gets the many rotations its noisy samples need.
 After each round, a length stops when its rule is met: exactly `repeats` rotations for the
 fixed protocol; otherwise at least `repeats`, then the first of
   precise -- every watched ratio's 95% interval is within the target relative half-width,
@@ -21,7 +24,7 @@ from typing import Callable
 from kvbench import estimation, stats
 from kvbench.kinds import FULL
 from kvbench.telemetry import Probe, sample_cost
-from kvbench.timing import Protocol, Sample, rotation_order, time_observed
+from kvbench.timing import Protocol, Sample, heap_frozen, rotation_order, time_observed
 
 Watch = Callable[[list[Sample], int], dict[str, float]]  # (samples, length) -> relative half-widths
 STOPS = ("fixed", "precise", "cap", "budget", "interrupted")  # why a length stopped: every stop_reason, and a cut
@@ -116,9 +119,28 @@ def sample(loops: dict[int, dict[str, Callable[[], object]]], protocol: Protocol
             for run in by_mode.values():
                 for _ in range(protocol.warmup):
                     prepared(run)()
-        start, round_index, active = time.perf_counter(), 0, list(loops)
-        while active:
-            for length in active:
+        with heap_frozen():  # the collection before each sample then costs microseconds, not tens of ms
+            run_rounds(loops, protocol, baseline, on_sample, state, watch, probe)
+    except KeyboardInterrupt:
+        for length_state in state.lengths.values():
+            length_state.stop = length_state.stop or "interrupted"
+        raise
+    finally:
+        probe.close()
+    return state
+
+
+def run_rounds(loops: dict[int, dict[str, Callable[[], object]]], protocol: Protocol, baseline: str,
+               on_sample: Callable[[Sample], None] | None, state: Sampling, watch: Watch | None, probe: Probe) -> None:
+    start, round_index, active = time.perf_counter(), 0, list(loops)
+    rotation_seconds: dict[int, float] = {}  # each length's last rotation, wall time between its samples included
+    by_length: dict[int, list[Sample]] = {length: [] for length in loops}
+    while active:
+        longest = max(rotation_seconds.get(length, 0.0) for length in active)
+        for length in active:
+            count = rotations_in_round(state.lengths[length], protocol, rotation_seconds.get(length), longest)
+            begun = time.perf_counter()
+            for _ in range(count):
                 rotation = state.lengths[length].rotations
                 order = rotation_order(list(loops[length]), rotation, protocol.order, protocol.seed, length)
                 for position, mode in enumerate(order):
@@ -128,23 +150,28 @@ def sample(loops: dict[int, dict[str, Callable[[], object]]], protocol: Protocol
                                   round(time.perf_counter() - start - seconds, 6), telemetry,
                                   run.detail() if hasattr(run, "detail") else None)
                     state.samples.append(kept)
+                    by_length[length].append(kept)
                     if on_sample is not None:
                         on_sample(kept)
                 state.lengths[length].rotations += 1
-            round_index += 1
-            state.elapsed = time.perf_counter() - start
-            for length in list(active):
-                reason = stop_reason(state.lengths[length], protocol, state.samples, baseline, state.elapsed, watch)
-                if reason is not None:
-                    state.lengths[length].stop = reason
-                    active.remove(length)
-    except KeyboardInterrupt:
-        for length_state in state.lengths.values():
-            length_state.stop = length_state.stop or "interrupted"
-        raise
-    finally:
-        probe.close()
-    return state
+            rotation_seconds[length] = (time.perf_counter() - begun) / count
+        round_index += 1
+        state.elapsed = time.perf_counter() - start
+        for length in list(active):
+            reason = stop_reason(state.lengths[length], protocol, by_length[length], baseline, state.elapsed, watch)
+            if reason is not None:
+                state.lengths[length].stop = reason
+                active.remove(length)
+
+
+def rotations_in_round(state: LengthSampling, protocol: Protocol, own: float | None, longest: float) -> int:
+    """How many rotations a length runs in the next round: one under the fixed protocol and for its first
+    `repeats`; after that as many as fit in the time the slowest length still sampling takes for one (up to
+    the cap), so every length gets about the same time. Short loops are cheap: time, not a count of
+    rotations, is what the budget spends, and their samples are the noisiest."""
+    if protocol.precision is None or state.rotations < protocol.repeats or not own:
+        return 1
+    return max(1, min(int(longest / own), protocol.max_repeats - state.rotations))
 
 
 def prepared(run: Callable[[], object]) -> Callable[[], object]:

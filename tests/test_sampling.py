@@ -141,3 +141,78 @@ def test_half_widths_are_those_of_the_speedups_the_report_prints():
     expected = stats.speedup({r: 2.0 + 0.01 * r for r in range(15)}, {r: 1.0 + 0.003 * (r % 4) for r in range(15)},
                              key=("stop", "static", 4))
     assert widths == {"static": pytest.approx(expected.half_width)}
+
+
+@pytest.fixture
+def clocked(monkeypatch):
+    """A fake clock that moves only by what each timed call is scripted to take: durations[(length, label)]
+    cycles through its seconds."""
+    now = [0.0]
+    durations: dict[tuple[int, str], itertools.cycle] = {}
+
+    def time_observed(run, probe):
+        seconds = next(durations[run()])
+        now[0] += seconds
+        return seconds, dict.fromkeys(FIELDS)
+
+    monkeypatch.setattr(sampling, "time_observed", time_observed)
+    monkeypatch.setattr(sampling.time, "perf_counter", lambda: now[0])
+    return durations
+
+
+def keyed_loops(lengths, labels):
+    return {length: {label: (lambda key=(length, label): key) for label in labels} for length in lengths}
+
+
+def test_past_its_minimum_a_short_length_runs_as_many_rotations_as_fit_in_the_slowest_ones(clocked):
+    # length 4's rotation takes 4 units, length 8's 40 (the modes' times vary, their sum does not):
+    # after the minimum, 4 runs ten rotations a round
+    unit = 1 / 1024  # exact in binary, so the clock's sums are exact
+    clocked.update({(4, "full"): itertools.cycle([2 * unit, 3 * unit, unit, 2.5 * unit]),
+                    (4, "loud"): itertools.cycle([2 * unit, unit, 3 * unit, 1.5 * unit]),
+                    (8, "full"): itertools.cycle([20 * unit, 30 * unit, 10 * unit, 25 * unit]),
+                    (8, "loud"): itertools.cycle([20 * unit, 10 * unit, 30 * unit, 15 * unit])})
+    protocol = Protocol(repeats=3, precision=0.01, max_repeats=1000, max_seconds=2.0, control="none", between_run=0.0)
+    state = sample(keyed_loops([4, 8], ["full", "loud"]), protocol)
+    per_round = {}
+    for kept in state.samples:
+        per_round.setdefault((kept.length, kept.round), set()).add(kept.repetition)
+    assert [len(per_round[(4, r)]) for r in range(5)] == [1, 1, 1, 10, 10]
+    assert [len(per_round[(8, r)]) for r in range(5)] == [1, 1, 1, 1, 1]
+    assert {s.stop for s in state.lengths.values()} == {"budget"}
+    # time, not rotations, is shared: each length spent about half the budget
+    spent = {length: sum(k.seconds for k in state.samples if k.length == length) for length in (4, 8)}
+    assert spent[4] == pytest.approx(spent[8], rel=0.15)
+    # the cap bounds a round too, and the fixed protocol keeps one rotation a round
+    capped = sample(keyed_loops([4, 8], ["full", "loud"]), Protocol(repeats=3, precision=0.01, max_repeats=8,
+                                                                    max_seconds=10.0, control="none", between_run=0.0))
+    assert (capped.lengths[4].rotations, capped.lengths[4].stop) == (8, "cap")
+    fixed = sample(keyed_loops([4, 8], ["full", "loud"]), Protocol.fixed(5, warmup=0))
+    assert {(k.length, k.round) for k in fixed.samples} == {(n, r) for n in (4, 8) for r in range(5)}
+
+
+def test_rotations_in_round_is_one_until_a_length_has_its_minimum_and_a_timed_rotation():
+    protocol = Protocol(repeats=3, max_repeats=50)
+    young, grown = sampling.LengthSampling(4, rotations=2), sampling.LengthSampling(4, rotations=45)
+    assert sampling.rotations_in_round(young, protocol, 0.001, 0.1) == 1
+    assert sampling.rotations_in_round(sampling.LengthSampling(4, rotations=3), protocol, None, 0.1) == 1
+    assert sampling.rotations_in_round(sampling.LengthSampling(4, rotations=3), protocol, 0.001, 0.1) == 47
+    assert sampling.rotations_in_round(grown, protocol, 0.001, 0.1) == 5  # up to the cap
+    assert sampling.rotations_in_round(sampling.LengthSampling(4, rotations=3), protocol, 0.1, 0.1) == 1
+    assert sampling.rotations_in_round(sampling.LengthSampling(4, rotations=3), Protocol.fixed(3), 0.001, 0.1) == 1
+
+
+def test_the_heap_is_frozen_out_of_collection_while_sampling_and_released_after():
+    import gc
+
+    seen = []
+
+    def probe_the_collector():
+        seen.append((gc.get_freeze_count(), gc.isenabled()))
+
+    before = gc.get_freeze_count()
+    sample({4: {"full": probe_the_collector, "static": probe_the_collector}}, Protocol.fixed(2, warmup=1))
+    # warmup runs before the freeze; every timed call runs frozen, with the collector off
+    assert seen[:2] == [(before, True)] * 2
+    assert len(seen) == 6 and all(frozen > before and not enabled for frozen, enabled in seen[2:])
+    assert gc.get_freeze_count() == before and gc.isenabled()
