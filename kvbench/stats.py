@@ -247,9 +247,11 @@ INTERVALS = {
 DEFAULT_INTERVAL = "rerun"
 # Relative standard deviation between runs of the same code on the same machine that no sample count
 # inside one run can reveal (process layout, machine state from one run to the next): a speedup, and a
-# cell's median seconds. Measured from A/A runs on a 2-core VM (docs/statistics.md, "Between runs");
-# `kvbench run --between-run` sets the speedup's for another machine.
-BETWEEN_RUN = {"speedup": 0.01, "seconds": 0.02}
+# cell's median seconds. Measured from A/A runs on two 2-core VMs (docs/statistics.md, "Between runs"):
+# a speedup's stayed within 0.7% on both; a cell's seconds moved 1.4% on one and 3.5% (4.8% with a
+# neighbour on the run's CPU) on the other, so raw seconds get the larger. `kvbench run --between-run`
+# sets the speedup's for another machine.
+BETWEEN_RUN = {"speedup": 0.01, "seconds": 0.05}
 
 
 def speedup(baseline: dict[int, float], cached: dict[int, float], *, estimator: str | None = None,
