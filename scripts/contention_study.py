@@ -117,22 +117,32 @@ class Run:
     """One run's samples per (mode, length): {rotation: (seconds, cpu_seconds, disturbed)}, and when each
     rotation ended (seconds of sampling)."""
 
-    def __init__(self, name: str, lengths: list[int], modes: list[str], samples: list[dict]) -> None:
-        self.name, self.lengths, self.modes = name, lengths, [m for m in modes if m != "full"]
+    def __init__(self, name: str, lengths: list[int], modes: list[str], samples: list[dict],
+                 timeline: list[dict] | None = None) -> None:
+        """`samples` become the cells (the control left out); `timeline`, every loop that ran (default: the
+        samples), gives the time: each rotation ends after the loops' own seconds up to its last sample. A
+        sample's time between loops is left out, as kvbench's sampler now spends almost none (statistics.md,
+        "What a sample costs besides the loop"); the records of 2026-12-01/02 spent 36 ms a sample there."""
+        self.name, self.lengths, self.modes = name, lengths, [m for m in modes if m not in ("full", "control")]
         self.cells: dict[tuple[str, int], dict[int, tuple[float, float, bool]]] = {}
-        self.ended: dict[int, float] = {}
         for sample in samples:
+            if sample["mode"] == "control":
+                continue
             key, rotation = (sample["mode"], sample["length"]), sample["repetition"]
             cpu = sample.get("cpu_seconds") or sample["seconds"]
             self.cells.setdefault(key, {})[rotation] = (sample["seconds"], cpu,
                                                         bool(disturbances(sample["seconds"], sample)))
-            self.ended[rotation] = max(self.ended.get(rotation, 0.0), sample["started"] + sample["seconds"])
+        self.ended: dict[int, float] = {}
+        spent = 0.0
+        for sample in sorted(timeline or samples, key=lambda s: s["started"]):
+            spent += sample["seconds"]
+            self.ended[sample["repetition"]] = spent
         self.rotations = min(len(cell) for cell in self.cells.values())
 
     @classmethod
     def from_record(cls, path: Path) -> Run:
         view = RecordView.load(path)
-        return cls(path.name, view.lengths, view.modes, [r for r in view.record["repetitions"] if r["mode"] != "control"])
+        return cls(path.name, view.lengths, view.modes, view.record["repetitions"])
 
     @classmethod
     def from_best_of(cls, path: Path) -> Run:
@@ -143,7 +153,7 @@ class Run:
             key = (sample["mode"], sample["length"], sample["repetition"])
             if key not in fastest or sample["seconds"] < fastest[key]["seconds"]:
                 fastest[key] = sample
-        return cls(path.name, document["lengths"], document["modes"], list(fastest.values()))
+        return cls(path.name, document["lengths"], document["modes"], list(fastest.values()), document["samples"])
 
     def speedup(self, mode: str, length: int, estimator: str, rotations: int,
                 between_run: float) -> stats.RatioEstimate | None:
@@ -250,7 +260,13 @@ def analyze(root: Path, shared: Path | None) -> str:
              "interval, and how many cells `kvbench compare`'s rule calls slower or faster between two runs of the "
              "same code. Each estimator's intervals allow for its own between-run SD in that condition (the last "
              "column; at least kvbench's 1%); `widest ± at 2 min` is the median over runs of the widest rerun "
-             "half-width with the rotations done in 120 s.", ""]
+             "half-width with the rotations done in 120 s. Time is the loops' own seconds, in the order they ran: "
+             "kvbench's sampler spends almost nothing between loops since 2026-12-02 (the records below spent 36 ms "
+             "a sample in a garbage collection, left out here). The replay runs one rotation per round at every "
+             "length, as the sampler did when these records were made, and a run holds at most its own rotations: "
+             "today's sampler gives a short length many rotations a round, so it reaches a target sooner than "
+             "replayed here. What the default reaches now, run for real: docs/statistics.md, \"Reproducibility "
+             "check\".", ""]
     for condition, runs in groups.items():
         lines += [f"- {condition}: {len(runs)} runs, {telemetry_line(runs)}"]
     lines += ["", "| condition | estimator | ±5% within 2 min | median time to ±5% | widest ± at 2 min | rotations | "
