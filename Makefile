@@ -93,8 +93,8 @@ report: $(STAMP)
 	$(BIN)/kvbench report $(LLAMA_RECORD) --format markdown --into docs/models.md --force
 
 # Does a verdict survive a rerun? Five A/A pairs of `kvbench run` with the test-only slowed kind,
-# compared, on the machine as it is (about 20 minutes on 2 cores) and then under contention: a busy
-# loop on the run's CPU at 25% duty (about 25 minutes); records and summary.json under
+# compared, on the machine as it is (about 5 minutes on 2 cores) and then under contention: a busy
+# loop on the run's CPU at 25% duty (about 11 minutes); records and summary.json under
 # results/reproducibility/ and results/reproducibility/busy-25/.
 reproducibility: reproducibility-quiet reproducibility-contended
 
