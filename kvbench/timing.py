@@ -29,12 +29,13 @@ if TYPE_CHECKING:
     from kvbench.model import Decoder
 
 __all__ = ["CLOCK", "CONTROL", "DEFAULT_LENGTHS", "GC_POLICY", "ORDERS", "ORDER_RULES", "Protocol", "Sample",
-           "collector_paused", "control_mode", "heap_frozen", "least_busy_cpu", "mode_orders", "per_step_seconds", "pin_cpu",
-           "rotated", "rotation_order", "set_threads", "time_call", "time_observed"]
+           "collector_paused", "control_mode", "heap_frozen", "least_busy_cpu", "mode_orders", "per_step_seconds",
+           "pin_cpu", "rotated", "rotation_order", "set_threads", "time_call", "time_observed"]
 
 DEFAULT_LENGTHS = (16, 32, 64, 128, 256, 512)
 ORDERS = ("random", "rotate")
-GC_POLICY = "collect before each sample, disabled while timing; the heap alive when sampling starts frozen out of collection"
+GC_POLICY = ("collect before each sample, disabled while timing; the heap alive when sampling starts frozen out of "
+             "collection")
 ORDER_RULES = {
     "rotate": "rotating: rotation r runs modes[r % m:] + modes[:r % m]",
     "random": "random: each rotation runs the modes in an order drawn from a generator seeded by (seed, length, r)",

@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 from antagonist import contended
+from reproducibility import sd
 
 from kvbench import stats
 from kvbench.files import write_json_atomic
@@ -228,9 +229,7 @@ def between_run_sd(runs: list[Run], estimator: str) -> float:
                 if first and second:
                     errors = stats.log_standard_error(first) ** 2 + stats.log_standard_error(second) ** 2
                     terms.append((math.log(second.ratio / first.ratio) ** 2, errors))
-    if not terms:
-        return float("nan")
-    return math.sqrt(max(0.0, (statistics.fmean(t for t, _ in terms) - statistics.fmean(e for _, e in terms)) / 2))
+    return sd(terms)
 
 
 def telemetry_line(runs: list[Run]) -> str:

@@ -106,6 +106,9 @@ def check_pair(a: RecordView, b: RecordView, truth: dict[int, float]) -> dict:
     }
 
 
+QUANTITIES = {"seconds": "a cell's median seconds", "speedup": "a speedup"}  # what stats.BETWEEN_RUN allows for
+
+
 def between_run(views: list[RecordView]) -> dict:
     """The between-run SD (method of moments over consecutive runs, as docs/statistics.md estimates it) of a
     cell's median seconds and of a speedup, on the clock each length was estimated on: pooled and by length.
@@ -157,8 +160,8 @@ def markdown(results: list[dict], truth: dict[int, float], spread: dict | None =
     lines += ["", "True slowdown of `slowed` over `static` (same rotations, every run): "
               + ", ".join(f"T={length}: {value:.3f}x" for length, value in sorted(truth.items()))]
     for quantity, found in (spread or {}).items():
-        lines += ["", f"Between-run SD of {'a cell' + chr(39) + 's median seconds' if quantity == 'seconds' else 'a speedup'}"
-                  f" (allowed: {stats.BETWEEN_RUN[quantity]:.0%}): {found['pooled']:.1%} pooled; by length "
+        lines += ["", f"Between-run SD of {QUANTITIES[quantity]} (allowed: {stats.BETWEEN_RUN[quantity]:.0%}): "
+                  f"{found['pooled']:.1%} pooled; by length "
                   + ", ".join(f"{length}: {value:.1%}" for length, value in found["by_length"].items())]
     return "\n".join(lines) + "\n"
 
