@@ -218,6 +218,34 @@ def condition_rows(condition: str, runs: list[Run]) -> list[str]:
     return rows
 
 
+PROJECTED = ("median of ratios, wall", "median of ratios, on-CPU", "ratio of minima, on-CPU")
+
+
+def needed(run: Run, estimator: str) -> tuple[float, float]:
+    """(rotations at the worst length, seconds of loops over every length) for every speedup's rerun interval to
+    reach ±TARGET with kvbench's 1% between-run allowance, each length's own error scaled by 1/sqrt(rotations) from
+    what the whole run gives; each length pays its own rotations, as equal-time rounds let it."""
+    z = stats.normal_quantile(0.5 + stats.CONFIDENCE / 2)
+    allowed = math.sqrt((math.log1p(TARGET) / (math.sqrt(2) * z)) ** 2 - stats.BETWEEN_RUN["speedup"] ** 2)
+    worst = seconds = 0.0
+    for length in run.lengths:
+        estimates = [run.speedup(mode, length, estimator, run.rotations, 0.0) for mode in run.modes]
+        rotations = max(run.rotations * (stats.log_standard_error(e) / allowed) ** 2 for e in estimates if e)
+        rotation = sum(statistics.median(w for w, _, _ in cell.values())
+                       for (_, n), cell in run.cells.items() if n == length)
+        worst, seconds = max(worst, rotations), seconds + rotations * rotation
+    return worst, seconds
+
+
+def projection_rows(condition: str, runs: list[Run]) -> list[str]:
+    rows = []
+    for estimator in PROJECTED:
+        found = [needed(run, estimator) for run in runs]
+        rows.append(f"| {condition} | {estimator} | {statistics.median(r for r, _ in found):.0f} | "
+                    f"{min(s for _, s in found):.0f}–{max(s for _, s in found):.0f} s |")
+    return rows
+
+
 def between_run_sd(runs: list[Run], estimator: str) -> float:
     """The between-run SD of a speedup (method of moments over consecutive runs, all rotations)."""
     terms = []
@@ -272,6 +300,14 @@ def analyze(root: Path, shared: Path | None) -> str:
               "next run inside | false alarms | between-run SD |", "|---|---|--:|--:|--:|--:|--:|--:|--:|"]
     for condition, runs in groups.items():
         lines += condition_rows(condition, runs)
+    lines += ["", "## What ±5% would take", "",
+              f"Per run, each length's within-run error scaled by 1/√n to the rotations that would bring every speedup's "
+              f"rerun interval to ±{TARGET:.0%} with kvbench's {stats.BETWEEN_RUN['speedup']:.0%} between-run allowance, "
+              "and the loops' seconds those rotations take at every length (each length its own count, as equal-time "
+              "rounds allow): the median over runs of the worst length's rotations, and the range of seconds.", "",
+              "| condition | estimator | rotations at the worst length | seconds of loops |", "|---|---|--:|--:|"]
+    for condition, runs in groups.items():
+        lines += projection_rows(condition, runs)
     return "\n".join(lines) + "\n"
 
 
