@@ -91,7 +91,7 @@ class Checker:
         if not isinstance(value, list):
             raise self.fail(where, "a list", value)
         if length is not None and len(value) != length:
-            raise self.fail(where, f"{length} entries (one per parameter combination)", f"{len(value)} entries")
+            raise self.fail(where, f"{length} entries (one per parameter combination)", len(value))
         return value
 
     def mapping(self, value, where: str) -> dict:
@@ -150,15 +150,18 @@ def benchmark_results(check: Checker, columns, results) -> dict[str, BenchmarkRe
 def benchmark_result(check: Checker, where: str, columns: list[str], entry) -> BenchmarkResult:
     entry = check.listed(entry, where)
     if len(entry) > len(columns):
-        raise check.fail(where, f"at most {len(columns)} entries (one per result column)", f"{len(entry)} entries")
+        raise check.fail(where, f"at most {len(columns)} entries (one per result column)", len(entry))
     raw = dict(zip(columns, entry))
     params = check.listed(raw.get("params") or [], f"{where}/params")
     for i, values in enumerate(params):
         for j, value in enumerate(check.listed(values, f"{where}/params/{i}")):
             check.text(value, f"{where}/params/{i}/{j}")
-    count = math.prod(len(values) for values in params)
-    if count > MAX_COMBINATIONS:
-        raise check.fail(f"{where}/params", f"at most {MAX_COMBINATIONS:,} parameter combinations", f"{count:.3g}")
+    count = 1
+    for values in params:  # multiplied one at a time: ten thousand lists of two would overflow any report
+        count *= len(values)
+        if count > MAX_COMBINATIONS:
+            raise AsvToolError(f"{check.path}: {where}/params: expected at most {MAX_COMBINATIONS:,} parameter "
+                               f"combinations, got more")
 
     def per_combination(column: str, check_one) -> list:
         value = raw.get(column)
