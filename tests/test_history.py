@@ -2,8 +2,8 @@
 
 The committed set under results/history/ is a real asv run (scripts/asv_history.py: two commits,
 machines history-a and history-b, the second commit on history-b pinned with --cpu-affinity 0).
-Steps are checked against kvbench.report.compare.change on intervals built from asv's samples;
-copies of the set with scaled samples make known steps. The page is read back by a real HTML
+Steps are checked against the medians of asv's raw samples and pinned intervals; copies of the set with
+scaled samples make known steps (hostile copies are tests/test_history_hostile.py's). The page is read back by a real HTML
 parser (no resource outside the file) and, where Debian's chromium is installed, rendered by it
 headless behind a trap proxy that records any request.
 """

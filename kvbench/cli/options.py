@@ -370,7 +370,8 @@ def add_tool_parsers(commands) -> None:
         "asv-machine", help="register this machine with asv (~/.asv-machine.json) from the capture, no prompts",
         formatter_class=formatter, epilog="example: kvbench asv-machine --name ci-runner-1 && asv run --machine ci-runner-1",
     )
-    asv_machine.add_argument("--name", help="asv machine name; results go to results/asv/NAME/ (default: the hostname, as asv)")
+    asv_machine.add_argument("--name", help="asv machine name, a plain word of letters, digits, '_' and '-'; results go to "
+                             "results/asv/NAME/ (default: the hostname, as asv)")
 
     asv_show = commands.add_parser(
         "asv-show", help="print an asv result file's samples, medians and CIs beside its captured environment",
