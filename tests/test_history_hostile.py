@@ -146,6 +146,7 @@ BAD_RESULTS = [
     ("date a string", lambda d: d.update(date="2026-12-03"), "date: expected a number or null, got '2026-12-03'"),
     ("date -1e20", lambda d: d.update(date=-1e20), "date: expected a number in [0, 2.53402e+14], got -1e+20"),
     ("date 1e20", lambda d: d.update(date=1e20), "date: expected a number in [0, 2.53402e+14], got 1e+20"),
+    ("date 10**400", lambda d: d.update(date=10**400), "date: expected a number in [0, 2.53402e+14], got 1000"),
     ("date a boolean", lambda d: d.update(date=True), "date: expected a number or null, got True"),
     ("commit a list", lambda d: d.update(commit_hash=["a"]), "commit_hash: expected a string, got list"),
     ("samples strings", set_time_column("samples", [["0.01", "0.02"]] * 7),

@@ -79,7 +79,7 @@ class Checker:
             return None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise self.fail(where, "a number" + (" or null" if optional else ""), value)
-        if not math.isfinite(value):
+        if isinstance(value, float) and not math.isfinite(value):  # an int is finite, however large
             if finite:
                 raise self.fail(where, "a finite number", value)
             return value
