@@ -219,6 +219,17 @@ def test_a_bad_benchmarks_json_is_one_line_naming_the_field(results_copy, tmp_pa
     assert_one_line(capsys, main(["asv-show", str(result_files(results_copy, "history-a")[0])]), f"{metadata}: ")
 
 
+def test_a_parameter_python_cannot_parse_leaves_a_speedup_without_interval(results_copy):
+    """track_speedup's capture key is built from the parameters' values: ast.literal_eval runs out of memory on
+    100,000 minus signs, which must not end the command."""
+    for path in result_files(results_copy, "history-a"):
+        edit_json(path, lambda d: d["results"][SPEEDUP][column(d, "params")][0].__setitem__(1, "-" * 100_000 + "1"))
+    (chart,) = [c for c in build_history(results_copy).charts if c.benchmark == SPEEDUP and "history-a" in c.series]
+    assert chart.label.startswith("mode=----") and chart.label.endswith("1, length=64")
+    (point, _) = chart.series["history-a"]
+    assert point.value is not None and point.estimate is None and point.note == "no interval in the capture"
+
+
 def test_a_time_that_is_not_positive_is_refused(results_copy, tmp_path, capsys):
     path = result_files(results_copy, "history-a")[-1]
     edit_json(path, lambda d: d["results"][TIME][column(d, "samples")][0].__setitem__(0, 0.0))

@@ -177,7 +177,7 @@ def speedup_estimate(run: Run, combination: tuple) -> RatioEstimate | None:
     section = (run.capture or {}).get(SPEEDUP_BENCHMARK) or {}
     try:
         key = "@".join(str(ast.literal_eval(value)) for value in combination)
-    except (ValueError, SyntaxError):
+    except (ValueError, SyntaxError, MemoryError, RecursionError):  # Python's parser gives up on "-" * 100_000 + "1"
         return None
     entry = section.get(key)  # checked by check_speedup_section
     if entry is None:
