@@ -99,6 +99,26 @@ def test_no_command_is_one_line_exit_2(capsys):
     assert_one_line_error(code, err, "required")
 
 
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["run", "--preset", "llama-mni"], "run: argument --preset: invalid choice: 'llama-mni'; did you mean 'llama-mini'?"),
+        (["run", "--lenghts", "4"], "unrecognized arguments: --lenghts 4; did you mean '--lengths'?"),
+        (["budget", "--dtype", "flot16"], "did you mean 'float16'?"),
+    ],
+)
+def test_a_typo_names_the_closest_choice_and_the_prefix_is_said_once(capsys, argv, expected):
+    code, _, err = run_main(capsys, *argv)
+    assert_one_line_error(code, err, expected)
+    assert err.count("kvbench") == 1  # "kvbench: error:" and no second "kvbench run:"
+
+
+def test_a_word_close_to_nothing_gets_no_suggestion(capsys):
+    code, _, err = run_main(capsys, "run", "--frobnicate")
+    assert_one_line_error(code, err, "unrecognized arguments: --frobnicate")
+    assert "did you mean" not in err
+
+
 def test_unknown_command_is_one_line_exit_2(capsys):
     code, _, err = run_main(capsys, "frobnicate")
     assert_one_line_error(code, err, "frobnicate")

@@ -24,7 +24,8 @@ from kvbench.cli.commands import (
     cmd_report,
     cmd_show,
 )
-from kvbench.cli.options import CliError, build_parser
+from kvbench.cli.options import build_parser
+from kvbench.cli.parser import CliError
 from kvbench.cli.run import cmd_run
 from kvbench.files import OutputExistsError
 from kvbench.report.format import visible

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from kvbench import capture, files
 from kvbench.budget import model_budget
-from kvbench.cli.options import PLOT_SUFFIXES, REPOSITORY_VARIABLE, CliError
+from kvbench.cli.options import PLOT_SUFFIXES, REPOSITORY_VARIABLE
+from kvbench.cli.parser import CliError
 from kvbench.config import PlainConfig
 from kvbench.files import write_bytes_atomic
 from kvbench.record import RecordView

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from kvbench.budget import DTYPES as BUDGET_DTYPES
 from kvbench.budget import QUANTIZATIONS, parse_size
+from kvbench.cli.parser import Parser
 from kvbench.config import DTYPE_NAMES, PRESETS, WINDOW_PATTERNS
 from kvbench.export import FORMATS as EXPORT_FORMATS
 from kvbench.kinds import DEFAULT_MODES, GROUP_SIZE, HF_MODES, KIND_NAME, MODES, RESIDUAL
@@ -29,21 +30,12 @@ MAX_REPEATS = 100_000  # a week of the default grid; more is a typo
 MAX_WARMUP = 1_000
 MAX_SECONDS = 7 * 24 * 3600.0
 EXAMPLES = """examples:
-  kvbench run                                   # the default grid, all modes
+  kvbench run                                   # the default grid and modes (full, concat, static, paged)
   kvbench run --lengths 64,256 --modes full,static --repeats 11
   kvbench run --preset medium --lengths 2048 --modes concat,static,paged
   kvbench show results/records/run-*.json
   kvbench env
 """
-
-
-class CliError(Exception):
-    """A user error: reported as one line, exit status 2."""
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse prints usage too; one line is the rule here
-        raise CliError(f"{self.prog}: {message}")
 
 
 INT64_MAX = 2**63 - 1  # no tensor dimension or seed is larger

@@ -14,7 +14,7 @@ from rich.markup import escape
 
 from kvbench import kinds, memory, plugins, record, timing
 from kvbench.cli.commands import check_output, config_from_args
-from kvbench.cli.options import CliError
+from kvbench.cli.parser import CliError
 from kvbench.config import DecoderConfig, PlainConfig
 from kvbench.report import model as report_model
 from kvbench.report import terminal
