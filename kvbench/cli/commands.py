@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from kvbench import capture, files
-from kvbench.budget import model_budget
+from kvbench.budget import BudgetError, model_budget
 from kvbench.cli.options import PLOT_SUFFIXES, REPOSITORY_VARIABLE, CliError
 from kvbench.config import PlainConfig
 from kvbench.files import write_bytes_atomic
@@ -202,10 +202,17 @@ def budget_config(args: argparse.Namespace) -> PlainConfig:
                        max_length=max(args.tokens, args.max_length or args.tokens), dtype=args.dtype)
 
 
+BUDGET_OPTIONS = {"tokens": "--tokens", "max_length": "--max-length", "memory_bytes": "--memory",
+                  "reserved_bytes": "--reserved"}  # model_budget's arguments the user gives by these options
+
+
 def cmd_budget(args: argparse.Namespace) -> int:
-    result = model_budget(budget_config(args), args.tokens, args.memory, block_size=args.block_size,
-                          max_length=args.max_length, reserved_bytes=args.reserved, quantize=args.quantize,
-                          group_size=args.quant_group, residual=args.quant_residual, preset=args.preset)
+    try:
+        result = model_budget(budget_config(args), args.tokens, args.memory, block_size=args.block_size,
+                              max_length=args.max_length, reserved_bytes=args.reserved, quantize=args.quantize,
+                              group_size=args.quant_group, residual=args.quant_residual, preset=args.preset)
+    except BudgetError as error:
+        raise CliError(f"{BUDGET_OPTIONS[error.argument]}: {error}") from None
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
         return 0
