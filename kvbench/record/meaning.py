@@ -12,11 +12,13 @@ from __future__ import annotations
 import math
 
 from kvbench.config import PlainConfig
+from kvbench.hf import hf_architecture
 from kvbench.kinds import (
     CONTROL,
     DRIFT_METRICS,
     FORMULAS,
     FULL,
+    HF_MODES,
     REFERENCE_NOT_FINITE,
     RUNNABLE,
     formula_bytes,
@@ -43,6 +45,11 @@ def check_run(record: dict) -> str | None:
     unknown = [mode for mode in run["modes"] if mode not in known]
     if unknown:
         return f"run/modes: unknown mode {unknown[0]!r}; expected modes among {known} (plugins declare theirs)"
+    for mode in (mode for mode in run["modes"] if mode in HF_MODES):
+        try:
+            hf_architecture(config)  # the rule `kvbench run` refuses such a mode by
+        except ValueError as error:
+            return f"run/modes: {mode} runs transformers' twin of the model, and {error}"
     control = run.get("control")
     if control is not None and (control not in run["modes"] or control == "full"):
         return f"run/control: the A/A control repeats a cached mode of run.modes {run['modes']}, got {control!r}"
