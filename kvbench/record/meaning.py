@@ -283,7 +283,7 @@ def check_summary(record: dict) -> str | None:
             for stat in stats:
                 if stat not in theirs and stat == "per_token_median":  # optional in schema 1
                     continue
-                if not math.isclose(theirs[stat], mine[stat], rel_tol=1e-9, abs_tol=1e-15):
+                if not close(theirs[stat], mine[stat]):  # a stored value of another type differs, never crashes
                     return f"summary {stat} for {where} is {theirs[stat]}, but its repetitions give {mine[stat]}"
             if "valid" in mine and theirs["valid"] != mine["valid"]:
                 return f"summary marks {where} valid={theirs['valid']}, but its check gives valid={mine['valid']}"

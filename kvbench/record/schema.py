@@ -38,6 +38,19 @@ LIST_ITEMS = {"python.build": {"type": "string"}, "cpu.flags": {"type": "string"
               "system.load_average": {"type": "number", "minimum": 0}}  # what capture.py lists hold
 
 
+def protocol_schema() -> dict:
+    """protocol: the settings readers print and export, with the types kvbench writes (older records lack some)."""
+    optional = lambda kind, low: {"type": [kind, "null"], "minimum": low}  # noqa: E731
+    return {"type": "object", "properties": {
+        **dict.fromkeys(("batch", "repeats", "threads"), _positive), **dict.fromkeys(("seed", "warmup"), _count),
+        "max_repeats": optional("integer", 1), "per_step_length": optional("integer", 1),
+        "precision": {"type": ["number", "null"], "exclusiveMinimum": 0},
+        "max_seconds": {"type": ["number", "null"], "exclusiveMinimum": 0},
+        "between_run": {"type": "number", "minimum": 0, "exclusiveMaximum": 0.5},
+        **dict.fromkeys(("clock", "control", "cpu", "gc", "order", "order_rule"), {"type": ["string", "null"]}),
+        **dict.fromkeys(("cpu_in_effect", "threads_in_effect"), {"type": "object"})}}
+
+
 def environment_schema() -> dict:
     """environment: every key capture.py writes, with the type it writes (or null: a sensor that failed,
     its reason kept in `unavailable`); counts, sizes and rates are not negative. A record from an older
@@ -94,7 +107,7 @@ RECORD_SCHEMA_V1 = {
                 "per_step_length": {"type": ["integer", "null"], "minimum": 1},
             },
         },
-        "protocol": {"type": "object"},
+        "protocol": protocol_schema(),
         "environment": environment_schema(),
         "checks": {
             "type": "array",
@@ -232,11 +245,17 @@ def _schema_v2() -> dict:
         "properties": {"lengths": {"type": "array", "items": {
             "type": "object", "required": ["length", "rotations", "stop"],
             "properties": {"length": _positive, "rotations": _count, "stop": {"enum": list(STOPS)},
-                           "half_width": {"type": ["number", "null"], "minimum": 0}}}}},
+                           "half_width": {"type": ["number", "null"], "minimum": 0}}}},
+            "elapsed": {"type": ["number", "null"], "minimum": 0},
+            "telemetry": {"type": "object", "properties": {
+                "unavailable": {"type": "object", "additionalProperties": {"type": "string"}},
+                **dict.fromkeys(("per_sample_seconds", "per_step_timer_seconds", "reading_seconds"),
+                                {"type": ["number", "null"], "minimum": 0})}}},
     }
     schema["properties"].update(machine_sections())
     summary = schema["properties"]["summary"]
     summary["required"] += ["estimator", "interval", "controls"]
+    summary["properties"]["baseline"] = _mode
     summary["properties"]["estimator"] = {"enum": list(ESTIMATORS)}
     summary["properties"]["interval"] = {"enum": list(INTERVALS)}
     summary["properties"]["between_run"] = {  # absent in records written before it (no between-run allowance)
