@@ -205,6 +205,21 @@ def estimation_schema() -> dict:
                            "reason": {"type": "string"}}}}}}
 
 
+def sampling_schema() -> dict:
+    """sampling: how many rotations each length ran and why it stopped; what the telemetry cost and lacked."""
+    lengths = {"type": "array", "items": {
+        "type": "object", "required": ["length", "rotations", "stop"],
+        "properties": {"length": _positive, "rotations": _count, "stop": {"enum": list(STOPS)},
+                       "half_width": {"type": ["number", "null"], "minimum": 0}}}}
+    telemetry = {"type": "object", "properties": {
+        "unavailable": {"type": "object", "additionalProperties": {"type": "string"}},
+        **dict.fromkeys(("per_sample_seconds", "per_step_timer_seconds", "reading_seconds"),
+                        {"type": ["number", "null"], "minimum": 0})}}
+    return {"type": "object", "required": ["lengths", "telemetry"],
+            "properties": {"lengths": lengths, "elapsed": {"type": ["number", "null"], "minimum": 0},
+                           "telemetry": telemetry}}
+
+
 def _schema_v2() -> dict:
     """Version 2 adds the sampling section, per-sample rounds and telemetry, speedup intervals."""
     schema = copy.deepcopy(RECORD_SCHEMA_V1)
@@ -240,18 +255,7 @@ def _schema_v2() -> dict:
     repetition["required"] += ["round", "started", *TELEMETRY]
     repetition["properties"].update({"round": _count, "started": {"type": "number", "minimum": 0},
                                      **{name: {"type": [kind, "null"], "minimum": 0} for name, kind in TELEMETRY.items()}})
-    schema["properties"]["sampling"] = {
-        "type": "object", "required": ["lengths", "telemetry"],
-        "properties": {"lengths": {"type": "array", "items": {
-            "type": "object", "required": ["length", "rotations", "stop"],
-            "properties": {"length": _positive, "rotations": _count, "stop": {"enum": list(STOPS)},
-                           "half_width": {"type": ["number", "null"], "minimum": 0}}}},
-            "elapsed": {"type": ["number", "null"], "minimum": 0},
-            "telemetry": {"type": "object", "properties": {
-                "unavailable": {"type": "object", "additionalProperties": {"type": "string"}},
-                **dict.fromkeys(("per_sample_seconds", "per_step_timer_seconds", "reading_seconds"),
-                                {"type": ["number", "null"], "minimum": 0})}}},
-    }
+    schema["properties"]["sampling"] = sampling_schema()
     schema["properties"].update(machine_sections())
     summary = schema["properties"]["summary"]
     summary["required"] += ["estimator", "interval", "controls"]
