@@ -48,7 +48,7 @@ def check_modes(modes: list[str] | tuple[str, ...], known: tuple[str, ...] = RUN
 
 # -- what a kind retains ------------------------------------------------------------------
 # `config` is a kvbench.config.PlainConfig or DecoderConfig: the formulas read its layers,
-# kv_heads, head_dim, element_bytes and layer_windows.
+# kv_heads, head_dim, element_bytes, window and sliding_layers.
 
 
 def _count(**values: int) -> None:
@@ -67,7 +67,8 @@ def window_cache_bytes(config, batch: int, length: int, **options) -> int:
     """A cache that evicts what no query can see: the last W positions at most on a sliding layer, every
     position on the others: 2 * B * KVH * D * elt * sum over layers of min(T, W_layer)."""
     _count(batch=batch, length=length)
-    positions = sum(min(length, window or length) for window in config.layer_windows)
+    sliding = config.sliding_layers  # counted, not listed: the cost stays flat in the layer count
+    positions = sliding * min(length, config.window or length) + (config.layers - sliding) * length
     return 2 * batch * config.kv_heads * positions * config.head_dim * config.element_bytes
 
 

@@ -297,6 +297,8 @@ def add_reading_parsers(commands) -> None:
     compare.add_argument("--fail-on-regression", action="store_true",
                          help="exit 1 when a cell is slower beyond its MDE and --factor")
     compare.add_argument("--format", choices=COMPARE_FORMATS, default="text", help="layout of the comparison")
+    compare.add_argument("--force", action="store_true",
+                         help="compare records that timed different work (another model, workload or batch)")
 
 
 def add_publishing_parsers(commands) -> None:

@@ -12,11 +12,13 @@ from __future__ import annotations
 import math
 
 from kvbench.config import PlainConfig
+from kvbench.hf import hf_architecture
 from kvbench.kinds import (
     CONTROL,
     DRIFT_METRICS,
     FORMULAS,
     FULL,
+    HF_MODES,
     REFERENCE_NOT_FINITE,
     RUNNABLE,
     formula_bytes,
@@ -43,6 +45,11 @@ def check_run(record: dict) -> str | None:
     unknown = [mode for mode in run["modes"] if mode not in known]
     if unknown:
         return f"run/modes: unknown mode {unknown[0]!r}; expected modes among {known} (plugins declare theirs)"
+    for mode in (mode for mode in run["modes"] if mode in HF_MODES):
+        try:
+            hf_architecture(config)  # the rule `kvbench run` refuses such a mode by
+        except ValueError as error:
+            return f"run/modes: {mode} runs transformers' twin of the model, and {error}"
     control = run.get("control")
     if control is not None and (control not in run["modes"] or control == "full"):
         return f"run/control: the A/A control repeats a cached mode of run.modes {run['modes']}, got {control!r}"
@@ -276,7 +283,7 @@ def check_summary(record: dict) -> str | None:
             for stat in stats:
                 if stat not in theirs and stat == "per_token_median":  # optional in schema 1
                     continue
-                if not math.isclose(theirs[stat], mine[stat], rel_tol=1e-9, abs_tol=1e-15):
+                if not close(theirs[stat], mine[stat]):  # a stored value of another type differs, never crashes
                     return f"summary {stat} for {where} is {theirs[stat]}, but its repetitions give {mine[stat]}"
             if "valid" in mine and theirs["valid"] != mine["valid"]:
                 return f"summary marks {where} valid={theirs['valid']}, but its check gives valid={mine['valid']}"
