@@ -72,8 +72,8 @@ def published_twin(model, layer_types: list[str] | None):
         config.layer_types = list(layer_types)
     with torch.random.fork_rng(devices=[]):
         twin = getattr(transformers, hf.hf_architecture(model.config))(config).to(model.config.dtype).eval()
-    missing, unexpected = twin.load_state_dict({name: t.detach().clone() for name, t in hf.hf_state_dict(model).items()},
-                                               strict=False)
+    weights = {name: tensor.detach().clone() for name, tensor in hf.hf_state_dict(model).items()}
+    missing, unexpected = twin.load_state_dict(weights, strict=False)
     assert not unexpected and set(missing) <= hf.tied_names(twin)
     return twin
 
