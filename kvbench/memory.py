@@ -20,6 +20,7 @@ try:
 except ImportError:  # not on Windows: no address-space limit to read
     resource = None
 
+from kvbench.budget import parse_size
 from kvbench.config import PlainConfig
 from kvbench.kinds import FULL, HF_MODES, expected_cache_bytes, parameter_count, rotary_table_bytes
 from kvbench.telemetry import cgroup_directories
@@ -118,18 +119,35 @@ def estimate_run_bytes(config: PlainConfig, batch: int, lengths: list[int], mode
     return parts
 
 
+AVAILABLE_MEMORY_VARIABLE = "KVBENCH_AVAILABLE_MEMORY"
+
+
+def stated_limit() -> int | None:
+    """The memory a user (or a test) states this process may take, from KVBENCH_AVAILABLE_MEMORY
+    (bytes, or a size such as 4GiB); None when unset. It makes a refusal depend on the stated figure,
+    not on the size of whichever machine runs it."""
+    text = os.environ.get(AVAILABLE_MEMORY_VARIABLE)
+    if text is None:
+        return None
+    try:
+        return parse_size(text, allow_zero=True)
+    except ValueError as error:
+        raise ValueError(f"{AVAILABLE_MEMORY_VARIABLE}: {error}") from None
+
+
 def available_bytes() -> int:
     """What this process may still allocate: the least of the machine's available memory,
-    the headroom under its address-space limit (`ulimit -v`), and its cgroup's (a container's
-    memory limit). The machine can have 24 GiB free while the process may take 4."""
+    the headroom under its address-space limit (`ulimit -v`), its cgroup's (a container's
+    memory limit) and the stated limit of KVBENCH_AVAILABLE_MEMORY. The machine can have
+    24 GiB free while the process may take 4."""
     limits = [psutil.virtual_memory().available]
     if resource is not None:
         soft, _ = resource.getrlimit(resource.RLIMIT_AS)
         if soft != resource.RLIM_INFINITY:
             limits.append(max(0, soft - psutil.Process().memory_info().vms))
-    cgroup = cgroup_headroom()
-    if cgroup is not None:
-        limits.append(cgroup)
+    for limit in (cgroup_headroom(), stated_limit()):
+        if limit is not None:
+            limits.append(limit)
     return min(limits)
 
 

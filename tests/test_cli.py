@@ -74,7 +74,8 @@ def restore_threads():
         (["--preset", "gemma-tiny", "--heads", "3"], "kv_heads must divide heads"),
         (["--preset", "llama-tiny", "--window-pattern", "alternating"], "needs a sliding window"),
         (["--preset", "llama-3.1-8b", "--lengths", "16", "--dtype", "float32"],
-         "preset 'llama-3.1-8b' (8.03B parameters, 29.9 GiB of float32 weights)"),
+         ("preset 'llama-3.1-8b' (8.03B parameters, 29.9 GiB of float32 weights)",
+          "but 1.0 GiB of memory is available")),
         (["--frobnicate"], "unrecognized arguments"),
         (["--prompt", "2000", "--generate", "100"], "--prompt 2000 + --generate 100 holds 2099 positions, beyond "
                                                     "max_length 2048 of preset 'seed'"),
@@ -86,10 +87,11 @@ def restore_threads():
         (["--contexts", "64", "--per-step", "8"], "--per-step profiles a loop; a context run times every step"),
     ],
 )
-def test_run_user_errors_are_one_line_exit_2(capsys, tmp_path, args, fragment):
+def test_run_user_errors_are_one_line_exit_2(capsys, tmp_path, monkeypatch, args, fragment):
+    monkeypatch.setenv("KVBENCH_AVAILABLE_MEMORY", "1GiB")  # a refusal for want of memory holds on any machine
     output = tmp_path / "rec.json"
     code, out, err = run_main(capsys, "run", *args, "--output", output, "--no-progress")
-    assert_one_line_error(code, err, fragment)
+    assert_one_line_error(code, err, *(fragment if isinstance(fragment, tuple) else (fragment,)))
     assert out == ""
     assert not output.exists()
 
@@ -343,8 +345,11 @@ def imported_by(*argv: str) -> tuple[int, list[str]]:
     (["run", "--preset", "llama-3.1-8b", "--lengths", "16"], 2),
     (["compare", "results/reference.json", "results/reference.json"], 0),
 ], ids=lambda value: " ".join(value) if isinstance(value, list) else str(value))
-def test_help_argument_checks_refusals_budget_and_compare_import_no_torch_scipy_or_matplotlib(argv, status):
-    """What a user meets first answers at once: counted in modules, not timed, so it holds on any machine."""
+def test_help_argument_checks_refusals_budget_and_compare_import_no_torch_scipy_or_matplotlib(argv, status,
+                                                                                               monkeypatch):
+    """What a user meets first answers at once: counted in modules, not timed, so it holds on any machine
+    (its memory is stated: llama-3.1-8b is refused under 1 GiB however much the machine has)."""
+    monkeypatch.setenv("KVBENCH_AVAILABLE_MEMORY", "1GiB")
     assert imported_by(*argv) == (status, [])
 
 
@@ -372,3 +377,15 @@ def test_reading_a_record_imports_no_torch_and_no_matplotlib_without_a_plot(tmp_
     assert status == 0 and "torch" not in heavy and "matplotlib" not in heavy
     status, heavy = imported_by("report", "results/reference.json", "--plot", str(tmp_path / "plot.svg"))
     assert status == 0 and "matplotlib" in heavy and "torch" not in heavy
+
+
+def test_memory_refusals_follow_the_stated_limit(capsys, tmp_path, monkeypatch):
+    """The seed's tiny run fits on any machine, but not in a stated 64 KiB; a limit that is no size is one line."""
+    output = tmp_path / "rec.json"
+    monkeypatch.setenv("KVBENCH_AVAILABLE_MEMORY", "64KiB")
+    code, _, err = run_main(capsys, "run", "--lengths", "4", "--output", output, "--no-progress")
+    assert_one_line_error(code, err, "preset 'seed'", "but 64.0 KiB of memory is available")
+    monkeypatch.setenv("KVBENCH_AVAILABLE_MEMORY", "plenty")
+    code, _, err = run_main(capsys, "run", "--lengths", "4", "--output", output, "--no-progress")
+    assert_one_line_error(code, err, "KVBENCH_AVAILABLE_MEMORY: expected a size like 24GiB, 80GB or 1e9, got 'plenty'")
+    assert not output.exists()

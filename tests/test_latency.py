@@ -29,12 +29,19 @@ def test_a_modes_figures_are_medians_and_its_itl_percentiles_pool_every_step():
 
 
 def test_ratios_to_the_baseline_are_paired_by_rotation():
-    base = [request(r, 0.010, [0.004] * 4, "full") for r in range(7)]
-    mine = [request(r, 0.010, [0.001] * 4) for r in range(7)]
-    tpot = latency.ratio_to_baseline(base, mine, "tpot", between_run=0.0)
-    ttft = latency.ratio_to_baseline(base, mine, "ttft", between_run=0.0)
-    assert tpot.ratio == pytest.approx(4.0) and tpot.pairs == 7
-    assert ttft.ratio == pytest.approx(1.0)
+    """Rotations differ, so the median of per-rotation ratios (2 for TPOT, 2 for TTFT) is not the ratio of
+    the medians (3 and 1.5) nor what pairing by list position gives (3 and 1.25); the mode's requests come in
+    another order than the baseline's, and its extra rotation 5 has no pair."""
+    base_tpot, mine_tpot = [4e-3, 8e-3, 2e-3, 6e-3, 10e-3], [2e-3, 2e-3, 2e-3, 1e-3, 5e-3]
+    base_ttft, mine_ttft = [0.010, 0.020, 0.030, 0.040, 0.050], [0.020, 0.010, 0.015, 0.040, 0.025]
+    base = [request(r, base_ttft[r], [base_tpot[r]] * 4, "full") for r in range(5)]
+    mine = [request(r, mine_ttft[r], [mine_tpot[r]] * 4) for r in (4, 2, 0, 3, 1)] + [request(5, 1.0, [1.0] * 4)]
+    tpot = latency.ratio_to_baseline(base, mine, "tpot", between_run=0.0, interval="within")
+    ttft = latency.ratio_to_baseline(base, mine, "ttft", between_run=0.0, interval="within")
+    assert tpot.ratio == pytest.approx(2.0) and tpot.pairs == 5
+    assert (tpot.low, tpot.high) == pytest.approx((1.0, 6.0))  # five ratios 2, 4, 1, 6, 2: the median's range
+    assert ttft.ratio == pytest.approx(2.0) and ttft.pairs == 5
+    assert (ttft.low, ttft.high) == pytest.approx((0.5, 2.0))  # ratios 0.5, 2, 2, 1, 2
 
 
 def test_achieved_bandwidth_is_bytes_over_seconds():

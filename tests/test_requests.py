@@ -1,5 +1,7 @@
 """kvbench.requests: a request and a context step, teacher-forced, every kind against the full prefix."""
 
+import time
+
 import pytest
 import torch
 
@@ -38,12 +40,30 @@ def test_the_gate_of_a_request_passes_every_kind_and_fails_a_broken_one(tiny_mod
 
 
 def test_a_timed_request_keeps_the_prefill_and_every_step():
+    """Each step's own time: the parts add up to no more than the whole call took (cumulative times from the
+    request's start would add up to several times it)."""
     from kvbench.model import DecoderConfig, build_model
 
     model = build_model(DecoderConfig(max_length=64))
     ids = token_ids(model.config, 1, 20)
+    started = time.perf_counter_ns()
     timed = time_request(model, ids, "static", prompt=12)
+    whole = (time.perf_counter_ns() - started) / 1e9
     assert timed["ttft_seconds"] > 0 and len(timed["step_seconds"]) == 8 and min(timed["step_seconds"]) > 0
+    assert timed["ttft_seconds"] + sum(timed["step_seconds"]) <= whole
+
+
+def test_each_step_runs_from_the_end_of_the_one_before(tiny_model, monkeypatch):
+    """A clock whose k-th reading is k * (k + 1) / 2 ms: the k-th step took exactly k ms."""
+    from types import SimpleNamespace
+
+    from kvbench import requests
+
+    readings = iter(k * (k + 1) // 2 * 1_000_000 for k in range(100))
+    monkeypatch.setattr(requests, "time", SimpleNamespace(perf_counter_ns=lambda: next(readings)))
+    timed = time_request(tiny_model, token_ids(tiny_model.config, 1, 12), "static", prompt=8)
+    assert timed["ttft_seconds"] == pytest.approx(0.001)
+    assert timed["step_seconds"] == pytest.approx([0.002, 0.003, 0.004, 0.005])
 
 
 @pytest.mark.parametrize("mode", [FULL, *CACHE_KINDS])

@@ -155,7 +155,10 @@ def check_fits_in_memory(config: PlainConfig, protocol: Protocol, lengths: list[
                          preset: str = "seed") -> None:
     """Refuse a run whose model, ids, logits and caches cannot fit, before allocating any of them."""
     parts = memory.estimate_run_bytes(config, protocol.batch, lengths, modes)
-    needed, available = sum(parts.values()), memory.available_bytes()
+    try:
+        needed, available = sum(parts.values()), memory.available_bytes()
+    except ValueError as error:
+        raise CliError(str(error)) from None
     if needed > available:
         detail = ", ".join(f"{name} {format_bytes(size)}" for name, size in parts.items())
         raise CliError(f"preset {preset!r} ({kinds.parameter_count(config) / 1e9:.2f}B parameters, "
