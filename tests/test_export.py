@@ -421,10 +421,6 @@ def reference_with(change) -> str:
     return json.dumps(record)
 
 
-OWNED_ELSEWHERE = pytest.mark.xfail(strict=True, reason="issue 24: the record's meaning checks do not yet check the "
-                                                        "environment's types (export crashes or exports it)")
-
-
 @pytest.mark.parametrize("content, fragment", [
     (reference_with(lambda r: r.update(schema="kvbench.record/99")),
      "bad.json: unsupported schema version 'kvbench.record/99'"),
@@ -440,10 +436,9 @@ OWNED_ELSEWHERE = pytest.mark.xfail(strict=True, reason="issue 24: the record's 
     (reference_with(lambda r: r.update(environment=[])), "bad.json: environment: [] is not of type 'object'"),
     (reference_with(lambda r: r.update(checks=[c for c in r["checks"] if c["mode"] != "static"])),
      "bad.json: summary marks mode 'static' at length 16 valid=True, but its check gives valid=False"),
-    pytest.param(reference_with(lambda r: r["environment"]["os"].update(hostname=["vm"])), "hostname",
-                 marks=OWNED_ELSEWHERE),
-    pytest.param(reference_with(lambda r: r["environment"]["kvbench"].update(git_commit={"sha": 1})), "git_commit",
-                 marks=OWNED_ELSEWHERE),
+    (reference_with(lambda r: r["environment"]["os"].update(hostname=["vm"])), "environment/os/hostname"),
+    (reference_with(lambda r: r["environment"]["kvbench"].update(git_commit={"sha": 1})),
+     "environment/kvbench/git_commit"),
 ], ids=["schema", "status", "nan seconds", "negative seconds", "length a string", "unknown mode", "environment a list",
         "a timed cell without its check", "hostname a list", "commit an object"])
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
