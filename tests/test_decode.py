@@ -366,3 +366,55 @@ def test_cache_footprint_measured_equals_expected(model_for, mode, batch, length
     assert footprint["expected_bytes"] == expected
     assert footprint["measured_bytes"] == expected
     assert footprint["reserved_bytes"] >= footprint["measured_bytes"]
+
+
+# -- the gate pinned by value ------------------------------------------------------------------------
+
+
+def test_a_difference_of_exactly_the_tolerance_passes_and_tolerance_used_is_its_share():
+    # bound = atol + rtol * |reference| = 0.5 + 0.25 * [2, 4] = [1, 1.5], exact in binary
+    reference = torch.tensor([[[2.0, -4.0], [2.0, -4.0]]], dtype=torch.float64)
+    candidate = reference + torch.tensor([[[1.0, 0.75], [-1.0, 0.0]]], dtype=torch.float64)
+    result = compare_logits("static", candidate, reference, atol=0.5, rtol=0.25)
+    assert result.passed and result.failure is None and result.first_divergent_position is None
+    assert (result.tolerance_used, result.max_abs_diff, result.max_rel_diff) == (1.0, 1.0, 0.5)
+    assert (result.reference_max_abs, result.atol, result.rtol, result.dtype) == (4.0, 0.5, 0.25, "float64")
+    candidate[0, 1, 1] -= 1.5 + 2 ** -20  # step 1 just beyond its bound
+    beyond = compare_logits("static", candidate, reference, atol=0.5, rtol=0.25)
+    assert not beyond.passed and beyond.failure == "diverged" and beyond.first_divergent_position == 1
+    assert beyond.tolerance_used == pytest.approx((1.5 + 2 ** -20) / 1.5)
+    assert beyond.to_dict()["tolerance_used"] == beyond.tolerance_used
+
+
+def test_tolerances_are_the_dtypes_and_float32s_for_any_other():
+    assert tolerances(torch.float16) == (2e-3, 2e-3)
+    assert tolerances(torch.float64) == (1e-10, 1e-10)
+    assert tolerances(torch.int8) == tolerances(torch.float32) == (1e-5, 1e-5)
+
+
+def test_first_step_is_the_earliest_step_bad_in_any_sequence_and_logit():
+    bad = torch.zeros(2, 5, 3, dtype=torch.bool)
+    assert decode_module.first_step(bad) is None
+    bad[0, 3, 1] = bad[1, 2, 2] = True
+    assert decode_module.first_step(bad) == 2
+    bad[1, 0, 0] = True
+    assert decode_module.first_step(bad) == 0
+
+
+def test_top1_agrees_within_the_tolerance_of_the_best_logit_inclusive():
+    reference = torch.tensor([[[4.0, 3.0, 1.0], [4.0, 3.0, 1.0]]], dtype=torch.float64)
+    candidate = torch.tensor([[[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]], dtype=torch.float64)  # picks 3.0, then 1.0
+    # step 0 is 1.0 below the best, exactly atol + rtol * 4 = 0.5 + 0.125 * 4: agreement; step 1 is 3.0 below
+    assert decode_module.top1_agrees(candidate, reference, 0.5, 0.125).tolist() == [[True, False]]
+    assert decode_module.top1_agrees(candidate, reference, 0.5, 0.1).tolist() == [[False, False]]
+
+
+def test_judge_logits_applies_each_kinds_rule(tiny_model):
+    reference = torch.randn(1, 3, 5, generator=torch.Generator().manual_seed(0))
+    config = tiny_model.config
+    assert type(decode_module.judge_logits("static", reference, reference, 1e-5, 1e-5, config)).__name__ == "Equivalence"
+    for lossy in ("quantized-int8", "hf-quantized-int8"):
+        drift = decode_module.judge_logits(lossy, reference, reference, 1e-5, 1e-5, config)
+        assert type(drift).__name__ == "Drift" and drift.passed and drift.exact is False
+        assert drift.limits == KINDS["quantized-int8"].limits_for(config)
+    assert decode_module.judge_logits("hf-dynamic", reference, reference, 1e-5, 1e-5, config).exact is True
