@@ -418,3 +418,37 @@ def test_judge_logits_applies_each_kinds_rule(tiny_model):
         assert type(drift).__name__ == "Drift" and drift.passed and drift.exact is False
         assert drift.limits == KINDS["quantized-int8"].limits_for(config)
     assert decode_module.judge_logits("hf-dynamic", reference, reference, 1e-5, 1e-5, config).exact is True
+
+
+def test_token_ids_are_the_pinned_workload():
+    """Every record's workload: the same ids in every version, or records stop being comparable."""
+    assert token_ids(DecoderConfig(max_length=64), 2, 6, seed=0).tolist() == [[44, 47, 117, 64, 67, 123],
+                                                                               [55, 28, 34, 0, 0, 36]]
+
+
+def test_a_mode_that_raises_is_a_failed_check_that_cannot_be_timed(tiny_model, monkeypatch):
+    class ExplodingCache(ConcatCache):
+        def update(self, layer, k, v):
+            raise RuntimeError("boom\nsecond line")
+
+    monkeypatch.setitem(KINDS, "concat", ExplodingCache)
+    ids = token_ids(tiny_model.config, 1, 4)
+    checks = run_gate(tiny_model, ids, [2, 4], ["concat", "static"])
+    assert set(checks) == {(mode, length) for mode in ("concat", "static") for length in (2, 4)}
+    atol, rtol = tolerances(tiny_model.config.dtype)
+    assert checks[("concat", 4)] == {"mode": "concat", "length": 4, "passed": False, "max_abs_diff": None,
+                                     "max_rel_diff": None, "first_divergent_position": None, "non_finite": 0,
+                                     "atol": atol, "rtol": rtol, "dtype": "float32", "error": "RuntimeError: boom"}
+    assert checks[("static", 2)]["passed"] and checks[("static", 2)]["length"] == 2
+    assert not decode_module.timeable(checks[("concat", 2)]) and decode_module.timeable(checks[("static", 2)])
+    assert not decode_module.timeable(None)
+
+
+def test_equivalence_and_drift_are_frozen_and_say_whether_they_are_exact():
+    reference = torch.zeros(1, 2, 3)
+    exact = compare_logits("static", reference, reference, 1e-5, 1e-5)
+    drift = compare_drift("quantized-int8", reference, reference, {"max_abs_diff": 0.0}, 1e-5, 1e-5)
+    assert (exact.exact, drift.exact) == (True, False)
+    assert (drift.top1_disagreements, drift.reference_non_finite, drift.first_reference_non_finite) == (0, 0, None)
+    with pytest.raises(AttributeError):
+        exact.passed = False
