@@ -252,8 +252,7 @@ def test_each_sample_started_when_the_clock_says_it_did(clocked):
     modes = [s.mode for s in state.samples]
     assert modes == rotation_order(["full", "static"], 0, "rotate", 0, 4) + rotation_order(["full", "static"], 1,
                                                                                            "rotate", 0, 4)
-    expected = [sum(took[m] for m in modes[:i]) for i in range(4)]
-    assert [s.started for s in state.samples] == pytest.approx(expected, abs=1e-6)  # kept to the microsecond
+    assert [s.started for s in state.samples] == [round(sum(took[m] for m in modes[:i]), 6) for i in range(4)]
     assert state.elapsed == 6 * unit
     assert [s.order for s in state.samples] == [0, 1, 0, 1] and [s.repetition for s in state.samples] == [0, 0, 1, 1]
 
@@ -282,3 +281,20 @@ def test_a_prepare_runs_before_every_call_outside_the_timed_region(scripted):
     state = sample({4: {"full": Prepared()}}, Protocol.fixed(2, warmup=1))
     assert calls == ["prepare", "prepare", "full", "prepare", "full"]  # the warmup's call is not timed here
     assert len(state.samples) == 2
+
+
+def test_a_contended_length_is_watched_on_the_cpu_clock_of_one_thread():
+    """Every sample waited for a CPU: with one thread (the default) the speedup is of CPU seconds, which here are
+    steady, while wall seconds are not; with two threads wall time is the only honest clock."""
+    samples = [Sample(mode, 4, r, 0, wall, telemetry={"runqueue_seconds": wall, "cpu_seconds": cpu})
+               for r in range(9)
+               for mode, wall, cpu in (("full", 2.0 + 0.3 * (r % 3), 2.0), ("static", 1.0 + 0.4 * (r % 2), 1.0))]
+    steady = watched_half_widths(samples, 4, "full", between_run=0.0)
+    assert steady == {"static": 0.0}
+    assert watched_half_widths(samples, 4, "full", between_run=0.0, threads=2)["static"] > 0.05
+
+
+def test_a_round_runs_at_least_one_rotation_and_an_empty_run_took_no_time():
+    protocol = Protocol(repeats=3, max_repeats=50)
+    assert sampling.rotations_in_round(sampling.LengthSampling(4, rotations=3), protocol, 0.2, 0.1) == 1
+    assert Sampling().elapsed == 0.0 and sampling.LengthSampling(4).rotations == 0
