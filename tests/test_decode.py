@@ -203,6 +203,8 @@ def test_a_reference_that_is_not_finite_anywhere_fails_without_crashing(dtype):
     result = compare_logits("full", reference, reference, *tolerances(dtype))
     assert not result.passed and result.failure == REFERENCE_NOT_FINITE
     assert (result.reference_non_finite, result.first_reference_non_finite, result.reference_max_abs) == (12, 0, 0.0)
+    # nothing is finite on both sides: no difference to report, rather than NaN in a JSON record
+    assert (result.max_abs_diff, result.max_rel_diff, result.tolerance_used) == (0.0, 0.0, 0.0)
 
 
 def test_the_earliest_failing_step_wins_whichever_side_fails():
