@@ -32,7 +32,7 @@ test-virtualenv: $(STAMP)
 # at most MUTATION_SAMPLE mutants per module, MUTATION_JOBS at a time, niced so other work is not starved.
 # One module: make mutation MODULES=stats (several: MODULES=stats,paged).
 MODULES ?= stats,attention,contiguous,paged,gate,decode,sampling
-MUTATION_SAMPLE ?= 80
+MUTATION_SAMPLE ?= 40
 MUTATION_JOBS ?= 2
 
 mutation: $(STAMP)
