@@ -9,6 +9,7 @@ import kvbench.decode as decode_module
 from kvbench.cache import CACHE_KINDS, KINDS, ConcatCache, expected_cache_bytes
 from kvbench.config import DTYPES
 from kvbench.decode import (
+    DRIFTED,
     FULL,
     MODES,
     NOT_FINITE,
@@ -454,3 +455,13 @@ def test_equivalence_and_drift_are_frozen_and_say_whether_they_are_exact():
     assert (drift.top1_disagreements, drift.reference_non_finite, drift.first_reference_non_finite) == (0, 0, None)
     with pytest.raises(AttributeError):
         exact.passed = False
+
+
+def test_a_finite_lossy_kind_beyond_its_limits_has_drifted():
+    reference = torch.linspace(-1, 1, 1 * 5 * 4).view(1, 5, 4)
+    candidate = reference + 1e-3  # finite, beyond the exact tolerance, and beyond a max_abs_diff limit of 1e-4
+    result = compare_drift("quantized-int8", candidate, reference, {"max_abs_diff": 1e-4}, atol=1e-5, rtol=1e-5)
+    assert (result.passed, result.failure) == (False, DRIFTED)
+    assert result.max_abs_diff == pytest.approx(1e-3, rel=1e-3) and result.first_divergent_position is None  # top-1 agrees
+    within = compare_drift("quantized-int8", candidate, reference, {"max_abs_diff": 1e-2}, atol=1e-5, rtol=1e-5)
+    assert (within.passed, within.failure) == (True, None)
