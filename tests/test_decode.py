@@ -465,3 +465,13 @@ def test_a_finite_lossy_kind_beyond_its_limits_has_drifted():
     assert result.max_abs_diff == pytest.approx(1e-3, rel=1e-3) and result.first_divergent_position is None  # top-1 agrees
     within = compare_drift("quantized-int8", candidate, reference, {"max_abs_diff": 1e-2}, atol=1e-5, rtol=1e-5)
     assert (within.passed, within.failure) == (True, None)
+
+
+def test_a_lossy_kinds_first_divergent_position_is_its_earliest_top1_disagreement_in_any_sequence():
+    reference = torch.tensor([0.0, 1.0, 3.0]).repeat(2, 6, 1)  # token 2 is the top-1 at every step
+    candidate = reference.clone()
+    candidate[0, 4] = torch.tensor([5.0, 1.0, 3.0])  # sequence 0 picks token 0 at step 4
+    candidate[1, 2] = candidate[1, 5] = torch.tensor([5.0, 1.0, 3.0])  # sequence 1 at steps 2 and 5
+    result = compare_drift("quantized-int8", candidate, reference, {"top1_agreement": 0.0}, atol=1e-5, rtol=1e-5)
+    assert (result.first_divergent_position, result.top1_disagreements) == (2, 3)
+    assert result.top1_agreement == pytest.approx(9 / 12)
