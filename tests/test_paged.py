@@ -530,3 +530,12 @@ def test_every_read_after_release_raises(model):
         with pytest.raises(ValueError, match="cache was released"):
             read(0)
     assert repr(cache).endswith("blocks_held=0, released=True)")
+
+
+def test_defaults_are_blocks_of_16_and_layer_0(model):
+    assert BlockPool(model.config, num_blocks=1).block_size == 16
+    with torch.inference_mode():
+        _, cache = model(tokens(1, 3, seed=47), PagedCache(model.config, block_size=4))
+    assert cache.batch == 1
+    assert torch.equal(cache.keys(), cache.keys(0)) and not torch.equal(cache.keys(), cache.keys(1))
+    assert torch.equal(cache.values(), cache.values(0)) and not torch.equal(cache.values(), cache.values(1))
