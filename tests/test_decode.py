@@ -475,3 +475,15 @@ def test_a_lossy_kinds_first_divergent_position_is_its_earliest_top1_disagreemen
     result = compare_drift("quantized-int8", candidate, reference, {"top1_agreement": 0.0}, atol=1e-5, rtol=1e-5)
     assert (result.first_divergent_position, result.top1_disagreements) == (2, 3)
     assert result.top1_agreement == pytest.approx(9 / 12)
+
+
+def test_a_transformers_mode_feeds_one_token_a_step_like_the_cached_kinds():
+    from kvbench.model import preset_config
+
+    tiny_model = build_model(preset_config("llama-tiny", vocab_size=128, max_length=64), seed=0)  # llama: hf's twin
+    ids = token_ids(tiny_model.config, 2, 6)
+    with torch.inference_mode():
+        logits = decode(tiny_model, ids, "hf-dynamic", keep_logits=True)
+        reference = decode_full(tiny_model, ids, keep_logits=True)
+    assert logits.shape == reference.shape == (2, 6, tiny_model.config.vocab_size)
+    torch.testing.assert_close(logits, reference, atol=1e-5, rtol=1e-5)
