@@ -487,3 +487,10 @@ def test_a_transformers_mode_feeds_one_token_a_step_like_the_cached_kinds():
         reference = decode_full(tiny_model, ids, keep_logits=True)
     assert logits.shape == reference.shape == (2, 6, tiny_model.config.vocab_size)
     torch.testing.assert_close(logits, reference, atol=1e-5, rtol=1e-5)
+
+
+def test_the_loops_keep_no_logits_unless_asked(tiny_model):
+    ids = token_ids(tiny_model.config, 1, 3)
+    with torch.inference_mode():
+        assert decode_full(tiny_model, ids) is None and decode_cached(tiny_model, ids, "static") is None
+        assert decode_cached(tiny_model, ids, "static", keep_logits=True).shape == (1, 3, tiny_model.config.vocab_size)
