@@ -494,3 +494,11 @@ def test_the_loops_keep_no_logits_unless_asked(tiny_model):
     with torch.inference_mode():
         assert decode_full(tiny_model, ids) is None and decode_cached(tiny_model, ids, "static") is None
         assert decode_cached(tiny_model, ids, "static", keep_logits=True).shape == (1, 3, tiny_model.config.vocab_size)
+
+
+def test_a_footprint_expects_the_kinds_formula_and_for_transformers_what_was_measured():
+    config = DecoderConfig(max_length=64)
+    assert decode_module.footprint_expected_bytes("static", config, 2, 8, None, measured=1) == \
+        expected_cache_bytes(config, 2, 8)
+    assert decode_module.footprint_expected_bytes(FULL, config, 1, 8, None, measured=1) == expected_cache_bytes(config, 1, 8)
+    assert decode_module.footprint_expected_bytes("hf-dynamic", config, 2, 8, None, measured=12345) == 12345
