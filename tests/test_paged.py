@@ -539,3 +539,28 @@ def test_defaults_are_blocks_of_16_and_layer_0(model):
     assert cache.batch == 1
     assert torch.equal(cache.keys(), cache.keys(0)) and not torch.equal(cache.keys(), cache.keys(1))
     assert torch.equal(cache.values(), cache.values(0)) and not torch.equal(cache.values(), cache.values(1))
+
+
+def test_a_failure_after_reserve_gives_back_new_and_copied_blocks(model, monkeypatch):
+    """A fork's first append copies its shared partial block and takes a new one; a failure in the forward
+    pass after that must hand both back and leave the table, the length and the shared block as they were."""
+    import kvbench.model as model_module
+
+    pool = BlockPool(model.config, num_blocks=8, block_size=4)
+    with torch.inference_mode():
+        _, parent = model(tokens(1, 6, seed=48), PagedCache(model.config, pool=pool))
+        child = parent.fork()
+        before, free = snapshot(child), pool.free_blocks
+
+        def failing(*args, **kwargs):
+            raise RuntimeError("boom")
+
+        monkeypatch.setattr(model_module, "causal_attention", failing)
+        with pytest.raises(RuntimeError, match="boom"):
+            model(tokens(1, 3, seed=49), child)  # 6 + 3 positions: a copy of block 1 and a new block
+    assert_same_snapshot(before, snapshot(child))
+    assert pool.free_blocks == free and [pool.refcount(b) for b in before["table"][0].tolist()] == [2, 2]
+    monkeypatch.undo()
+    with torch.inference_mode():
+        _, child = model(tokens(1, 3, seed=49), child)  # and the fork still works
+    assert child.length == 9 and pool.refcount(before["table"][0, 1].item()) == 1
