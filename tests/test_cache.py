@@ -417,3 +417,19 @@ def test_bad_batch_rejected(kind, batch):
 def test_expected_cache_bytes_refuses_impossible_sizes(batch, length):
     with pytest.raises(ValueError, match=r"must be an integer >= 0, got"):
         expected_cache_bytes(SEED_CONFIG, batch, length)
+
+
+@pytest.mark.parametrize("kind", ["concat", "static"])
+def test_a_contiguous_cache_by_default_holds_one_sequence_and_reads_layer_0(kind):
+    """The defaults the classes are made with directly, and reserved bytes by value, on a model of two layers."""
+    config = CONFIGS["gqa-layers2-wide"]  # 2 layers, 2 KV heads of width 8, float32
+    cache = KINDS[kind](config, capacity=6)
+    assert cache.batch == 1
+    with torch.inference_mode():
+        _, cache = built(config)(ids_for(config, 1, 4), cache)
+    for layer in range(2):
+        assert cache.keys(layer).shape == cache.values(layer).shape == (1, 2, 4, 8)
+    assert torch.equal(cache.keys(), cache.keys(0)) and torch.equal(cache.values(), cache.values(0))
+    assert not torch.equal(cache.keys(0), cache.keys(1))
+    # concat holds what is valid; static its whole capacity: (K, V) * 2 layers * 2 heads * positions * 8 * 4 bytes
+    assert cache.reserved_bytes == 2 * 2 * 2 * (4 if kind == "concat" else 6) * 8 * 4

@@ -9,6 +9,7 @@ import kvbench.decode as decode_module
 from kvbench.cache import CACHE_KINDS, KINDS, ConcatCache, expected_cache_bytes
 from kvbench.config import DTYPES
 from kvbench.decode import (
+    DRIFTED,
     FULL,
     MODES,
     NOT_FINITE,
@@ -203,6 +204,8 @@ def test_a_reference_that_is_not_finite_anywhere_fails_without_crashing(dtype):
     result = compare_logits("full", reference, reference, *tolerances(dtype))
     assert not result.passed and result.failure == REFERENCE_NOT_FINITE
     assert (result.reference_non_finite, result.first_reference_non_finite, result.reference_max_abs) == (12, 0, 0.0)
+    # nothing is finite on both sides: no difference to report, rather than NaN in a JSON record
+    assert (result.max_abs_diff, result.max_rel_diff, result.tolerance_used) == (0.0, 0.0, 0.0)
 
 
 def test_the_earliest_failing_step_wins_whichever_side_fails():
@@ -366,3 +369,136 @@ def test_cache_footprint_measured_equals_expected(model_for, mode, batch, length
     assert footprint["expected_bytes"] == expected
     assert footprint["measured_bytes"] == expected
     assert footprint["reserved_bytes"] >= footprint["measured_bytes"]
+
+
+# -- the gate pinned by value ------------------------------------------------------------------------
+
+
+def test_a_difference_of_exactly_the_tolerance_passes_and_tolerance_used_is_its_share():
+    # bound = atol + rtol * |reference| = 0.5 + 0.25 * [2, 4] = [1, 1.5], exact in binary
+    reference = torch.tensor([[[2.0, -4.0], [2.0, -4.0]]], dtype=torch.float64)
+    candidate = reference + torch.tensor([[[1.0, 0.75], [-1.0, 0.0]]], dtype=torch.float64)
+    result = compare_logits("static", candidate, reference, atol=0.5, rtol=0.25)
+    assert result.passed and result.failure is None and result.first_divergent_position is None
+    assert (result.tolerance_used, result.max_abs_diff, result.max_rel_diff) == (1.0, 1.0, 0.5)
+    assert (result.reference_max_abs, result.atol, result.rtol, result.dtype) == (4.0, 0.5, 0.25, "float64")
+    candidate[0, 1, 1] -= 1.5 + 2 ** -20  # step 1 just beyond its bound
+    beyond = compare_logits("static", candidate, reference, atol=0.5, rtol=0.25)
+    assert not beyond.passed and beyond.failure == "diverged" and beyond.first_divergent_position == 1
+    assert beyond.tolerance_used == pytest.approx((1.5 + 2 ** -20) / 1.5)
+    assert beyond.to_dict()["tolerance_used"] == beyond.tolerance_used
+
+
+def test_tolerances_are_the_dtypes_and_float32s_for_any_other():
+    assert tolerances(torch.float16) == (2e-3, 2e-3)
+    assert tolerances(torch.float64) == (1e-10, 1e-10)
+    assert tolerances(torch.int8) == tolerances(torch.float32) == (1e-5, 1e-5)
+
+
+def test_first_step_is_the_earliest_step_bad_in_any_sequence_and_logit():
+    bad = torch.zeros(2, 5, 3, dtype=torch.bool)
+    assert decode_module.first_step(bad) is None
+    bad[0, 3, 1] = bad[1, 2, 2] = True
+    assert decode_module.first_step(bad) == 2
+    bad[1, 0, 0] = True
+    assert decode_module.first_step(bad) == 0
+
+
+def test_top1_agrees_within_the_tolerance_of_the_best_logit_inclusive():
+    reference = torch.tensor([[[4.0, 3.0, 1.0], [4.0, 3.0, 1.0]]], dtype=torch.float64)
+    candidate = torch.tensor([[[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]], dtype=torch.float64)  # picks 3.0, then 1.0
+    # step 0 is 1.0 below the best, exactly atol + rtol * 4 = 0.5 + 0.125 * 4: agreement; step 1 is 3.0 below
+    assert decode_module.top1_agrees(candidate, reference, 0.5, 0.125).tolist() == [[True, False]]
+    assert decode_module.top1_agrees(candidate, reference, 0.5, 0.1).tolist() == [[False, False]]
+
+
+def test_judge_logits_applies_each_kinds_rule(tiny_model):
+    reference = torch.randn(1, 3, 5, generator=torch.Generator().manual_seed(0))
+    config = tiny_model.config
+    assert type(decode_module.judge_logits("static", reference, reference, 1e-5, 1e-5, config)).__name__ == "Equivalence"
+    for lossy in ("quantized-int8", "hf-quantized-int8"):
+        drift = decode_module.judge_logits(lossy, reference, reference, 1e-5, 1e-5, config)
+        assert type(drift).__name__ == "Drift" and drift.passed and drift.exact is False
+        assert drift.limits == KINDS["quantized-int8"].limits_for(config)
+    assert decode_module.judge_logits("hf-dynamic", reference, reference, 1e-5, 1e-5, config).exact is True
+
+
+def test_token_ids_are_the_pinned_workload():
+    """Every record's workload: the same ids in every version, or records stop being comparable."""
+    assert token_ids(DecoderConfig(max_length=64), 2, 6, seed=0).tolist() == [[44, 47, 117, 64, 67, 123],
+                                                                               [55, 28, 34, 0, 0, 36]]
+
+
+def test_a_mode_that_raises_is_a_failed_check_that_cannot_be_timed(tiny_model, monkeypatch):
+    class ExplodingCache(ConcatCache):
+        def update(self, layer, k, v):
+            raise RuntimeError("boom\nsecond line")
+
+    monkeypatch.setitem(KINDS, "concat", ExplodingCache)
+    ids = token_ids(tiny_model.config, 1, 4)
+    checks = run_gate(tiny_model, ids, [2, 4], ["concat", "static"])
+    assert set(checks) == {(mode, length) for mode in ("concat", "static") for length in (2, 4)}
+    atol, rtol = tolerances(tiny_model.config.dtype)
+    assert checks[("concat", 4)] == {"mode": "concat", "length": 4, "passed": False, "max_abs_diff": None,
+                                     "max_rel_diff": None, "first_divergent_position": None, "non_finite": 0,
+                                     "atol": atol, "rtol": rtol, "dtype": "float32", "error": "RuntimeError: boom"}
+    assert checks[("static", 2)]["passed"] and checks[("static", 2)]["length"] == 2
+    assert not decode_module.timeable(checks[("concat", 2)]) and decode_module.timeable(checks[("static", 2)])
+    assert not decode_module.timeable(None)
+
+
+def test_equivalence_and_drift_are_frozen_and_say_whether_they_are_exact():
+    reference = torch.zeros(1, 2, 3)
+    exact = compare_logits("static", reference, reference, 1e-5, 1e-5)
+    drift = compare_drift("quantized-int8", reference, reference, {"max_abs_diff": 0.0}, 1e-5, 1e-5)
+    assert (exact.exact, drift.exact) == (True, False)
+    assert (drift.top1_disagreements, drift.reference_non_finite, drift.first_reference_non_finite) == (0, 0, None)
+    with pytest.raises(AttributeError):
+        exact.passed = False
+
+
+def test_a_finite_lossy_kind_beyond_its_limits_has_drifted():
+    reference = torch.linspace(-1, 1, 1 * 5 * 4).view(1, 5, 4)
+    candidate = reference + 1e-3  # finite, beyond the exact tolerance, and beyond a max_abs_diff limit of 1e-4
+    result = compare_drift("quantized-int8", candidate, reference, {"max_abs_diff": 1e-4}, atol=1e-5, rtol=1e-5)
+    assert (result.passed, result.failure) == (False, DRIFTED)
+    assert result.max_abs_diff == pytest.approx(1e-3, rel=1e-3) and result.first_divergent_position is None  # top-1 agrees
+    within = compare_drift("quantized-int8", candidate, reference, {"max_abs_diff": 1e-2}, atol=1e-5, rtol=1e-5)
+    assert (within.passed, within.failure) == (True, None)
+
+
+def test_a_lossy_kinds_first_divergent_position_is_its_earliest_top1_disagreement_in_any_sequence():
+    reference = torch.tensor([0.0, 1.0, 3.0]).repeat(2, 6, 1)  # token 2 is the top-1 at every step
+    candidate = reference.clone()
+    candidate[0, 4] = torch.tensor([5.0, 1.0, 3.0])  # sequence 0 picks token 0 at step 4
+    candidate[1, 2] = candidate[1, 5] = torch.tensor([5.0, 1.0, 3.0])  # sequence 1 at steps 2 and 5
+    result = compare_drift("quantized-int8", candidate, reference, {"top1_agreement": 0.0}, atol=1e-5, rtol=1e-5)
+    assert (result.first_divergent_position, result.top1_disagreements) == (2, 3)
+    assert result.top1_agreement == pytest.approx(9 / 12)
+
+
+def test_a_transformers_mode_feeds_one_token_a_step_like_the_cached_kinds():
+    from kvbench.model import preset_config
+
+    tiny_model = build_model(preset_config("llama-tiny", vocab_size=128, max_length=64), seed=0)  # llama: hf's twin
+    ids = token_ids(tiny_model.config, 2, 6)
+    with torch.inference_mode():
+        logits = decode(tiny_model, ids, "hf-dynamic", keep_logits=True)
+        reference = decode_full(tiny_model, ids, keep_logits=True)
+    assert logits.shape == reference.shape == (2, 6, tiny_model.config.vocab_size)
+    torch.testing.assert_close(logits, reference, atol=1e-5, rtol=1e-5)
+
+
+def test_the_loops_keep_no_logits_unless_asked(tiny_model):
+    ids = token_ids(tiny_model.config, 1, 3)
+    with torch.inference_mode():
+        assert decode_full(tiny_model, ids) is None and decode_cached(tiny_model, ids, "static") is None
+        assert decode_cached(tiny_model, ids, "static", keep_logits=True).shape == (1, 3, tiny_model.config.vocab_size)
+
+
+def test_a_footprint_expects_the_kinds_formula_and_for_transformers_what_was_measured():
+    config = DecoderConfig(max_length=64)
+    assert decode_module.footprint_expected_bytes("static", config, 2, 8, None, measured=1) == \
+        expected_cache_bytes(config, 2, 8)
+    assert decode_module.footprint_expected_bytes(FULL, config, 1, 8, None, measured=1) == expected_cache_bytes(config, 1, 8)
+    assert decode_module.footprint_expected_bytes("hf-dynamic", config, 2, 8, None, measured=12345) == 12345
