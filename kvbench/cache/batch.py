@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from kvbench.cache.base import Cache
+from kvbench.cache.paged import PagedCache
 from kvbench.config import DecoderConfig
 
 
@@ -37,6 +38,7 @@ class BatchedCache(Cache):
             raise ValueError("every row must be one sequence whose keys are its positions 0..T-1 (no window ring)")
         super().__init__(rows[0].config, batch=len(rows))
         self.rows, self.new = rows, new
+        self.slots: tuple[Tensor, Tensor, Tensor] | None = None  # set by reserve() when every row is in one pool
         width = max(new)
         starts = torch.tensor([row.length for row in rows])[:, None]  # (B, 1)
         steps = torch.minimum(torch.arange(width)[None, :], torch.tensor(new)[:, None] - 1)  # (B, L): padding repeats
@@ -61,10 +63,29 @@ class BatchedCache(Cache):
             for row in done:
                 row.rollback()
             raise
+        pools = {id(row.pool) for row in self.rows if isinstance(row, PagedCache)}
+        self.slots = self._pool_slots() if len(pools) == 1 and all(isinstance(r, PagedCache) for r in self.rows) else None
+
+    def _pool_slots(self) -> tuple[Tensor, Tensor, Tensor]:
+        """Rows of one pool, addressed all at once: (the new tokens' index in k flattened row-major over (B, L),
+        their pool slots, every row's key slots (B * S); a padded key reads slot 0 and is masked)."""
+        width, S = max(self.new), self.key_mask.shape[-1]
+        size = self.rows[0].block_size
+        picked, written, read = [], [], torch.zeros(len(self.rows), S, dtype=torch.long)
+        for b, (row, count) in enumerate(zip(self.rows, self.new)):
+            end = row.length + count
+            positions = torch.arange(end)
+            slots = row.block_table[0][positions // size] * size + positions % size
+            read[b, :end] = slots
+            written.append(slots[row.length :])
+            picked.append(torch.arange(b * width, b * width + count))
+        return torch.cat(picked), torch.cat(written), read.view(-1)
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """k, v (B, KVH, L, D) -> every row's keys and values (B, KVH, S, D), zero past each row's own."""
         B, KVH, _, D = k.shape
+        if self.slots is not None:  # one pool: one write and one gather for every row, as paged attention reads
+            return tuple(self._through_pool(layer, index, new) for index, new in enumerate((k, v)))
         S = self.key_mask.shape[-1]
         keys, values = k.new_zeros(B, KVH, S, D), v.new_zeros(B, KVH, S, D)
         for b, (row, count) in enumerate(zip(self.rows, self.new)):
@@ -72,6 +93,13 @@ class BatchedCache(Cache):
             keys[b, :, : row_keys.shape[-2]] = row_keys[0]
             values[b, :, : row_values.shape[-2]] = row_values[0]
         return keys, values
+
+    def _through_pool(self, layer: int, index: int, new: Tensor) -> Tensor:
+        picked, written, read = self.slots
+        pool = self.rows[0].pool.slots[layer][index][0]  # (KVH, NB * bs, D)
+        KVH, D = new.shape[1], new.shape[-1]
+        pool.index_copy_(1, written, new.transpose(0, 1).reshape(KVH, -1, D).index_select(1, picked))
+        return pool.index_select(1, read).view(KVH, len(self.rows), -1, D).transpose(0, 1)  # (B, KVH, S, D)
 
     def commit(self, length: int) -> None:
         for row, count in zip(self.rows, self.new):
