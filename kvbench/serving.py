@@ -68,9 +68,12 @@ def gate(model: Decoder, trace: Trace, kind: str, budget: int, settings: dict) -
 
 
 def serve(model: Decoder, trace: Trace, kinds: list[str], budget: int, settings: dict[str, dict],
-          protocol: Protocol, on_sample=None, state=None) -> dict:
-    """The gate of every kind, then the sampled replays: {"checks", "samples"} (samples keep their replays)."""
-    checks = {kind: gate(model, trace, kind, budget, settings[kind]) for kind in kinds}
+          protocol: Protocol, on_sample=None, state=None, checks: dict | None = None) -> dict:
+    """The gate of every kind, then the sampled replays: {"checks", "control", "sampling"} (samples keep their
+    replays). Pass `checks` and `state` to keep what was done when an interrupt ends the run early."""
+    checks = checks if checks is not None else {}
+    for kind in kinds:
+        checks[kind] = gate(model, trace, kind, budget, settings[kind])
     runnable = [kind for kind in kinds if checks[kind]["passed"]]
     loops = {kind: Replay(model, trace, kind, budget, settings[kind]) for kind in runnable}
     control = control_mode(protocol.control, runnable)

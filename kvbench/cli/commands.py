@@ -79,10 +79,6 @@ def check_report_options(args: argparse.Namespace) -> None:
 
 def cmd_report(args: argparse.Namespace) -> int:
     check_report_options(args)
-    from kvbench.cli import serve  # torch-free; a serving record has its own tables and plot
-
-    if serve.is_serving_record(args.record):
-        return serve.cmd_report_serving(args)
     report = model.build_report(load_view(args.record))
     if args.plot is not None:
         from kvbench.report import plots

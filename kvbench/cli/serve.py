@@ -4,10 +4,11 @@ record. Every option, the trace and the budget are checked torch-free, before an
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from kvbench import admission, files, memory, record, timing, trace
-from kvbench.cli.commands import check_output, config_from_args
+from kvbench.cli.commands import check_output, cmd_report, config_from_args
 from kvbench.cli.options import CliError, fraction
 from kvbench.cli.serving_options import DEFAULT_KINDS, DEFAULT_REPEATS, DEFAULT_BUDGET_REQUESTS
 from kvbench.kinds import DEFAULT_MODES
@@ -104,8 +105,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     in_effect = {"threads_in_effect": timing.set_threads(protocol.threads), "cpu_in_effect": timing.pin_cpu(protocol.cpu)}
     environment = capture.collect_environment()
     model = build_model(DecoderConfig.from_dict(config.to_dict()), seed=protocol.seed)
-    outcome = serving.serve(model, served, kinds, budget, settings, protocol)
-    result = {"schema": "kvbench.serving/1", "command": ["kvbench", *args.argv], "preset": args.preset,
+    from kvbench.sampling import Sampling
+
+    state, checks, interrupted = Sampling(), {}, False
+    try:
+        outcome = serving.serve(model, served, kinds, budget, settings, protocol, state=state, checks=checks)
+    except KeyboardInterrupt:  # keep what was measured, as every run does
+        if not checks:
+            raise
+        interrupted, outcome = True, {"checks": checks, "control": None, "sampling": state}
+    result = {"complete": not interrupted, "schema": "kvbench.serving/1", "command": ["kvbench", *args.argv], "preset": args.preset,
               "config": config.to_dict(), "trace": served.to_dict(), "kinds": kinds, "settings": settings,
               "budget": {"bytes": budget, "given": args.kv_budget, "reserve": args.reserve, "minimum": minimum},
               "protocol": protocol.describe(in_effect), "environment": environment, "checks": outcome["checks"],
@@ -115,6 +124,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print_serving(result)
     stdout_console().print(f"record: {path}")
     failed = [kind for kind, check in outcome["checks"].items() if not check["passed"]]
+    if interrupted:
+        print(f"kvbench: interrupted: the record keeps {len(result['samples'])} replays and "
+              f"{len(checks)} of {len(kinds)} checks, marked incomplete: {path}", file=sys.stderr)
+        return 130
     return 1 if failed else 0
 
 
@@ -139,6 +152,11 @@ def is_serving_record(path: Path) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(data, dict) and data.get("schema") == "kvbench.serving/1"
+
+
+def cmd_report_any(args: argparse.Namespace) -> int:
+    """`kvbench report`: a serving record has its own tables and plot; any other goes to cmd_report."""
+    return cmd_report_serving(args) if is_serving_record(args.record) else cmd_report(args)
 
 
 def cmd_report_serving(args: argparse.Namespace) -> int:

@@ -7,15 +7,11 @@ from __future__ import annotations
 import io
 import statistics
 
-from matplotlib import rc_context
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 from rich import box
 from rich.table import Table
 
 from kvbench import stats
 from kvbench.report.format import format_bytes, rich_escape
-from kvbench.report.plots import DPI, RC, color
 from kvbench.serving_figures import replay_figures
 
 SERVING_SCHEMA = "kvbench.serving/1"
@@ -102,7 +98,7 @@ def serving_table(record: dict, summary: dict) -> Table:
                  "preempt", "reserved", "used", "waste", "saved by sharing"):
         table.add_column(name, justify="left" if name in ("kind", "gate") else "right", no_wrap=True)
     for kind, figures in summary["kinds"].items():
-        check = record["checks"][kind]
+        check = record["checks"].get(kind, {"passed": False})
         table.add_row(rich_escape(kind), "pass" if check["passed"] else "FAIL",
                       _interval(figures.get("output_tokens_per_second"), digits=".1f"),
                       _ratio(summary["ratios"].get(kind, {}).get("throughput")),
@@ -139,6 +135,12 @@ def control_sentence(summary: dict) -> str | None:
 
 def memory_plot(record: dict, suffix: str = ".png") -> bytes:
     """Used, reserved and shared-saved KV bytes over time, one panel per kind, from each kind's first rotation."""
+    from matplotlib import rc_context  # only a plot pays for matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from kvbench.report.plots import DPI, RC, color
+
     first = {}
     for kept in record["samples"]:
         if kept["mode"] in record["kinds"] and kept["mode"] not in first:
