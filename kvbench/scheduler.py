@@ -243,9 +243,16 @@ class Scheduler:
         preempted = self.make_room()
         admitted = self.admit(now)
         decoding = [live for live in self.running if live not in admitted]
+        begun = self.now()
         self.ledger.prepare(admitted, self.source)
-        stepped = self.forward(admitted, lambda live: live.feed - live.cache.length)
+        forked = sum(live.cache.length for live in admitted)  # prompt positions a shared prefix already holds
+        stepped = []
+        for live in admitted:  # one call each: a prompt is already many rows, and padding prompts wastes work
+            stepped += self.forward([live], lambda live: live.feed - live.cache.length)
+        prefilled = self.now()
         stepped += self.forward(decoding, lambda live: 1)
+        seconds = {"prefill_seconds": round(prefilled - begun, 6), "decode_seconds": round(self.now() - prefilled, 6),
+                   "prefill_tokens": sum(live.feed for live in admitted) - forked}
         memory = self.ledger.snapshot(self.running)
         freed, ended = self.retire(stepped)
         if not stepped and self.waiting:
@@ -253,7 +260,7 @@ class Scheduler:
                              f"{self.ledger.budget} bytes is below its minimum (kvbench.admission.minimum_budget)")
         self.iterations.append({"time": round(self.now(), 6), "running": len(stepped), "waiting": len(self.waiting),
                                 "admitted": len(admitted), "preempted": preempted, "ended": ended,
-                                "freed": freed, **memory, "reserved_after": self.ledger.held_bytes()})
+                                "freed": freed, **memory, "reserved_after": self.ledger.held_bytes(), **seconds})
 
     def make_room(self) -> int:
         """Preempt the newest running requests until every other one's next token fits."""

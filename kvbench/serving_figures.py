@@ -67,4 +67,7 @@ def replay_figures(outcome: dict) -> dict:
         "used_bytes": used, "reserved_bytes": reserved, "waste": 1 - used / reserved if reserved else 0.0,
         "peak_reserved_bytes": max(it["reserved"] for it in iterations),
         "saved_bytes_max": max(it["saved"] for it in iterations),
+        # where the time goes: the prefill calls (recomputes after preemption included) and the decode calls
+        **{name: sum(it.get(name, 0) for it in iterations) for name in ("prefill_seconds", "decode_seconds",
+                                                                          "prefill_tokens")},
     }

@@ -54,7 +54,8 @@ def paired(found: dict[str, dict[int, dict]], numerator: str, denominator: str, 
 
 SUMMARISED = ("output_tokens_per_second", "requests_per_second", "ttft.p50", "ttft.p99", "tpot.p50", "tpot.p99",
               "itl.p99", "e2e.p99", "queueing.p99", "max_concurrency", "mean_concurrency", "preemptions",
-              "used_bytes", "reserved_bytes", "waste", "saved_bytes_max")
+              "used_bytes", "reserved_bytes", "waste", "saved_bytes_max", "prefill_seconds", "decode_seconds",
+              "prefill_tokens")
 
 
 def summarise(record: dict) -> dict:
@@ -95,7 +96,7 @@ def serving_table(record: dict, summary: dict) -> Table:
              f"{trace['arrivals']}), KV budget {format_bytes(budget['bytes'])}; medians over rotations [95% interval]")
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for name in ("kind", "gate", "output tok/s", f"x {summary['baseline']}", "req/s", "concurrency max/mean",
-                 "preempt", "reserved", "used", "waste", "saved by sharing"):
+                 "preempt", "prefill tokens", "prefill/decode s", "reserved", "used", "waste", "saved by sharing"):
         table.add_column(name, justify="left" if name in ("kind", "gate") else "right", no_wrap=True)
     for kind, figures in summary["kinds"].items():
         check = record["checks"].get(kind, {"passed": False})
@@ -104,7 +105,9 @@ def serving_table(record: dict, summary: dict) -> Table:
                       _ratio(summary["ratios"].get(kind, {}).get("throughput")),
                       f"{figures['requests_per_second']['median']:.2f}",
                       f"{figures['max_concurrency']['median']:.0f} / {figures['mean_concurrency']['median']:.1f}",
-                      f"{figures['preemptions']['median']:.0f}", format_bytes(figures["reserved_bytes"]["median"]),
+                      f"{figures['preemptions']['median']:.0f}", f"{figures['prefill_tokens']['median']:.0f}",
+                      f"{figures['prefill_seconds']['median']:.1f} / {figures['decode_seconds']['median']:.1f}",
+                      format_bytes(figures["reserved_bytes"]["median"]),
                       format_bytes(figures["used_bytes"]["median"]), f"{figures['waste']['median']:.1%}",
                       format_bytes(figures["saved_bytes_max"]["median"]))
     return table
