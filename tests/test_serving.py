@@ -224,3 +224,28 @@ def test_a_serving_run_end_to_end_and_its_report(capsys, tmp_path):
     code, _, err = run_main(capsys, "run", "--trace", record, "--repeats", "1", "--output", tmp_path / "again.json")
     assert code == 0, err  # a record's trace replays
     assert json.loads((tmp_path / "again.json").read_text())["trace"] == data["trace"]
+
+
+def synthetic_replay(scale, reserved, used):
+    requests = [{"id": i, "arrival": 0.0, "admitted": 0.0, "token_times": [scale * (i + 1), scale * (i + 2)],
+                 "finished": scale * (i + 2), "cancelled": False, "preemptions": 0} for i in range(3)]
+    iterations = [{"time": scale * t, "running": 2, "waiting": 0, "admitted": 0, "preempted": 0, "ended": 0,
+                   "freed": 0, "used": used, "reserved": reserved, "saved": 0, "reserved_after": reserved}
+                  for t in range(1, 5)]
+    return {"requests": requests, "iterations": iterations}
+
+
+def test_the_summary_reads_ratios_the_right_way_round():
+    from kvbench.report.serving import summarise
+
+    samples = [{"mode": mode, "repetition": r, "replay": synthetic_replay(scale * (1 + 0.01 * r), 1000, used)}
+               for r in range(3) for mode, scale, used in (("static", 1.0, 600), ("paged", 0.5, 970),
+                                                            ("control", 1.0, 600))]
+    record = {"samples": samples, "kinds": ["static", "paged"], "control": "static", "protocol": {"between_run": 0.01}}
+    summary = summarise(record)
+    assert summary["ratios"]["paged"]["throughput"]["ratio"] == pytest.approx(2.0)  # paged twice as fast
+    assert summary["ratios"]["paged"]["tpot_p99"]["ratio"] == pytest.approx(0.5)  # at half static's TPOT
+    assert summary["control"]["throughput"]["ratio"] == pytest.approx(1.0)
+    assert summary["kinds"]["static"]["waste"]["median"] == pytest.approx(0.4)
+    assert summary["kinds"]["paged"]["waste"]["median"] == pytest.approx(0.03)
+    assert summary["kinds"]["paged"]["output_tokens_per_second"]["median"] == pytest.approx(6 / (0.5 * 4 * 1.01))
