@@ -81,27 +81,28 @@ def summarise(record: dict) -> dict:
 
 
 def _interval(entry: dict | None, scale: float = 1.0, digits: str = ".3g") -> str:
+    """The median, and its interval on a second line (tables stay narrow enough for a terminal)."""
     if not entry:
         return "-"
-    return f"{entry['median'] * scale:{digits}} [{entry['low'] * scale:{digits}}, {entry['high'] * scale:{digits}}]"
+    return f"{entry['median'] * scale:{digits}}\n[{entry['low'] * scale:{digits}}, {entry['high'] * scale:{digits}}]"
 
 
 def _ratio(entry: dict | None) -> str:
-    return "-" if not entry else f"{entry['ratio']:.2f}x [{entry['low']:.2f}, {entry['high']:.2f}]"
+    return "-" if not entry else f"{entry['ratio']:.2f}x\n[{entry['low']:.2f}, {entry['high']:.2f}]"
 
 
 def serving_table(record: dict, summary: dict) -> Table:
     trace, budget = record["trace"], record["budget"]
     title = (f"serving: {len(trace['requests'])} requests ({trace['spec'].get('lengths', 'saved')}, arrivals "
              f"{trace['arrivals']}), KV budget {format_bytes(budget['bytes'])}; medians over rotations [95% interval]")
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_lines=True)
     for name in ("kind", "gate", "output tok/s", f"x {summary['baseline']}", "req/s", "concurrency max/mean",
                  "preempt", "prefill tokens", "prefill/decode s", "reserved", "used", "waste", "saved by sharing"):
-        table.add_column(name, justify="left" if name in ("kind", "gate") else "right", no_wrap=True)
+        table.add_column(name, justify="left" if name in ("kind", "gate") else "right")
     for kind, figures in summary["kinds"].items():
         check = record["checks"].get(kind, {"passed": False})
         table.add_row(rich_escape(kind), "pass" if check["passed"] else "FAIL",
-                      _interval(figures.get("output_tokens_per_second"), digits=".1f"),
+                      _interval(figures.get("output_tokens_per_second"), digits=".4g"),
                       _ratio(summary["ratios"].get(kind, {}).get("throughput")),
                       f"{figures['requests_per_second']['median']:.2f}",
                       f"{figures['max_concurrency']['median']:.0f} / {figures['mean_concurrency']['median']:.1f}",
@@ -116,12 +117,12 @@ def serving_table(record: dict, summary: dict) -> Table:
 def latency_table(summary: dict) -> Table:
     """The throughput-latency table: what each kind's throughput costs a client, in milliseconds."""
     table = Table(title="throughput and latency (ms; medians over rotations [95% interval])", title_justify="left",
-                  box=box.SIMPLE_HEAD, pad_edge=False)
+                  box=box.SIMPLE_HEAD, pad_edge=False, show_lines=True)
     names = ("ttft.p50", "ttft.p99", "tpot.p50", "tpot.p99", "itl.p99", "e2e.p99", "queueing.p99")
     for name in ("kind", "output tok/s", *names, f"p99 TPOT x {summary['baseline']}"):
-        table.add_column(name.replace(".", " "), justify="left" if name == "kind" else "right", no_wrap=True)
+        table.add_column(name.replace(".", " "), justify="left" if name == "kind" else "right")
     for kind, figures in summary["kinds"].items():
-        table.add_row(rich_escape(kind), f"{figures['output_tokens_per_second']['median']:.1f}",
+        table.add_row(rich_escape(kind), f"{figures['output_tokens_per_second']['median']:.4g}",
                       *(_interval(figures.get(name), 1e3) for name in names),
                       _ratio(summary["ratios"].get(kind, {}).get("tpot_p99")))
     return table
@@ -145,9 +146,8 @@ def memory_plot(record: dict, suffix: str = ".png") -> bytes:
     from kvbench.report.plots import DPI, RC, color
 
     first = {}
-    for kept in record["samples"]:
-        if kept["mode"] in record["kinds"] and kept["mode"] not in first:
-            first[kept["mode"]] = kept["replay"]["iterations"]
+    for kind in record["kinds"]:  # in the run's order of kinds, whatever order the rotation ran them in
+        first.update({kind: kept["replay"]["iterations"] for kept in record["samples"][::-1] if kept["mode"] == kind})
     with rc_context(RC):
         figure = Figure(figsize=(4.2 * max(1, len(first)), 3.2), dpi=DPI, layout="constrained")
         FigureCanvasAgg(figure)
@@ -165,7 +165,7 @@ def memory_plot(record: dict, suffix: str = ".png") -> bytes:
             ax.axhline(record["budget"]["bytes"] * mib, color="#d62728", linewidth=0.8, linestyle=":", label="budget")
             ax.set_title(kind)
             ax.set_xlabel("replay time (s)")
-            ax.legend(loc="upper right")
+            ax.legend(loc="lower left")
         axes[0].set_ylabel("KV memory (MiB)")
         out = io.BytesIO()
         figure.savefig(out, format=suffix.lstrip(".") or "png", metadata={"Date": None} if suffix == ".svg" else None)
