@@ -102,8 +102,10 @@ class Ledger:
         live.reserved, self.held = need, self.held + need
         return True
 
-    def prepare(self, admitted: list[Live], source: TokenSource) -> None:
-        """Caches of admitted requests ready for their prefill (a paged fork of the shared prefix here)."""
+    def prepare(self, admitted: list[Live], source: TokenSource) -> int:
+        """Caches of admitted requests ready for their prefill; returns the positions prefilled to get there
+        (a paged holder of the shared prefix)."""
+        return 0
 
     def release(self, live: Live) -> int:
         live.cache.release()
@@ -155,13 +157,16 @@ class PagedLedger(Ledger):
             live.cache = PagedCache(self.config, 1, live.spec.positions, pool=self.pool)
         return True
 
-    def prepare(self, admitted: list[Live], source: TokenSource) -> None:
+    def prepare(self, admitted: list[Live], source: TokenSource) -> int:
+        prefilled = 0
         if self.holder is not None and self.holder.length == 0:
             self.model(source.prefix, self.holder)
+            prefilled = self.holder.length
         for live in admitted:
             if live.cache is None:
                 live.cache = self.holder.fork()
         self.promised = 0
+        return prefilled
 
     def release(self, live: Live) -> int:
         free = self.pool.free_blocks
@@ -244,15 +249,15 @@ class Scheduler:
         admitted = self.admit(now)
         decoding = [live for live in self.running if live not in admitted]
         begun = self.now()
-        self.ledger.prepare(admitted, self.source)
-        forked = sum(live.cache.length for live in admitted)  # prompt positions a shared prefix already holds
+        prefill_tokens = self.ledger.prepare(admitted, self.source)
+        prefill_tokens += sum(live.feed - live.cache.length for live in admitted)  # a forked prefix is held already
         stepped = []
         for live in admitted:  # one call each: a prompt is already many rows, and padding prompts wastes work
             stepped += self.forward([live], lambda live: live.feed - live.cache.length)
         prefilled = self.now()
         stepped += self.forward(decoding, lambda live: 1)
         seconds = {"prefill_seconds": round(prefilled - begun, 6), "decode_seconds": round(self.now() - prefilled, 6),
-                   "prefill_tokens": sum(live.feed for live in admitted) - forked}
+                   "prefill_tokens": prefill_tokens}
         memory = self.ledger.snapshot(self.running)
         freed, ended = self.retire(stepped)
         if not stepped and self.waiting:

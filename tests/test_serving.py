@@ -126,6 +126,7 @@ def test_sharing_a_prefix_saves_exactly_n_minus_one_copies():
     _, ledger, outcome = replay(model, trace, "paged", 10**6, keep_logits=False, block_size=8, share_prefix=True)
     per_position = admission.bytes_per_position(model.config)
     assert max(it["saved"] for it in outcome["iterations"]) == (4 - 1) * 16 * per_position
+    assert sum(it["prefill_tokens"] for it in outcome["iterations"]) == 16 + 4 * 5  # the prefix once, then their own
     assert ledger.pool.free_blocks == ledger.pool.num_blocks
 
 
