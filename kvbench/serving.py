@@ -16,7 +16,7 @@ import torch
 from kvbench import stats
 from kvbench.decode import judge_logits, tolerances
 from kvbench.model import Decoder
-from kvbench.sampling import sample
+from kvbench.sampling import Sampling, sample
 from kvbench.scheduler import Scheduler, TokenSource, make_ledger
 from kvbench.serving_figures import replay_figures
 from kvbench.timing import Protocol, control_mode
@@ -75,6 +75,8 @@ def serve(model: Decoder, trace: Trace, kinds: list[str], budget: int, settings:
     for kind in kinds:
         checks[kind] = gate(model, trace, kind, budget, settings[kind])
     runnable = [kind for kind in kinds if checks[kind]["passed"]]
+    if not runnable:  # nothing may be timed as if it were correct
+        return {"checks": checks, "control": None, "sampling": state if state is not None else Sampling()}
     loops = {kind: Replay(model, trace, kind, budget, settings[kind]) for kind in runnable}
     control = control_mode(protocol.control, runnable)
     if control is not None:

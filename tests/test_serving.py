@@ -250,3 +250,19 @@ def test_the_summary_reads_ratios_the_right_way_round():
     assert summary["kinds"]["static"]["waste"]["median"] == pytest.approx(0.4)
     assert summary["kinds"]["paged"]["waste"]["median"] == pytest.approx(0.03)
     assert summary["kinds"]["paged"]["output_tokens_per_second"]["median"] == pytest.approx(6 / (0.5 * 4 * 1.01))
+
+
+def test_a_kind_that_fails_the_gate_is_recorded_and_not_timed(capsys, tmp_path, monkeypatch):
+    original = BatchedCache.__init__
+
+    def sees_everything(self, rows, new):
+        original(self, rows, new)
+        self.key_mask = torch.ones_like(self.key_mask)
+
+    monkeypatch.setattr(BatchedCache, "__init__", sees_everything)
+    record = tmp_path / "failed.json"
+    code, out, _ = run_main(capsys, "run", "--trace", "uniform:3-12,2-9", "--requests", "4", "--modes", "paged",
+                            "--repeats", "1", "--output", record)
+    data = json.loads(record.read_text())
+    assert code == 1 and "EQUIVALENCE FAILED: paged" in out
+    assert data["checks"]["paged"]["passed"] is False and data["samples"] == []
