@@ -35,6 +35,9 @@ class Cache:
     exact = True  # reproduces the full-prefix logits within the dtype's tolerance (a lossy kind: False)
     drift_limits: dict[str, float] | None = None  # a lossy kind's own thresholds (see decode.compare_drift)
     key_positions: Tensor | None = None  # absolute positions of the keys update() returned, when not 0..T-1
+    # A batch of requests at their own lengths (kvbench.cache.batch) sets both; one request leaves them None.
+    row_positions: Tensor | None = None  # (B, L) absolute position of every new token, row by row
+    key_mask: Tensor | None = None  # (B, 1, L, S) True where a query may attend: each row's own keys, no padding
 
     @classmethod
     def limits_for(cls, config: DecoderConfig) -> dict[str, float] | None:

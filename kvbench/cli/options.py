@@ -16,6 +16,7 @@ from pathlib import Path
 from kvbench.budget import DTYPES as BUDGET_DTYPES
 from kvbench.budget import QUANTIZATIONS, parse_size
 from kvbench.cli.parser import Parser
+from kvbench.cli.serving_options import add_serving_options
 from kvbench.config import DTYPE_NAMES, PRESETS, WINDOW_PATTERNS
 from kvbench.export import FORMATS as EXPORT_FORMATS
 from kvbench.kinds import DEFAULT_MODES, GROUP_SIZE, HF_MODES, KIND_NAME, MODES, RESIDUAL
@@ -250,6 +251,7 @@ def add_run_parser(commands) -> None:
     run.add_argument("--output", type=Path, help="record path (default: a new timestamped file under results/records/)")
     run.add_argument("--force", action="store_true", help="overwrite --output if it exists")
     run.add_argument("--no-progress", action="store_true", help="do not show progress bars")
+    add_serving_options(run)
     add_model_options(run)
 
 

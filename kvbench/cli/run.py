@@ -24,7 +24,11 @@ from kvbench.timing import Protocol
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Every argument, path and memory check first, torch-free, so a refusal costs no import of it;
-    then the model, the gate, the timed rotations and the record."""
+    then the model, the gate, the timed rotations and the record. With --trace: a serving run (kvbench.cli.serve)."""
+    if args.trace is not None:
+        from kvbench.cli.serve import cmd_serve
+
+        return cmd_serve(args)
     config, protocol = settings(args)
     output = args.output or record.default_record_path()
     check_output(output, args.force)  # before any measurement: a bad path costs nothing
