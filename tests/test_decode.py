@@ -27,6 +27,7 @@ from kvbench.decode import (
 )
 from kvbench.model import DecoderConfig, build_model
 from kvbench.report.format import check_text
+from kvbench.modes import spec
 
 BROKEN_FROM = 3  # the step at which the broken caches below start to go wrong
 
@@ -72,16 +73,16 @@ def test_token_ids_length_beyond_max_length_is_rejected():
 
 # Small quantization groups, so that the quantized kinds really quantize within these short sequences
 # (with the default residual of 128 nothing would be, and they would pass as exact without being tested).
-SMALL_GROUPS = {kind: {"group_size": 4, "residual": 3} for kind in CACHE_KINDS if not KINDS[kind].exact}
+SMALL_GROUPS = {kind: {"group_size": 4, "residual": 3} for kind in CACHE_KINDS if not spec(kind).exact}
 
 
 def assert_follows_full(kind, cached, full, config):
     """An exact kind reproduces the full-prefix logits within float32's tolerance; a lossy kind stays
     within its own drift limits while differing measurably (its positions were quantized)."""
-    if KINDS[kind].exact:
+    if spec(kind).exact:
         torch.testing.assert_close(cached, full, atol=1e-5, rtol=1e-5)
         return
-    drift = compare_drift(kind, cached, full, KINDS[kind].limits_for(config), atol=1e-5, rtol=1e-5)
+    drift = compare_drift(kind, cached, full, spec(kind).limits_for(config), atol=1e-5, rtol=1e-5)
     assert drift.passed, drift
     assert drift.max_abs_diff > 1e-6  # something was quantized
 

@@ -9,6 +9,7 @@ import time
 import pytest
 import torch
 
+from kvbench import modes
 from kvbench.cache import KINDS, StaticCache, make_cache, register_kind
 from kvbench.cli import main
 from kvbench.decode import check_equivalence, decode, known_modes, token_ids
@@ -28,10 +29,12 @@ register_kind("mine", Mine)
 
 @pytest.fixture
 def clean_kinds():
-    before = dict(KINDS)
+    before = dict(modes.SPECS)
     yield
-    KINDS.clear()
-    KINDS.update(before)
+    for name in [name for name in modes.SPECS if name not in before]:
+        modes.unregister(name)
+    for spec in before.values():  # in place: the registry keeps its order
+        modes.register(spec, replace_existing=True)
 
 
 def test_a_registered_kind_is_a_mode_and_passes_the_gate(clean_kinds):
