@@ -367,3 +367,45 @@ def test_cache_footprint_measured_equals_expected(model_for, mode, batch, length
     assert footprint["expected_bytes"] == expected
     assert footprint["measured_bytes"] == expected
     assert footprint["reserved_bytes"] >= footprint["measured_bytes"]
+
+
+def test_the_stepper_continues_forks_of_a_shared_paged_prefix_and_leaves_them_to_their_owner(tiny_model):
+    """A serving scheduler's shape: one prompt prefix prefilled once into a pool, then forked per request; each
+    fork is stepped by the one stepper from where it stands and stays the caller's (not released)."""
+    from kvbench.cache import BlockPool, PagedCache
+    from kvbench.decode import steps
+
+    config, shared = tiny_model.config, 10
+    first, second = token_ids(config, 1, 24, seed=1), token_ids(config, 1, 24, seed=2)
+    second[:, :shared] = first[:, :shared]  # the same prefix, different continuations
+    pool = BlockPool(config, num_blocks=32, block_size=4)
+    prefix = PagedCache(config, 1, capacity=24, pool=pool)
+    with torch.inference_mode():
+        tiny_model(first[:, :shared], prefix)
+        for ids in (first, second):
+            fork = prefix.fork()
+            free_before = pool.free_blocks
+            logits = torch.stack([out for out, _ in steps(tiny_model, ids, "paged", prompt=14, cache=fork)], dim=1)
+            full = decode_full(tiny_model, ids, keep_logits=True)[:, 13:]
+            torch.testing.assert_close(logits, full, atol=1e-5, rtol=1e-5)
+            assert fork.length == 24 and not getattr(fork, "released", False) and pool.free_blocks < free_before
+            fork.release()
+            assert pool.free_blocks == free_before
+    assert prefix.length == shared  # the forks appended to copies of the shared, partly filled block
+
+
+def test_the_stepper_refuses_a_cache_it_cannot_continue(tiny_model):
+    from kvbench.decode import steps
+
+    ids = token_ids(tiny_model.config, 1, 12)
+    held = ConcatCache(tiny_model.config, 1, capacity=12)
+    with pytest.raises(ValueError, match="mode 'static' steps a StaticCache, got ConcatCache"):
+        next(steps(tiny_model, ids, "static", prompt=4, cache=held))
+    with torch.inference_mode():
+        tiny_model(ids[:, :4], held)
+    with pytest.raises(ValueError, match="the cache holds 4 positions: expected fewer than the prompt's 4"):
+        next(steps(tiny_model, ids, "concat", prompt=4, cache=held))
+    with pytest.raises(ValueError, match="full keeps no cache between steps: expected cache=None, got ConcatCache"):
+        next(steps(tiny_model, ids, FULL, prompt=4, cache=held))
+    with pytest.raises(ValueError, match=r"prompt must be in \[1, 12\] tokens of the 12 ids, got 0"):
+        steps(tiny_model, ids, "concat", prompt=0)

@@ -71,3 +71,37 @@ def test_a_context_beyond_the_ids_or_a_prompt_beyond_them_is_a_value_error(tiny_
         ContextSteps(tiny_model, ids, "static", context=8)
     with pytest.raises(ValueError, match=r"prompt must be in \[1, 8\] tokens of the 8 ids, got 9"):
         request_logits(tiny_model, ids, "static", prompt=9)
+
+
+def test_a_contexts_sample_times_the_steady_steps_only_not_the_cache_its_prefill_or_its_release(tiny_model):
+    """Issue 28: a cache whose making and releasing each take 50 ms; the samples of its steps must not."""
+    import time
+
+    from kvbench import modes
+    from kvbench.cache import StaticCache
+    from kvbench.sampling import sample
+    from kvbench.timing import Protocol
+    from kvbench.workloads import Contexts
+
+    class Ponderous(StaticCache):
+        released = 0
+
+        def __init__(self, *args, **kwargs):
+            time.sleep(0.05)
+            super().__init__(*args, **kwargs)
+
+        def release(self):
+            time.sleep(0.05)
+            type(self).released += 1
+
+    modes.register(modes.spec_of_cache("ponderous", Ponderous))
+    try:
+        workload, ids = Contexts(warmup_steps=2, timed_steps=5), token_ids(tiny_model.config, 1, 40)
+        loops = {30: {mode: workload.call(tiny_model, ids, 30, mode, None) for mode in (FULL, "ponderous")}}
+        samples = sample(loops, Protocol.fixed(repeats=3, warmup=1)).samples
+    finally:
+        modes.unregister("ponderous")
+    assert Ponderous.released == 4  # the warm-up sample's and each timed sample's, after each
+    for kept in samples:
+        steps = kept.detail["step_seconds"]
+        assert len(steps) == 7 and sum(steps[2:]) <= kept.seconds < 0.05, (kept.mode, kept.seconds)
