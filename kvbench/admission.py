@@ -17,7 +17,10 @@ from __future__ import annotations
 import math
 import re
 
-from kvbench.kinds import GROUP_SIZE, QUANTIZED_BITS, RESIDUAL, expected_cache_bytes
+from kvbench.kinds import GROUP_SIZE, RESIDUAL, expected_cache_bytes
+from kvbench.modes import KVBENCH, names, spec
+
+QUANTIZED_BITS = {name: spec(name).bits for name in names(KVBENCH) if spec(name).bits}  # quantized kinds, from their specs
 
 SERVING_KINDS = ("static", "paged", "quantized-int8", "quantized-int4")
 RESERVE_POLICIES = ("request", "max-length")

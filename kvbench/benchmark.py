@@ -12,7 +12,7 @@ from typing import Callable
 
 from kvbench import machine
 from kvbench.decode import FULL, check_modes, failed_check, timeable, token_ids
-from kvbench.kinds import CONTROL
+from kvbench.modes import CONTROL
 from kvbench.model import Decoder
 from kvbench.sampling import Sample, Sampling, sample
 from kvbench.timing import Protocol, control_mode, per_step_seconds

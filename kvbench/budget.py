@@ -16,9 +16,9 @@ import re
 from dataclasses import asdict, dataclass
 
 from kvbench.config import PlainConfig
+from kvbench.modes import spec
 from kvbench.kinds import (
     GROUP_SIZE,
-    QUANTIZED_BITS,
     RESIDUAL,
     check_quantized_options,
     expected_cache_bytes,
@@ -128,7 +128,7 @@ def model_budget(  # long: one check per argument, then the arithmetic of each l
     check_budget_dtype(dtype)
     if quantize is not None and quantize not in QUANTIZATIONS:
         raise ValueError(f"quantize must be one of {list(QUANTIZATIONS)} or None, got {quantize!r}")
-    bits = QUANTIZED_BITS[f"quantized-{quantize}"] if quantize else None
+    bits = spec(f"quantized-{quantize}").bits if quantize else None
     check_quantized_options(bits, config.head_dim, group_size, residual)
     if tokens > config.max_length:
         raise BudgetError("tokens", f"tokens per request must be <= the model's max_length {config.max_length}, "

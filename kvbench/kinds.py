@@ -1,49 +1,26 @@
-"""The modes kvbench ships, by name: what each cache kind retains and how a check of it is judged.
+"""The arithmetic the modes are described with: what a cache retains, what a model weighs, how a check is judged.
 
 Plain data and arithmetic, importable without torch, so that reading a record, a budget and
-the command line's checks never wait seconds for it. kvbench.cache implements the kinds and
-takes its byte formulas from here; kvbench.decode runs the gate and judges its checks with
+the command line's checks never wait seconds for it. kvbench.modes builds each mode's spec
+(its byte formula, its drift limits) from these; kvbench.decode judges the gate's checks with
 the rules here.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import re
-from typing import Callable
 
-FULL = "full"  # the baseline: re-runs the whole prefix at every step
-CONTROL = "control"  # the A/A label: a cached mode timed a second time in the same rotations
-CACHE_KINDS = ("concat", "static", "paged", "quantized-int8", "quantized-int4", "window")  # the kinds kvbench ships
-MODES = (FULL, *CACHE_KINDS)  # every mode kvbench ships
-DEFAULT_MODES = (FULL, "concat", "static", "paged")  # kvbench run's default: the exact layouts of any model
-# transformers' own caches on the same weights (kvbench.hf; the llama family only). A lossy one is judged by
-# the limits of kvbench's kind of the same bits.
-HF_MODES = ("hf-dynamic", "hf-static", "hf-quantized-int4", "hf-quantized-int8")
-HF_JUDGED_AS = {"hf-quantized-int4": "quantized-int4", "hf-quantized-int8": "quantized-int8"}
-RUNNABLE = (*MODES, *HF_MODES)  # every mode a run may name, but a plugin's
 WORKLOADS = ("loop", "request", "contexts")  # what one sample times (kvbench.workloads)
+# The contexts workload: after a prefill of c tokens, untimed warm-up steps (the first of them the cold step after
+# the prefill, which a client does see), then the consecutive steady-state steps a sample times.
+CONTEXT_WARMUP_STEPS, CONTEXT_TIMED_STEPS = 4, 16
 KIND_NAME = re.compile(r"[a-z][a-z0-9_-]{0,39}")  # plain words: nothing a terminal, markdown or HTML interprets
 
 # The quantized kinds' defaults (KIVI's G and R; transformers' residual_length is R too).
 GROUP_SIZE = 32  # tokens per key group, channels per value group at most
 RESIDUAL = 128  # newest positions kept in full precision at least
 SCALE_BYTES = 2  # scales and minimums are float16
-QUANTIZED_BITS = {"quantized-int8": 8, "quantized-int4": 4}
-
-
-def check_modes(modes: list[str] | tuple[str, ...], known: tuple[str, ...] = RUNNABLE) -> list[str]:
-    """The modes as a list, or ValueError naming the first unknown or repeated one."""
-    modes = list(modes)
-    if not modes:
-        raise ValueError(f"at least one mode is required, choose from {list(known)}")
-    unknown = [m for m in modes if m not in known]
-    if unknown:
-        raise ValueError(f"unknown mode {unknown[0]!r}: expected one of {list(known)}")
-    if len(set(modes)) != len(modes):
-        raise ValueError(f"modes must be distinct, got {modes}")
-    return modes
 
 
 # -- what a kind retains ------------------------------------------------------------------
@@ -132,31 +109,6 @@ def check_quantized_options(bits: int | None, head_dim: int, group_size: int, re
             raise ValueError(f"{name} must be an integer >= {lowest}, got {value!r}")
     if bits == 4 and head_dim % 2:
         raise ValueError(f"int4 packs two values per byte: expected an even head width, got {head_dim}")
-
-
-def _float_bytes(config, batch: int, length: int, **options) -> int:
-    return expected_cache_bytes(config, batch, length)
-
-
-def _quantized_bytes(config, batch: int, length: int, bits: int, group_size: int = GROUP_SIZE,
-                     residual: int = RESIDUAL, **options) -> int:
-    return quantized_cache_bytes(config, batch, length, bits, group_size, residual)
-
-
-FORMULAS: dict[str, Callable[..., int]] = {  # kind -> formula(config, batch, length, **its cache options)
-    "concat": _float_bytes, "static": _float_bytes, "paged": _float_bytes, "window": window_cache_bytes,
-    **{kind: functools.partial(_quantized_bytes, bits=bits) for kind, bits in QUANTIZED_BITS.items()},
-}
-
-
-def formula_bytes(mode: str, config, batch: int, length: int, options: dict | None = None) -> int:
-    """A shipped mode's byte formula: its kind's, or for the full-prefix path the float cache its last step builds
-    (kvbench.decode.mode_expected_bytes also knows the kinds registered in this process)."""
-    if mode == FULL:
-        return expected_cache_bytes(config, batch, length)
-    if mode not in FORMULAS:
-        raise ValueError(f"no byte formula for mode {mode!r}: expected one of {list(FORMULAS)}")
-    return FORMULAS[mode](config, batch, length, **(options or {}))
 
 
 # -- how a check is judged ----------------------------------------------------------------

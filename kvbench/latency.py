@@ -61,6 +61,20 @@ def mode_latency(repetitions: list[dict], batch: int = 1) -> dict:
             "generated": len(repetitions[0]["step_seconds"]) + 1 if repetitions else 0}
 
 
+def context_figures(repetition: dict, warmup_steps: int) -> dict[str, float]:
+    """One sample of a contexts run: its steady-state step (the mean of its timed steps, as TPOT is a mean) and
+    its first step after the prefill (the cold one a client sees once per prompt, not the per-token cost)."""
+    timed = repetition["step_seconds"][warmup_steps:]
+    return {"step": sum(timed) / len(timed), "first_step": repetition["step_seconds"][0]}
+
+
+def context_latency(repetitions: list[dict], warmup_steps: int) -> dict:
+    """One mode's steps at one context over its samples: medians with their intervals."""
+    figures = [context_figures(rep, warmup_steps) for rep in repetitions]
+    return {name: median_with_interval([f[name] for f in figures]) for name in ("step", "first_step")} | {
+        "samples": len(figures)}
+
+
 def figure_by_rotation(repetitions: list[dict], figure: str, batch: int = 1) -> dict[int, float]:
     return {rep["repetition"]: request_figures(rep, batch)[figure] for rep in repetitions
             if request_figures(rep, batch)[figure] is not None}

@@ -22,7 +22,8 @@ except ImportError:  # not on Windows: no address-space limit to read
 
 from kvbench.budget import parse_size
 from kvbench.config import PlainConfig
-from kvbench.kinds import FULL, HF_MODES, expected_cache_bytes, parameter_count, rotary_table_bytes
+from kvbench.kinds import expected_cache_bytes, parameter_count, rotary_table_bytes
+from kvbench.modes import FULL_PREFIX, SPECS
 from kvbench.telemetry import cgroup_directories
 
 if TYPE_CHECKING:
@@ -83,7 +84,7 @@ def memory_profile(model: Decoder, ids: Tensor, mode: str, options: dict | None 
     """Cache bytes (formula, measured, reserved) and peak RSS growth of one decode loop."""
     from kvbench.decode import cache_footprint, decode  # the estimates above need no torch; this does
 
-    if mode == FULL:
+    if not SPECS[mode].keeps_state:  # its footprint is one forward: the peak is the whole loop's
         _, peak = peak_memory_growth(lambda: decode(model, ids, mode))
         footprint = cache_footprint(model, ids, mode)
     else:
@@ -112,9 +113,9 @@ def estimate_run_bytes(config: PlainConfig, batch: int, lengths: list[int], mode
         "gate logits": B * T * V * (2 * elt + 4 * 8 + 2),
         "caches": 2 * expected_cache_bytes(config, B, T),
     }
-    if FULL in modes:
+    if any(SPECS[mode].source == FULL_PREFIX for mode in modes):
         parts["full-prefix activations"] = B * T * (4 * C + 3 * I + qkv + 2 * V) * elt + 2 * B * H * T * T * elt
-    if any(mode in HF_MODES for mode in modes):  # the hf-* modes compute with transformers' copy of the weights
+    if any(SPECS[mode].copies_weights for mode in modes):
         parts["transformers' copy of the weights"] = parameter_count(config) * elt
     return parts
 

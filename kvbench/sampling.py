@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from kvbench import estimation, stats
-from kvbench.kinds import FULL
+from kvbench.modes import FULL
 from kvbench.telemetry import Probe, sample_cost
 from kvbench.timing import Protocol, Sample, heap_frozen, rotation_order, time_observed
 
@@ -103,8 +103,9 @@ def sample(loops: dict[int, dict[str, Callable[[], object]]], protocol: Protocol
     """Warm every loop up, then run rounds until every length has stopped.
 
     `loops` maps length -> mode -> the call to time. A call may have a `prepare()`, run before
-    each sample outside its timed region (a context's prefill), and a `detail()`, read after
-    it (what it timed inside itself: a request's per-step durations, kept with the sample).
+    each sample outside its timed region (a context's prefill and warm-up steps), a `detail()`,
+    read after it (what it timed inside itself: per-step durations, kept with the sample), and a
+    `finish()`, run after that, also untimed (the release of a context's cache).
     `watch(samples, length)` gives the relative half-widths the precision target applies to
     (default: every speedup's, on the clock kvbench.estimation chooses). Pass `state` to keep
     what was sampled when an interrupt ends the rounds early (the interrupt propagates;
@@ -119,6 +120,7 @@ def sample(loops: dict[int, dict[str, Callable[[], object]]], protocol: Protocol
             for run in by_mode.values():
                 for _ in range(protocol.warmup):
                     prepared(run)()
+                    finished(run)
         with heap_frozen():  # the collection before each sample then costs microseconds, not tens of ms
             run_rounds(loops, protocol, baseline, on_sample, state, watch, probe)
     except KeyboardInterrupt:
@@ -149,6 +151,7 @@ def run_rounds(loops: dict[int, dict[str, Callable[[], object]]], protocol: Prot
                     kept = Sample(mode, length, rotation, position, seconds, round_index,
                                   round(time.perf_counter() - start - seconds, 6), telemetry,
                                   run.detail() if hasattr(run, "detail") else None)
+                    finished(run)
                     state.samples.append(kept)
                     by_length[length].append(kept)
                     if on_sample is not None:
@@ -179,6 +182,12 @@ def prepared(run: Callable[[], object]) -> Callable[[], object]:
     if hasattr(run, "prepare"):
         run.prepare()
     return run
+
+
+def finished(run: Callable[[], object]) -> None:
+    """The call's untimed end after a sample (releasing a context's cache), if it has one."""
+    if hasattr(run, "finish"):
+        run.finish()
 
 
 def measure_loops(loops: dict[int, dict[str, Callable[[], object]]], protocol: Protocol = Protocol.fixed(),

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from kvbench.cache import CACHE_KINDS, KINDS, expected_bytes, expected_cache_bytes, make_cache
 from kvbench.decode import compare_drift
 from kvbench.model import DecoderConfig, build_model, preset_config
+from kvbench.modes import spec
 
 TOLERANCE = dict(atol=1e-5, rtol=1e-5)
 SEED_CONFIG = DecoderConfig()
@@ -74,10 +75,10 @@ def built(config: DecoderConfig):
 
 def assert_logits(kind: str, candidate, reference, config):
     """Exact kinds within the tolerance; a lossy kind within its own drift limits (for the model's family)."""
-    if KINDS[kind].exact:
+    if spec(kind).exact:
         torch.testing.assert_close(candidate, reference, **TOLERANCE)
         return
-    drift = compare_drift(kind, candidate, reference, KINDS[kind].limits_for(config), **TOLERANCE)
+    drift = compare_drift(kind, candidate, reference, spec(kind).limits_for(config), **TOLERANCE)
     assert drift.passed, drift
 
 

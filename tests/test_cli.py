@@ -83,7 +83,8 @@ def restore_threads():
         (["--generate", "0"], "--generate"),
         (["--prompt", "8", "--generate", "4", "--lengths", "16"], "--lengths and --prompt/--generate choose different"),
         (["--contexts", "64", "--lengths", "16"], "--lengths and --contexts choose different workloads"),
-        (["--contexts", "2048"], "--contexts 2048: a step after 2048 tokens needs 2049 positions, beyond max_length"),
+        (["--contexts", "2040"], "--contexts 2040: 4 warm-up and 16 timed steps after 2040 tokens need 2060 positions, "
+                                "beyond max_length"),
         (["--contexts", "64", "--per-step", "8"], "--per-step profiles a loop; a context run times every step"),
     ],
 )

@@ -28,6 +28,7 @@ from kvbench.decode import (
 )
 from kvbench.model import DecoderConfig, build_model
 from kvbench.report.format import check_text
+from kvbench.modes import spec
 
 BROKEN_FROM = 3  # the step at which the broken caches below start to go wrong
 
@@ -73,16 +74,16 @@ def test_token_ids_length_beyond_max_length_is_rejected():
 
 # Small quantization groups, so that the quantized kinds really quantize within these short sequences
 # (with the default residual of 128 nothing would be, and they would pass as exact without being tested).
-SMALL_GROUPS = {kind: {"group_size": 4, "residual": 3} for kind in CACHE_KINDS if not KINDS[kind].exact}
+SMALL_GROUPS = {kind: {"group_size": 4, "residual": 3} for kind in CACHE_KINDS if not spec(kind).exact}
 
 
 def assert_follows_full(kind, cached, full, config):
     """An exact kind reproduces the full-prefix logits within float32's tolerance; a lossy kind stays
     within its own drift limits while differing measurably (its positions were quantized)."""
-    if KINDS[kind].exact:
+    if spec(kind).exact:
         torch.testing.assert_close(cached, full, atol=1e-5, rtol=1e-5)
         return
-    drift = compare_drift(kind, cached, full, KINDS[kind].limits_for(config), atol=1e-5, rtol=1e-5)
+    drift = compare_drift(kind, cached, full, spec(kind).limits_for(config), atol=1e-5, rtol=1e-5)
     assert drift.passed, drift
     assert drift.max_abs_diff > 1e-6  # something was quantized
 
@@ -419,7 +420,7 @@ def test_judge_logits_applies_each_kinds_rule(tiny_model):
     for lossy in ("quantized-int8", "hf-quantized-int8"):
         drift = decode_module.judge_logits(lossy, reference, reference, 1e-5, 1e-5, config)
         assert type(drift).__name__ == "Drift" and drift.passed and drift.exact is False
-        assert drift.limits == KINDS["quantized-int8"].limits_for(config)
+        assert drift.limits == spec("quantized-int8").limits_for(config)
     assert decode_module.judge_logits("hf-dynamic", reference, reference, 1e-5, 1e-5, config).exact is True
 
 
@@ -498,7 +499,48 @@ def test_the_loops_keep_no_logits_unless_asked(tiny_model):
 
 def test_a_footprint_expects_the_kinds_formula_and_for_transformers_what_was_measured():
     config = DecoderConfig(max_length=64)
-    assert decode_module.footprint_expected_bytes("static", config, 2, 8, None, measured=1) == \
-        expected_cache_bytes(config, 2, 8)
-    assert decode_module.footprint_expected_bytes(FULL, config, 1, 8, None, measured=1) == expected_cache_bytes(config, 1, 8)
-    assert decode_module.footprint_expected_bytes("hf-dynamic", config, 2, 8, None, measured=12345) == 12345
+    from kvbench.modes import expected_bytes
+
+    assert expected_bytes("static", config, 2, 8, measured=1) == expected_cache_bytes(config, 2, 8)
+    assert expected_bytes(FULL, config, 1, 8, measured=1) == expected_cache_bytes(config, 1, 8)
+    assert expected_bytes("hf-dynamic", config, 2, 8, measured=12345) == 12345
+def test_the_stepper_continues_forks_of_a_shared_paged_prefix_and_leaves_them_to_their_owner(tiny_model):
+    """A serving scheduler's shape: one prompt prefix prefilled once into a pool, then forked per request; each
+    fork is stepped by the one stepper from where it stands and stays the caller's (not released)."""
+    from kvbench.cache import BlockPool, PagedCache
+    from kvbench.decode import steps
+
+    config, shared = tiny_model.config, 10
+    first, second = token_ids(config, 1, 24, seed=1), token_ids(config, 1, 24, seed=2)
+    second[:, :shared] = first[:, :shared]  # the same prefix, different continuations
+    pool = BlockPool(config, num_blocks=32, block_size=4)
+    prefix = PagedCache(config, 1, capacity=24, pool=pool)
+    with torch.inference_mode():
+        tiny_model(first[:, :shared], prefix)
+        for ids in (first, second):
+            fork = prefix.fork()
+            free_before = pool.free_blocks
+            logits = torch.stack([out for out, _ in steps(tiny_model, ids, "paged", prompt=14, cache=fork)], dim=1)
+            full = decode_full(tiny_model, ids, keep_logits=True)[:, 13:]
+            torch.testing.assert_close(logits, full, atol=1e-5, rtol=1e-5)
+            assert fork.length == 24 and not getattr(fork, "released", False) and pool.free_blocks < free_before
+            fork.release()
+            assert pool.free_blocks == free_before
+    assert prefix.length == shared  # the forks appended to copies of the shared, partly filled block
+
+
+def test_the_stepper_refuses_a_cache_it_cannot_continue(tiny_model):
+    from kvbench.decode import steps
+
+    ids = token_ids(tiny_model.config, 1, 12)
+    held = ConcatCache(tiny_model.config, 1, capacity=12)
+    with pytest.raises(ValueError, match="mode 'static' steps a StaticCache, got ConcatCache"):
+        next(steps(tiny_model, ids, "static", prompt=4, cache=held))
+    with torch.inference_mode():
+        tiny_model(ids[:, :4], held)
+    with pytest.raises(ValueError, match="the cache holds 4 positions: expected fewer than the prompt's 4"):
+        next(steps(tiny_model, ids, "concat", prompt=4, cache=held))
+    with pytest.raises(ValueError, match="full keeps no cache between steps: expected cache=None, got ConcatCache"):
+        next(steps(tiny_model, ids, FULL, prompt=4, cache=held))
+    with pytest.raises(ValueError, match=r"prompt must be in \[1, 12\] tokens of the 12 ids, got 0"):
+        steps(tiny_model, ids, "concat", prompt=0)

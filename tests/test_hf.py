@@ -28,6 +28,7 @@ from kvbench import hf
 from kvbench.config import PlainConfig
 from kvbench.decode import decode_cached, token_ids
 from kvbench.model import build_model, preset_config
+from kvbench.modes import spec
 
 transformers = pytest.importorskip("transformers", reason="the oracle needs the hf extra (make test installs it)")
 
@@ -296,7 +297,7 @@ def test_transformers_quantized_caches_are_judged_by_kvbenchs_limits_of_the_same
     ids = ids_for(tiny, 200, batch=1)  # past the 128-position residual: codes are in use
     options = {mode: {"group_size": 32, "residual": 128}}
     result = check_equivalence(tiny, ids, ["full", mode], options=options)[mode]
-    assert result.exact is False and result.limits == KINDS[f"quantized-int{bits}"].limits_for(tiny.config)
+    assert result.exact is False and result.limits == spec(f"quantized-int{bits}").limits_for(tiny.config)
     assert result.passed, result
     assert result.max_abs_diff > 0  # it quantized
     c = tiny.config
@@ -307,16 +308,19 @@ def test_transformers_quantized_caches_are_judged_by_kvbenchs_limits_of_the_same
 
 @pytest.mark.parametrize("mode", ["hf-dynamic", "hf-static"])
 def test_a_transformers_request_and_context_step_follow_the_full_prefix(tiny, mode):
-    from kvbench.decode import decode_full
-    from kvbench.requests import ContextStep, request_logits
+    from kvbench.decode import FULL, decode_full
+    from kvbench.requests import ContextSteps, check_context, request_logits
 
     ids = ids_for(tiny, 20)
     full = decode_full(tiny, ids, keep_logits=True)
     torch.testing.assert_close(request_logits(tiny, ids, mode, prompt=9), full[:, 8:], **TOLERANCE)
-    step = ContextStep(tiny, ids, mode, context=15)
-    step.prepare()
-    torch.testing.assert_close(step(), full[:, 15], **TOLERANCE)
-    assert step.steps is None
+    stepping = ContextSteps(tiny, ids, mode, context=15, warmup=1, timed=3)
+    stepping.prepare()
+    stepping()
+    assert len(stepping.detail()["step_seconds"]) == 4
+    stepping.finish()
+    checks = check_context(tiny, ids, [FULL, mode], 15, warmup=1, timed=3)
+    assert checks[mode]["passed"] and checks[mode]["length"] == 5, checks  # the prefill and four steps after it
 
 
 def test_a_transformers_cache_counts_the_bytes_of_its_tensors(tiny):

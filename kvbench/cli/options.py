@@ -19,7 +19,8 @@ from kvbench.cli.parser import Parser
 from kvbench.cli.serving_options import add_serving_options
 from kvbench.config import DTYPE_NAMES, PRESETS, WINDOW_PATTERNS
 from kvbench.export import FORMATS as EXPORT_FORMATS
-from kvbench.kinds import DEFAULT_MODES, GROUP_SIZE, HF_MODES, KIND_NAME, MODES, RESIDUAL
+from kvbench.kinds import GROUP_SIZE, KIND_NAME, RESIDUAL
+from kvbench.modes import DEFAULT_MODES, HF_MODES, MODES
 from kvbench.report.compare import ALPHA, FACTOR
 from kvbench.timing import DEFAULT_LENGTHS, ORDERS, Protocol
 

@@ -12,7 +12,7 @@ from kvbench.cli.commands import check_output, cmd_report, config_from_args
 from kvbench.cli.options import fraction
 from kvbench.cli.parser import CliError
 from kvbench.cli.serving_options import DEFAULT_KINDS, DEFAULT_REPEATS, DEFAULT_BUDGET_REQUESTS
-from kvbench.kinds import DEFAULT_MODES
+from kvbench.modes import DEFAULT_MODES
 from kvbench.report.format import format_bytes, stdout_console
 
 def cancel_spec(text: str | None) -> dict:

@@ -246,7 +246,9 @@ def _schema_v2() -> dict:
                        "kinds": {"type": "array", "minItems": 1, "items": _mode}}}}
     schema["properties"]["run"]["properties"]["workload"] = {  # absent before 2026-12-01: the loop
         "type": "object", "required": ["kind"], "additionalProperties": False,
-        "properties": {"kind": {"enum": list(WORKLOADS)}, "prompt": _positive, "generate": _positive},
+        # a contexts run's warm-up and timed steps: absent before 2026-12-03 (one cold step, its release timed too)
+        "properties": {"kind": {"enum": list(WORKLOADS)}, "prompt": _positive, "generate": _positive,
+                       "warmup_steps": _count, "timed_steps": _positive},
         "if": {"properties": {"kind": {"const": "request"}}}, "then": {"required": ["kind", "prompt", "generate"]}}
     repetition = schema["properties"]["repetitions"]["items"]
     repetition["properties"].update({
