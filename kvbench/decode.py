@@ -32,12 +32,15 @@ from kvbench.kinds import (  # re-exported: the gate's names and rules live in k
     MODES,
     NOT_FINITE,
     REFERENCE_NOT_FINITE,
+    tolerance_for,
     top1_within,
     within_limits,
 )
 from kvbench.kinds import TOLERANCES as TOLERANCES_BY_NAME
 from kvbench.kinds import check_modes as check_mode_names
 from kvbench.model import Decoder
+
+STATIC_COMPILED = "static-compiled"  # kvbench.compiled's step over kvbench's static cache
 
 __all__ = ["CACHE_KINDS", "DEFAULT_MODES", "DIVERGED", "DRIFTED", "DRIFT_METRICS", "FAILURES", "FULL", "MODES",
            "NOT_FINITE", "REFERENCE_NOT_FINITE", "TOLERANCES", "Drift", "Equivalence", "cache_footprint",
@@ -48,7 +51,7 @@ __all__ = ["CACHE_KINDS", "DEFAULT_MODES", "DIVERGED", "DRIFTED", "DRIFT_METRICS
 
 def known_modes() -> tuple[str, ...]:
     """Every mode this process can run: the shipped ones, transformers' caches and any kind registered since."""
-    return (FULL, *KINDS, *HF_MODES)
+    return (FULL, *KINDS, STATIC_COMPILED, *HF_MODES)
 
 
 TOLERANCES = {getattr(torch, name): bounds for name, bounds in TOLERANCES_BY_NAME.items()}  # (atol, rtol) per dtype
@@ -88,6 +91,11 @@ def decode_steps(model: Decoder, ids: Tensor, mode: str, options: dict | None = 
         from kvbench import hf
 
         yield from hf.steps(model, ids, mode, 1, (options or {}).get(mode))
+        return
+    if mode == STATIC_COMPILED:
+        from kvbench import compiled
+
+        yield from compiled.steps(model, ids, 1)
         return
     cache = make_cache(mode, model.config, batch=B, capacity=T, **(options or {}).get(mode, {}))
     try:
@@ -129,7 +137,7 @@ def _drain(model: Decoder, ids: Tensor, mode: str, keep_logits: bool, options: d
 def mode_expected_bytes(mode: str, config: DecoderConfig, batch: int, length: int, options: dict | None = None) -> int:
     """A mode's byte formula: its kind's (registered kinds included), or for the full-prefix path the float
     cache its last step builds."""
-    if mode == FULL:
+    if mode in (FULL, STATIC_COMPILED):
         return expected_cache_bytes(config, batch, length)
     return expected_bytes(mode, config, batch, length, **(options or {}))
 
@@ -186,8 +194,9 @@ class Equivalence:
         return asdict(self)
 
 
-def tolerances(dtype: torch.dtype) -> tuple[float, float]:
-    return TOLERANCES.get(dtype, TOLERANCES[torch.float32])
+def tolerances(dtype: torch.dtype, layers: int = 1) -> tuple[float, float]:
+    """(atol, rtol) of the exact gate in `dtype` for a model of `layers` layers (kvbench.kinds.tolerance_for)."""
+    return tolerance_for(dtype_name(dtype), layers)
 
 
 def first_step(bad: Tensor) -> int | None:
@@ -321,7 +330,7 @@ def check_equivalence(
     `reference` (B, >= T, V) may be full-prefix logits computed once for a longer
     prefix of the same ids: step t depends only on ids[:, :t + 1].
     """
-    default_atol, default_rtol = tolerances(model.config.dtype)
+    default_atol, default_rtol = tolerances(model.config.dtype, model.config.layers)
     atol = default_atol if atol is None else atol
     rtol = default_rtol if rtol is None else rtol
     T = ids.shape[1]

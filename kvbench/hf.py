@@ -22,7 +22,7 @@ import weakref
 from typing import TYPE_CHECKING
 
 from kvbench.config import PlainConfig, dtype_name
-from kvbench.kinds import HF_JUDGED_AS, QUANTIZED_BITS
+from kvbench.kinds import COMPILED_MODES, HF_JUDGED_AS, QUANTIZED_BITS, require_compiled
 
 if TYPE_CHECKING:
     from kvbench.model import Decoder
@@ -144,7 +144,7 @@ def tied_names(hf) -> set[str]:
 
 # mode -> transformers' cache class, or QuantizedCache's backend (its bits are those of the kind it is judged as)
 HF_CACHES = {"hf-dynamic": "DynamicCache", "hf-static": "StaticCache", "hf-quantized-int4": "quanto",
-             "hf-quantized-int8": "hqq"}
+             "hf-quantized-int8": "hqq", "hf-static-compiled": "StaticCache"}
 EXTRAS = {"quanto": ("optimum-quanto", "pip install -e '.[quanto]'"), "hqq": ("hqq", "pip install -e '.[hqq]'")}
 _models: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -162,6 +162,8 @@ def require_mode(mode: str, config: PlainConfig) -> None:
         raise ValueError(f"unknown transformers mode {mode!r}: expected one of {list(HF_CACHES)}")
     hf_architecture(config)
     require_transformers()
+    if mode in COMPILED_MODES:
+        require_compiled(mode, config)
     backend = HF_CACHES[mode]
     if backend in EXTRAS:
         package, install = EXTRAS[backend]
@@ -232,17 +234,23 @@ def tensor_bytes(value, seen: set[int]) -> int:
 
 def steps(model: Decoder, ids, mode: str, prompt: int = 1, options: dict | None = None):
     """Yields (logits (B, V), HfCache) for the first `prompt` tokens in one call, then one token a step:
-    prompt 1 is the decode loop, prompt P a request, prompt c then one step a context step. Drive it
-    inside torch.inference_mode()."""
+    prompt 1 is the decode loop, prompt P a request, prompt c then one step a context step. A compiled mode
+    compiles the one-token steps only (kvbench.compiled). Drive it inside torch.inference_mode()."""
     hf = model_for(model)
     keyword, T = cache_keyword(hf), ids.shape[1]
     cache = make_hf_cache(mode, hf, T, options)
     view = HfCache(cache)
+    if mode in COMPILED_MODES:
+        from kvbench.compiled import compiled_forward
+
+        step = compiled_forward(hf)
+    else:
+        step = hf
     try:
         logits = hf(input_ids=ids[:, :prompt], use_cache=True, **{keyword: cache}).logits
         yield logits[:, -1], view
         for t in range(prompt, T):
-            logits = hf(input_ids=ids[:, t : t + 1], use_cache=True, **{keyword: cache}).logits
+            logits = step(input_ids=ids[:, t : t + 1], use_cache=True, **{keyword: cache}).logits
             yield logits[:, -1], view
     finally:
         view.release()

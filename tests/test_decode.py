@@ -366,3 +366,26 @@ def test_cache_footprint_measured_equals_expected(model_for, mode, batch, length
     assert footprint["expected_bytes"] == expected
     assert footprint["measured_bytes"] == expected
     assert footprint["reserved_bytes"] >= footprint["measured_bytes"]
+
+
+def test_bfloat16_tolerance_covers_twice_each_paths_own_rounding_and_still_catches_a_shifted_step():
+    """bf16's bound comes from bf16's own error: each path against float64 on the very same weights. The
+    cached and the full-prefix paths round differently (one-row steps, c-row prefixes) and each may err
+    either way, so the bound must cover twice the larger error; it must still fail a step read one position
+    off, the kind of bug the gate is for."""
+    config = DecoderConfig.from_preset("llama-mini", dtype=torch.bfloat16, max_length=64)
+    model = build_model(config, seed=0)
+    truth_model = build_model(DecoderConfig.from_preset("llama-mini", dtype=torch.float64, max_length=64), seed=0)
+    truth_model.load_state_dict({name: tensor.double() for name, tensor in model.state_dict().items()})
+    ids = token_ids(config, 1, 48)
+    atol, rtol = tolerances(config.dtype, config.layers)
+    assert (atol, rtol) == pytest.approx((0.06, 0.06))  # 0.03 x sqrt(4 layers)
+    truth = decode_full(truth_model, ids, keep_logits=True)
+    full, static = decode_full(model, ids, keep_logits=True), decode_cached(model, ids, "static", keep_logits=True)
+    for path in (full, static):
+        error = (path.double() - truth).abs()
+        assert float(error.max()) > 0.005  # bf16 really rounds: the bound is not for exact arithmetic
+        assert bool((2 * error <= atol + rtol * truth.abs()).all())
+    assert check_equivalence(model, ids, ["static"], reference=full)["static"].passed
+    shifted = compare_logits("static", static[:, 1:], full[:, :-1], atol, rtol)
+    assert not shifted.passed and shifted.first_divergent_position == 0

@@ -70,6 +70,11 @@ class StaticCache(Cache):
         values.narrow(2, start, new).copy_(v)
         return keys.narrow(2, 0, start + new), values.narrow(2, 0, start + new)
 
+    def buffers(self, layer: int) -> tuple[Tensor, Tensor]:
+        """One layer's whole key and value storage (B, KVH, capacity, D), for a step that writes it in place
+        (kvbench.compiled); positions from `length` on are not valid."""
+        return self._key_buffers[layer], self._value_buffers[layer]
+
     def keys(self, layer: int = 0) -> Tensor:
         return self._key_buffers[layer][:, :, : self.length]
 

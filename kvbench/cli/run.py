@@ -96,6 +96,11 @@ def settings(args: argparse.Namespace) -> tuple[PlainConfig, Protocol]:
                 hf.require_mode(mode, config)
         except ValueError as error:
             raise CliError(f"--modes {transformers_modes[0]}: {error}") from None
+    for mode in [mode for mode in args.modes if mode == "static-compiled"]:
+        try:
+            kinds.require_compiled(mode, config)
+        except ValueError as error:
+            raise CliError(f"--modes {mode}: {error}") from None
     if "window" in args.modes and config.window is None:
         raise CliError("--modes window needs --window W: the sliding window the window kind keeps")
     args.cache_options = {mode: {"group_size": args.quant_group, "residual": args.quant_residual}
