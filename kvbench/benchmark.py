@@ -12,7 +12,7 @@ from typing import Callable
 
 from kvbench import machine
 from kvbench.decode import FULL, check_modes, failed_check, timeable, token_ids
-from kvbench.kinds import CONTROL
+from kvbench.kinds import COMPILED_MODES, CONTROL
 from kvbench.model import Decoder
 from kvbench.sampling import Sample, Sampling, sample
 from kvbench.timing import Protocol, control_mode, per_step_seconds
@@ -36,6 +36,7 @@ class RunOutcome:
     sampling: Sampling = field(default_factory=Sampling)
     machine_probe: dict | None = None  # the fixed workloads of kvbench.machine, at the start and the end
     limits: dict | None = None  # what the machine can stream and multiply, for a request or a contexts run
+    compile_seconds: dict | None = None  # compiled mode -> first calls of its compiled functions, compile included
 
 
 def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol: Protocol = Protocol(),
@@ -90,6 +91,10 @@ def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol
         outcome.machine_probe["end"] = machine.probe_phase(calls)
     except KeyboardInterrupt:
         outcome.interrupted = True
+    if any(mode in COMPILED_MODES for mode in modes):
+        from kvbench.compiled import compile_seconds
+
+        outcome.compile_seconds = {mode: list(compile_seconds[mode]) for mode in modes if mode in compile_seconds}
     return outcome
 
 

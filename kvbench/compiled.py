@@ -47,10 +47,8 @@ def span(position: int, capacity: int) -> int:
 
 
 def capacity_for(length: int, config: PlainConfig) -> int:
-    """A buffer of whole blocks for `length` positions and one spare position (within max_length): a span is
-    then never the whole buffer, so every span the step sees has the same layout (a contiguous one would
-    be another program to dynamo, a recompile)."""
-    return min(-(-length // BLOCK) * BLOCK + 1, config.max_length)
+    """Whole blocks for `length` positions, within max_length."""
+    return min(-(-length // BLOCK) * BLOCK, config.max_length)
 
 
 def decode_one(model: Decoder, ids: Tensor, position: Tensor, keys: list[Tensor], values: list[Tensor]) -> Tensor:
@@ -117,7 +115,9 @@ def steps(model: Decoder, ids: Tensor, prompt: int = 1) -> Iterator[tuple[Tensor
     torch.inference_mode()."""
     require_compiled(STATIC_COMPILED, model.config)
     B, T = ids.shape
-    cache = StaticCache(model.config, batch=B, capacity=capacity_for(T, model.config))
+    # One spare position past the capacity: a span is then never the whole buffer, so every span the step
+    # sees has the same layout (a contiguous one would be another program to dynamo, a recompile).
+    cache = StaticCache(model.config, batch=B, capacity=capacity_for(T, model.config), spare=1)
     step = compiled_step(model)
     position = torch.zeros(1, dtype=torch.long)
     try:

@@ -57,9 +57,10 @@ class StaticCache(Cache):
 
     kind = "static"
 
-    def __init__(self, config: DecoderConfig, batch: int = 1, capacity: int | None = None) -> None:
+    def __init__(self, config: DecoderConfig, batch: int = 1, capacity: int | None = None, spare: int = 0) -> None:
         super().__init__(config, batch, capacity)
-        shape = (batch, config.kv_heads, self.capacity, config.head_dim)
+        # `spare` positions beyond the capacity are never valid (kvbench.compiled: no span is the whole buffer)
+        shape = (batch, config.kv_heads, self.capacity + spare, config.head_dim)
         self._key_buffers = [torch.zeros(shape, dtype=config.dtype) for _ in range(config.layers)]
         self._value_buffers = [torch.zeros(shape, dtype=config.dtype) for _ in range(config.layers)]
 

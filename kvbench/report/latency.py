@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from kvbench import latency, stats
 from kvbench.config import PlainConfig
-from kvbench.kinds import HF_MODES, formula_bytes
+from kvbench.kinds import HF_JUDGED_AS, HF_MODES, formula_bytes
 from kvbench.record import RecordView
 from kvbench.report.format import check_text, format_bytes, ms
 from kvbench.stats import RatioEstimate
@@ -138,7 +138,9 @@ def limit_rows(view: RecordView) -> list[LimitRow]:
                              work["flops"], *roofs))
         if row.mode != view.baseline and "tpot" in row.figures:
             middle = row.prompt + row.generate // 2
-            step = latency.decode_step(weights, formula_bytes(row.mode, config, batch, middle,
+            # transformers' caches hold what kvbench's kind of the same bits holds (a float one but the quantized)
+            formula = HF_JUDGED_AS.get(row.mode, "static") if row.mode in HF_MODES else row.mode
+            step = latency.decode_step(weights, formula_bytes(formula, config, batch, middle,
                                                               view.run.get("cache_options", {}).get(row.mode)),
                                        config, batch, middle)
             rows.append(LimitRow(row.mode, f"decode @ {middle} (TPOT)", row.figures["tpot"]["median"], step["bytes"],
