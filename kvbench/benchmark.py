@@ -79,7 +79,14 @@ def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol
 
         if hasattr(workload, "timer_seconds"):  # what timing every step on its own costs each step
             outcome.sampling.step_timer_seconds = workload.timer_seconds()
-        sample(loops, protocol, on_sample=keep, state=outcome.sampling, watch=workload.watch(protocol, FULL))
+        rounds = None
+        if outcome.limits is not None:  # the same limits again at the start of every round, beside the samples
+            shapes = [tuple(entry["shape"]) for entry in outcome.limits["matmul"] if entry["shape"][0] == protocol.batch]
+            rounds = machine.RoundLimits(shapes, outcome.limits["buffer_bytes"])
+        sample(loops, protocol, on_sample=keep, state=outcome.sampling, watch=workload.watch(protocol, FULL),
+               limits=rounds)
+        if outcome.limits is not None:
+            outcome.limits["rounds"] = outcome.sampling.limits
         if protocol.per_step_length is not None:
             ids = token_ids(model.config, protocol.batch, protocol.per_step_length, protocol.seed)
             outcome.per_step = [

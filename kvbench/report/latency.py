@@ -105,6 +105,7 @@ class LimitRow:
     flops: float
     bandwidth: float | None  # the measured triad bandwidth on the run's threads
     compute: float | None  # the fastest measured matmul
+    matmul_floor: float | None = None  # seconds its matmuls take at the rates measured at their shapes
 
     @property
     def achieved_bandwidth(self) -> float:
@@ -131,11 +132,11 @@ def limit_rows(view: RecordView) -> list[LimitRow]:
                 continue
             step = latency.decode_step(weights, memory["measured_bytes"], config, batch, length)
             rows.append(LimitRow(mode, f"decode @ {length}", statistics.median(view.speedup_samples(mode, length).values()),
-                                 step["bytes"], step["flops"], *roofs))
+                                 step["bytes"], step["flops"], *roofs, latency.matmul_floor(config, batch, limits)))
     for row in latency_rows(view):
         work = latency.prefill(weights, config, batch, row.prompt)
         rows.append(LimitRow(row.mode, f"prefill {row.prompt}", row.figures["ttft"]["median"], work["bytes"],
-                             work["flops"], *roofs))
+                             work["flops"], *roofs, latency.matmul_floor(config, batch * row.prompt, limits)))
         if row.mode != view.baseline and "tpot" in row.figures:
             middle = row.prompt + row.generate // 2
             # transformers' caches hold what kvbench's kind of the same bits holds (a float one but the quantized)
@@ -144,28 +145,32 @@ def limit_rows(view: RecordView) -> list[LimitRow]:
                                                               view.run.get("cache_options", {}).get(row.mode)),
                                        config, batch, middle)
             rows.append(LimitRow(row.mode, f"decode @ {middle} (TPOT)", row.figures["tpot"]["median"], step["bytes"],
-                                 step["flops"], *roofs))
+                                 step["flops"], *roofs, latency.matmul_floor(config, batch, limits)))
     return rows
 
 
-LIMIT_COLUMNS = ("mode", "step", "ms", "reads", "GB/s", "% of bandwidth", "GFLOP/s", "% of matmul")
+LIMIT_COLUMNS = ("mode", "step", "ms", "reads", "GB/s", "% of bandwidth", "GFLOP/s", "% of matmul",
+                 "matmul floor ms")
 
 
 def limit_cells(row: LimitRow) -> list[str]:
     share = lambda value, roof: "" if roof is None else f"{value / roof:.0%}"  # noqa: E731
     return [row.mode, row.what, ms(row.seconds), format_bytes(int(row.bytes_read)), f"{row.achieved_bandwidth / 1e9:.2f}",
             share(row.achieved_bandwidth, row.bandwidth), f"{row.achieved_flops / 1e9:.2f}",
-            share(row.achieved_flops, row.compute)]
+            share(row.achieved_flops, row.compute), "" if row.matmul_floor is None else ms(row.matmul_floor)]
 
 
 def limit_sentence(view: RecordView) -> str:
     limits = view.record["limits"]
     bandwidth, compute = latency.bandwidth_limit(limits, view.run["threads"]), latency.compute_limit(limits)
-    return (f"The machine's limits, measured in this run: triad {bandwidth / 1e9:.1f} GB/s on {view.run['threads']} "
+    when = (f"at the start of each of its {len(limits['rounds'])} rounds, beside the samples (medians)"
+            if limits.get("rounds") else "once, before the samples")
+    return (f"The machine's limits, measured in this run {when}: triad {bandwidth / 1e9:.1f} GB/s on {view.run['threads']} "
             f"thread(s) over {format_bytes(limits['buffer_bytes'])} arrays, matmul {compute / 1e9:.1f} GFLOP/s at the "
             f"model's shapes. A decode step must read every weight once ({format_bytes(limits['weight_bytes_per_step'])}"
             f", embedding rows aside) and the cache it attends to; % of bandwidth is those bytes over the step's median "
-            f"time against triad, % of matmul its FLOPs against the fastest matmul")
+            f"time against triad, % of matmul its FLOPs against the fastest matmul; matmul floor: the time its matrix "
+            f"products take at the rates measured at their own shapes")
 
 
 def step_medians(view: RecordView) -> dict[str, list[float]]:
