@@ -238,14 +238,13 @@ def steps(model: Decoder, ids, mode: str, prompt: int = 1, options: dict | None 
     compiles the one-token steps only (kvbench.compiled). Drive it inside torch.inference_mode()."""
     hf = model_for(model)
     keyword, T = cache_keyword(hf), ids.shape[1]
-    cache = make_hf_cache(mode, hf, T, options)
-    view = HfCache(cache)
-    if mode in COMPILED_MODES:
-        from kvbench.compiled import compiled_forward
+    capacity, step = T, hf
+    if mode in COMPILED_MODES:  # a StaticCache of whole blocks: lengths in one block share one program
+        from kvbench.compiled import capacity_for, compiled_forward
 
-        step = compiled_forward(hf)
-    else:
-        step = hf
+        capacity, step = capacity_for(T, model.config), compiled_forward(hf)
+    cache = make_hf_cache(mode, hf, capacity, options)
+    view = HfCache(cache)
     try:
         logits = hf(input_ids=ids[:, :prompt], use_cache=True, **{keyword: cache}).logits
         yield logits[:, -1], view
