@@ -79,12 +79,8 @@ def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol
 
         if hasattr(workload, "timer_seconds"):  # what timing every step on its own costs each step
             outcome.sampling.step_timer_seconds = workload.timer_seconds()
-        rounds = None
-        if outcome.limits is not None:  # the same limits again at the start of every round, beside the samples
-            shapes = [tuple(entry["shape"]) for entry in outcome.limits["matmul"] if entry["shape"][0] == protocol.batch]
-            rounds = machine.RoundLimits(shapes, outcome.limits["buffer_bytes"])
         sample(loops, protocol, on_sample=keep, state=outcome.sampling, watch=workload.watch(protocol, FULL),
-               limits=rounds)
+               limits=round_limits(outcome.limits, protocol))
         if outcome.limits is not None:
             outcome.limits["rounds"] = outcome.sampling.limits
         if protocol.per_step_length is not None:
@@ -115,6 +111,15 @@ def machine_limits(model: Decoder, workload, lengths: list[int], protocol: Proto
     found = machine.limits(matmul_shapes(model, [protocol.batch, protocol.batch * prefill]), sorted({1, everything}))
     return {**found, "weight_bytes_per_step": weights_read_per_step(model),
             "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
+
+
+def round_limits(limits: dict | None, protocol: Protocol) -> machine.RoundLimits | None:
+    """The run's limits measured again at the start of every round, beside the samples (a run that measures
+    limits: request and contexts): the same buffers' size, the step's own matmul shapes."""
+    if limits is None:
+        return None
+    shapes = [tuple(entry["shape"]) for entry in limits["matmul"] if entry["shape"][0] == protocol.batch]
+    return machine.RoundLimits(shapes, limits["buffer_bytes"])
 
 
 def checked(workload, model: Decoder, ids, length: int, modes: list[str], options: dict | None) -> dict:

@@ -88,17 +88,17 @@ def timed_first_call(mode: str, function, *args, **kwargs):
 
 
 class CompiledStep:
-    """decode_one compiled for one model: fullgraph (a graph break raises), the span's length dynamic."""
+    """decode_one compiled for one model: fullgraph (a graph break raises), shapes dynamic (the span's length
+    and the buffer's stride are symbols: one program for every span, context and cache; the weights'
+    shapes stay static, and a batch of 1 is specialized, as dynamo does)."""
 
     def __init__(self) -> None:
-        self.function = torch.compile(decode_one, fullgraph=True, dynamic=None)
+        self.function = torch.compile(decode_one, fullgraph=True, dynamic=True)
         self.compiled = False
 
     def __call__(self, model: Decoder, ids: Tensor, position: Tensor, keys: list[Tensor], values: list[Tensor]):
         if self.compiled:
             return self.function(model, ids, position, keys, values)
-        for buffer in (*keys, *values):  # one program for every span, context and cache
-            torch._dynamo.mark_dynamic(buffer, 2)
         self.compiled = True
         return timed_first_call(STATIC_COMPILED, self.function, model, ids, position, keys, values)
 

@@ -173,7 +173,6 @@ def _quantized_bytes(config, batch: int, length: int, bits: int, group_size: int
 
 FORMULAS: dict[str, Callable[..., int]] = {  # kind -> formula(config, batch, length, **its cache options)
     "concat": _float_bytes, "static": _float_bytes, "paged": _float_bytes, "window": window_cache_bytes,
-    "static-compiled": _float_bytes,  # kvbench's static cache (valid positions; its buffer is whole blocks)
     **{kind: functools.partial(_quantized_bytes, bits=bits) for kind, bits in QUANTIZED_BITS.items()},
 }
 
@@ -181,7 +180,7 @@ FORMULAS: dict[str, Callable[..., int]] = {  # kind -> formula(config, batch, le
 def formula_bytes(mode: str, config, batch: int, length: int, options: dict | None = None) -> int:
     """A shipped mode's byte formula: its kind's, or for the full-prefix path the float cache its last step builds
     (kvbench.decode.mode_expected_bytes also knows the kinds registered in this process)."""
-    if mode == FULL:
+    if mode in (FULL, "static-compiled"):  # static-compiled: kvbench's static cache (valid positions)
         return expected_cache_bytes(config, batch, length)
     if mode not in FORMULAS:
         raise ValueError(f"no byte formula for mode {mode!r}: expected one of {list(FORMULAS)}")
