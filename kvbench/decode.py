@@ -28,6 +28,7 @@ from kvbench.kinds import (  # re-exported: the gate's names and rules live in k
     FAILURES,
     NOT_FINITE,
     REFERENCE_NOT_FINITE,
+    tolerance_for,
     top1_within,
     within_limits,
 )
@@ -196,8 +197,9 @@ class Equivalence:
         return asdict(self)
 
 
-def tolerances(dtype: torch.dtype) -> tuple[float, float]:
-    return TOLERANCES.get(dtype, TOLERANCES[torch.float32])
+def tolerances(dtype: torch.dtype, layers: int = 1) -> tuple[float, float]:
+    """(atol, rtol) of the exact gate in `dtype` for a model of `layers` layers (kvbench.kinds.tolerance_for)."""
+    return tolerance_for(dtype_name(dtype), layers)
 
 
 def first_step(bad: Tensor) -> int | None:
@@ -331,7 +333,7 @@ def check_equivalence(
     `reference` (B, >= T, V) may be full-prefix logits computed once for a longer
     prefix of the same ids: step t depends only on ids[:, :t + 1].
     """
-    default_atol, default_rtol = tolerances(model.config.dtype)
+    default_atol, default_rtol = tolerances(model.config.dtype, model.config.layers)
     atol = default_atol if atol is None else atol
     rtol = default_rtol if rtol is None else rtol
     T = ids.shape[1]
@@ -388,7 +390,7 @@ def run_gate(model: Decoder, ids: Tensor, lengths: list[int], modes: list[str],
 
 def failed_check(mode: str, length: int, dtype: torch.dtype, error: BaseException) -> dict:
     """The check of a mode that raised: failed, with the error and no differences to report."""
-    atol, rtol = tolerances(dtype)
+    atol, rtol = tolerances(dtype)  # the dtype's floor: a check that raised compared nothing
     text = f"{type(error).__name__}: {error}".splitlines()[0][:300]
     return {"mode": mode, "length": length, "passed": False, "max_abs_diff": None, "max_rel_diff": None,
             "first_divergent_position": None, "non_finite": 0, "atol": atol, "rtol": rtol,

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from kvbench.config import PlainConfig, dtype_name
 from kvbench import modes
+from kvbench.kinds import require_compiled
 
 if TYPE_CHECKING:
     from kvbench.model import Decoder
@@ -161,6 +162,8 @@ def require_mode(mode: str, config: PlainConfig) -> None:
         raise ValueError(f"unknown transformers mode {mode!r}: expected one of {list(modes.HF_MODES)}")
     hf_architecture(config)
     require_transformers()
+    if spec.compiled:
+        require_compiled(mode, config)
     backend = spec.backend
     if backend in EXTRAS:
         package, install = EXTRAS[backend]
@@ -231,16 +234,22 @@ def tensor_bytes(value, seen: set[int]) -> int:
 def steps(model: Decoder, ids, mode: str, prompt: int, cache=None, options: dict | None = None):
     """The hf-* modes' stepper (kvbench.decode.steps): yields (logits (B, V), HfCache) for the first `prompt`
     tokens in one call, then one token a step. `cache`, a transformers cache the caller owns, is continued
-    from the positions it holds; otherwise a fresh one is made for the whole of ids."""
+    from the positions it holds; otherwise a fresh one is made for the whole of ids. A compiled mode compiles
+    the one-token steps only, over a StaticCache of whole blocks (kvbench.compiled)."""
     hf = model_for(model)
     keyword, T = cache_keyword(hf), ids.shape[1]
     held = 0 if cache is None else cache.get_seq_length()
-    view = HfCache(make_hf_cache(mode, hf, T, options) if cache is None else cache)
+    capacity, step = T, hf
+    if modes.spec(mode).compiled:  # lengths in one block share one program
+        from kvbench.compiled import capacity_for, compiled_forward
+
+        capacity, step = capacity_for(T, model.config), compiled_forward(hf)
+    view = HfCache(make_hf_cache(mode, hf, capacity, options) if cache is None else cache)
     try:
         logits = hf(input_ids=ids[:, held:prompt], use_cache=True, **{keyword: view.cache}).logits
         yield logits[:, -1], view
         for t in range(prompt, T):
-            logits = hf(input_ids=ids[:, t : t + 1], use_cache=True, **{keyword: view.cache}).logits
+            logits = step(input_ids=ids[:, t : t + 1], use_cache=True, **{keyword: view.cache}).logits
             yield logits[:, -1], view
     finally:
         view.release()

@@ -11,6 +11,9 @@ from __future__ import annotations
 import math
 import re
 
+# One-token steps compiled with torch.compile (kvbench.compiled): what they need to run here.
+COMPILED_DTYPES = ("float32", "bfloat16")  # what inductor's CPU code is gated at here
+COMPILERS = ("g++", "c++", "clang++")  # what inductor builds its C++ with, when $CXX is not set
 WORKLOADS = ("loop", "request", "contexts")  # what one sample times (kvbench.workloads)
 # The contexts workload: after a prefill of c tokens, untimed warm-up steps (the first of them the cold step after
 # the prefill, which a client does see), then the consecutive steady-state steps a sample times.
@@ -21,6 +24,30 @@ KIND_NAME = re.compile(r"[a-z][a-z0-9_-]{0,39}")  # plain words: nothing a termi
 GROUP_SIZE = 32  # tokens per key group, channels per value group at most
 RESIDUAL = 128  # newest positions kept in full precision at least
 SCALE_BYTES = 2  # scales and minimums are float16
+
+
+def cxx_compiler() -> str | None:
+    """The C++ compiler torch.compile's inductor would build with ($CXX, else the first of COMPILERS on PATH)."""
+    import os
+    import shutil
+
+    for name in ((os.environ["CXX"],) if os.environ.get("CXX") else COMPILERS):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def require_compiled(mode: str, config) -> None:
+    """ValueError, in one line, unless compiled `mode` can run here on `config` (a kvbench.config.PlainConfig)."""
+    if cxx_compiler() is None:
+        raise ValueError(f"{mode} needs a C++ compiler for torch.compile's inductor backend: none of "
+                         f"{list(COMPILERS)} is on PATH (or set CXX)")
+    dtype = str(config.dtype).removeprefix("torch.")
+    if dtype not in COMPILED_DTYPES:
+        raise ValueError(f"{mode} compiles for dtypes {list(COMPILED_DTYPES)}, got {dtype}")
+    if config.family != "llama":
+        raise ValueError(f"{mode} steps the llama family's block, got family {config.family!r}")
 
 
 # -- what a kind retains ------------------------------------------------------------------
@@ -115,6 +142,21 @@ def check_quantized_options(bits: int | None, head_dim: int, group_size: int, re
 
 # (atol, rtol) per dtype name; float32 is the source document's 1e-5.
 TOLERANCES = {"float64": (1e-10, 1e-10), "float32": (1e-5, 1e-5), "float16": (2e-3, 2e-3), "bfloat16": (2e-2, 2e-2)}
+# bfloat16 keeps 8 significant bits, and every layer rounds the residual stream: measured against float64 on
+# the same weights (results/limit/bf16-error.json), each path's logits are off by up to 0.017 (llama-mini,
+# 4 layers) and 0.063 (qwen2.5-0.5b, 24 layers), growing as sqrt(layers); the cached and the full-prefix paths
+# run different kernels (a one-row step, a c-row prefix) and may err in opposite directions, so their
+# difference may reach twice that. Hence atol = rtol = this x sqrt(layers), at least TOLERANCES' (docs/protocol.md).
+DEPTH_SCALED = {"bfloat16": 3e-2}
+
+
+def tolerance_for(dtype: str, layers: int = 1) -> tuple[float, float]:
+    """(atol, rtol) of the exact gate for a model of `layers` layers in `dtype` (a name)."""
+    atol, rtol = TOLERANCES.get(dtype, TOLERANCES["float32"])
+    if dtype in DEPTH_SCALED:
+        scaled = DEPTH_SCALED[dtype] * math.sqrt(layers)
+        atol, rtol = max(atol, scaled), max(rtol, scaled)
+    return atol, rtol
 
 # Why a check failed, in the words the record and the report use. A non-finite reference is told
 # apart from a cached path that diverged: the full-prefix path is the yardstick, and when it is

@@ -83,6 +83,7 @@ class ModeSpec:
     check: str | Callable | None = None  # (mode, config) -> None or ValueError: what needs an import to know
     bits: int | None = None  # bits per quantized element
     backend: str | None = None  # transformers' cache class or QuantizedCache backend
+    compiled: bool = False  # its one-token steps run through torch.compile (kvbench.compiled): compiled once
 
     @property
     def changes_representation(self) -> bool:
@@ -285,12 +286,19 @@ for _spec in (
     transformers_cache("hf-static", "StaticCache"),
     transformers_cache("hf-quantized-int4", "quanto", bits=4),
     transformers_cache("hf-quantized-int8", "hqq", bits=8),
+    # One-token steps compiled by torch.compile's inductor (docs/compiled.md): kvbench's static cache stepped by a
+    # fixed-shape functional step, and transformers' StaticCache with its forward compiled. Exact; they need a
+    # C++ compiler and the llama family.
+    ModeSpec("static-compiled", KVBENCH, cache="kvbench.cache.contiguous:StaticCache", families=("llama",),
+             stepper="kvbench.compiled:mode_steps", check="kvbench.kinds:require_compiled", compiled=True),
+    transformers_cache("hf-static-compiled", "StaticCache", compiled=True),
 ):
     register(_spec)
 
-# Views of the shipped registry, for torch-free readers and the command line's help.
-MODES = names(FULL_PREFIX, KVBENCH)  # every mode of kvbench's own
-CACHE_KINDS = names(KVBENCH)  # the cache kinds kvbench ships
+# Views of the shipped registry, for torch-free readers and the command line's help. A compiled mode is run
+# by name only: the sweeps over every kind (contract tests, asv) would pay a compile (a minute) for each.
+MODES = tuple(name for name in names(FULL_PREFIX, KVBENCH) if not _specs[name].compiled)  # kvbench's own modes
+CACHE_KINDS = tuple(name for name in names(KVBENCH) if not _specs[name].compiled)  # the cache kinds kvbench ships
 DEFAULT_MODES = tuple(name for name in MODES if _specs[name].default)
 HF_MODES = names(TRANSFORMERS)
 RUNNABLE = names()  # every mode a run may name, but a plugin's

@@ -35,7 +35,7 @@ def request_logits(model: Decoder, ids: Tensor, mode: str, prompt: int, options:
 def check_request(model: Decoder, ids: Tensor, modes: list[str], prompt: int,
                   options: dict | None = None) -> dict[str, dict]:
     """Every mode's request against full's, token by token: {mode: check dict}, as the loop gate gives."""
-    atol, rtol = tolerances(model.config.dtype)
+    atol, rtol = tolerances(model.config.dtype, model.config.layers)
     reference = request_logits(model, ids, FULL, prompt)
     # the reference is full's own logits: judging full against them needs no second run
     return {mode: judge_logits(mode, reference if mode == FULL else request_logits(model, ids, mode, prompt, options),

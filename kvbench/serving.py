@@ -49,7 +49,7 @@ def gate(model: Decoder, trace: Trace, kind: str, budget: int, settings: dict) -
     replay = Replay(model, trace, kind, budget, settings, keep_logits=True)
     replay.prepare()
     replay()
-    atol, rtol = tolerances(model.config.dtype)
+    atol, rtol = tolerances(model.config.dtype, model.config.layers)
     worst, failed, checked = None, [], 0
     with torch.inference_mode():
         for live in replay.scheduler.lives:

@@ -504,6 +504,8 @@ def test_a_footprint_expects_the_kinds_formula_and_for_transformers_what_was_mea
     assert expected_bytes("static", config, 2, 8, measured=1) == expected_cache_bytes(config, 2, 8)
     assert expected_bytes(FULL, config, 1, 8, measured=1) == expected_cache_bytes(config, 1, 8)
     assert expected_bytes("hf-dynamic", config, 2, 8, measured=12345) == 12345
+
+
 def test_the_stepper_continues_forks_of_a_shared_paged_prefix_and_leaves_them_to_their_owner(tiny_model):
     """A serving scheduler's shape: one prompt prefix prefilled once into a pool, then forked per request; each
     fork is stepped by the one stepper from where it stands and stays the caller's (not released)."""
@@ -544,3 +546,26 @@ def test_the_stepper_refuses_a_cache_it_cannot_continue(tiny_model):
         next(steps(tiny_model, ids, FULL, prompt=4, cache=held))
     with pytest.raises(ValueError, match=r"prompt must be in \[1, 12\] tokens of the 12 ids, got 0"):
         steps(tiny_model, ids, "concat", prompt=0)
+
+
+def test_bfloat16_tolerance_covers_twice_each_paths_own_rounding_and_still_catches_a_shifted_step():
+    """bf16's bound comes from bf16's own error: each path against float64 on the very same weights. The
+    cached and the full-prefix paths round differently (one-row steps, c-row prefixes) and each may err
+    either way, so the bound must cover twice the larger error; it must still fail a step read one position
+    off, the kind of bug the gate is for."""
+    config = DecoderConfig.from_preset("llama-mini", dtype=torch.bfloat16, max_length=64)
+    model = build_model(config, seed=0)
+    truth_model = build_model(DecoderConfig.from_preset("llama-mini", dtype=torch.float64, max_length=64), seed=0)
+    truth_model.load_state_dict({name: tensor.double() for name, tensor in model.state_dict().items()})
+    ids = token_ids(config, 1, 48)
+    atol, rtol = tolerances(config.dtype, config.layers)
+    assert (atol, rtol) == pytest.approx((0.06, 0.06))  # 0.03 x sqrt(4 layers)
+    truth = decode_full(truth_model, ids, keep_logits=True)
+    full, static = decode_full(model, ids, keep_logits=True), decode_cached(model, ids, "static", keep_logits=True)
+    for path in (full, static):
+        error = (path.double() - truth).abs()
+        assert float(error.max()) > 0.005  # bf16 really rounds: the bound is not for exact arithmetic
+        assert bool((2 * error <= atol + rtol * truth.abs()).all())
+    assert check_equivalence(model, ids, ["static"], reference=full)["static"].passed
+    shifted = compare_logits("static", static[:, 1:], full[:, :-1], atol, rtol)
+    assert not shifted.passed and shifted.first_divergent_position == 0

@@ -46,3 +46,33 @@ def test_ratios_to_the_baseline_are_paired_by_rotation():
 
 def test_achieved_bandwidth_is_bytes_over_seconds():
     assert latency.achieved_bandwidth(2_000_000, 0.001) == pytest.approx(2e9)
+
+
+def test_the_matmul_floor_adds_each_product_of_a_forward_at_its_measured_rate_rounds_first():
+    from kvbench.config import preset_config
+
+    config = preset_config("llama-mini")  # C 256, I 512, H*D 256, q/k/v 256 + 2 * 64, V 1024, 4 layers
+    shapes = {(256, 384), (256, 256), (256, 1024), (512, 256)}
+    assert set(latency.step_matmuls(config)) == shapes and len(latency.step_matmuls(config)) == 4 * 4 + 1
+    once = {"matmul": [{"shape": [1, k, n], "flops_per_second": {"median": 1e9}} for k, n in shapes]}
+    flops = 2 * (4 * (256 * 384 + 256 * 256 + 256 * 1024 + 512 * 256) + 256 * 1024)
+    assert latency.matmul_floor(config, 1, once) == pytest.approx(flops / 1e9)
+    assert latency.matmul_floor(config, 2, once) is None  # a shape the run did not measure: no floor
+    # measured again at every round: their median replaces the one measurement
+    rounds = [{"round": r, "triad": 4e9 + r * 1e9, "copy": 1e9,
+               "matmul": [{"shape": [1, k, n], "flops_per_second": 2e9 * (r + 1)} for k, n in shapes]} for r in range(3)]
+    both = {**once, "rounds": rounds, "memory_bandwidth": {"triad": {"1": {"median": 99e9}}}}
+    assert latency.matmul_floor(config, 1, both) == pytest.approx(flops / 4e9)
+    assert latency.bandwidth_limit(both, 1) == 5e9 and latency.compute_limit(both) == 4e9
+
+
+def test_round_limits_are_measured_once_per_round_beside_the_samples():
+    from kvbench.machine import RoundLimits
+    from kvbench.sampling import sample
+    from kvbench.timing import Protocol
+
+    probe = RoundLimits([(1, 64, 32)], 1 << 20)
+    found = probe()
+    assert found["copy"] > 0 and found["triad"] > 0 and found["matmul"][0]["shape"] == [1, 64, 32]
+    state = sample({4: {"full": lambda: None, "static": lambda: None}}, Protocol.fixed(repeats=3), limits=probe)
+    assert [entry["round"] for entry in state.limits] == [0, 1, 2]  # one per round, three rounds of one rotation

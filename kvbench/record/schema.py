@@ -190,7 +190,10 @@ def machine_sections() -> dict:
                                                             "properties": {"shape": {"type": "array", "items": _positive,
                                                                                      "minItems": 3, "maxItems": 3},
                                                                            "flops_per_second": rate}}}}}
-    return {"machine_probe": probe, "limits": limits}
+    # compiled modes (kvbench.compiled): each compiled function's first call in the run's process, compile
+    # included, never inside a sample
+    compiled = {"type": "object", "propertyNames": {"pattern": MODE_NAME}, "additionalProperties": seconds}
+    return {"machine_probe": probe, "limits": limits, "compile_seconds": compiled}
 
 
 def estimation_schema() -> dict:

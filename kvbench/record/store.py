@@ -25,7 +25,7 @@ def build_record(
     *, command: list[str], config: dict, run: dict, protocol: dict, environment: dict,
     checks: list[dict], repetitions: list[dict], memory: list[dict], status: str = "complete",
     per_step: list[dict] | None = None, sampling: dict | None = None, machine_probe: dict | None = None,
-    limits: dict | None = None,
+    limits: dict | None = None, compile_seconds: dict | None = None,
 ) -> dict:
     """A validated schema-2 record. Without `sampling`, every length ran the fixed protocol."""
     record = {
@@ -53,6 +53,8 @@ def build_record(
         record["machine_probe"] = machine_probe
     if limits is not None:
         record["limits"] = limits
+    if compile_seconds:
+        record["compile_seconds"] = compile_seconds
     validate_record(record)
     return record
 
@@ -104,7 +106,7 @@ def record_from_run(outcome, *, command: list[str], preset: str, config, lengths
         protocol=protocol.describe(in_effect), environment=environment, checks=outcome.checks,
         repetitions=outcome.repetitions, memory=outcome.memory, per_step=outcome.per_step,
         status="incomplete" if outcome.interrupted else "complete", machine_probe=outcome.machine_probe,
-        limits=outcome.limits,
+        limits=outcome.limits, compile_seconds=outcome.compile_seconds,
         sampling={"lengths": [state.to_dict() for length, state in sampling.lengths.items() if length in lengths],
                   "telemetry": {"unavailable": sampling.telemetry_unavailable,
                                 "per_sample_seconds": sampling.telemetry_seconds,
