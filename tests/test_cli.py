@@ -12,6 +12,7 @@ import torch
 import kvbench.decode as decode_module
 from kvbench.cache import ConcatCache
 from kvbench.cli import main
+from kvbench.report.format import ms
 from kvbench.record import RECORD_SCHEMA, load_record
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,8 +37,7 @@ def assert_one_line_error(code, err, *fragments):
 
 def medians_ms(record):
     """Median milliseconds of every timed mode (the A/A control is summarised below the table, not in it)."""
-    return {(c["mode"], c["length"]): f"{c['median'] * 1e3:.2f}" for c in record["summary"]["cells"]
-            if c["mode"] != "control"}
+    return {(c["mode"], c["length"]): ms(c["median"]) for c in record["summary"]["cells"] if c["mode"] != "control"}
 
 
 @pytest.fixture
@@ -295,7 +295,7 @@ def test_env_prints_json(capsys):
 def test_subprocess_run_end_to_end(tmp_path):
     output = tmp_path / "rec.json"
     command = [sys.executable, "-m", "kvbench", "run", "--lengths", "4", "--modes", "full,static",
-               "--repeats", "2", "--output", str(output), "--no-progress"]
+               "--repeats", "2", "--output", str(output), "--no-progress", "--wide"]  # every column, whatever $COLUMNS
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr

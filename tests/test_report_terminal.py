@@ -59,25 +59,26 @@ def test_summary_table_values(make_record):
     text = render(summary_table(make_record(SECONDS)))
     assert "kvbench seed: batch 1, float32, 1 thread(s), 4 repetitions" in text
     assert "INCOMPLETE" not in text
-    for header in ("length", "mode", "median ms", "IQR %", "us/token", "speedup", "KV bytes", "reserved", "equivalence"):
+    for header in ("length", "mode", "wall median ms", "IQR %", "wall µs/token", "speedup", "95% rerun interval",
+                   "KV bytes", "equivalence", "marks"):
         assert header in text
-    full4 = line_of(text, " full ", "baseline", "2500.00")
-    assert "60.0" in full4  # IQR (3.25 - 1.75) / 2.5 = 60 %
-    assert "625000.0" in full4  # 2.5 s / 4 tokens in microseconds
-    assert "1.0 KiB" in full4 and "2.0 KiB" in full4  # measured 256 * 4, reserved 512 * 4
-    assert "ok 1.0e-07" in full4
-    concat4 = line_of(text, " concat ", "625.00")
+    full4 = line_of(text, " full ", "baseline", "2,500.0")
+    assert " 60% " in full4  # IQR (3.25 - 1.75) / 2.5 = 60 %
+    assert "625,000.0" in full4  # 2.5 s / 4 tokens in microseconds
+    assert "1.0/2.0 KiB" in full4  # measured 256 * 4, reserved 512 * 4
+    assert "ok 1.0e-07" in full4 and "~" in full4  # its spread is too wide to trust the median
+    concat4 = line_of(text, " concat ", " 625.0 ")
     assert "4.17x" in concat4 and "invalid" not in concat4  # the median of 2, 8, 3, 5.33
-    concat8 = line_of(text, " concat ", "1750.00")
+    concat8 = line_of(text, " concat ", "1,750.0")
     assert "3.00x" in concat8  # the median of 2, 4, 5.33, 2
 
 
 def test_summary_table_marks_failed_check_and_invalid_speedup(make_record):
     text = render(summary_table(make_record(SECONDS, failed={("concat", 8)})))
-    concat8 = line_of(text, " concat ", "1750.00")
-    assert "FAILED 5.0e-01 @ 2" in concat8
-    assert "(3.00x invalid)" in concat8
-    concat4 = line_of(text, " concat ", "625.00")
+    concat8 = line_of(text, " concat ", "1,750.0")
+    assert "FAILED 5.0e-01 @ 2" in concat8 and "✗" in concat8
+    assert "(3.00x invalid)" in concat8 and "[" not in concat8  # no interval for an invalid speedup
+    concat4 = line_of(text, " concat ", " 625.0 ")
     assert "4.17x" in concat4 and "FAILED" not in concat4 and "invalid" not in concat4
     assert text.count("FAILED") == 1 and text.count("invalid") == 1
 

@@ -55,8 +55,8 @@ def load_view(path: Path) -> RecordView:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    console = stdout_console()
-    for item in terminal.quick_renderables(model.build_report(load_view(args.record))):
+    console = stdout_console(args.wide)
+    for item in terminal.quick_renderables(model.build_report(load_view(args.record)), console.width, args.wide):
         console.print(item)
     return 0
 
@@ -88,11 +88,11 @@ def cmd_report(args: argparse.Namespace) -> int:
         write_bytes_atomic(args.plot, plots.render_overview(report, args.plot.suffix.lower()), args.force)
     if args.format == "text":
         if args.output is None:
-            console = stdout_console()
-            for item in terminal.report_renderables(report):
+            console = stdout_console(args.wide)
+            for item in terminal.report_renderables(report, console.width, args.wide):
                 console.print(item)
             return 0
-        content = terminal.render_report(report)
+        content = terminal.render_report(report)  # a file: every column
     elif args.format == "markdown":
         target = args.into or args.output
         anchor = target.parent if target else Path.cwd()

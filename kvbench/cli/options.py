@@ -252,8 +252,14 @@ def add_run_parser(commands) -> None:
     run.add_argument("--output", type=Path, help="record path (default: a new timestamped file under results/records/)")
     run.add_argument("--force", action="store_true", help="overwrite --output if it exists")
     run.add_argument("--no-progress", action="store_true", help="do not show progress bars")
+    add_wide_option(run)
     add_serving_options(run)
     add_model_options(run)
+
+
+def add_wide_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--wide", action="store_true",
+                        help="every column of the terminal tables, however wide (default: those that fit the terminal)")
 
 
 def add_comparison_options(parser: argparse.ArgumentParser) -> None:
@@ -268,9 +274,10 @@ def add_reading_parsers(commands) -> None:
     formatter = DefaultsHelpFormatter
     show = commands.add_parser("show", help="print the table of a saved record", formatter_class=formatter)
     show.add_argument("record", type=Path)
+    add_wide_option(show)
 
     report = commands.add_parser(
-        "report", help="timings with spread, speedups with 95%% CIs, scaling fit, per-step profile, plots",
+        "report", help="timings with spread, speedups with 95%% rerun intervals, scaling fit, per-step profile, plots",
         formatter_class=formatter, epilog="example: kvbench report run.json --format html --output run.html --plot run.svg",
     )
     report.add_argument("record", type=Path)
@@ -280,6 +287,7 @@ def add_reading_parsers(commands) -> None:
     report.add_argument("--into", type=Path, metavar="FILE.md",
                         help="replace the marked block in FILE.md with the markdown report (for the README)")
     report.add_argument("--force", action="store_true", help="overwrite --output / --plot if they exist")
+    add_wide_option(report)
 
     compare = commands.add_parser(
         "compare", help="environment diff, then per cell NEW/OLD with 95%% CI, minimum detectable effect and verdict",

@@ -18,7 +18,7 @@ from kvbench.cli.parser import CliError
 from kvbench.config import DecoderConfig, PlainConfig
 from kvbench.report import model as report_model
 from kvbench.report import terminal
-from kvbench.report.format import as_sentence, format_bytes, stdout_console
+from kvbench.report.format import format_bytes, stdout_console
 from kvbench.timing import Protocol
 
 
@@ -55,17 +55,16 @@ def cmd_run(args: argparse.Namespace) -> int:
             cache_options=args.cache_options, workload=args.workload,
         )
         path = save_record(result, output, args.force)
-    console, view = stdout_console(), record.RecordView(result, str(path))
+    console, view = stdout_console(args.wide), record.RecordView(result, str(path))
     report = report_model.build_report(view)
-    for item in terminal.quick_renderables(report):
+    for item in terminal.quick_renderables(report, console.width, args.wide, verdict=False):
         console.print(item)
     failed = [check for check in outcome.checks if not check["passed"]]
     for check in failed:
         stderr.print(f"[bold red]EQUIVALENCE FAILED[/]: {failure_sentence(check)}")
     console.print(f"record: {path}")
-    contended = report_model.contention_sentence(view, report)
-    if contended:  # the last line: a run that could not reach its precision says why, in words
-        console.print(escape(as_sentence(contended)))
+    if report.verdict:  # the last line: what precision the run reached, and if short of it why, in words
+        console.print(terminal.verdict_line(report))
     if outcome.interrupted or args.signals.received:
         print(interrupted_sentence(args.signals.first, outcome, args.lengths, args.modes, path), file=sys.stderr)
         return 130

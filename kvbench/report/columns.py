@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from kvbench import stats
-from kvbench.report.format import check_text, format_bytes, ms, ratio
-from kvbench.report.model import MARKS, LengthRow, Noise, Profile, Report, Row
+from kvbench.report.format import check_text, check_word, format_bytes, ms, ratio
+from kvbench.report.model import MARKS, Noise, Profile, Report, Row
+from kvbench.report.precision import CLOCK_TEXTS, LengthRow, stop_text
 from kvbench.stats import PowerFit
 
 
@@ -25,6 +26,15 @@ class Column:
     left: bool = False  # alignment: numbers right, words left
     style: Callable[[Row], str | None] = lambda row: None
     from_record: bool = False  # the text carries a record's own strings: layouts must escape it
+
+
+RERUN_INTERVAL = "95% rerun interval"  # docs/statistics.md's name for the interval beside every speedup
+LEGACY_INTERVAL = "95% interval"  # schema-1 records: a bootstrap over their repetitions, said in the legend
+CLOCK_HEADS = {"wall": "wall", "cpu": "CPU"}  # a time column's header names its clock
+
+
+def interval_name(report: Report) -> str:
+    return RERUN_INTERVAL if report.interval.startswith("rerun") else LEGACY_INTERVAL
 
 
 def speedup_text(row: Row) -> str:
@@ -40,17 +50,17 @@ def speedup_text(row: Row) -> str:
     return text
 
 
+def short_speedup_text(row: Row) -> str:
+    """The compact table's speedup with its ±: the undisturbed one is the ⚡ mark's, in --wide."""
+    if row.speedup is None or row.is_baseline or row.invalid_speedup:
+        return speedup_text(row)
+    return f"{ratio(row.speedup.ratio)}x {precision_text(row)}"
+
+
 def interval_text(row: Row) -> str:
-    if row.speedup is None:
+    if row.speedup is None or row.invalid_speedup:  # an invalid speedup has no interval worth printing
         return ""
     return f"[{ratio(row.speedup.low)}, {ratio(row.speedup.high)}]"
-
-
-def speedup_with_interval(row: Row) -> str:
-    """The terminal's one column for both: an invalid speedup has no interval worth printing."""
-    if row.invalid_speedup:
-        return speedup_text(row)
-    return f"{speedup_text(row)} {interval_text(row)}".strip()
 
 
 def precision_text(row: Row) -> str:
@@ -79,8 +89,12 @@ def memory_bytes(key: str) -> Callable[[Row], str]:
     return lambda row: format_bytes(row.memory and row.memory[key])
 
 
-def marks_text(row: Row) -> str:
+def marks_of(row) -> str:
+    """The symbols of a row's marks (a timing row's, or a request's latency row's)."""
     return " ".join(MARKS[name][0] for name in row.marks)
+
+
+marks_text = marks_of
 
 
 def _check_style(row: Row) -> str | None:
@@ -97,58 +111,67 @@ def _noisy(row: Row) -> str | None:
     return "noisy" if "noisy" in row.marks else None
 
 
-LENGTH = Column("length", lambda row: str(row.length))
 MODE = Column("mode", lambda row: row.mode, left=True, from_record=True)
 EQUIVALENCE = Column("equivalence", lambda row: check_text(row.check), left=True, style=_check_style,
                      from_record=True)
+GATE = Column("gate", lambda row: check_word(row.check), left=True, style=_check_style)  # its numbers: --wide
 MARKS_COLUMN = Column("marks", marks_text, left=True, style=lambda row: "marks")
-
 N = Column("n", repetitions_text)
-MEDIAN = Column("median ms", lambda row: ms(row.median))
-QUARTILES = Column("q1–q3 ms", lambda row: f"{ms(row.q1)}–{ms(row.q3)}")
+SPEEDUP = Column("speedup", speedup_text, style=_invalid)
+PRECISION = Column("±", precision_text)
+SHORT_SPEEDUP = Column("speedup ±", short_speedup_text, style=_invalid)
 
 
-def spread_column(name: str) -> Column:
-    return Column(name, lambda row: f"{row.spread:.0%}", style=_noisy)
+def key_column(kind: str) -> Column:
+    """A loop's rows are keyed by length; a contexts run's by the context its steps follow."""
+    return Column("context" if kind == "contexts" else "length", lambda row: str(row.length))
 
 
-def per_token_column(name: str) -> Column:
-    return Column(name, lambda row: f"{row.per_token * 1e6:.1f}")
+def unit_column(kind: str, clock: str) -> Column:
+    """The per-workload figure on the table's clock: µs per token of a loop, ms per step at a context."""
+    if kind == "contexts":
+        return Column(f"{CLOCK_HEADS[clock]} ms/step", lambda row: ms(row.unit_seconds))
+    return Column(f"{CLOCK_HEADS[clock]} µs/token", lambda row: f"{row.unit_seconds * 1e6:,.1f}")
 
 
-# kvbench report (markdown and HTML): every number in its own column.
-TABLE_COLUMNS = (
-    LENGTH, MODE, N, MEDIAN, QUARTILES, spread_column("IQR/med"), per_token_column("µs/token"),
-    Column("speedup", speedup_text, style=_invalid), Column("95% interval", interval_text, style=_invalid),
-    Column("KV bytes", memory_bytes("measured_bytes")), Column("reserved", memory_bytes("reserved_bytes")),
-    EQUIVALENCE, MARKS_COLUMN,
-)
+def time_columns(clock: str) -> tuple[Column, ...]:
+    """Median, quartiles and spread of one sample on the table's clock; wall time beside CPU time."""
+    head = CLOCK_HEADS[clock]
+    out = (Column(f"{head} median ms", lambda row: ms(row.timed.median)),
+           Column(f"{head} q1–q3 ms", lambda row: f"{ms(row.timed.q1)}–{ms(row.timed.q3)}"),
+           Column("IQR %", lambda row: f"{row.timed.spread:.0%}", style=_noisy))
+    if clock != "wall":
+        out += (Column("wall median ms", lambda row: ms(row.median)),)
+    return out
 
-# kvbench report in a terminal: speedup and CI, retained and reserved bytes folded to fit 120 columns.
-TEXT_COLUMNS = (
-    LENGTH, MODE, N, MEDIAN, QUARTILES, spread_column("IQR%"), per_token_column("µs/tok"),
-    Column("speedup [95% interval]", speedup_with_interval, style=_invalid), Column("KV bytes", bytes_pair),
-    EQUIVALENCE, Column("", marks_text, left=True, style=lambda row: "marks"),
-)
 
-# kvbench run and kvbench show: the quick table.
-QUICK_COLUMNS = (
-    LENGTH, MODE, N, Column("median ms", lambda row: f"{row.median * 1e3:.2f}"),
-    Column("IQR %", lambda row: f"{row.spread * 100:.1f}"), per_token_column("us/token"),
-    Column("speedup", speedup_text, style=_invalid), Column("±", precision_text),
-    Column("KV bytes", memory_bytes("measured_bytes")), Column("reserved", memory_bytes("reserved_bytes")),
-    EQUIVALENCE,
-)
+LAYOUTS = ("wide", "standard", "compact")  # a terminal takes the first that fits (`--wide`: the first)
+
+
+def row_columns(report: Report, clock: str, layout: str) -> tuple[Column, ...]:
+    """The timing table's columns for one clock: a terminal's "wide" (`--wide`), "standard" (about 132 columns)
+    or "compact" (80), or "document" (markdown and HTML: every number in its own column)."""
+    key, unit = key_column(report.kind), unit_column(report.kind, clock)
+    if layout == "compact":
+        return key, MODE, unit, SHORT_SPEEDUP, GATE, MARKS_COLUMN
+    median, quartiles, spread, *wall = time_columns(clock)
+    if layout == "standard":
+        return key, MODE, N, median, spread, *wall, unit, SPEEDUP, PRECISION, Column("KV bytes", bytes_pair), GATE, MARKS_COLUMN
+    interval = Column(interval_name(report), interval_text, style=_invalid)
+    if layout == "wide":
+        return (key, MODE, N, median, quartiles, spread, *wall, unit, SPEEDUP, PRECISION, interval,
+                Column("KV bytes", bytes_pair), EQUIVALENCE, MARKS_COLUMN)
+    return (key, MODE, N, median, quartiles, spread, *wall, unit, SPEEDUP, interval,
+            Column("KV bytes", memory_bytes("measured_bytes")), Column("reserved", memory_bytes("reserved_bytes")),
+            EQUIVALENCE, MARKS_COLUMN)
+
 
 SAMPLING_COLUMNS = ("length", "rotations", "stopped", "widest ±", "A/A ratio", "A/A 95% interval", "A/A ±", "clock")
-CLOCK_TEXTS = {"wall": "wall", "cpu": "CPU time"}
-STOP_TEXTS = {"fixed": "fixed protocol", "precise": "precise", "cap": "at --max-repeats", "budget": "at --max-seconds",
-              "interrupted": "interrupted", None: "-"}
 
 
 def sampling_cells(row: LengthRow) -> list[str]:
     floor = row.control
-    return [str(row.length), str(row.rotations), STOP_TEXTS.get(row.stop, row.stop),
+    return [str(row.length), str(row.rotations), stop_text(row),
             "" if row.half_width is None else f"±{row.half_width:.1%}",
             "" if floor is None else f"{floor.ratio:.3f}", "" if floor is None else f"[{floor.low:.3f}, {floor.high:.3f}]",
             "" if floor is None else f"±{floor.half_width:.1%}", CLOCK_TEXTS.get(row.clock, row.clock)]
@@ -157,13 +180,14 @@ def sampling_cells(row: LengthRow) -> list[str]:
 def speedup_legend(report: Report) -> str:
     """What the speedup and its interval are, in one sentence."""
     if report.estimator == "ratio-of-medians" and report.interval == "percentile bootstrap":
-        return (f"speedup = median {report.baseline} / median mode; 95% CI: percentile bootstrap over repetition "
-                f"indices (pairs from the same rotation kept together), {stats.RESAMPLES:,} resamples, seed {stats.SEED}")
+        return (f"speedup = median {report.baseline} / median mode; {LEGACY_INTERVAL} (this record predates the rerun "
+                f"interval): percentile bootstrap over repetition indices (pairs from the same rotation kept "
+                f"together), {stats.RESAMPLES:,} resamples, seed {stats.SEED}")
     what = stats.ESTIMATORS.get(report.estimator, report.estimator)
     allowance = f" combined with {report.between_run:.1%} variation between runs" if report.between_run else ""
-    interval = ("95% rerun interval: where an identical rerun's speedup falls (this run's order-statistic interval "
+    interval = (f"{RERUN_INTERVAL}: where an identical rerun's speedup falls (this run's order-statistic interval "
                 f"of the median{allowance}, widened by √2)") if report.interval.startswith("rerun") else \
-        f"95% interval: {report.interval}"
+        f"{LEGACY_INTERVAL}: {report.interval}"
     return f"speedup = {what}; {interval}; ± = its relative half-width"
 
 
@@ -185,7 +209,7 @@ def noise_sentence(noise: Noise) -> str:
         line += "; not measured: " + ", ".join(f"{name} ({why})" for name, why in noise.unavailable.items())
     return line
 
-FIT_COLUMNS = ("mode", "b", "± SE", "95% CI of b", "a (s)", "R²", "b, two longest")
+FIT_COLUMNS = ("mode", "b", "± SE", "95% interval of b", "a (s)", "R²", "b, two longest")
 
 
 def fit_cells(fit: PowerFit | None) -> list[str]:

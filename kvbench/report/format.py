@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import html
 import io
+import os
 import unicodedata
 
 from rich.console import Console
 from rich.markup import escape as escape_rich_markup
 
-__all__ = ["as_sentence", "check_text", "escape_html", "escape_markdown", "format_bytes", "markdown_table", "ms",
+__all__ = ["as_sentence", "check_text", "check_word", "escape_html", "escape_markdown", "format_bytes", "markdown_table", "ms",
            "ratio", "render_plain", "rich_escape", "stdout_console", "visible"]
 
 
@@ -54,6 +55,15 @@ def check_text(check: dict | None) -> str:
     if check.get("non_finite"):
         return f"FAILED {check['non_finite']} non-finite @ {check['first_divergent_position']}"
     return f"FAILED {check['max_abs_diff']:.1e} @ {check['first_divergent_position']}"
+
+
+def check_word(check: dict | None) -> str:
+    """The equivalence check in one word, for a narrow table (check_text has its numbers)."""
+    if check is None:
+        return "unchecked"
+    if not check["passed"]:
+        return "FAILED"
+    return "drift ok" if check.get("exact", True) is False else "exact"
 
 
 def limits_text(limits: dict) -> str:
@@ -102,10 +112,15 @@ def markdown_table(header: tuple[str, ...] | list[str], rows: list[list[str]],
     return lines
 
 
-def stdout_console() -> Console:
+def stdout_console(wide: bool = False) -> Console:
+    """The console for stdout: the terminal's width (or $COLUMNS); piped output (CI logs, files), which
+    would otherwise be cut to 80 columns, 200 unless $COLUMNS says; `wide`: wide enough for every column."""
     console = Console()
-    # Piped output (CI logs, files) would otherwise be cut to 80 columns; tables take only the width they need.
-    return console if console.is_terminal else Console(width=200)
+    if wide:
+        return Console(width=max(console.width, 400))
+    if console.is_terminal or os.environ.get("COLUMNS", "").isdigit():
+        return console
+    return Console(width=200)
 
 
 def render_plain(renderables, width: int = 150) -> str:

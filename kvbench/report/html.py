@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 
-from kvbench import stats
 from kvbench.report import columns
 from kvbench.report.format import as_sentence, escape_html, format_bytes
 from kvbench.report.latency import (
@@ -22,6 +21,7 @@ from kvbench.report.latency import (
     peer_cells,
 )
 from kvbench.report.model import MARKS, Report, Row, environment_line
+from kvbench.report.precision import CLOCK_TEXTS
 
 CSS = """
 body { font: 15px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: #1d1d1f;
@@ -38,7 +38,7 @@ td.failed { background: #fde2e1; color: #a40000; font-weight: 600; }
 td.noisy { background: #fff6d6; }
 .mark-failed { color: #c00000; font-weight: 700; } .mark-noisy { color: #a07000; font-weight: 700; }
 .mark-partial { color: #8a2be2; font-weight: 700; } .mark-trend, .mark-disturbed { color: #a07000; font-weight: 700; }
-.legend, .note { color: #444; font-size: 13.5px; }
+.legend, .note { color: #444; font-size: 13.5px; } .verdict { margin: 10px 0; }
 .grid { display: grid; grid-template-columns: repeat(auto-fit, minmax(520px, 1fr)); gap: 16px; }
 figure { margin: 0; } figure img { width: 100%; height: auto; border: 1px solid #eee; }
 figcaption { color: #444; font-size: 13px; }
@@ -50,7 +50,7 @@ CLASSES = {"failed": "failed", "invalid": "failed", "noisy": "noisy"}
 PANEL_CAPTIONS = {
     "time": "Total time of one decode loop against length, log-log; bars are the interquartile range, "
             "dashed lines the fitted a·T^b.",
-    "speedup": "Speedup of each cached mode over the full prefix; the band is the 95% bootstrap interval. "
+    "speedup": "Speedup of each cached mode over the full prefix; the band is its {interval}. "
                "Above 1 the cache pays.",
     "per_token": "Cost per generated token: flat means linear total cost; rising means the prefix still costs.",
     "per_step": "Duration of every step of one loop (points) and its running median (lines); the dotted line "
@@ -97,14 +97,17 @@ def _table(header: list[str], body: list[str], left: tuple[str, ...]) -> str:
     return "".join(out)
 
 
-def _rows_table(report: Report) -> str:
-    body, previous = [], None
+def _rows_table(report: Report, clock: str) -> str:
+    """The timing table of the lengths on one clock; its time columns' headers name it."""
+    shown, body, previous = columns.row_columns(report, clock, "document"), [], None
     for row in report.rows:
+        if row.clock != clock:
+            continue
         first = row.length != previous
         body.append(('<tr class="first">' if first else "<tr>")
-                    + "".join(_row_cell(column, row, first) for column in columns.TABLE_COLUMNS) + "</tr>")
+                    + "".join(_row_cell(column, row, first) for column in shown) + "</tr>")
         previous = row.length
-    return _table([c.name for c in columns.TABLE_COLUMNS], body, tuple(c.name for c in columns.TABLE_COLUMNS if c.left))
+    return _table([c.name for c in shown], body, tuple(c.name for c in shown if c.left))
 
 
 def _plain_table(header: tuple[str, ...], rows: list[list[str]], left: tuple[str, ...]) -> str:
@@ -121,8 +124,10 @@ def render_report(report: Report, images: dict[str, tuple[bytes, str]]) -> str:
              f'<p class="meta">record <code>{escape_html(report.source)}</code> · created '
              f"{escape_html(report.created_utc)}</p>",
              f'<p class="meta">{escape_html(environment_line(report.environment))}</p>']
+    if report.verdict:
+        parts.append(f'<p class="verdict"><strong>{escape_html(as_sentence(report.verdict))}</strong></p>')
     parts += _latency_section(report) + _timings_section(report) + _sampling_section(report) + _tradeoff_section(report)
-    parts += _fit_section(report) + _profile_section(report) + _plots_section(images)
+    parts += _fit_section(report) + _profile_section(report) + _plots_section(images, report)
     parts.append("<h2>Environment</h2>")
     facts = [[key, _fact(key, value)] for key, value in report.environment.items()]
     parts.append(_plain_table(("key", "value"), facts, ("key", "value")))
@@ -135,7 +140,8 @@ def _latency_section(report: Report) -> list[str]:
     parts = []
     if report.latency:
         parts += ["<h2>What a client sees: one request</h2>",
-                  _plain_table(LATENCY_COLUMNS, [latency_cells(row) for row in report.latency], ("mode", "equivalence")),
+                  _plain_table((*LATENCY_COLUMNS, "marks"), [[*latency_cells(row), columns.marks_of(row)] for row in report.latency],
+                               ("mode", "equivalence", "marks")),
                   f'<p class="legend">{escape_html(as_sentence(report.latency_note))}</p>']
     if report.context_steps:
         parts += ["<h2>Steps at a context</h2>",
@@ -158,17 +164,17 @@ def _timings_section(report: Report) -> list[str]:
     if not report.complete:
         parts.append('<div class="banner">INCOMPLETE record: the run was interrupted; only the completed '
                      'repetitions are reported (cells marked †).</div>')
-    parts.append("<h2>Timings and speedups</h2>")
-    parts.append(_rows_table(report))
     legend = [f'<span class="mark-{m}">{escape_html(MARKS[m][0])}</span> {escape_html(MARKS[m][1])}'
               for m in report.marks_used()]
-    if report.sampling:
-        explained = escape_html(as_sentence(columns.speedup_legend(report)))
-    else:  # schema-1 records read as they always did
-        explained = (f"Speedup = median {escape_html(report.baseline)} / median mode. 95% CI: percentile bootstrap "
-                     "over repetition indices, keeping each repetition's pair together "
-                     f"({stats.RESAMPLES:,} resamples, seed {stats.SEED}).")
-    parts.append(f'<p class="legend">{explained}{"<br>" + "<br>".join(legend) if legend else ""}</p>')
+    if report.kind != "request":  # a request's figures are its latency table's
+        parts.append("<h2>Timings and speedups</h2>")
+        for clock in report.clocks():
+            if len(report.clocks()) > 1:
+                parts.append(f"<h3>Times and speedups on {escape_html(CLOCK_TEXTS[clock])}</h3>")
+            parts.append(_rows_table(report, clock))
+        legend.insert(0, escape_html(as_sentence(columns.speedup_legend(report))))
+    if legend:
+        parts.append(f'<p class="legend">{"<br>".join(legend)}</p>')
     for note in report.notes[0 if report.complete else 1:]:  # the banner already says INCOMPLETE
         parts.append(f'<p class="note"><strong>Note:</strong> {escape_html(note)}</p>')
     return parts
@@ -194,6 +200,8 @@ def _tradeoff_section(report: Report) -> list[str]:
 
 
 def _fit_section(report: Report) -> list[str]:
+    if not report.fits:  # fewer than three lengths: no slope worth a table
+        return []
     return ["<h2>Scaling fit: time ≈ a · T<sup>b</sup></h2>",
             _plain_table(columns.FIT_COLUMNS, [[mode, *columns.fit_cells(fit)] for mode, fit in report.fits.items()], ("mode",)),
             '<p class="legend">Least squares on log(median time) against log(length). A full-prefix loop '
@@ -202,6 +210,8 @@ def _fit_section(report: Report) -> list[str]:
 
 
 def _profile_section(report: Report) -> list[str]:
+    if report.profile is None and report.kind != "loop":
+        return []
     if report.profile is None:
         return ["<h2>Per-step profile</h2>", '<p class="note">No per-step profile in this record; '
                 "<code>kvbench run --per-step LENGTH</code> records one.</p>"]
@@ -210,12 +220,12 @@ def _profile_section(report: Report) -> list[str]:
             *(f"<li>{escape_html(line.strip())}</li>" for line in rest), "</ul>"]
 
 
-def _plots_section(images: dict[str, tuple[bytes, str]]) -> list[str]:
+def _plots_section(images: dict[str, tuple[bytes, str]], report: Report) -> list[str]:
     if not images:
         return []
     parts = ['<h2>Plots</h2><div class="grid">']
     for name, (content, mime) in images.items():
-        caption = PANEL_CAPTIONS.get(name, "")
+        caption = PANEL_CAPTIONS.get(name, "").format(interval=columns.interval_name(report))
         parts.append(f'<figure><img src="{data_uri(content, mime)}" alt="{escape_html(caption or name)}">'
                      f"<figcaption>{escape_html(caption)}</figcaption></figure>")
     parts.append("</div>")

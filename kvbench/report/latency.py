@@ -15,7 +15,7 @@ from kvbench import latency, stats
 from kvbench.config import PlainConfig
 from kvbench.modes import TRANSFORMERS, expected_bytes, source_of
 from kvbench.record import RecordView
-from kvbench.report.format import check_text, format_bytes, ms
+from kvbench.report.format import check_text, check_word, format_bytes, ms
 from kvbench.stats import RatioEstimate
 
 
@@ -29,6 +29,7 @@ class LatencyRow:
     ratios: dict  # "ttft" / "tpot" -> {"ratio", "low", "high", "pairs"}: the baseline's figure / this mode's
     check: dict | None
     valid: bool
+    marks: tuple[str, ...] = ()  # its cell's marks (kvbench.report.model.MARKS), set by the report
 
 
 def latency_rows(view: RecordView) -> list[LatencyRow]:
@@ -48,8 +49,9 @@ def latency_rows(view: RecordView) -> list[LatencyRow]:
     return rows
 
 
-LATENCY_COLUMNS = ("mode", "n", "TTFT ms [95% CI]", "TPOT ms [95% CI]", "ITL p50 / p90 / p99 ms", "E2E ms",
-                   "tokens/s", "TTFT ×", "TPOT ×", "equivalence")
+LATENCY_COLUMNS = ("mode", "n", "TTFT ms [95% interval]", "TPOT ms [95% interval]", "ITL p50 / p90 / p99 ms",
+                   "E2E ms", "tokens/s", "TTFT ×", "TPOT ×", "equivalence")
+LATENCY_COMPACT = ("mode", "TTFT ms", "TPOT ms", "ITL p50/p99 ms", "TPOT ×", "gate")  # a narrow terminal
 
 
 def figure_text(figure: dict | None) -> str:
@@ -74,6 +76,23 @@ def latency_cells(row: LatencyRow) -> list[str]:
             ms(f["e2e"]["median"]), f"{f['tokens_per_second']['median']:,.1f}",
             ratio_text(row.ratios.get("ttft"), row.valid), ratio_text(row.ratios.get("tpot"), row.valid),
             check_text(row.check)]
+
+
+def compact_figure_text(figure: dict | None) -> str:
+    if not figure:
+        return ""
+    half = (figure["high"] - figure["low"]) / (2 * figure["median"])
+    return f"{ms(figure['median'])} ±{half:.0%}"
+
+
+def latency_compact_cells(row: LatencyRow) -> list[str]:
+    f = row.figures
+    itl = "/".join(ms(f[f"itl_p{level}"]) for level in (50, 99)) if "itl_p50" in f else ""
+    tpot = row.ratios.get("tpot")
+    if tpot and row.valid:
+        tpot = f"{tpot['ratio']:.2f}x ±{(tpot['high'] - tpot['low']) / (2 * tpot['ratio']):.0%}"
+    return [row.mode, compact_figure_text(f.get("ttft")), compact_figure_text(f.get("tpot")), itl,
+            tpot if isinstance(tpot, str) else ratio_text(tpot, row.valid), check_word(row.check)]
 
 
 def timer_sentence(view: RecordView) -> str:
@@ -176,7 +195,8 @@ def context_rows(view: RecordView) -> list[ContextRow]:
             for length in view.lengths for mode in view.modes if view.repetitions(mode, length)]
 
 
-CONTEXT_COLUMNS = ("context", "mode", "n", "step ms [95% CI]", "first step ms [95% CI]", "first / step", "equivalence")
+CONTEXT_COLUMNS = ("context", "mode", "n", "step ms [95% interval]", "first step ms [95% interval]", "first / step",
+                   "equivalence")
 
 
 def context_cells(row: ContextRow) -> list[str]:

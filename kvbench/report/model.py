@@ -1,14 +1,15 @@
 """The report model: one pass over a record, computing everything a layout shows.
 
 `build_report` turns a :class:`~kvbench.record.RecordView` into a `Report`: one `Row`
-per measured (length, mode) cell with its spread, its speedup over the baseline with a
-bootstrap interval, its bytes, check and marks; a scaling fit per mode; the per-step
+per measured (length, mode) cell with its spread, its speedup over the baseline with its
+95% interval, its bytes, check and marks, its times on the clock of its speedup; a scaling fit per mode; the per-step
 profile. `kvbench run`'s table, `kvbench show` and `kvbench report` all lay out these
 rows; statistics come from kvbench.stats.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from kvbench import stats
@@ -16,7 +17,9 @@ from kvbench.capture import summarize_environment
 from kvbench.config import PlainConfig
 from kvbench.kinds import expected_cache_bytes
 from kvbench.modes import changes_representation
-from kvbench.record import RecordView
+from kvbench.record import RecordView, cell_statistics
+from kvbench.report import precision
+from kvbench.report.precision import LengthRow, clock_note, sampling_rows, title_of
 from kvbench.report.latency import (
     ContextRow,
     context_rows,
@@ -45,8 +48,24 @@ MARKS = {  # name -> (symbol, meaning); every layout prints the legend for the m
 
 
 @dataclass(frozen=True)
+class Timing:
+    """A cell's median and quartiles on one clock (seconds per sample)."""
+
+    median: float
+    q1: float
+    q3: float
+
+    @property
+    def spread(self) -> float:
+        return stats.spread(self.q1, self.q3, self.median)
+
+
+@dataclass(frozen=True)
 class Row:
-    """One (length, mode) cell: its spread, its speedup over the baseline, bytes and check."""
+    """One (length, mode) cell: its spread, its speedup over the baseline, bytes and check.
+
+    median, q1 and q3 are wall time (the record's summary); `timed` holds the same on `clock`, the
+    clock its speedup was estimated on, which is what the tables show beside that speedup."""
 
     length: int
     mode: str
@@ -62,10 +81,22 @@ class Row:
     memory: dict | None
     marks: tuple[str, ...]
     undisturbed: RatioEstimate | None = None  # the speedup from the pairs neither side of which was disturbed
+    clock: str = "wall"  # kvbench.estimation.CLOCKS: the clock of its speedup and of `timed`
+    clocked: Timing | None = None  # median and quartiles on `clock` when it is not wall time
+    per_sample: int = 0  # tokens (a loop) or steps (a contexts run) one sample covers; 0: the length
 
     @property
     def spread(self) -> float:
         return stats.spread(self.q1, self.q3, self.median)
+
+    @property
+    def timed(self) -> Timing:
+        return self.clocked or Timing(self.median, self.q1, self.q3)
+
+    @property
+    def unit_seconds(self) -> float:
+        """The per-workload figure on the row's clock: seconds per token of a loop, per step of a contexts run."""
+        return self.timed.median / (self.per_sample or self.length)
 
     @property
     def per_token(self) -> float:
@@ -90,19 +121,6 @@ class Profile:
     crossovers: dict[str, int | None]  # cached mode -> first step from which it stays faster
     final_speedups: dict[str, float]  # cached mode -> smoothed baseline / cached at the last step
     window: int
-
-
-@dataclass(frozen=True)
-class LengthRow:
-    """How one length was sampled: rotations, why it stopped, how precise, and its A/A noise floor."""
-
-    length: int
-    rotations: int
-    stop: str | None
-    half_width: float | None
-    control: RatioEstimate | None  # mode / control: 1 but for noise
-    clock: str = "wall"  # what its speedups were estimated on (kvbench.estimation.CLOCKS)
-    clock_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -165,10 +183,20 @@ class Report:
     context_steps: list[ContextRow] = field(default_factory=list)  # a contexts run's steady and first steps
     context_note: str | None = None
     tradeoffs: list[Tradeoff] = field(default_factory=list)
+    verdict: str | None = None  # the run's verdict line (kvbench.report.precision.verdict)
 
     @property
     def complete(self) -> bool:
         return self.status == "complete"
+
+    @property
+    def kind(self) -> str:
+        """The workload: "loop", "request" or "contexts"."""
+        return self.workload.get("kind", "loop")
+
+    def clocks(self) -> list[str]:
+        """The clocks of the rows' times and speedups, in the order of the lengths: one table each."""
+        return list(dict.fromkeys(row.clock for row in self.rows))
 
     @property
     def modes(self) -> list[str]:
@@ -179,6 +207,9 @@ class Report:
 
     def marks_used(self) -> list[str]:
         return [name for name in MARKS if any(name in row.marks for row in self.rows)]
+
+
+MIN_FIT_LENGTHS = 3  # a power law through two points has no error to report: no fit below three lengths
 
 
 def environment_facts(environment: dict) -> dict:
@@ -208,20 +239,17 @@ def environment_line(facts: dict) -> str:
     return " · ".join(parts) if parts else "environment not captured"
 
 
-def title_of(view: RecordView) -> str:
-    run, precision = view.run, view.protocol.get("precision")
-    if view.estimator is not None and precision is not None:
-        sampled = f"rotations until ±{precision:.0%} (at least {run['repeats']})"
-    else:
-        sampled = f"{run['repeats']} repetitions"
-    return f"kvbench {run['preset']}: batch {run['batch']}, {view.config['dtype']}, {run['threads']} thread(s), {sampled}"
-
-
 def build_rows(view: RecordView, seed: int = stats.SEED, resamples: int = stats.RESAMPLES) -> list[Row]:
     """One row per measured cell, in the run's grid order."""
-    baseline, rows = view.baseline, []
+    baseline, rows, per_sample = view.baseline, [], samples_per_figure(view)
     for mode, length in view.cells():
         cell, samples = view.summary(mode, length), view.samples(mode, length)
+        clock = view.estimation(length)["clock"]
+        clocked = None
+        if clock != "wall":
+            on_clock = cell_statistics(list(view.samples_on(clock, mode, length).values()))
+            clocked = Timing(on_clock["median"], on_clock["q1"], on_clock["q3"])
+        shown = clocked or Timing(cell["median"], cell["q1"], cell["q3"])
         speedup = undisturbed = None
         base = view.speedup_samples(baseline, length)
         if mode != baseline and base:
@@ -236,7 +264,7 @@ def build_rows(view: RecordView, seed: int = stats.SEED, resamples: int = stats.
             if repetitions and "started" in repetitions[0] else None
         marks = [name for name, present in (
             ("failed", not view.passed(mode, length)),
-            ("noisy", stats.spread(cell["q1"], cell["q3"], cell["median"]) > NOISY_SPREAD),
+            ("noisy", shown.spread > NOISY_SPREAD),  # the spread of the times shown beside the speedup
             ("partial", len(samples) < view.planned(length)),
             ("trend", trend is not None and trend.drifting),
             ("disturbed", speedup is not None and undisturbed is not None
@@ -247,9 +275,16 @@ def build_rows(view: RecordView, seed: int = stats.SEED, resamples: int = stats.
             median=cell["median"], q1=cell["q1"], q3=cell["q3"], is_baseline=mode == baseline,
             speedup=speedup, speedup_valid=view.passed(mode, length) and view.passed(baseline, length),
             check=view.check(mode, length), memory=view.memory(mode, length), marks=tuple(marks),
-            undisturbed=undisturbed,
+            undisturbed=undisturbed, clock=clock, clocked=clocked, per_sample=per_sample,
         ))
     return rows
+
+
+def samples_per_figure(view: RecordView) -> int:
+    """What one sample's seconds divide by for the per-workload figure: a contexts run's timed steps (one step
+    in records from before the timed window); 0 for a loop, whose figure is per token (the length)."""
+    workload = view.run.get("workload") or {}
+    return workload.get("timed_steps", 1) if workload.get("kind") == "contexts" else 0
 
 
 def row_speedup(view: RecordView, mode: str, length: int, seed: int, resamples: int) -> RatioEstimate | None:
@@ -293,7 +328,7 @@ def build_report(view: RecordView, seed: int = stats.SEED, resamples: int = stat
     fits = {}
     for mode in view.modes:
         mine = [row for row in rows if row.mode == mode]
-        if mine:
+        if len(mine) >= MIN_FIT_LENGTHS and (view.run.get("workload") or {}).get("kind") != "request":
             fits[mode] = stats.fit_power_law([r.length for r in mine], [r.median for r in mine])
     measured = set(view.cells())
     report = Report(
@@ -315,11 +350,15 @@ def build_report(view: RecordView, seed: int = stats.SEED, resamples: int = stat
                             "per-rotation ratios, which covers less than 95% (50% with 2, 94% with 5)")
     if view.estimator is not None:
         report.estimator, report.interval, report.between_run = view.estimator, view.interval, view.recorded_between_run
-        report.sampling, report.control, report.noise = sampling_rows(view), view.control, noise_summary(view)
-        if clock_note(report.sampling):
-            report.notes.append(clock_note(report.sampling))
+        noisy = {row.length for row in rows if "noisy" in row.marks}
+        report.sampling, report.control, report.noise = sampling_rows(view, noisy), view.control, noise_summary(view)
+        report.verdict = precision.verdict(view, report.sampling)
+        if clock_note(report.sampling) and (view.run.get("workload") or {}).get("kind") != "request":
+            report.notes.append(clock_note(report.sampling))  # a request's table is wall time: TTFT, TPOT, ITL
     report.tradeoffs = tradeoffs(view, rows)
-    report.latency, report.workload = latency_rows(view), dict(view.run.get("workload") or {"kind": "loop"})
+    marks = {row.mode: row.marks for row in rows}  # a request has one length: its cells' marks are its modes'
+    report.latency = [dataclasses.replace(row, marks=marks.get(row.mode, ())) for row in latency_rows(view)]
+    report.workload = dict(view.run.get("workload") or {"kind": "loop"})
     report.limits, report.step_latency = limit_rows(view), step_medians(view)
     report.limits_note = limit_sentence(view) if report.limits else None
     report.peers = peer_rows(view)
@@ -329,47 +368,9 @@ def build_report(view: RecordView, seed: int = stats.SEED, resamples: int = stat
     return report
 
 
-CONTENDED_TIME = 0.05  # the counters explain a run's noise when this much of its timed time was taken
-
-
 def contention_sentence(view: RecordView, report: Report) -> str | None:
-    """When sampling ran out of time or rotations short of its precision, why, in words: what the
-    telemetry saw take the machine's time, and what to do about it (None when every length was precise)."""
-    target = view.protocol.get("precision")
-    loose = [row for row in report.sampling if row.stop in ("budget", "cap") and row.half_width is not None
-             and (target is None or row.half_width > target)]
-    if not loose:
-        return None
-    repetitions = view.record["repetitions"]
-    wall = sum(rep["seconds"] for rep in repetitions) or 1.0
-    cpus = (view.environment.get("system") or {}).get("logical_cores") or 1  # steal is counted over every CPU
-    shares = [("of the machine's CPU time stolen by the hypervisor", sum(rep.get("steal_seconds") or 0.0
-                                                                          for rep in repetitions) / (wall * cpus)),
-              ("of the timed time spent waiting for a CPU", sum(rep.get("runqueue_seconds") or 0.0
-                                                                for rep in repetitions) / wall),
-              ("of the timed time throttled", sum(rep.get("throttled_seconds") or 0.0 for rep in repetitions) / wall)]
-    seen = ", ".join(f"{share:.0%} {name}" for name, share in shares if share >= 0.005)
-    if sum(share for _, share in shares) >= CONTENDED_TIME:
-        what = f"this machine was contended: {seen}"
-    else:  # e.g. a busy host that steals cycles the guest's counters never see
-        counted = seen or "no steal, waits or throttling"
-        what = (f"the samples disagreed more than this machine's counters explain ({counted}: noise from outside "
-                "the VM, or a neighbour on the shared cache)")
-    widest = max(loose, key=lambda row: row.half_width)
-    stop = "--max-seconds" if any(row.stop == "budget" for row in loose) else "--max-repeats"
-    lengths = ", ".join(str(row.length) for row in loose)
-    return (f"{what}; intervals up to ±{widest.half_width:.0%} (length {widest.length}; {len(loose)} length(s) "
-            f"stopped short of ±{target:.0%}: {lengths}); rerun on a quieter machine or raise {stop}"
-            if target is not None else f"{what}; intervals up to ±{widest.half_width:.0%}")
-
-
-def clock_note(sampling: list[LengthRow]) -> str | None:
-    """Which lengths' speedups were estimated on CPU time, and why, when any was (None otherwise)."""
-    lengths = [row for row in sampling if row.clock != "wall"]
-    if not lengths:
-        return None
-    return (f"speedups at length {', '.join(str(row.length) for row in lengths)} are on the thread's CPU time, "
-            f"not wall time: {lengths[0].clock_reason} (docs/statistics.md, \"Contention\")")
+    """Why the run fell short of its precision, in words (kvbench.report.precision); None when it did not."""
+    return precision.contention_sentence(view, report.sampling)
 
 
 def tradeoffs(view: RecordView, rows: list[Row]) -> list[Tradeoff]:
@@ -387,21 +388,6 @@ def tradeoffs(view: RecordView, rows: list[Row]) -> list[Tradeoff]:
                             expected_cache_bytes(config, view.run["batch"], row.length), row.check, row.per_token,
                             row.speedup if row.speedup_valid else None))
     return out
-
-
-def sampling_rows(view: RecordView) -> list[LengthRow]:
-    controls = {entry["length"]: entry for entry in view.controls}
-    rows = []
-    for length in view.lengths:
-        entry, control = view.length_sampling(length), controls.get(length)
-        if entry is None:
-            continue
-        floor = RatioEstimate(control["ratio"], control["low"], control["high"], control["pairs"], view.estimator,
-                              view.interval) if control else None
-        chosen = view.estimation(length)
-        rows.append(LengthRow(length, entry["rotations"], entry["stop"], entry.get("half_width"), floor,
-                              chosen["clock"], chosen["reason"]))
-    return rows
 
 
 def noise_summary(view: RecordView) -> Noise | None:
