@@ -15,7 +15,7 @@ from typing import Callable
 from kvbench import stats
 from kvbench.report.format import check_text, check_word, format_bytes, ms, ratio
 from kvbench.report.model import MARKS, Noise, Profile, Report, Row
-from kvbench.report.precision import CLOCK_TEXTS, LengthRow, stop_text
+from kvbench.report.precision import CLOCK_TEXTS, LengthRow, length_label, stop_text
 from kvbench.stats import PowerFit
 
 
@@ -169,9 +169,14 @@ def row_columns(report: Report, clock: str, layout: str) -> tuple[Column, ...]:
 SAMPLING_COLUMNS = ("length", "rotations", "stopped", "widest ±", "A/A ratio", "A/A 95% interval", "A/A ±", "clock")
 
 
-def sampling_cells(row: LengthRow) -> list[str]:
+def sampling_columns(report: Report) -> tuple[str, ...]:
+    """The sampling table's header: its rows are keyed as the run's workload keys them."""
+    return ({"request": "request", "contexts": "context"}.get(report.kind, "length"), *SAMPLING_COLUMNS[1:])
+
+
+def sampling_cells(row: LengthRow, workload: dict | None = None) -> list[str]:
     floor = row.control
-    return [str(row.length), str(row.rotations), stop_text(row),
+    return [length_label(workload or {}, row.length).split(" ")[-1], str(row.rotations), stop_text(row),
             "" if row.half_width is None else f"±{row.half_width:.1%}",
             "" if floor is None else f"{floor.ratio:.3f}", "" if floor is None else f"[{floor.low:.3f}, {floor.high:.3f}]",
             "" if floor is None else f"±{floor.half_width:.1%}", CLOCK_TEXTS.get(row.clock, row.clock)]

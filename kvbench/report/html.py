@@ -184,7 +184,7 @@ def _sampling_section(report: Report) -> list[str]:
     parts = []
     if report.sampling:
         parts.append("<h2>Sampling and noise</h2>")
-        parts.append(_plain_table(columns.SAMPLING_COLUMNS, [columns.sampling_cells(row) for row in report.sampling], ("stopped",)))
+        parts.append(_plain_table(columns.sampling_columns(report), [columns.sampling_cells(row, report.workload) for row in report.sampling], ("stopped",)))
         parts.append(f'<p class="legend">{escape_html(columns.sampling_sentence(report))}.</p>')
     if report.noise is not None:
         parts.append(f'<p class="legend">{escape_html(columns.noise_sentence(report.noise))}.</p>')

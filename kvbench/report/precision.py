@@ -46,6 +46,13 @@ def percent(share: float) -> str:
     return f"{share * 100:.1f}".rstrip("0").rstrip(".") + "%"
 
 
+def length_label(workload: dict, length: int) -> str:
+    """How a length is named: a request by its prompt and generation, not by the positions it fills."""
+    if workload.get("kind") == "request":
+        return f"request {workload['prompt']}+{workload['generate']}"
+    return f"context {length}" if workload.get("kind") == "contexts" else str(length)
+
+
 def stop_text(row: LengthRow) -> str:
     """Why a length stopped, in words; a target reached with a spread too wide is not "precise"."""
     if row.stop == "precise" and row.noisy:
@@ -130,6 +137,10 @@ def contention_sentence(view: RecordView, sampling: list[LengthRow]) -> str | No
                 "the VM, or a neighbour on the shared cache)")
     wide = max(loose, key=lambda row: row.half_width)
     stop = "--max-seconds" if any(row.stop == "budget" for row in loose) else "--max-repeats"
+    workload = view.run.get("workload") or {}
+    if workload.get("kind") == "request":  # one length: the request's
+        return (f"{what}; intervals up to ±{wide.half_width:.0%}, short of ±{target:.0%}; rerun on a quieter machine "
+                f"or raise {stop}" if target is not None else f"{what}; intervals up to ±{wide.half_width:.0%}")
     lengths = ", ".join(str(row.length) for row in loose)
     return (f"{what}; intervals up to ±{wide.half_width:.0%} (length {wide.length}; {len(loose)} length(s) "
             f"stopped short of ±{target:.0%}: {lengths}); rerun on a quieter machine or raise {stop}"

@@ -43,7 +43,7 @@ from kvbench.report.latency import (
     peer_cells,
 )
 from kvbench.report.model import MARKS, Report, Row, environment_line
-from kvbench.report.precision import CLOCK_TEXTS, clock_note, stop_text
+from kvbench.report.precision import CLOCK_TEXTS, clock_note, length_label, stop_text
 
 STYLES = {"failed": "bold red", "invalid": "red", "noisy": "yellow", "unchecked": "yellow"}
 MARK_STYLES = {"failed": "bold red", "noisy": "yellow", "partial": "magenta", "trend": "yellow", "disturbed": "yellow"}
@@ -209,10 +209,7 @@ def verdict_line(report: Report) -> str:
 
 
 def label_of(report: Report, length: int) -> str:
-    """How a length is named: a request by its prompt and generation, not by the positions it fills."""
-    if report.kind == "request" and report.latency:
-        return f"request {report.latency[0].prompt}+{report.latency[0].generate}"
-    return f"context {length}" if report.kind == "contexts" else str(length)
+    return length_label(report.workload, length)
 
 
 def legend_renderables(report: Report) -> list:
@@ -224,11 +221,10 @@ def legend_renderables(report: Report) -> list:
 
 
 def sampling_table(report: Report, width: int | None = None) -> Table:
-    names = ("request" if report.kind == "request" else "context" if report.kind == "contexts" else "length",
-             *columns.SAMPLING_COLUMNS[1:])
-    rows = [[label_of(report, row.length).split(" ")[-1], *columns.sampling_cells(row)[1:]] for row in report.sampling]
-    return plain_table("sampling: rotations per length, why they stopped, the A/A noise floor", names, ("stopped",),
-                       rows, width, ("A/A ratio", "A/A 95% interval", "rotations"))
+    return plain_table("sampling: rotations per length, why they stopped, the A/A noise floor",
+                       columns.sampling_columns(report), ("stopped",),
+                       [columns.sampling_cells(row, report.workload) for row in report.sampling], width,
+                       ("A/A ratio", "A/A 95% interval", "rotations"))
 
 
 def report_renderables(report: Report, width: int = 150, wide: bool = False) -> list:

@@ -1,0 +1,212 @@
+"""The record views (`run`'s table, `show`, `report` as text, markdown and HTML) on committed records: tables
+that fit 80, 100 and 132 columns with every value whole, one clock per table, "precise" meaning one thing,
+per-workload columns, the run's verdict and what it reached, and one name for the interval."""
+
+import io
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+from records import scaling_seconds, synthetic_record, view
+from rich.console import Console
+
+from kvbench.cli import main
+from kvbench.record import RecordView
+from kvbench.report import columns, html, markdown, terminal
+from kvbench.report.format import as_sentence, ms
+from kvbench.report.model import build_report
+from kvbench.report.precision import TOO_WIDE, stop_text
+
+ROOT = Path(__file__).resolve().parent.parent
+REFERENCE = "results/reference.json"  # a loop on wall time; every length reached ±5%
+CPU = "results/sampler/busy-25-head.json"  # contended: every length's speedups on CPU time, most spreads too wide
+MIXED = "results/contention/memory/run-00.json"  # lengths 16-256 on wall time, 512 on CPU time
+LOSSY = "results/layouts/medium-quantized.json"  # long drift texts in the equivalence column
+REQUEST = "results/latency/llama-mini-request.json"  # one request: 512 prompt tokens, 128 generated
+CONTEXTS = "results/latency/llama-mini-contexts.json"  # three contexts, stopped on the budget at up to ±71%
+LEGACY = "results/layouts/seed.json"  # schema 1
+RECORDS = (REFERENCE, CPU, MIXED, LOSSY, REQUEST, CONTEXTS, LEGACY)
+
+
+def report_of(name: str):
+    return build_report(RecordView.load(ROOT / name))
+
+
+def printed(renderables, width: int) -> str:
+    console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
+    for item in renderables:
+        console.print(item)
+    return console.export_text()
+
+
+def assert_whole(report, text: str) -> None:
+    """Every row's mode, its per-workload time and its speedup on one line of `text`, none of them cut."""
+    assert "…" not in text
+    lines = text.splitlines()
+    if report.kind == "request":
+        for row in report.latency:
+            assert any(f" {row.mode} " in line and ms(row.figures["ttft"]["median"]) in line
+                       and ms(row.figures["tpot"]["median"]) in line for line in lines), row.mode
+        return
+    for row in report.rows:
+        unit = columns.unit_column(report.kind, row.clock).text(row)
+        speedup = columns.speedup_text(row) if row.speedup is None else f"{row.speedup.ratio:.2f}x"
+        assert any(f" {row.mode} " in line and f" {unit} " in line and speedup in line for line in lines), \
+            (row.mode, row.length, unit, speedup)
+
+
+@pytest.mark.parametrize("width", [80, 100, 132])
+@pytest.mark.parametrize("name", RECORDS)
+def test_terminal_tables_fit_the_width_with_every_value_whole(name, width):
+    report = report_of(name)
+    for text in (printed(terminal.quick_renderables(report, width), width),
+                 printed(terminal.report_renderables(report, width), width)):
+        assert max(len(line) for line in text.splitlines()) <= width
+        assert_whole(report, text)
+
+
+def test_the_widths_choose_compact_standard_and_wide_columns():
+    report = report_of(REFERENCE)
+    texts = {width: printed(terminal.quick_renderables(report, width), width) for width in (80, 132, 200)}
+    headers = {width: next(line for line in text.splitlines() if "┃ length" in line) + text.split("└")[1][:200]
+               for width, text in texts.items()}  # the header line and the caption below the table
+    assert "gate" in headers[80] and "wall median ms" not in headers[80] and "--wide shows every column" in headers[80]
+    assert "wall median ms" in headers[132] and "95% rerun interval" not in headers[132]
+    assert "95% rerun interval" in headers[200] and "equivalence" in headers[200] and "--wide" not in headers[200]
+
+
+def test_show_honours_columns_and_wide_shows_everything(monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["show", str(ROOT / LOSSY)]) == 0
+    narrow = capsys.readouterr().out
+    assert max(len(line) for line in narrow.splitlines()) <= 80 and "drift KL" not in narrow
+    assert "quantized-int8" in narrow and "drift ok" in narrow  # the mode whole, its check in a word
+    assert main(["show", str(ROOT / LOSSY), "--wide"]) == 0
+    wide = capsys.readouterr().out
+    assert "drift KL" in wide and "95% rerun interval" in wide and "…" not in wide
+
+
+# -- one clock per table -----------------------------------------------------------------------------------------
+
+def cpu_medians(name: str) -> dict:
+    record = json.loads((ROOT / name).read_text())
+    seconds = {}
+    for rep in record["repetitions"]:
+        seconds.setdefault((rep["mode"], rep["length"]), []).append(rep["cpu_seconds"])
+    return {cell: statistics.median(values) for cell, values in seconds.items()}
+
+
+def test_times_beside_a_cpu_time_speedup_are_cpu_time_and_say_so():
+    report, medians = report_of(CPU), cpu_medians(CPU)
+    assert {row.clock for row in report.rows} == {"cpu"}
+    for row in report.rows:
+        assert row.timed.median == pytest.approx(medians[(row.mode, row.length)])
+        assert row.unit_seconds == pytest.approx(medians[(row.mode, row.length)] / row.length)
+    concat = next(row for row in report.rows if (row.mode, row.length) == ("concat", 512))
+    assert concat.median > 1.2 * concat.timed.median  # wall time carried the waits: not what the speedup is on
+    text = printed(terminal.quick_renderables(report, 132), 132)
+    assert "CPU median ms" in text and "CPU µs/token" in text and "wall µs/token" not in text
+    line = next(line for line in text.splitlines() if " concat " in line and "6.10x" in line)
+    assert ms(concat.timed.median) in line and ms(concat.median) in line  # CPU time, and wall time labelled beside
+    assert "and so are the times beside them" in text
+    md = markdown.render_report(report)
+    assert "| length | mode | n | CPU median ms | CPU q1–q3 ms | IQR % | wall median ms | CPU µs/token |" in md
+
+
+def test_a_record_with_two_clocks_gets_one_table_for_each():
+    report = report_of(MIXED)
+    assert report.clocks() == ["wall", "cpu"]
+    md = markdown.render_report(report)
+    wall, cpu = md.index("Times and speedups on wall:"), md.index("Times and speedups on CPU time:")
+    assert wall < cpu and "| 512 |" not in md[wall:cpu] and "| 512 |" in md[cpu:]
+    text = printed(terminal.quick_renderables(report, 100), 100)
+    assert "length 16, 32, 64, 128, 256: times and speedups on wall" in text
+    assert "length 512: times and speedups on CPU time" in text
+
+
+# -- "precise" means one thing ------------------------------------------------------------------------------------
+
+def test_a_length_whose_spread_is_too_wide_is_never_called_precise():
+    report = report_of(CPU)
+    noisy = {row.length for row in report.rows if "noisy" in row.marks}
+    assert noisy == {16, 64, 128, 256, 512}  # 32 alone has every cell within 10%
+    assert {row.length: stop_text(row) for row in report.sampling} == {
+        n: f"target reached, {TOO_WIDE}" if n in noisy else "precise" for n in (16, 32, 64, 128, 256, 512)}
+    shown = printed(terminal.quick_renderables(report, 200), 200)
+    assert "16: 118 rotations, target reached, ~ spread too wide" in shown and "32: 71 rotations, precise" in shown
+    assert "not precise" in report.verdict and "16, 64, 128, 256, 512" in report.verdict
+    for layout in (markdown.render_report(report), html.render_report(report, {})):
+        assert layout.count("| precise |") + layout.count(">precise<") == 1  # length 32's row of the sampling table
+
+
+@pytest.mark.parametrize("name", [REFERENCE, CPU, MIXED, CONTEXTS, "results/sampler/quiet-head.json"])
+def test_precise_rows_carry_no_too_wide_mark(name):
+    report = report_of(name)
+    for length_row in report.sampling:
+        if stop_text(length_row) == "precise":
+            assert not any("noisy" in row.marks for row in report.rows if row.length == length_row.length)
+
+
+# -- per-workload columns ------------------------------------------------------------------------------------------
+
+def test_a_request_shows_ttft_tpot_and_itl_only():
+    report = report_of(REQUEST)
+    assert report.fits == {}
+    texts = [printed(terminal.quick_renderables(report, width), width) for width in (80, 200)]
+    texts += [printed(terminal.report_renderables(report, 200), 200), markdown.render_report(report),
+              html.render_report(report, {})]
+    for text in texts:
+        assert "TTFT" in text and "TPOT" in text and "ITL p50" in text
+        for absent in ("639", "µs/token", "us/token", "speedup =", "KV bytes a/b", "caling fit", "26.21x"):
+            assert absent not in text, absent
+    assert "request 512+128: 8 rotations" in texts[0]
+
+
+def test_a_contexts_run_shows_milliseconds_per_step_at_each_context():
+    report = report_of(CONTEXTS)
+    record = json.loads((ROOT / CONTEXTS).read_text())
+    cells = {(c["mode"], c["length"]): c["median"] for c in record["summary"]["cells"]}
+    for row in report.rows:
+        assert row.unit_seconds == pytest.approx(cells[(row.mode, row.length)])  # one timed step per sample
+    text = printed(terminal.quick_renderables(report, 80), 80)
+    assert "context" in text and "wall ms/step" in text and "µs/token" not in text
+    assert any(" concat " in line and " 4.03 " in line and "30.57x" in line for line in text.splitlines())
+    md = markdown.render_report(report)
+    assert "| context | mode | n | wall median ms |" in md and "wall ms/step" in md and "µs/token |" not in md
+
+
+def test_the_scaling_fit_needs_three_lengths():
+    two = build_report(view(synthetic_record(scaling_seconds(lengths=(16, 32)))))
+    three = build_report(view(synthetic_record(scaling_seconds(lengths=(16, 32, 64)))))
+    assert two.fits == {} and set(three.fits) == {"full", "concat"}
+    assert "caling fit" not in markdown.render_report(two) and "caling fit" not in terminal.render_report(two)
+    assert "Scaling fit" not in html.render_report(two, {}) and "Scaling fit" in html.render_report(three, {})
+
+
+# -- the verdict, the title, the interval's name -------------------------------------------------------------------
+
+def test_the_verdict_and_what_the_run_reached_are_in_every_view(capsys):
+    report = report_of(CONTEXTS)
+    assert report.title.endswith("±71% reached, target ±5%")
+    assert report.verdict.startswith("the samples disagreed more than this machine's counters explain")
+    assert "intervals up to ±71% (length 256; 3 length(s) stopped short of ±5%: 256, 1024, 4095)" in report.verdict
+    for argv in (["show"], ["report"], ["report", "--format", "markdown"], ["report", "--format", "html"]):
+        assert main([*argv, str(ROOT / CONTEXTS)]) == 0
+        out = capsys.readouterr().out
+        assert "±71% reached, target ±5%" in out and "intervals up to ±71% (length 256" in out, argv
+    reference = report_of(REFERENCE)
+    assert reference.title.endswith("±4.9% reached, target ±5%")
+    assert reference.verdict == "6 of 6 length(s) reached ±5%: precise"
+    assert f"**{as_sentence(reference.verdict)}**" in markdown.render_report(reference)
+
+
+@pytest.mark.parametrize("name", [REFERENCE, CPU, CONTEXTS])
+def test_the_interval_has_one_name(name):
+    report = report_of(name)
+    page = html.render_report(report, {"speedup": (b"\x89PNG", "image/png")})
+    for text in (printed(terminal.quick_renderables(report, 200), 200), terminal.render_report(report),
+                 markdown.render_report(report), page):
+        assert "95% rerun interval" in text
+        assert "bootstrap" not in text and "95% CI" not in text and "confidence interval" not in text
+    assert "the band is its 95% rerun interval" in page
