@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from kvbench import stats
-from kvbench.report.format import check_text, check_word, format_bytes, ms, ratio
+from kvbench.report.format import RERUN_INTERVAL, check_text, check_word, format_bytes, ms, ratio
 from kvbench.report.model import MARKS, Noise, Profile, Report, Row
 from kvbench.report.precision import CLOCK_TEXTS, LengthRow, length_label, stop_text
 from kvbench.stats import PowerFit
@@ -28,7 +28,6 @@ class Column:
     from_record: bool = False  # the text carries a record's own strings: layouts must escape it
 
 
-RERUN_INTERVAL = "95% rerun interval"  # docs/statistics.md's name for the interval beside every speedup
 LEGACY_INTERVAL = "95% interval"  # schema-1 records: a bootstrap over their repetitions, said in the legend
 CLOCK_HEADS = {"wall": "wall", "cpu": "CPU"}  # a time column's header names its clock
 
@@ -156,7 +155,8 @@ def row_columns(report: Report, clock: str, layout: str) -> tuple[Column, ...]:
         return key, MODE, unit, SHORT_SPEEDUP, GATE, MARKS_COLUMN
     median, quartiles, spread, *wall = time_columns(clock)
     if layout == "standard":
-        return key, MODE, N, median, spread, *wall, unit, SPEEDUP, PRECISION, Column("KV bytes", bytes_pair), GATE, MARKS_COLUMN
+        return (key, MODE, N, median, spread, *wall, unit, SPEEDUP, PRECISION, Column("KV bytes", bytes_pair), GATE,
+                MARKS_COLUMN)
     interval = Column(interval_name(report), interval_text, style=_invalid)
     if layout == "wide":
         return (key, MODE, N, median, quartiles, spread, *wall, unit, SPEEDUP, PRECISION, interval,
@@ -166,7 +166,8 @@ def row_columns(report: Report, clock: str, layout: str) -> tuple[Column, ...]:
             EQUIVALENCE, MARKS_COLUMN)
 
 
-SAMPLING_COLUMNS = ("length", "rotations", "stopped", "widest ±", "A/A ratio", "A/A 95% interval", "A/A ±", "clock")
+SAMPLING_COLUMNS = ("length", "rotations", "stopped", "widest ±", "A/A ratio", f"A/A {RERUN_INTERVAL}", "A/A ±",
+                    "clock")
 
 
 def sampling_columns(report: Report) -> tuple[str, ...]:

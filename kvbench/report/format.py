@@ -14,7 +14,9 @@ import unicodedata
 from rich.console import Console
 from rich.markup import escape as escape_rich_markup
 
-__all__ = ["as_sentence", "check_text", "check_word", "escape_html", "escape_markdown", "format_bytes", "markdown_table", "ms",
+RERUN_INTERVAL = "95% rerun interval"  # docs/statistics.md's name for the interval beside every speedup: the only one
+
+__all__ = ["RERUN_INTERVAL", "as_sentence", "check_text", "check_word", "escape_html", "escape_markdown", "format_bytes", "markdown_table", "ms",
            "ratio", "render_plain", "rich_escape", "stdout_console", "visible"]
 
 

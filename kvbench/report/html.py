@@ -140,7 +140,8 @@ def _latency_section(report: Report) -> list[str]:
     parts = []
     if report.latency:
         parts += ["<h2>What a client sees: one request</h2>",
-                  _plain_table((*LATENCY_COLUMNS, "marks"), [[*latency_cells(row), columns.marks_of(row)] for row in report.latency],
+                  _plain_table((*LATENCY_COLUMNS, "marks"),
+                               [[*latency_cells(row), columns.marks_of(row)] for row in report.latency],
                                ("mode", "equivalence", "marks")),
                   f'<p class="legend">{escape_html(as_sentence(report.latency_note))}</p>']
     if report.context_steps:
@@ -184,7 +185,8 @@ def _sampling_section(report: Report) -> list[str]:
     parts = []
     if report.sampling:
         parts.append("<h2>Sampling and noise</h2>")
-        parts.append(_plain_table(columns.sampling_columns(report), [columns.sampling_cells(row, report.workload) for row in report.sampling], ("stopped",)))
+        parts.append(_plain_table(columns.sampling_columns(report),
+                                  [columns.sampling_cells(row, report.workload) for row in report.sampling], ("stopped",)))
         parts.append(f'<p class="legend">{escape_html(columns.sampling_sentence(report))}.</p>')
     if report.noise is not None:
         parts.append(f'<p class="legend">{escape_html(columns.noise_sentence(report.noise))}.</p>')

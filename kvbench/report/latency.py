@@ -15,7 +15,7 @@ from kvbench import latency, stats
 from kvbench.config import PlainConfig
 from kvbench.modes import TRANSFORMERS, expected_bytes, source_of
 from kvbench.record import RecordView
-from kvbench.report.format import check_text, check_word, format_bytes, ms
+from kvbench.report.format import RERUN_INTERVAL, check_text, check_word, format_bytes, ms
 from kvbench.stats import RatioEstimate
 
 
@@ -60,13 +60,14 @@ def figure_text(figure: dict | None) -> str:
     return f"{ms(figure['median'])} [{ms(figure['low'])}, {ms(figure['high'])}]"
 
 
-def ratio_text(ratio: dict | None, valid: bool) -> str:
+def ratio_text(ratio: dict | None, valid: bool, digits: int = 1) -> str:
+    """A ratio with its relative half-width (`digits` decimals of the percentage: 0 in a narrow table)."""
     if not ratio:
         return ""
     if not valid:
         return "invalid"
     half = (ratio["high"] - ratio["low"]) / (2 * ratio["ratio"])
-    return f"{ratio['ratio']:.2f}x ±{half:.1%}"
+    return f"{ratio['ratio']:.2f}x ±{half:.{digits}%}"
 
 
 def latency_cells(row: LatencyRow) -> list[str]:
@@ -79,20 +80,15 @@ def latency_cells(row: LatencyRow) -> list[str]:
 
 
 def compact_figure_text(figure: dict | None) -> str:
-    if not figure:
-        return ""
-    half = (figure["high"] - figure["low"]) / (2 * figure["median"])
-    return f"{ms(figure['median'])} ±{half:.0%}"
+    """A median with its interval's relative half-width, for a narrow table."""
+    return f"{ms(figure['median'])} ±{(figure['high'] - figure['low']) / (2 * figure['median']):.0%}" if figure else ""
 
 
 def latency_compact_cells(row: LatencyRow) -> list[str]:
     f = row.figures
     itl = "/".join(ms(f[f"itl_p{level}"]) for level in (50, 99)) if "itl_p50" in f else ""
-    tpot = row.ratios.get("tpot")
-    if tpot and row.valid:
-        tpot = f"{tpot['ratio']:.2f}x ±{(tpot['high'] - tpot['low']) / (2 * tpot['ratio']):.0%}"
     return [row.mode, compact_figure_text(f.get("ttft")), compact_figure_text(f.get("tpot")), itl,
-            tpot if isinstance(tpot, str) else ratio_text(tpot, row.valid), check_word(row.check)]
+            ratio_text(row.ratios.get("tpot"), row.valid, digits=0), check_word(row.check)]
 
 
 def timer_sentence(view: RecordView) -> str:
@@ -289,7 +285,7 @@ def peer_rows(view: RecordView) -> list[PeerRow]:
     return rows
 
 
-PEER_COLUMNS = ("length", "kvbench", "transformers", "kvbench / transformers", "95% interval", "pairs")
+PEER_COLUMNS = ("length", "kvbench", "transformers", "kvbench / transformers", RERUN_INTERVAL, "pairs")
 
 
 def peer_cells(row: PeerRow) -> list[str]:

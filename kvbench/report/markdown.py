@@ -87,7 +87,8 @@ def render_report(report: Report, image: str | None = None) -> str:
         lines += ["", f"> **Note:** {escape_markdown(note)}"]
     if report.sampling:
         lines += ["", escape_markdown(columns.sampling_sentence(report)) + ":", ""]
-        lines += markdown_table(columns.sampling_columns(report), [columns.sampling_cells(row, report.workload) for row in report.sampling], left=("stopped",))
+        lines += markdown_table(columns.sampling_columns(report),
+                                [columns.sampling_cells(row, report.workload) for row in report.sampling], left=("stopped",))
     if report.noise is not None:
         lines += ["", escape_markdown(as_sentence(columns.noise_sentence(report.noise)))]
     if report.tradeoffs:

@@ -91,7 +91,8 @@ def title_of(view: RecordView) -> str:
         sampled = f"{run['repeats']} repetitions, ±{percent(reached)} reached"
     else:
         sampled = f"±{percent(reached)} reached, target ±{percent(target)}"
-    return f"kvbench {run['preset']}: batch {run['batch']}, {view.config['dtype']}, {run['threads']} thread(s), {sampled}"
+    return (f"kvbench {run['preset']}: batch {run['batch']}, {view.config['dtype']}, {run['threads']} thread(s), "
+            f"{sampled}")
 
 
 def verdict(view: RecordView, sampling: list[LengthRow]) -> str | None:

@@ -28,7 +28,7 @@ from kvbench.report.compare import (
     summary_line,
 )
 from kvbench.report.differences import CRITICAL, INFORMATIONAL, NOTABLE
-from kvbench.report.format import as_sentence, format_bytes, render_plain, rich_escape
+from kvbench.report.format import RERUN_INTERVAL, as_sentence, format_bytes, render_plain, rich_escape
 from kvbench.report.latency import (
     CONTEXT_COLUMNS,
     context_cells,
@@ -166,7 +166,7 @@ def contexts_table(report: Report, width: int | None = None) -> Table:
 def peers_table(report: Report, width: int | None = None) -> Table:
     return plain_table("against transformers' caches, same weights, same rotations", PEER_COLUMNS,
                        ("kvbench", "transformers"), [peer_cells(row) for row in report.peers], width,
-                       ("pairs", "95% interval"))
+                       ("pairs", RERUN_INTERVAL))
 
 
 def workload_renderables(report: Report, width: int | None) -> list:
@@ -224,7 +224,7 @@ def sampling_table(report: Report, width: int | None = None) -> Table:
     return plain_table("sampling: rotations per length, why they stopped, the A/A noise floor",
                        columns.sampling_columns(report), ("stopped",),
                        [columns.sampling_cells(row, report.workload) for row in report.sampling], width,
-                       ("A/A ratio", "A/A 95% interval", "rotations"))
+                       ("A/A ratio", columns.SAMPLING_COLUMNS[5], "rotations"))
 
 
 def report_renderables(report: Report, width: int = 150, wide: bool = False) -> list:
