@@ -210,3 +210,30 @@ def test_the_interval_has_one_name(name):
         assert "95% rerun interval" in text
         assert "bootstrap" not in text and "95% CI" not in text and "confidence interval" not in text
     assert "the band is its 95% rerun interval" in page
+
+
+def test_a_fresh_contexts_run_divides_its_timed_window_into_steps(tmp_path, monkeypatch, capsys):
+    """A sample of a contexts run times 16 steps: the table's ms/step is its median over 16, on the table's clock."""
+    torch = pytest.importorskip("torch")
+    threads = torch.get_num_threads()
+    output = tmp_path / "contexts.json"
+    try:
+        assert main(["run", "--contexts", "8,16", "--modes", "full,static", "--repeats", "3", "--control", "none",
+                     "--output", str(output), "--no-progress"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    capsys.readouterr()
+    report = report_of(output)
+    record = json.loads(output.read_text())
+    assert record["run"]["workload"]["timed_steps"] == 16
+    for row in report.rows:
+        clock_field = "seconds" if row.clock == "wall" else "cpu_seconds"
+        samples = [rep[clock_field] for rep in record["repetitions"]
+                   if (rep["mode"], rep["length"]) == (row.mode, row.length)]
+        assert row.unit_seconds == pytest.approx(statistics.median(samples) / 16)
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["show", str(output)]) == 0
+    text = capsys.readouterr().out
+    assert max(len(line) for line in text.splitlines()) <= 80 and "ms/step" in text and "µs/token" not in text
+    assert "steps at a context" in text and "marks" in text
+    assert_whole(report, text)

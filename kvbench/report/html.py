@@ -146,8 +146,9 @@ def _latency_section(report: Report) -> list[str]:
                   f'<p class="legend">{escape_html(as_sentence(report.latency_note))}</p>']
     if report.context_steps:
         parts += ["<h2>Steps at a context</h2>",
-                  _plain_table(CONTEXT_COLUMNS, [context_cells(row) for row in report.context_steps],
-                               ("mode", "equivalence")),
+                  _plain_table((*CONTEXT_COLUMNS, "marks"),
+                               [[*context_cells(row), columns.marks_of(row)] for row in report.context_steps],
+                               ("mode", "equivalence", "marks")),
                   f'<p class="legend">{escape_html(as_sentence(report.context_note))}</p>']
     if report.limits:
         parts += ["<h2>Against the machine's limits</h2>",

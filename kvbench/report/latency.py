@@ -178,6 +178,7 @@ class ContextRow:
     figures: dict  # kvbench.latency.context_latency: "step", "first_step", "samples"
     check: dict | None
     valid: bool
+    marks: tuple[str, ...] = ()  # its cell's marks (kvbench.report.model.MARKS), set by the report
 
 
 def context_rows(view: RecordView) -> list[ContextRow]:

@@ -59,8 +59,9 @@ def render_report(report: Report, image: str | None = None) -> str:
                                 left=("mode", "equivalence", "marks"))
         lines += ["", escape_markdown(as_sentence(report.latency_note)), ""]
     if report.context_steps:
-        lines += markdown_table(CONTEXT_COLUMNS, [[escape_markdown(text) for text in context_cells(row)]
-                                                  for row in report.context_steps], left=("mode", "equivalence"))
+        lines += markdown_table((*CONTEXT_COLUMNS, "marks"), [[escape_markdown(text) for text in context_cells(row)]
+                                                             + [columns.marks_of(row)] for row in report.context_steps],
+                                left=("mode", "equivalence", "marks"))
         lines += ["", escape_markdown(as_sentence(report.context_note)), ""]
     if report.limits:
         lines += markdown_table(LIMIT_COLUMNS, [[escape_markdown(text) for text in limit_cells(row)]

@@ -362,7 +362,9 @@ def build_report(view: RecordView, seed: int = stats.SEED, resamples: int = stat
     report.limits, report.step_latency = limit_rows(view), step_medians(view)
     report.limits_note = limit_sentence(view) if report.limits else None
     report.peers = peer_rows(view)
-    report.context_steps = context_rows(view)
+    cell_marks = {(row.mode, row.length): row.marks for row in rows}
+    report.context_steps = [dataclasses.replace(row, marks=cell_marks.get((row.mode, row.context), ()))
+                            for row in context_rows(view)]
     report.context_note = context_sentence(view) if report.context_steps else None
     report.latency_note = latency_sentence(report.latency, view.baseline, timer_sentence(view)) if report.latency else None
     return report

@@ -158,8 +158,9 @@ def limits_table(report: Report, width: int | None = None) -> Table:
 
 
 def contexts_table(report: Report, width: int | None = None) -> Table:
-    return plain_table("steps at a context: the steady-state step and the first after the prefill", CONTEXT_COLUMNS,
-                       ("mode", "equivalence"), [context_cells(row) for row in report.context_steps], width,
+    return plain_table("steps at a context: the steady-state step and the first after the prefill",
+                       (*CONTEXT_COLUMNS, "marks"), ("mode", "equivalence", "marks"),
+                       [[*context_cells(row), columns.marks_of(row)] for row in report.context_steps], width,
                        ("n", "equivalence", "first / step", "first step ms [95% interval]"))
 
 
