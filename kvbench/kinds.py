@@ -64,10 +64,11 @@ def expected_cache_bytes(config, batch: int, length: int) -> int:
 
 
 def window_cache_bytes(config, batch: int, length: int, **options) -> int:
-    """A cache that evicts what no query can see: the last W positions at most on a sliding layer, every
-    position on the others: 2 * B * KVH * D * elt * sum over layers of min(T, W_layer)."""
+    """A cache that evicts what no query can see: the last W positions and the K sinks at most on a sliding
+    layer, every position on the others: 2 * B * KVH * D * elt * sum over layers of min(T, W_layer + K)."""
     _count(batch=batch, length=length)
-    positions = sum(min(length, window or length) for window in config.layer_windows)
+    sinks = getattr(config, "sinks", 0)
+    positions = sum(min(length, window + sinks if window else length) for window in config.layer_windows)
     return 2 * batch * config.kv_heads * positions * config.head_dim * config.element_bytes
 
 

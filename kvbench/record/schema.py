@@ -180,7 +180,7 @@ def _schema_v2() -> dict:
             "required": ["factor", "low_freq_factor", "high_freq_factor", "original_max_length"],
             "properties": {"factor": _number, "low_freq_factor": _number, "high_freq_factor": _number,
                            "original_max_length": _positive}}]},
-        "qkv_bias": {"type": "boolean"}, "tie_embeddings": {"type": "boolean"}})
+        "qkv_bias": {"type": "boolean"}, "tie_embeddings": {"type": "boolean"}, "sinks": _count})
     schema["properties"]["run"]["properties"]["control"] = {"type": ["string", "null"], "pattern": MODE_NAME}
     schema["properties"]["run"]["properties"]["cache_options"] = {
         "type": "object", "propertyNames": {"pattern": MODE_NAME}, "additionalProperties": {"type": "object"}}
