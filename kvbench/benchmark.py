@@ -40,11 +40,13 @@ class RunOutcome:
 
 def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol: Protocol = Protocol(),
                   on_progress: Callable[[str, int, int], None] | None = None,
-                  options: dict | None = None, workload=None) -> RunOutcome:
+                  options: dict | None = None, workload=None, ids=None) -> RunOutcome:
     """The machine probe, the gate, bytes and peak memory, the timed rotations, the profile, the probe again.
 
     `options` maps a kind to the keyword arguments its caches are made with; `workload` (kvbench.workloads)
     says what one sample times: a whole loop per length (default), one request, or one step at a context.
+    `ids` (B, >= every length's positions): the token ids to consume (a real model's text) instead of
+    random ones drawn from the protocol's seed.
     """
     modes = check_modes(modes)
     workload = workload or Loop()
@@ -58,7 +60,7 @@ def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol
         if workload.name != "loop":  # a step's distance to the machine's limit needs the limit
             progress("machine limits", 0, 1)
             outcome.limits = machine_limits(model, workload, lengths, protocol)
-        longest = token_ids(model.config, protocol.batch, max(workload.positions(n) for n in lengths), protocol.seed)
+        longest = given_ids(ids, model, protocol, max(workload.positions(n) for n in lengths))
         progress("reference", 0, 1)
         gate: dict[tuple[str, int], dict] = {}
         for length in lengths:  # one length at a time, so an interrupt keeps the lengths already checked
@@ -80,10 +82,10 @@ def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol
             outcome.sampling.step_timer_seconds = workload.timer_seconds()
         sample(loops, protocol, on_sample=keep, state=outcome.sampling, watch=workload.watch(protocol, FULL))
         if protocol.per_step_length is not None:
-            ids = token_ids(model.config, protocol.batch, protocol.per_step_length, protocol.seed)
+            profiled = given_ids(ids, model, protocol, protocol.per_step_length)
             outcome.per_step = [
                 {"mode": mode, "length": protocol.per_step_length,
-                 "seconds": per_step_seconds(model, ids, mode, protocol.warmup, options)}
+                 "seconds": per_step_seconds(model, profiled, mode, protocol.warmup, options)}
                 for mode in modes if all(timeable(gate[(mode, length)]) for length in lengths)
             ]
         progress("machine probe", 0, 1)
@@ -91,6 +93,15 @@ def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol
     except KeyboardInterrupt:
         outcome.interrupted = True
     return outcome
+
+
+def given_ids(ids, model: Decoder, protocol: Protocol, positions: int):
+    """The first `positions` of the given ids, or random ids from the protocol's seed when none were given."""
+    if ids is None:
+        return token_ids(model.config, protocol.batch, positions, protocol.seed)
+    if ids.shape[0] != protocol.batch or ids.shape[1] < positions:
+        raise ValueError(f"expected token ids of shape ({protocol.batch}, >= {positions}), got {tuple(ids.shape)}")
+    return ids[:, :positions]
 
 
 def machine_limits(model: Decoder, workload, lengths: list[int], protocol: Protocol) -> dict:

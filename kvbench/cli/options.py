@@ -17,6 +17,7 @@ from kvbench.budget import DTYPES as BUDGET_DTYPES
 from kvbench.budget import QUANTIZATIONS, parse_size
 from kvbench.config import DTYPE_NAMES, PRESETS, WINDOW_PATTERNS
 from kvbench.export import FORMATS as EXPORT_FORMATS
+from kvbench.gguf import PACKAGED
 from kvbench.kinds import DEFAULT_MODES, GROUP_SIZE, HF_MODES, KIND_NAME, MODES, RESIDUAL
 from kvbench.report.compare import ALPHA, FACTOR
 from kvbench.timing import DEFAULT_LENGTHS, ORDERS, Protocol
@@ -189,6 +190,15 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--window", type=positive_int, metavar="W",
                        help="sliding-window attention: each query sees the last W positions (every mode; the "
                             "window kind keeps only those)")
+    group.add_argument("--sinks", type=non_negative_int, metavar="K",
+                       help="with --window: the first K positions stay visible to every query too, and the window "
+                            "kind keeps them (StreamingLLM's attention sinks) (default: 0)")
+    group.add_argument("--model", choices=sorted(PACKAGED), metavar="NAME",
+                       help=f"a trained model a package ships as a GGUF file ({', '.join(sorted(PACKAGED))}; "
+                            "make venv installs it): its shapes, dequantized weights and tokenizer, token ids from "
+                            "the corpus (docs/models.md)")
+    group.add_argument("--gguf", type=Path, metavar="FILE.gguf",
+                       help="a trained model from a GGUF file of the llama family (llama, mistral, qwen2), as --model")
     group.add_argument("--window-pattern", choices=WINDOW_PATTERNS,
                        help="which layers slide: all, or alternating (0, 2, 4, ...; Gemma-2) (default: the preset's)")
     add_quantization_options(parser.add_argument_group("quantized kinds (quantized-int8, quantized-int4)"),

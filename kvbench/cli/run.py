@@ -36,19 +36,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     in_effect = {"threads_in_effect": timing.set_threads(protocol.threads),  # before any torch work
                  "cpu_in_effect": timing.pin_cpu(protocol.cpu)}
     environment = capture.collect_environment()  # first, so that no interrupt can cost it
-    config = DecoderConfig.from_dict(config.to_dict())
-    model = build_model(config, seed=protocol.seed)
+    workload = workloads.workload_from(**args.workload)
+    ids, sections = None, {}
+    if args.real_model is None:
+        model = build_model(DecoderConfig.from_dict(config.to_dict()), seed=protocol.seed)
+    else:  # the file's weights, and token ids from the corpus through its tokenizer
+        from kvbench import corpus, gguf
+
+        positions = max(workload.positions(n) for n in [*args.lengths, protocol.per_step_length or 1])
+        model, ids, described = gguf.load(args.real_model, config, protocol.batch, positions)
+        sections = {"model": described, "token_ids": {"source": "corpus", **corpus.describe()}}
     stderr = Console(stderr=True)
     with ProgressBar(stderr, disabled=args.no_progress) as on_progress:
         outcome = benchmark.run_benchmark(model, args.lengths, args.modes, protocol, on_progress=on_progress,
-                                          options=args.cache_options, workload=workloads.workload_from(**args.workload))
+                                          options=args.cache_options, workload=workload, ids=ids)
     with args.signals.deferred():  # from here on a signal is only counted: the record is saved first
         if outcome.interrupted and not (outcome.checks or outcome.repetitions):
             raise args.signals.first or KeyboardInterrupt()  # nothing was completed: nothing to save
         result = record.record_from_run(
-            outcome, command=["kvbench", *args.argv], preset=args.preset, config=config, lengths=args.lengths,
+            outcome, command=["kvbench", *args.argv], preset=args.model_name, config=config, lengths=args.lengths,
             modes=args.modes, protocol=protocol, in_effect=in_effect, environment=environment, plugins=args.plugins,
-            cache_options=args.cache_options, workload=args.workload,
+            cache_options=args.cache_options, workload=args.workload, sections=sections,
         )
         path = save_record(result, output, args.force)
     console, view = stdout_console(), record.RecordView(result, str(path))
@@ -86,7 +94,7 @@ def settings(args: argparse.Namespace) -> tuple[PlainConfig, Protocol]:
         kinds.check_modes(args.modes, known)
     except ValueError as error:
         raise CliError(f"--modes: {error}") from None
-    config = config_from_args(args)
+    config = model_config(args)
     transformers_modes = [mode for mode in args.modes if mode in kinds.HF_MODES]
     if transformers_modes:
         from kvbench import hf  # imports transformers only to check its version
@@ -121,6 +129,35 @@ def settings(args: argparse.Namespace) -> tuple[PlainConfig, Protocol]:
     except ValueError as error:
         raise CliError(str(error)) from None
     return config, protocol
+
+
+SHAPE_OPTIONS = ("width", "heads", "kv_heads", "layers", "vocab_size")  # what a GGUF file fixes
+
+
+def model_config(args: argparse.Namespace) -> PlainConfig:
+    """The preset's config with the options' overrides, or a GGUF file's (--model, --gguf), read and checked
+    before anything is measured: args.real_model is the file read (or None) and args.model_name the record's name."""
+    args.real_model, args.model_name = None, args.preset
+    if args.model is None and args.gguf is None:
+        return config_from_args(args)
+    given = (["--model"] if args.model else []) + (["--gguf"] if args.gguf else [])
+    given += [f"--{name.replace('_', '-')}" for name in SHAPE_OPTIONS if getattr(args, name) is not None]
+    if args.preset != "seed":
+        given.append("--preset")
+    if len(given) > 1:
+        raise CliError(f"{given[0]} fixes the model's shapes: it cannot be combined with {', '.join(given[1:])}")
+    from kvbench import gguf
+
+    try:
+        path = gguf.packaged_path(args.model) if args.model else args.gguf
+        args.real_model = gguf.read_gguf(path)
+        overrides = {"dtype": args.dtype, "window": args.window, "window_pattern": args.window_pattern,
+                     "sinks": args.sinks, "max_length": args.max_length}
+        config = args.real_model.plain_config(**{name: value for name, value in overrides.items() if value is not None})
+    except ValueError as error:
+        raise CliError(f"{given[0]}: {error}") from None
+    args.model_name = args.model or "gguf"
+    return config
 
 
 def workload_settings(args: argparse.Namespace, config: PlainConfig) -> None:
