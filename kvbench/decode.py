@@ -42,7 +42,7 @@ from kvbench.model import Decoder
 __all__ = ["CACHE_KINDS", "DEFAULT_MODES", "DIVERGED", "DRIFTED", "DRIFT_METRICS", "FAILURES", "FULL", "MODES",
            "NOT_FINITE", "REFERENCE_NOT_FINITE", "TOLERANCES", "Drift", "Equivalence", "cache_footprint",
            "check_equivalence", "check_modes", "compare_drift", "compare_logits", "decode", "decode_cached",
-           "decode_full", "decode_steps", "judge_logits", "known_modes", "mode_expected_bytes", "footprint_expected_bytes", "run_gate", "timeable", "token_ids",
+           "decode_full", "decode_steps", "judge_logits", "known_modes", "mode_expected_bytes", "model_tolerances", "footprint_expected_bytes", "run_gate", "timeable", "token_ids",
            "tolerances", "top1_within", "within_limits"]
 
 
@@ -190,6 +190,12 @@ def tolerances(dtype: torch.dtype) -> tuple[float, float]:
     return TOLERANCES.get(dtype, TOLERANCES[torch.float32])
 
 
+def model_tolerances(model: Decoder) -> tuple[float, float]:
+    """The gate's (atol, rtol) for a model: its dtype's, or those a trained model carries (kvbench.gguf sets
+    `gate_tolerance`: thirty layers of trained weights round differently along two paths, docs/drift.md)."""
+    return getattr(model, "gate_tolerance", None) or tolerances(model.config.dtype)
+
+
 def first_step(bad: Tensor) -> int | None:
     """The earliest step t at which `bad` (B, T, V) is True for any sequence and logit."""
     steps = bad.any(dim=-1).any(dim=0).nonzero()
@@ -321,7 +327,7 @@ def check_equivalence(
     `reference` (B, >= T, V) may be full-prefix logits computed once for a longer
     prefix of the same ids: step t depends only on ids[:, :t + 1].
     """
-    default_atol, default_rtol = tolerances(model.config.dtype)
+    default_atol, default_rtol = model_tolerances(model)
     atol = default_atol if atol is None else atol
     rtol = default_rtol if rtol is None else rtol
     T = ids.shape[1]

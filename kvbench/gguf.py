@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvbench.config import PlainConfig, check_dtype_name
+from kvbench.kinds import TRAINED_TOLERANCES
 
 GGUF_VERSION = "0.19.0"  # as pinned in pyproject.toml's `gguf` extra
 MAGIC = b"GGUF"
@@ -316,25 +317,20 @@ def tokenizer(model: GgufModel):
 def build_gguf_model(model: GgufModel, dtype: str = "float32", **overrides):
     """kvbench's Decoder holding the file's weights in `dtype` (eval mode, no gradients), and where the
     weights came from ("cache" or "dequantized"). `overrides`: config fields such as a window."""
-    import torch
-
     from kvbench.config import DecoderConfig
-    from kvbench.model import Decoder, rotary_tables
+    from kvbench.model import decoder_with_weights
 
     config = DecoderConfig.from_dict({**model.config, **overrides, "dtype": check_dtype_name(dtype)})
     weights, origin = cached_state_dict(model, dtype)
-    with torch.device("meta"):  # no random initialisation of weights that are about to be replaced
-        decoder = Decoder(config)
-    decoder.load_state_dict(weights, strict=True, assign=True)
-    decoder.cos, decoder.sin = (table.to(config.dtype) for table in rotary_tables(config))  # not weights: computed
-    decoder.eval().requires_grad_(False)
+    decoder = decoder_with_weights(config, weights)
+    decoder.gate_tolerance = TRAINED_TOLERANCES[check_dtype_name(dtype)]  # the gate's bound for trained weights
     return decoder, origin
 
 
 def load(model: GgufModel, config: PlainConfig, batch: int, positions: int):
     """What a run on a real model needs: kvbench's Decoder with the file's weights in `config` (the file's shapes
     with a run's dtype, window or sinks), the corpus's token ids (batch, positions) through the file's
-    tokenizer, and the record's account of both (the file, how long loading took and what was cached)."""
+    tokenizer, the tokenizer, and the record's account of them (the file, how long loading took, what was cached)."""
     import time
 
     from kvbench import corpus
@@ -342,7 +338,8 @@ def load(model: GgufModel, config: PlainConfig, batch: int, positions: int):
     started = time.perf_counter()
     decoder, origin = build_gguf_model(model, config.dtype, **{name: getattr(config, name) for name in RUN_SETTINGS})
     built = time.perf_counter()
-    ids = corpus.corpus_ids(tokenizer(model), batch, positions)
+    reader = tokenizer(model)
+    ids = corpus.corpus_ids(reader, batch, positions)
     described = {**model.describe(config.dtype), "weights_from": origin, "build_seconds": round(built - started, 3),
                  "tokenize_seconds": round(time.perf_counter() - built, 3), "cache_dir": str(cache_dir())}
-    return decoder, ids, described
+    return decoder, ids, reader, described

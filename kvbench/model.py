@@ -26,7 +26,7 @@ from kvbench.cache import Cache, ConcatCache
 from kvbench.config import DTYPES, PRESETS, DecoderConfig, RopeScaling, dtype_name, parse_dtype, preset_config
 
 __all__ = ["DTYPES", "PRESETS", "Block", "Decoder", "DecoderConfig", "LlamaBlock", "RMSNorm", "apply_rotary",
-           "build_model", "dtype_name", "parse_dtype", "preset_config", "rms_norm", "rotary_tables"]
+           "build_model", "decoder_with_weights", "dtype_name", "parse_dtype", "preset_config", "rms_norm", "rotary_tables"]
 
 
 class Block(nn.Module):
@@ -223,6 +223,19 @@ def check_token_ids(ids: Tensor, config: DecoderConfig) -> tuple[int, int]:
 def token_range_message(ids: Tensor, config: DecoderConfig) -> str:
     low, high = int(ids.min()), int(ids.max())
     return f"token ids must be in [0, {config.vocab_size - 1}] for vocab_size {config.vocab_size}, got min {low} and max {high}"
+
+
+def decoder_with_weights(config: DecoderConfig, weights: dict[str, Tensor]) -> Decoder:
+    """A Decoder of `config` holding `weights` (a state dict; the tensors themselves, not copies) in eval mode:
+    a trained model's, or another config's of the same shapes (a window added). Nothing is initialised at random
+    first: the modules are built on the meta device and the rotary tables computed afterwards."""
+    with torch.device("meta"):
+        model = Decoder(config)
+    model.load_state_dict(weights, strict=True, assign=True)
+    if config.family != "gpt2":
+        model.cos, model.sin = (table.to(config.dtype) for table in rotary_tables(config))
+    model.eval().requires_grad_(False)
+    return model
 
 
 def build_model(config: DecoderConfig | None = None, seed: int = 0) -> Decoder:

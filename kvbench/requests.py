@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from kvbench.cache import Cache, make_cache
-from kvbench.decode import FULL, HF_MODES, judge_logits, tolerances
+from kvbench.decode import FULL, HF_MODES, judge_logits, model_tolerances
 from kvbench.model import Decoder
 
 
@@ -63,7 +63,7 @@ def request_logits(model: Decoder, ids: Tensor, mode: str, prompt: int, options:
 def check_request(model: Decoder, ids: Tensor, modes: list[str], prompt: int,
                   options: dict | None = None) -> dict[str, dict]:
     """Every mode's request against full's, token by token: {mode: check dict}, as the loop gate gives."""
-    atol, rtol = tolerances(model.config.dtype)
+    atol, rtol = model_tolerances(model)
     reference = request_logits(model, ids, FULL, prompt)
     return {mode: judge_logits(mode, reference if mode == FULL else request_logits(model, ids, mode, prompt, options),
                                reference, atol, rtol, model.config).to_dict() for mode in modes}
@@ -136,7 +136,7 @@ class ContextStep:
 def check_context(model: Decoder, ids: Tensor, modes: list[str], context: int,
                   options: dict | None = None) -> dict[str, dict]:
     """Every mode's step after `context` tokens against full's forward of context + 1 tokens."""
-    atol, rtol = tolerances(model.config.dtype)
+    atol, rtol = model_tolerances(model)
     found = {}
     for mode in [FULL, *[m for m in modes if m != FULL]]:
         step = ContextStep(model, ids, mode, context, options)

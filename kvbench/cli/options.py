@@ -264,6 +264,9 @@ def add_run_parser(commands) -> None:
     run.add_argument("--seed", type=non_negative_int, default=Protocol.seed, help="seed for weights and token ids")
     run.add_argument("--threads", type=thread_count, default=Protocol.threads,
                      help="torch intra- and inter-op threads, at most the machine's logical CPUs")
+    run.add_argument("--quality", type=integer(8, 10000), metavar="TOKENS",
+                     help="with --model/--gguf: after timing, what each mode does to text, on 4 runs of TOKENS corpus "
+                          "tokens: perplexity against full's, KL, top-1, where greedy text departs, a sample")
     run.add_argument("--per-step", type=positive_int, metavar="LENGTH", help="also record every step's duration of one loop at LENGTH")
     run.add_argument("--output", type=Path, help="record path (default: a new timestamped file under results/records/)")
     run.add_argument("--force", action="store_true", help="overwrite --output if it exists")

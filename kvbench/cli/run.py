@@ -44,12 +44,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         from kvbench import corpus, gguf
 
         positions = max(workload.positions(n) for n in [*args.lengths, protocol.per_step_length or 1])
-        model, ids, described = gguf.load(args.real_model, config, protocol.batch, positions)
+        model, ids, tokenizer, described = gguf.load(args.real_model, config, protocol.batch, positions)
         sections = {"model": described, "token_ids": {"source": "corpus", **corpus.describe()}}
     stderr = Console(stderr=True)
     with ProgressBar(stderr, disabled=args.no_progress) as on_progress:
         outcome = benchmark.run_benchmark(model, args.lengths, args.modes, protocol, on_progress=on_progress,
                                           options=args.cache_options, workload=workload, ids=ids)
+    if args.quality is not None and not outcome.interrupted:  # after the timing, which it must not disturb
+        from kvbench import corpus, quality
+
+        text = corpus.corpus_ids(tokenizer, 1, args.quality * QUALITY_CHUNKS)
+        sections["quality"] = quality.measure(model, text, args.modes, tokenizer, args.cache_options, QUALITY_CHUNKS)
     with args.signals.deferred():  # from here on a signal is only counted: the record is saved first
         if outcome.interrupted and not (outcome.checks or outcome.repetitions):
             raise args.signals.first or KeyboardInterrupt()  # nothing was completed: nothing to save
@@ -131,6 +136,7 @@ def settings(args: argparse.Namespace) -> tuple[PlainConfig, Protocol]:
     return config, protocol
 
 
+QUALITY_CHUNKS = 4  # runs of --quality tokens each: the perplexity difference's interval is over them
 SHAPE_OPTIONS = ("width", "heads", "kv_heads", "layers", "vocab_size")  # what a GGUF file fixes
 
 
@@ -139,6 +145,8 @@ def model_config(args: argparse.Namespace) -> PlainConfig:
     before anything is measured: args.real_model is the file read (or None) and args.model_name the record's name."""
     args.real_model, args.model_name = None, args.preset
     if args.model is None and args.gguf is None:
+        if args.quality is not None:
+            raise CliError("--quality measures a trained model on text: it needs --model or --gguf")
         return config_from_args(args)
     given = (["--model"] if args.model else []) + (["--gguf"] if args.gguf else [])
     given += [f"--{name.replace('_', '-')}" for name in SHAPE_OPTIONS if getattr(args, name) is not None]
@@ -157,6 +165,8 @@ def model_config(args: argparse.Namespace) -> PlainConfig:
     except ValueError as error:
         raise CliError(f"{given[0]}: {error}") from None
     args.model_name = args.model or "gguf"
+    if args.quality is not None and args.quality * QUALITY_CHUNKS > 40000:
+        raise CliError(f"--quality {args.quality}: {QUALITY_CHUNKS} runs of it exceed the corpus's 40,000 tokens")
     return config
 
 

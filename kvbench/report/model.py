@@ -16,6 +16,7 @@ from kvbench.capture import summarize_environment
 from kvbench.config import PlainConfig
 from kvbench.kinds import expected_cache_bytes
 from kvbench.record import RecordView
+from kvbench.report.quality import model_sentence, quality_note, quality_rows
 from kvbench.report.latency import (
     LatencyRow,
     LimitRow,
@@ -159,6 +160,9 @@ class Report:
     latency_note: str | None = None
     step_latency: dict[str, list[float]] = field(default_factory=dict)  # a request's median step, per position
     tradeoffs: list[Tradeoff] = field(default_factory=list)
+    quality: list = field(default_factory=list)  # QualityRow: what each mode did to a real model's text
+    quality_note: str | None = None
+    model_note: str | None = None  # a real model's weights and text
 
     @property
     def complete(self) -> bool:
@@ -317,6 +321,7 @@ def build_report(view: RecordView, seed: int = stats.SEED, resamples: int = stat
     report.limits, report.step_latency = limit_rows(view), step_medians(view)
     report.limits_note = limit_sentence(view) if report.limits else None
     report.peers = peer_rows(view)
+    report.quality, report.quality_note, report.model_note = quality_rows(view), quality_note(view), model_sentence(view)
     report.latency_note = latency_sentence(report.latency, view.baseline, timer_sentence(view)) if report.latency else None
     return report
 
