@@ -219,6 +219,8 @@ class PlainConfig:
             fields["head_dim"] = None
         if self.intermediate_size == self.mlp_ratio * self.width:
             fields["intermediate_size"] = None
+        if not self.sinks:  # absent unless used: a config without sinks reads, compares and exports as before them
+            del fields["sinks"]
         return fields
 
     @classmethod

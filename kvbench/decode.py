@@ -42,7 +42,7 @@ from kvbench.model import Decoder
 __all__ = ["CACHE_KINDS", "DEFAULT_MODES", "DIVERGED", "DRIFTED", "DRIFT_METRICS", "FAILURES", "FULL", "MODES",
            "NOT_FINITE", "REFERENCE_NOT_FINITE", "TOLERANCES", "Drift", "Equivalence", "cache_footprint",
            "check_equivalence", "check_modes", "compare_drift", "compare_logits", "decode", "decode_cached",
-           "decode_full", "decode_steps", "judge_logits", "known_modes", "mode_expected_bytes", "model_tolerances", "footprint_expected_bytes", "run_gate", "timeable", "token_ids",
+           "decode_full", "decode_steps", "is_trained", "judge_logits", "known_modes", "mode_expected_bytes", "model_tolerances", "footprint_expected_bytes", "run_gate", "timeable", "token_ids",
            "tolerances", "top1_within", "within_limits"]
 
 
@@ -188,6 +188,11 @@ class Equivalence:
 
 def tolerances(dtype: torch.dtype) -> tuple[float, float]:
     return TOLERANCES.get(dtype, TOLERANCES[torch.float32])
+
+
+def is_trained(model: Decoder) -> bool:
+    """Whether the model holds trained weights (kvbench.gguf marks them with their gate tolerance)."""
+    return getattr(model, "gate_tolerance", None) is not None
 
 
 def model_tolerances(model: Decoder) -> tuple[float, float]:
@@ -337,17 +342,18 @@ def check_equivalence(
     results = {}
     for mode in check_modes(modes):
         candidate = reference if mode == FULL else decode(model, ids, mode, keep_logits=True, options=options)
-        results[mode] = judge_logits(mode, candidate, reference, atol, rtol, model.config)
+        results[mode] = judge_logits(mode, candidate, reference, atol, rtol, model.config, is_trained(model))
     return results
 
 
 def judge_logits(mode: str, candidate: Tensor, reference: Tensor, atol: float, rtol: float,
-                 config: DecoderConfig) -> Equivalence | Drift:
+                 config: DecoderConfig, trained: bool = False) -> Equivalence | Drift:
     """A mode's logits against the full-prefix path's, by its kind's rule: a lossy kind within its own
-    drift limits for this model's family, every other mode within the dtype's tolerance."""
+    drift limits for this model's family (or for trained weights), every other mode within the tolerance."""
     kind = KINDS.get(HF_JUDGED_AS.get(mode, mode))
     if kind is not None and not kind.exact:
-        return compare_drift(mode, candidate, reference, kind.limits_for(config), atol, rtol)
+        limits = kind.trained_drift_limits if trained and kind.trained_drift_limits else kind.limits_for(config)
+        return compare_drift(mode, candidate, reference, limits, atol, rtol)
     return compare_logits(mode, candidate, reference, atol, rtol)
 
 

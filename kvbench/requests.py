@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from kvbench.cache import Cache, make_cache
-from kvbench.decode import FULL, HF_MODES, judge_logits, model_tolerances
+from kvbench.decode import FULL, HF_MODES, is_trained, judge_logits, model_tolerances
 from kvbench.model import Decoder
 
 
@@ -66,7 +66,7 @@ def check_request(model: Decoder, ids: Tensor, modes: list[str], prompt: int,
     atol, rtol = model_tolerances(model)
     reference = request_logits(model, ids, FULL, prompt)
     return {mode: judge_logits(mode, reference if mode == FULL else request_logits(model, ids, mode, prompt, options),
-                               reference, atol, rtol, model.config).to_dict() for mode in modes}
+                               reference, atol, rtol, model.config, is_trained(model)).to_dict() for mode in modes}
 
 
 def time_request(model: Decoder, ids: Tensor, mode: str, prompt: int, options: dict | None = None) -> dict:
@@ -142,4 +142,5 @@ def check_context(model: Decoder, ids: Tensor, modes: list[str], context: int,
         step = ContextStep(model, ids, mode, context, options)
         step.prepare()
         found[mode] = step()[:, None]  # (B, 1, V)
-    return {mode: judge_logits(mode, found[mode], found[FULL], atol, rtol, model.config).to_dict() for mode in modes}
+    return {mode: judge_logits(mode, found[mode], found[FULL], atol, rtol, model.config, is_trained(model)).to_dict()
+            for mode in modes}

@@ -34,6 +34,7 @@ class Cache:
     kind = "abstract"
     exact = True  # reproduces the full-prefix logits within the dtype's tolerance (a lossy kind: False)
     drift_limits: dict[str, float] | None = None  # a lossy kind's own thresholds (see decode.compare_drift)
+    trained_drift_limits: dict[str, float] | None = None  # on a trained model's weights, where they differ (drift.md)
     key_positions: Tensor | None = None  # absolute positions of the keys update() returned, when not 0..T-1
 
     @classmethod
