@@ -4,7 +4,9 @@ Every figure is against the full path of the same weights with nothing evicted o
 (for the window kind: the same model without its window), on the corpus (kvbench.corpus):
 
 - teacher-forced over `chunks` runs of `tokens` consecutive corpus tokens, each mode fed one token
-  a step as in a decode loop: the mean next-token NLL (its exponential, the perplexity), its
+  a step as in a decode loop (the window kind excepted: it equals the full prefix masked the same
+  way, which the gate checks at every run, so its logits come from that path in one pass per chunk,
+  a hundred times cheaper on a 135M model): the mean next-token NLL (its exponential, the perplexity), its
   difference from full's with a 95% t interval over the chunks, KL(P_full || P_mode) and top-1
   agreement; for the window kind also the perplexity of the positions past the window only, where
   the window has evicted something (StreamingLLM's comparison, with and without sinks);
@@ -110,7 +112,8 @@ def measure(model: Decoder, ids: Tensor, modes: list[str], tokenizer, options: d
                                          for r, p in zip(references, pieces)], None, full_tokens, full_tokens, tokenizer)]
     for mode, chosen in runs:
         beyond = chosen.config.window if mode == WINDOWED else None
-        found = [compare_chunk(r, step_logits(chosen, p[None], mode, options), p[None], beyond)
+        path = FULL if mode == WINDOWED else mode  # the windowed model's full prefix: the window kind's logits
+        found = [compare_chunk(r, step_logits(chosen, p[None], path, options), p[None], beyond)
                  for r, p in zip(references, pieces)]
         tokens = greedy(chosen, pieces[0, :prompt][None], mode, generate, options)
         rows.append(summarise(mode, chosen, found, rows[0]["chunks"], tokens, full_tokens, tokenizer))
