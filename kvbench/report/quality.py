@@ -66,7 +66,7 @@ def quality_note(view: RecordView) -> str | None:
     if not quality:
         return None
     return (f"{QUALITY_SENTENCE}. {quality['chunks']} chunks of {quality['tokens']} tokens; greedy text: "
-            f"{quality['generate']} tokens after the corpus's first {quality['prompt']}.")
+            f"{quality['generate']} tokens after the corpus's first {quality['prompt']}")
 
 
 def model_sentence(view: RecordView) -> str | None:
