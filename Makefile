@@ -8,7 +8,7 @@ TORCH_VERSION ?= 2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvbench-installed
 
-.PHONY: bench test test-virtualenv report layouts reproducibility reproducibility-quiet reproducibility-contended contention-study noise-study venv clean
+.PHONY: bench test test-virtualenv mutation report layouts reproducibility reproducibility-quiet reproducibility-contended contention-study noise-study venv clean
 
 venv: $(STAMP)
 
@@ -29,6 +29,16 @@ test: $(STAMP)
 
 test-virtualenv: $(STAMP)
 	$(BIN)/python -m pytest -q -m virtualenv --run-virtualenv
+
+# Mutation testing of the core modules against their focused tests (docs/mutation.md): a seeded sample of
+# at most MUTATION_SAMPLE mutants per module, MUTATION_JOBS at a time, niced so other work is not starved.
+# One module: make mutation MODULES=stats (several: MODULES=stats,paged).
+MODULES ?= stats,attention,contiguous,paged,gate,decode,sampling
+MUTATION_SAMPLE ?= 40
+MUTATION_JOBS ?= 2
+
+mutation: $(STAMP)
+	nice -n 10 $(BIN)/python scripts/mutation.py --modules $(MODULES) --sample $(MUTATION_SAMPLE) --jobs $(MUTATION_JOBS)
 
 clean:
 	rm -rf $(VENV) .asv build *.egg-info

@@ -45,7 +45,12 @@ import sys
 from pathlib import Path
 
 from kvbench.cache import KINDS
-from kvbench.decode import FULL, run_gate, token_ids
+
+try:  # the mode registry; a commit before it has no mode newer than KNOWN_MODES either
+    from kvbench.modes import SPECS
+except ImportError:
+    SPECS = {}
+from kvbench.decode import run_gate, token_ids
 from kvbench.decode import MODES as KVBENCH_MODES
 from kvbench.model import DecoderConfig, build_model, preset_config
 from kvbench.timing import Protocol, set_threads
@@ -58,7 +63,7 @@ LEDGER = Path("kvbench-asv-budget.json")  # in the setup_cache directory, the be
 KNOWN_MODES = ("full", "concat", "static", "paged", "quantized-int8", "quantized-int4", "window")  # never reorder
 MODELS = ("seed", "llama-tiny")  # presets, never reordered: asv passes parameter indices
 PROTOCOL = Protocol()  # the seed's workload: batch 1, seed 0, one thread
-WINDOW = 32  # the window kind's model attends to the last 32 positions; the other modes see them all
+WINDOW = 32  # before the mode registry: the window kind's model attends to the last 32 positions
 
 
 def parse_lengths(text: str | None) -> tuple[int, ...]:
@@ -88,10 +93,10 @@ def parse_budget(text: str | None) -> float:
 LENGTHS = parse_lengths(os.environ.get(LENGTHS_VARIABLE))
 BUDGET = parse_budget(os.environ.get(BUDGET_VARIABLE))
 MODES = KNOWN_MODES + tuple(m for m in KVBENCH_MODES if m not in KNOWN_MODES)
-CACHED_MODES = tuple(m for m in MODES if m != FULL)
+CACHED_MODES = MODES[1:]  # KNOWN_MODES starts with the baseline, full
 KNOWN_LOSSY = ("quantized-int8", "quantized-int4")  # fixed like KNOWN_MODES: a commit without them skips them
 LOSSY_MODES = KNOWN_LOSSY + tuple(m for m in CACHED_MODES if m not in KNOWN_LOSSY and m in KINDS
-                                  and not getattr(KINDS[m], "exact", True))
+                                  and not getattr(SPECS.get(m), "exact", True))
 
 
 def workload(model: str, mode: str, length: int):
@@ -105,10 +110,18 @@ def workload(model: str, mode: str, length: int):
     return build_model(config, seed=PROTOCOL.seed), token_ids(config, PROTOCOL.batch, length, PROTOCOL.seed)
 
 
-def config_for(model: str, mode: str) -> DecoderConfig:
-    """The preset; with a sliding window for the window kind (its full-prefix baseline is windowed too).
-    A preset this commit does not have is skipped (NotImplementedError)."""
-    overrides = {"window": WINDOW} if mode == "window" else {}
+def asv_config(mode: str) -> dict:
+    """The config overrides of the model a mode is timed on: its spec's (the window kind's model has a sliding
+    window, and so has the full-prefix baseline it is gated against)."""
+    if not SPECS:  # a commit before the mode registry: only the window kind had a model of its own
+        return {"window": WINDOW} if mode == "window" else {}
+    return dict(SPECS[mode].asv_config) if mode in SPECS else {}
+
+
+def config_for(model: str, mode: str | None = None, overrides: dict | None = None) -> DecoderConfig:
+    """The preset with a mode's asv overrides (or `overrides`). A preset this commit does not have is
+    skipped (NotImplementedError)."""
+    overrides = asv_config(mode) if overrides is None else overrides
     try:
         return preset_config(model, **overrides)
     except ValueError as error:
@@ -118,7 +131,7 @@ def config_for(model: str, mode: str) -> DecoderConfig:
 def require_equivalent(gate: dict, model: str, mode: str, length: int) -> None:
     """asv stores bare numbers, so a mode that failed the gate is not timed at all: the benchmark
     fails (kvbench.decode.run_gate states the policy)."""
-    if mode == FULL or mode not in KVBENCH_MODES:
+    if mode not in CACHED_MODES or mode not in KVBENCH_MODES:  # the baseline is the gate's reference
         return
     check = gate.get((model, mode, length))
     if check is None:
@@ -222,13 +235,13 @@ def prepare() -> dict:
 
     gate: dict = {}
     modes = [mode for mode in CACHED_MODES if mode in KVBENCH_MODES]
+    groups: dict[tuple, list[str]] = {}  # modes by the model they are timed on (the window kind: a windowed one)
+    for mode in modes:
+        groups.setdefault(tuple(sorted(asv_config(mode).items())), []).append(mode)
     for name in MODELS:
-        for windowed in (False, True):  # the window kind runs on its own, windowed model
-            group = [mode for mode in modes if (mode == "window") == windowed]
-            if not group:  # before config_for: a commit without the window kind has no window field either
-                continue
+        for overrides, group in groups.items():
             try:
-                config = config_for(name, "window" if windowed else FULL)
+                config = config_for(name, overrides=dict(overrides))
             except NotImplementedError:  # a preset this commit lacks: its cells are skipped
                 continue
             lengths = [n for n in LENGTHS if n <= config.max_length]

@@ -33,6 +33,8 @@ CAPTURES_NAME = "captures"  # results/captures/, beside results/asv/
 CAPTURE_SCHEMA = "kvbench.asv-capture/1"
 SAVING_COMMANDS = ("run", "continuous")  # asv commands that write result files
 ASV_METADATA_FILES = ("machine.json", "benchmarks.json")
+# A folder under results/asv/ and a label on pages: never ".", "..", a path, or what a terminal or HTML interprets.
+MACHINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
 
 class AsvToolError(ValueError):
@@ -386,7 +388,7 @@ def machine_info(name: str | None, environment: dict) -> dict:
 
     os_name = " ".join(filter(None, (get("os", "system"), get("os", "release"))))
     return {
-        "machine": name or get("os", "hostname") or platform.uname().node,
+        "machine": name if name is not None else get("os", "hostname") or platform.uname().node,
         "os": os_name,
         "arch": get("os", "machine"),
         "cpu": get("cpu", "brand"),
@@ -402,8 +404,10 @@ def register_machine(name: str | None = None, environment: dict | None = None) -
     from kvbench import capture
 
     info = machine_info(name, capture.collect_environment() if environment is None else environment)
-    if not re.fullmatch(r"[\w.+-]+", info["machine"]):
-        raise AsvToolError(f"machine name must be letters, digits, '.', '_', '+' or '-' (it names a folder), got {info['machine']!r}")
+    if not MACHINE_NAME.fullmatch(info["machine"]):
+        raise AsvToolError("machine name must be a plain word of at most 64 ASCII letters, digits, '_' or '-', first a "
+                           f"letter or digit (it names results/asv/NAME/), got {info['machine']!r}"
+                           + ("" if name is not None else "; pass --name NAME"))
     path = machine_file_path()
     if os.path.lexists(path) and not os.path.isfile(path):  # asv would block on a FIFO, or fail on a directory
         raise AsvToolError(f"{path} is not a regular file; asv keeps its machines there")

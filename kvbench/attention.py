@@ -46,7 +46,7 @@ def one_query(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
 
 
 def causal_attention(q: Tensor, k: Tensor, v: Tensor, offset: int, window: int | None = None,
-                     key_positions: Tensor | None = None, sinks: int = 0) -> Tensor:
+                     key_positions: Tensor | None = None, key_mask: Tensor | None = None, sinks: int = 0) -> Tensor:
     """Attend new queries to the keys they may see.
 
     q: (B, H, L, D) queries at absolute positions offset..offset+L-1
@@ -54,9 +54,15 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, offset: int, window: int |
           without key_positions, the contiguous positions offset+L-S..offset+L-1 (S = offset + L
           unless a window lets the earliest go); with key_positions (S,), those positions in any order
     window: None (every earlier key is visible) or W (only the last W positions)
+    key_mask: None, or (B, 1, L, S) visibility row by row (a batch of requests at their own lengths,
+          padded to the longest: kvbench.cache.batch), which then replaces offset and positions
     sinks: with a window, the first K positions stay visible to every query too (StreamingLLM's attention sinks)
     returns (B, H, L, D)
     """
+    if key_mask is not None:
+        if window is not None:
+            raise ValueError(f"a batch of requests at their own lengths needs full attention, got window {window}")
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, enable_gqa=q.shape[1] != k.shape[1])
     length, key_length = q.shape[-2], k.shape[-2]
     grouped = q.shape[1] != k.shape[1]
     if key_positions is None:  # contiguous keys: check them, drop what no query sees, take a shortcut if one fits

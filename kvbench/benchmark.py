@@ -12,7 +12,7 @@ from typing import Callable
 
 from kvbench import machine
 from kvbench.decode import FULL, check_modes, failed_check, timeable, token_ids
-from kvbench.kinds import CONTROL
+from kvbench.modes import CONTROL, spec
 from kvbench.model import Decoder
 from kvbench.sampling import Sample, Sampling, sample
 from kvbench.timing import Protocol, control_mode, per_step_seconds
@@ -36,6 +36,7 @@ class RunOutcome:
     sampling: Sampling = field(default_factory=Sampling)
     machine_probe: dict | None = None  # the fixed workloads of kvbench.machine, at the start and the end
     limits: dict | None = None  # what the machine can stream and multiply, for a request or a contexts run
+    compile_seconds: dict | None = None  # compiled mode -> first calls of its compiled functions, compile included
 
 
 def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol: Protocol = Protocol(),
@@ -80,7 +81,10 @@ def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol
 
         if hasattr(workload, "timer_seconds"):  # what timing every step on its own costs each step
             outcome.sampling.step_timer_seconds = workload.timer_seconds()
-        sample(loops, protocol, on_sample=keep, state=outcome.sampling, watch=workload.watch(protocol, FULL))
+        sample(loops, protocol, on_sample=keep, state=outcome.sampling, watch=workload.watch(protocol, FULL),
+               limits=round_limits(outcome.limits, protocol))
+        if outcome.limits is not None:
+            outcome.limits["rounds"] = outcome.sampling.limits
         if protocol.per_step_length is not None:
             profiled = given_ids(ids, model, protocol, protocol.per_step_length)
             outcome.per_step = [
@@ -92,6 +96,10 @@ def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol
         outcome.machine_probe["end"] = machine.probe_phase(calls)
     except KeyboardInterrupt:
         outcome.interrupted = True
+    if any(spec(mode).compiled for mode in modes):
+        from kvbench.compiled import compile_seconds
+
+        outcome.compile_seconds = {mode: list(compile_seconds[mode]) for mode in modes if mode in compile_seconds}
     return outcome
 
 
@@ -114,6 +122,15 @@ def machine_limits(model: Decoder, workload, lengths: list[int], protocol: Proto
     found = machine.limits(matmul_shapes(model, [protocol.batch, protocol.batch * prefill]), sorted({1, everything}))
     return {**found, "weight_bytes_per_step": weights_read_per_step(model),
             "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
+
+
+def round_limits(limits: dict | None, protocol: Protocol) -> machine.RoundLimits | None:
+    """The run's limits measured again at the start of every round, beside the samples (a run that measures
+    limits: request and contexts): the same buffers' size, the step's own matmul shapes."""
+    if limits is None:
+        return None
+    shapes = [tuple(entry["shape"]) for entry in limits["matmul"] if entry["shape"][0] == protocol.batch]
+    return machine.RoundLimits(shapes, limits["buffer_bytes"])
 
 
 def checked(workload, model: Decoder, ids, length: int, modes: list[str], options: dict | None) -> dict:

@@ -16,9 +16,9 @@ import re
 from dataclasses import asdict, dataclass
 
 from kvbench.config import PlainConfig
+from kvbench.modes import spec
 from kvbench.kinds import (
     GROUP_SIZE,
-    QUANTIZED_BITS,
     RESIDUAL,
     check_quantized_options,
     expected_cache_bytes,
@@ -82,6 +82,15 @@ class Budget:
         return asdict(self)
 
 
+class BudgetError(ValueError):
+    """A budget that cannot be computed; `argument` names the argument of model_budget at fault, so that a
+    caller can name what its user gave (the command line, its option)."""
+
+    def __init__(self, argument: str, message: str) -> None:
+        super().__init__(message)
+        self.argument = argument
+
+
 def _positive(**values: int) -> None:
     for name, value in values.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -119,18 +128,22 @@ def model_budget(  # long: one check per argument, then the arithmetic of each l
     check_budget_dtype(dtype)
     if quantize is not None and quantize not in QUANTIZATIONS:
         raise ValueError(f"quantize must be one of {list(QUANTIZATIONS)} or None, got {quantize!r}")
-    bits = QUANTIZED_BITS[f"quantized-{quantize}"] if quantize else None
+    bits = spec(f"quantized-{quantize}").bits if quantize else None
     check_quantized_options(bits, config.head_dim, group_size, residual)
     if tokens > config.max_length:
-        raise ValueError(f"tokens per request must be <= the model's max_length {config.max_length}, got {tokens}")
+        raise BudgetError("tokens", f"tokens per request must be <= the model's max_length {config.max_length}, "
+                          f"got {tokens}")
     max_length = tokens if max_length is None else max_length
     if max_length < tokens:
-        raise ValueError(f"max_length must be >= tokens per request ({tokens}), got {max_length}")
+        raise BudgetError("max_length", f"max_length must be >= tokens per request ({tokens}), got {max_length}")
     parameters = parameter_count(config) if preset is not None else None
     weights = parameters * config.element_bytes if parameters is not None else 0
+    if weights >= memory_bytes:  # the memory is too small whatever is reserved: blame the memory limit
+        raise BudgetError("memory_bytes", f"memory limit {memory_bytes:,} bytes leaves nothing for KV caches: the "
+                          f"weights of {preset} alone take {weights:,} bytes ({parameters:,} parameters in {dtype})")
     if reserved_bytes < 0 or weights + reserved_bytes >= memory_bytes:
-        raise ValueError(f"reserved bytes must be in [0, memory limit {memory_bytes}"
-                         + (f" less the weights' {weights}" if weights else "") + f"), got {reserved_bytes}")
+        raise BudgetError("reserved_bytes", f"reserved bytes must be in [0, memory limit {memory_bytes}"
+                          + (f" less the weights' {weights}" if weights else "") + f"), got {reserved_bytes}")
 
     def retained(length: int) -> int:
         if quantize is not None:
@@ -140,7 +153,7 @@ def model_budget(  # long: one check per argument, then the arithmetic of each l
     available = memory_bytes - weights - reserved_bytes
     request, contiguous = retained(tokens), retained(max_length)
     paged = None if quantize else expected_cache_bytes(config, 1, math.ceil(tokens / block_size) * block_size)
-    sliding = sum(window is not None for window in config.layer_windows)
+    sliding = config.sliding_layers
     return Budget(
         layers=config.layers, kv_heads=config.kv_heads, head_dim=config.head_dim, dtype=dtype, quantize=quantize,
         group_size=group_size if quantize else None, residual=residual if quantize else None, tokens=tokens,
@@ -165,7 +178,7 @@ def assumptions(config: PlainConfig, quantize: str | None, group_size: int, resi
                                                                         if config.window else ""))
     text = (f"2 (keys and values) x {config.layers} layers x {config.kv_heads} KV heads x {config.head_dim} head "
             f"width x {config.element_bytes} bytes of {dtype} per position")
-    sliding = sum(window is not None for window in config.layer_windows)
+    sliding = config.sliding_layers
     if sliding:
         text += f"; {sliding} of {config.layers} layers slide over {config.window} positions and keep only those"
     return text

@@ -202,6 +202,13 @@ class PlainConfig:
         return ELEMENT_BYTES[dtype_name(self.dtype)]
 
     @property
+    def sliding_layers(self) -> int:
+        """How many layers slide over the window, counted without listing them (a budget may name 10**8 layers)."""
+        if self.window is None:
+            return 0
+        return (self.layers + 1) // 2 if self.window_pattern == "alternating" else self.layers
+
+    @property
     def layer_windows(self) -> tuple[int | None, ...]:
         """Each layer's window: W on a sliding layer, None on a layer that sees every earlier position."""
         if self.window is None:

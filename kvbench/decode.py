@@ -1,12 +1,13 @@
-"""Teacher-forced decode loops and the equivalence gate. No timing here.
+"""Teacher-forced decode loops, the one stepper every loop drives, and the equivalence gate. No timing here.
 
 Every mode consumes the same predetermined token ids, so generation choices never
 change the workload. ``full`` re-runs the whole prefix at every step; a cache kind
 feeds one new token per step and keeps the rest. Both produce, for every step t,
 the logits at the last position (the prediction for token t + 1).
 
-Every loop in kvbench -- the timed loop, the per-step profile, the cache footprint
-and the gate -- drives the one step generator, :func:`decode_steps`.
+Every loop in kvbench -- the timed loop, a request, the steps at a context, the per-step
+profile, the cache footprint, the gate and the asv suites -- drives one stepper,
+:func:`steps`; each mode's spec (kvbench.modes) names the stepper behind it.
 """
 
 from __future__ import annotations
@@ -17,46 +18,43 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor
 
-from kvbench.cache import KINDS, Cache, expected_bytes, expected_cache_bytes, make_cache
+from kvbench import modes as registry  # `modes` is the gate's parameter: a list of mode names
+from kvbench.cache import Cache, make_cache
 from kvbench.config import DecoderConfig, dtype_name
 from kvbench.kinds import (  # re-exported: the gate's names and rules live in kinds, importable without torch
-    CACHE_KINDS,
-    DEFAULT_MODES,
     DIVERGED,
     DRIFT_METRICS,
     DRIFTED,
     FAILURES,
-    FULL,
-    HF_JUDGED_AS,
-    HF_MODES,
-    MODES,
     NOT_FINITE,
     REFERENCE_NOT_FINITE,
+    tolerance_for,
     top1_within,
     within_limits,
 )
 from kvbench.kinds import TOLERANCES as TOLERANCES_BY_NAME
-from kvbench.kinds import check_modes as check_mode_names
 from kvbench.model import Decoder
+from kvbench.modes import CACHE_KINDS, DEFAULT_MODES, FULL, MODES
 
 __all__ = ["CACHE_KINDS", "DEFAULT_MODES", "DIVERGED", "DRIFTED", "DRIFT_METRICS", "FAILURES", "FULL", "MODES",
            "NOT_FINITE", "REFERENCE_NOT_FINITE", "TOLERANCES", "Drift", "Equivalence", "cache_footprint",
-           "check_equivalence", "check_modes", "compare_drift", "compare_logits", "decode", "decode_cached",
-           "decode_full", "decode_steps", "is_trained", "judge_logits", "known_modes", "mode_expected_bytes", "model_tolerances", "footprint_expected_bytes", "run_gate", "timeable", "token_ids",
-           "tolerances", "top1_within", "within_limits"]
+           "cache_steps", "check_equivalence", "check_modes", "compare_drift", "compare_logits", "decode",
+           "decode_cached", "decode_full", "full_steps", "is_trained", "judge_logits", "known_modes",
+           "model_tolerances", "run_gate", "steps", "timeable", "token_ids", "tolerances", "top1_within",
+           "within_limits"]
 
 
 def known_modes() -> tuple[str, ...]:
     """Every mode this process can run: the shipped ones, transformers' caches and any kind registered since."""
-    return (FULL, *KINDS, *HF_MODES)
+    return registry.names()
 
 
 TOLERANCES = {getattr(torch, name): bounds for name, bounds in TOLERANCES_BY_NAME.items()}  # (atol, rtol) per dtype
 
 
-def check_modes(modes: list[str] | tuple[str, ...]) -> list[str]:
+def check_modes(mode_names: list[str] | tuple[str, ...]) -> list[str]:
     """The modes as a list, or ValueError naming the first unknown or repeated one (registered kinds included)."""
-    return check_mode_names(modes, known_modes())
+    return registry.check_modes(mode_names)
 
 
 def token_ids(config: DecoderConfig, batch: int, length: int, seed: int = 0) -> Tensor:
@@ -68,96 +66,110 @@ def token_ids(config: DecoderConfig, batch: int, length: int, seed: int = 0) -> 
     return ids[:, :length].clone()
 
 
-def decode_steps(model: Decoder, ids: Tensor, mode: str, options: dict | None = None) -> Iterator[tuple[Tensor, Cache]]:
-    """One step per position t: yields (last-position logits (B, V), the cache after step t).
+def steps(model: Decoder, ids: Tensor, mode: str, prompt: int = 1, cache=None,
+          options: dict | None = None) -> Iterator[tuple[Tensor, Cache]]:
+    """The one stepper: yields (last-position logits (B, V), the cache) for the first `prompt` tokens of ids
+    (B, T) in one call, then for each later token, one a step: T - prompt + 1 steps. Prompt 1 is the decode
+    loop, prompt P a request, prompt c then a few steps the steps at a context.
 
-    ``full`` re-runs ids[:, :t + 1] and yields that call's throwaway cache; a cache kind
-    feeds ids[:, t] into one fresh cache sized for the whole sequence, released when the
-    generator finishes or is closed. Drive it inside ``torch.inference_mode()``: the
+    The mode's spec names the stepper behind it. A stepper that makes its own cache sizes it for the whole of
+    ids and releases it when the generator finishes or is closed; `cache`, one the caller owns (a fork drawn
+    from a shared BlockPool, say), is continued from the positions it holds and never released here. `options`
+    maps a mode to the keyword arguments its cache is made with. Drive it inside torch.inference_mode(): the
     generator leaves the autograd mode to its caller, so it costs nothing per step.
-    `options` maps a kind to the keyword arguments its cache is made with (e.g. a quantized
-    kind's group_size and residual).
     """
-    B, T = ids.shape
-    if mode == FULL:
-        for t in range(T):
-            logits, cache = model(ids[:, : t + 1])
-            yield logits[:, -1], cache
-        return
-    if mode in HF_MODES:  # transformers' model with the same weights and its own cache, one token a step
-        from kvbench import hf
+    T = ids.shape[1]
+    if isinstance(prompt, bool) or not isinstance(prompt, int) or not 1 <= prompt <= T:
+        raise ValueError(f"prompt must be in [1, {T}] tokens of the {T} ids, got {prompt!r}")
+    spec = registry.spec(mode)
+    return spec.steps()(model, ids, mode, prompt, cache, (options or {}).get(mode, {}))
 
-        yield from hf.steps(model, ids, mode, 1, (options or {}).get(mode))
-        return
-    cache = make_cache(mode, model.config, batch=B, capacity=T, **(options or {}).get(mode, {}))
+
+def full_steps(model: Decoder, ids: Tensor, mode: str, prompt: int, cache, options: dict) -> Iterator[tuple[Tensor, Cache]]:
+    """The full-prefix path: each step re-runs ids[:, :end] and yields that call's throwaway cache."""
+    if cache is not None:
+        raise ValueError(f"{mode} keeps no cache between steps: expected cache=None, got {type(cache).__name__}")
+    for end in range(prompt, ids.shape[1] + 1):
+        logits, throwaway = model(ids[:, :end])
+        yield logits[:, -1], throwaway
+
+
+def cache_steps(model: Decoder, ids: Tensor, mode: str, prompt: int, cache: Cache | None,
+                options: dict) -> Iterator[tuple[Tensor, Cache]]:
+    """A kvbench cache kind: the prompt's tokens not yet in the cache in one call, then one token a step."""
+    B, T = ids.shape
+    owned = cache is None
+    if owned:
+        cache = make_cache(mode, model.config, batch=B, capacity=T, **options)
+    else:
+        check_callers_cache(mode, cache, prompt)
     try:
-        for t in range(T):
+        logits, cache = model(ids[:, cache.length : prompt], cache)
+        yield logits[:, -1], cache
+        for t in range(prompt, T):
             logits, cache = model(ids[:, t : t + 1], cache)
             yield logits[:, -1], cache
     finally:
-        cache.release()
+        if owned:
+            cache.release()
+
+
+def check_callers_cache(mode: str, cache: Cache, prompt: int) -> None:
+    """A cache the caller owns must be of the mode's kind and hold fewer positions than the prompt: its first
+    step computes the logits of position prompt - 1."""
+    factory = registry.spec(mode).cache_factory()
+    if not isinstance(cache, factory):
+        raise ValueError(f"mode {mode!r} steps a {factory.__name__}, got {type(cache).__name__}")
+    if cache.length >= prompt:
+        raise ValueError(f"the cache holds {cache.length} positions: expected fewer than the prompt's {prompt}, "
+                         "whose last position's logits the first step computes")
 
 
 def decode(model: Decoder, ids: Tensor, mode: str, keep_logits: bool = False, options: dict | None = None) -> Tensor | None:
     """One teacher-forced decode loop of `mode` over all of `ids`: the unit that is timed."""
-    if mode == FULL:
+    if registry.spec(mode).source == registry.FULL_PREFIX:  # the asv suites time the two paths by these two names
         return decode_full(model, ids, keep_logits)
     return decode_cached(model, ids, mode, keep_logits, options)
 
 
 def decode_full(model: Decoder, ids: Tensor, keep_logits: bool = False) -> Tensor | None:
     """Re-run the whole prefix at every step: step t processes ids[:, :t + 1]."""
-    return _drain(model, ids, FULL, keep_logits, None)
+    return drain(model, ids, FULL, keep_logits, None)
 
 
 def decode_cached(model: Decoder, ids: Tensor, kind: str, keep_logits: bool = False,
                   options: dict | None = None) -> Tensor | None:
     """Feed one token per step into a fresh `kind` cache sized for the whole sequence."""
-    return _drain(model, ids, kind, keep_logits, options)
+    return drain(model, ids, kind, keep_logits, options)
 
 
-def _drain(model: Decoder, ids: Tensor, mode: str, keep_logits: bool, options: dict | None) -> Tensor | None:
+def drain(model: Decoder, ids: Tensor, mode: str, keep_logits: bool, options: dict | None,
+          prompt: int = 1) -> Tensor | None:
+    """Run every step of `mode` over ids; (B, steps, V) logits when kept."""
     B, T = ids.shape
-    kept = torch.empty(B, T, model.config.vocab_size, dtype=model.config.dtype) if keep_logits else None
+    kept = torch.empty(B, T - prompt + 1, model.config.vocab_size, dtype=model.config.dtype) if keep_logits else None
     with torch.inference_mode():
-        for t, (logits, _) in enumerate(decode_steps(model, ids, mode, options)):
+        for t, (logits, _) in enumerate(steps(model, ids, mode, prompt, options=options)):
             if kept is not None:
                 kept[:, t] = logits
     return kept
 
 
-def mode_expected_bytes(mode: str, config: DecoderConfig, batch: int, length: int, options: dict | None = None) -> int:
-    """A mode's byte formula: its kind's (registered kinds included), or for the full-prefix path the float
-    cache its last step builds."""
-    if mode == FULL:
-        return expected_cache_bytes(config, batch, length)
-    return expected_bytes(mode, config, batch, length, **(options or {}))
-
-
-def footprint_expected_bytes(mode: str, config: DecoderConfig, batch: int, length: int, options: dict | None,
-                             measured: int) -> int:
-    """The bytes a footprint expects: the mode's formula, or for transformers' caches (whose representation
-    kvbench has no formula for) what was measured."""
-    return measured if mode in HF_MODES else mode_expected_bytes(mode, config, batch, length, options)
-
-
 def cache_footprint(model: Decoder, ids: Tensor, mode: str, options: dict | None = None) -> dict:
-    """Bytes held at the end of a loop: measured from tensors, reserved, and the kind's formula.
+    """Bytes held at the end of a loop: measured from tensors, reserved, and the mode's formula (transformers'
+    caches: what was measured).
 
     For the full-prefix path this is the throwaway cache of its last step, which is
     one forward pass over the whole sequence (its earlier steps are independent of it).
     """
     B, T = ids.shape
-    footprint = {}
+    prompt = 1 if registry.spec(mode).keeps_state else T  # a cache's bytes after every step it took
     with torch.inference_mode():
-        if mode == FULL:
-            _, cache = model(ids)
-            footprint.update(measured_bytes=cache.nbytes, reserved_bytes=cache.reserved_bytes)
-        else:
-            for t, (_, cache) in enumerate(decode_steps(model, ids, mode, options)):
-                if t == T - 1:  # before the generator releases the cache
-                    footprint.update(measured_bytes=cache.nbytes, reserved_bytes=cache.reserved_bytes)
-    expected = footprint_expected_bytes(mode, model.config, B, T, (options or {}).get(mode), footprint["measured_bytes"])
+        for t, (_, cache) in enumerate(steps(model, ids, mode, prompt, options=options)):
+            if t == T - prompt:  # before the generator releases the cache
+                footprint = {"measured_bytes": cache.nbytes, "reserved_bytes": cache.reserved_bytes}
+    expected = registry.expected_bytes(mode, model.config, B, T, measured=footprint["measured_bytes"],
+                                    **(options or {}).get(mode, {}))
     return {"expected_bytes": expected, **footprint}
 
 
@@ -186,8 +198,9 @@ class Equivalence:
         return asdict(self)
 
 
-def tolerances(dtype: torch.dtype) -> tuple[float, float]:
-    return TOLERANCES.get(dtype, TOLERANCES[torch.float32])
+def tolerances(dtype: torch.dtype, layers: int = 1) -> tuple[float, float]:
+    """(atol, rtol) of the exact gate in `dtype` for a model of `layers` layers (kvbench.kinds.tolerance_for)."""
+    return tolerance_for(dtype_name(dtype), layers)
 
 
 def is_trained(model: Decoder) -> bool:
@@ -198,7 +211,7 @@ def is_trained(model: Decoder) -> bool:
 def model_tolerances(model: Decoder) -> tuple[float, float]:
     """The gate's (atol, rtol) for a model: its dtype's, or those a trained model carries (kvbench.gguf sets
     `gate_tolerance`: thirty layers of trained weights round differently along two paths, docs/drift.md)."""
-    return getattr(model, "gate_tolerance", None) or tolerances(model.config.dtype)
+    return getattr(model, "gate_tolerance", None) or tolerances(model.config.dtype, model.config.layers)
 
 
 def first_step(bad: Tensor) -> int | None:
@@ -341,6 +354,7 @@ def check_equivalence(
     reference = reference[:, :T]
     results = {}
     for mode in check_modes(modes):
+        # the reference is full's own logits: judging full against them needs no second run
         candidate = reference if mode == FULL else decode(model, ids, mode, keep_logits=True, options=options)
         results[mode] = judge_logits(mode, candidate, reference, atol, rtol, model.config, is_trained(model))
     return results
@@ -350,10 +364,9 @@ def judge_logits(mode: str, candidate: Tensor, reference: Tensor, atol: float, r
                  config: DecoderConfig, trained: bool = False) -> Equivalence | Drift:
     """A mode's logits against the full-prefix path's, by its kind's rule: a lossy kind within its own
     drift limits for this model's family (or for trained weights), every other mode within the tolerance."""
-    kind = KINDS.get(HF_JUDGED_AS.get(mode, mode))
-    if kind is not None and not kind.exact:
-        limits = kind.trained_drift_limits if trained and kind.trained_drift_limits else kind.limits_for(config)
-        return compare_drift(mode, candidate, reference, limits, atol, rtol)
+    spec = registry.SPECS.get(mode)
+    if spec is not None and not spec.exact:
+        return compare_drift(mode, candidate, reference, spec.limits_for(config, trained), atol, rtol)
     return compare_logits(mode, candidate, reference, atol, rtol)
 
 
@@ -389,7 +402,7 @@ def run_gate(model: Decoder, ids: Tensor, lengths: list[int], modes: list[str],
 
 def failed_check(mode: str, length: int, dtype: torch.dtype, error: BaseException) -> dict:
     """The check of a mode that raised: failed, with the error and no differences to report."""
-    atol, rtol = tolerances(dtype)
+    atol, rtol = tolerances(dtype)  # the dtype's floor: a check that raised compared nothing
     text = f"{type(error).__name__}: {error}".splitlines()[0][:300]
     return {"mode": mode, "length": length, "passed": False, "max_abs_diff": None, "max_rel_diff": None,
             "first_divergent_position": None, "non_finite": 0, "atol": atol, "rtol": rtol,

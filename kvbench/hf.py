@@ -22,7 +22,8 @@ import weakref
 from typing import TYPE_CHECKING
 
 from kvbench.config import PlainConfig, dtype_name
-from kvbench.kinds import HF_JUDGED_AS, QUANTIZED_BITS
+from kvbench import modes
+from kvbench.kinds import require_compiled
 
 if TYPE_CHECKING:
     from kvbench.model import Decoder
@@ -145,9 +146,7 @@ def tied_names(hf) -> set[str]:
 # `hf-*` modes run the same weights in transformers' model with its own caches, through the same
 # gate, rotations and record as kvbench's kinds. The model is built once per kvbench model.
 
-# mode -> transformers' cache class, or QuantizedCache's backend (its bits are those of the kind it is judged as)
-HF_CACHES = {"hf-dynamic": "DynamicCache", "hf-static": "StaticCache", "hf-quantized-int4": "quanto",
-             "hf-quantized-int8": "hqq"}
+# Each hf-* mode's spec (kvbench.modes) names transformers' cache class, or QuantizedCache's backend and bits.
 EXTRAS = {"quanto": ("optimum-quanto", "pip install -e '.[quanto]'"), "hqq": ("hqq", "pip install -e '.[hqq]'")}
 _models: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -161,11 +160,14 @@ def model_for(model: Decoder):
 
 def require_mode(mode: str, config: PlainConfig) -> None:
     """ValueError unless `mode` can run on `config` here: the llama family, and the mode's backend installed."""
-    if mode not in HF_CACHES:
-        raise ValueError(f"unknown transformers mode {mode!r}: expected one of {list(HF_CACHES)}")
+    spec = modes.spec(mode)
+    if spec.source != modes.TRANSFORMERS:
+        raise ValueError(f"unknown transformers mode {mode!r}: expected one of {list(modes.HF_MODES)}")
     hf_architecture(config)
     require_transformers()
-    backend = HF_CACHES[mode]
+    if spec.compiled:
+        require_compiled(mode, config)
+    backend = spec.backend
     if backend in EXTRAS:
         package, install = EXTRAS[backend]
         try:
@@ -177,14 +179,13 @@ def require_mode(mode: str, config: PlainConfig) -> None:
 
 def make_hf_cache(mode: str, hf, capacity: int, options: dict | None = None):
     transformers = require_transformers()
-    backend = HF_CACHES[mode]
-    if backend == "DynamicCache":
+    spec = modes.spec(mode)
+    if spec.backend == "DynamicCache":
         return transformers.DynamicCache(config=hf.config)
-    if backend == "StaticCache":
+    if spec.backend == "StaticCache":
         return transformers.StaticCache(config=hf.config, max_cache_len=capacity)
     options = options or {}
-    bits = QUANTIZED_BITS[HF_JUDGED_AS[mode]]
-    return transformers.QuantizedCache(backend=backend, config=hf.config, nbits=bits, axis_key=0, axis_value=0,
+    return transformers.QuantizedCache(backend=spec.backend, config=hf.config, nbits=spec.bits, axis_key=0, axis_value=0,
                                        q_group_size=options.get("group_size", 32),
                                        residual_length=options.get("residual", 128))
 
@@ -233,19 +234,25 @@ def tensor_bytes(value, seen: set[int]) -> int:
     return value.numel() * value.element_size()
 
 
-def steps(model: Decoder, ids, mode: str, prompt: int = 1, options: dict | None = None):
-    """Yields (logits (B, V), HfCache) for the first `prompt` tokens in one call, then one token a step:
-    prompt 1 is the decode loop, prompt P a request, prompt c then one step a context step. Drive it
-    inside torch.inference_mode()."""
+def steps(model: Decoder, ids, mode: str, prompt: int, cache=None, options: dict | None = None):
+    """The hf-* modes' stepper (kvbench.decode.steps): yields (logits (B, V), HfCache) for the first `prompt`
+    tokens in one call, then one token a step. `cache`, a transformers cache the caller owns, is continued
+    from the positions it holds; otherwise a fresh one is made for the whole of ids. A compiled mode compiles
+    the one-token steps only, over a StaticCache of whole blocks (kvbench.compiled)."""
     hf = model_for(model)
     keyword, T = cache_keyword(hf), ids.shape[1]
-    cache = make_hf_cache(mode, hf, T, options)
-    view = HfCache(cache)
+    held = 0 if cache is None else cache.get_seq_length()
+    capacity, step = T, hf
+    if modes.spec(mode).compiled:  # lengths in one block share one program
+        from kvbench.compiled import capacity_for, compiled_forward
+
+        capacity, step = capacity_for(T, model.config), compiled_forward(hf)
+    view = HfCache(make_hf_cache(mode, hf, capacity, options) if cache is None else cache)
     try:
-        logits = hf(input_ids=ids[:, :prompt], use_cache=True, **{keyword: cache}).logits
+        logits = hf(input_ids=ids[:, held:prompt], use_cache=True, **{keyword: view.cache}).logits
         yield logits[:, -1], view
         for t in range(prompt, T):
-            logits = hf(input_ids=ids[:, t : t + 1], use_cache=True, **{keyword: cache}).logits
+            logits = step(input_ids=ids[:, t : t + 1], use_cache=True, **{keyword: view.cache}).logits
             yield logits[:, -1], view
     finally:
         view.release()

@@ -1,54 +1,58 @@
-"""The modes kvbench ships, by name: what each cache kind retains and how a check of it is judged.
+"""The arithmetic the modes are described with: what a cache retains, what a model weighs, how a check is judged.
 
 Plain data and arithmetic, importable without torch, so that reading a record, a budget and
-the command line's checks never wait seconds for it. kvbench.cache implements the kinds and
-takes its byte formulas from here; kvbench.decode runs the gate and judges its checks with
+the command line's checks never wait seconds for it. kvbench.modes builds each mode's spec
+(its byte formula, its drift limits) from these; kvbench.decode judges the gate's checks with
 the rules here.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import re
-from typing import Callable
 
-FULL = "full"  # the baseline: re-runs the whole prefix at every step
-CONTROL = "control"  # the A/A label: a cached mode timed a second time in the same rotations
-CACHE_KINDS = ("concat", "static", "paged", "quantized-int8", "quantized-int4", "window")  # the kinds kvbench ships
-MODES = (FULL, *CACHE_KINDS)  # every mode kvbench ships
-DEFAULT_MODES = (FULL, "concat", "static", "paged")  # kvbench run's default: the exact layouts of any model
-# transformers' own caches on the same weights (kvbench.hf; the llama family only). A lossy one is judged by
-# the limits of kvbench's kind of the same bits.
-HF_MODES = ("hf-dynamic", "hf-static", "hf-quantized-int4", "hf-quantized-int8")
-HF_JUDGED_AS = {"hf-quantized-int4": "quantized-int4", "hf-quantized-int8": "quantized-int8"}
-RUNNABLE = (*MODES, *HF_MODES)  # every mode a run may name, but a plugin's
+# One-token steps compiled with torch.compile (kvbench.compiled): what they need to run here.
+COMPILED_DTYPES = ("float32", "bfloat16")  # what inductor's CPU code is gated at here
+COMPILERS = ("g++", "c++", "clang++")  # what inductor builds its C++ with, when $CXX is not set
 WORKLOADS = ("loop", "request", "contexts")  # what one sample times (kvbench.workloads)
+# The contexts workload: after a prefill of c tokens, untimed warm-up steps (the first of them the cold step after
+# the prefill, which a client does see), then the consecutive steady-state steps a sample times.
+CONTEXT_WARMUP_STEPS, CONTEXT_TIMED_STEPS = 4, 16
 KIND_NAME = re.compile(r"[a-z][a-z0-9_-]{0,39}")  # plain words: nothing a terminal, markdown or HTML interprets
 
 # The quantized kinds' defaults (KIVI's G and R; transformers' residual_length is R too).
 GROUP_SIZE = 32  # tokens per key group, channels per value group at most
 RESIDUAL = 128  # newest positions kept in full precision at least
 SCALE_BYTES = 2  # scales and minimums are float16
-QUANTIZED_BITS = {"quantized-int8": 8, "quantized-int4": 4}
 
 
-def check_modes(modes: list[str] | tuple[str, ...], known: tuple[str, ...] = RUNNABLE) -> list[str]:
-    """The modes as a list, or ValueError naming the first unknown or repeated one."""
-    modes = list(modes)
-    if not modes:
-        raise ValueError(f"at least one mode is required, choose from {list(known)}")
-    unknown = [m for m in modes if m not in known]
-    if unknown:
-        raise ValueError(f"unknown mode {unknown[0]!r}: expected one of {list(known)}")
-    if len(set(modes)) != len(modes):
-        raise ValueError(f"modes must be distinct, got {modes}")
-    return modes
+def cxx_compiler() -> str | None:
+    """The C++ compiler torch.compile's inductor would build with ($CXX, else the first of COMPILERS on PATH)."""
+    import os
+    import shutil
+
+    for name in ((os.environ["CXX"],) if os.environ.get("CXX") else COMPILERS):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def require_compiled(mode: str, config) -> None:
+    """ValueError, in one line, unless compiled `mode` can run here on `config` (a kvbench.config.PlainConfig)."""
+    if cxx_compiler() is None:
+        raise ValueError(f"{mode} needs a C++ compiler for torch.compile's inductor backend: none of "
+                         f"{list(COMPILERS)} is on PATH (or set CXX)")
+    dtype = str(config.dtype).removeprefix("torch.")
+    if dtype not in COMPILED_DTYPES:
+        raise ValueError(f"{mode} compiles for dtypes {list(COMPILED_DTYPES)}, got {dtype}")
+    if config.family != "llama":
+        raise ValueError(f"{mode} steps the llama family's block, got family {config.family!r}")
 
 
 # -- what a kind retains ------------------------------------------------------------------
 # `config` is a kvbench.config.PlainConfig or DecoderConfig: the formulas read its layers,
-# kv_heads, head_dim, element_bytes and layer_windows.
+# kv_heads, head_dim, element_bytes, window and sliding_layers.
 
 
 def _count(**values: int) -> None:
@@ -67,8 +71,9 @@ def window_cache_bytes(config, batch: int, length: int, **options) -> int:
     """A cache that evicts what no query can see: the last W positions and the K sinks at most on a sliding
     layer, every position on the others: 2 * B * KVH * D * elt * sum over layers of min(T, W_layer + K)."""
     _count(batch=batch, length=length)
-    sinks = getattr(config, "sinks", 0)
-    positions = sum(min(length, window + sinks if window else length) for window in config.layer_windows)
+    sliding = config.sliding_layers  # counted, not listed: the cost stays flat in the layer count
+    kept = config.window + getattr(config, "sinks", 0) if config.window else length
+    positions = sliding * min(length, kept) + (config.layers - sliding) * length
     return 2 * batch * config.kv_heads * positions * config.head_dim * config.element_bytes
 
 
@@ -134,35 +139,25 @@ def check_quantized_options(bits: int | None, head_dim: int, group_size: int, re
         raise ValueError(f"int4 packs two values per byte: expected an even head width, got {head_dim}")
 
 
-def _float_bytes(config, batch: int, length: int, **options) -> int:
-    return expected_cache_bytes(config, batch, length)
-
-
-def _quantized_bytes(config, batch: int, length: int, bits: int, group_size: int = GROUP_SIZE,
-                     residual: int = RESIDUAL, **options) -> int:
-    return quantized_cache_bytes(config, batch, length, bits, group_size, residual)
-
-
-FORMULAS: dict[str, Callable[..., int]] = {  # kind -> formula(config, batch, length, **its cache options)
-    "concat": _float_bytes, "static": _float_bytes, "paged": _float_bytes, "window": window_cache_bytes,
-    **{kind: functools.partial(_quantized_bytes, bits=bits) for kind, bits in QUANTIZED_BITS.items()},
-}
-
-
-def formula_bytes(mode: str, config, batch: int, length: int, options: dict | None = None) -> int:
-    """A shipped mode's byte formula: its kind's, or for the full-prefix path the float cache its last step builds
-    (kvbench.decode.mode_expected_bytes also knows the kinds registered in this process)."""
-    if mode == FULL:
-        return expected_cache_bytes(config, batch, length)
-    if mode not in FORMULAS:
-        raise ValueError(f"no byte formula for mode {mode!r}: expected one of {list(FORMULAS)}")
-    return FORMULAS[mode](config, batch, length, **(options or {}))
-
-
 # -- how a check is judged ----------------------------------------------------------------
 
 # (atol, rtol) per dtype name; float32 is the source document's 1e-5.
 TOLERANCES = {"float64": (1e-10, 1e-10), "float32": (1e-5, 1e-5), "float16": (2e-3, 2e-3), "bfloat16": (2e-2, 2e-2)}
+# bfloat16 keeps 8 significant bits, and every layer rounds the residual stream: measured against float64 on
+# the same weights (results/limit/bf16-error.json), each path's logits are off by up to 0.017 (llama-mini,
+# 4 layers) and 0.063 (qwen2.5-0.5b, 24 layers), growing as sqrt(layers); the cached and the full-prefix paths
+# run different kernels (a one-row step, a c-row prefix) and may err in opposite directions, so their
+# difference may reach twice that. Hence atol = rtol = this x sqrt(layers), at least TOLERANCES' (docs/protocol.md).
+DEPTH_SCALED = {"bfloat16": 3e-2}
+
+
+def tolerance_for(dtype: str, layers: int = 1) -> tuple[float, float]:
+    """(atol, rtol) of the exact gate for a model of `layers` layers in `dtype` (a name)."""
+    atol, rtol = TOLERANCES.get(dtype, TOLERANCES["float32"])
+    if dtype in DEPTH_SCALED:
+        scaled = DEPTH_SCALED[dtype] * math.sqrt(layers)
+        atol, rtol = max(atol, scaled), max(rtol, scaled)
+    return atol, rtol
 
 # A trained model's (kvbench.gguf): on SmolLM2-135M (30 layers, logits up to 36) transformers' own DynamicCache
 # departs from its own full prefix by up to 1.7e-4 in float32, 17 times the seed's bound, and kvbench's caches by

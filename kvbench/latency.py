@@ -61,6 +61,20 @@ def mode_latency(repetitions: list[dict], batch: int = 1) -> dict:
             "generated": len(repetitions[0]["step_seconds"]) + 1 if repetitions else 0}
 
 
+def context_figures(repetition: dict, warmup_steps: int) -> dict[str, float]:
+    """One sample of a contexts run: its steady-state step (the mean of its timed steps, as TPOT is a mean) and
+    its first step after the prefill (the cold one a client sees once per prompt, not the per-token cost)."""
+    timed = repetition["step_seconds"][warmup_steps:]
+    return {"step": sum(timed) / len(timed), "first_step": repetition["step_seconds"][0]}
+
+
+def context_latency(repetitions: list[dict], warmup_steps: int) -> dict:
+    """One mode's steps at one context over its samples: medians with their intervals."""
+    figures = [context_figures(rep, warmup_steps) for rep in repetitions]
+    return {name: median_with_interval([f[name] for f in figures]) for name in ("step", "first_step")} | {
+        "samples": len(figures)}
+
+
 def figure_by_rotation(repetitions: list[dict], figure: str, batch: int = 1) -> dict[int, float]:
     return {rep["repetition"]: request_figures(rep, batch)[figure] for rep in repetitions
             if request_figures(rep, batch)[figure] is not None}
@@ -80,7 +94,12 @@ def achieved_bandwidth(bytes_read: int, seconds: float) -> float:
 
 
 def bandwidth_limit(limits: dict, threads: int) -> float | None:
-    """The measured triad bandwidth (bytes/s, median) on `threads` threads, or on the most measured below it."""
+    """The measured triad bandwidth (bytes/s, median) on `threads` threads, or on the most measured below it;
+    where the run measured it at every round (on its own threads), the median of those: taken beside the
+    samples, not before them."""
+    rounds = (limits or {}).get("rounds")
+    if rounds:
+        return statistics.median(entry["triad"] for entry in rounds)
     triad = (limits or {}).get("memory_bandwidth", {}).get("triad", {})
     counts = sorted((int(count) for count in triad), reverse=True)
     usable = [count for count in counts if count <= threads] or counts[-1:]
@@ -89,8 +108,37 @@ def bandwidth_limit(limits: dict, threads: int) -> float | None:
 
 def compute_limit(limits: dict) -> float | None:
     """The fastest measured matmul (FLOP/s, median): the compute roof."""
-    rates = [entry["flops_per_second"]["median"] for entry in (limits or {}).get("matmul", [])]
-    return max(rates, default=None)
+    return max(matmul_rates(limits).values(), default=None)
+
+
+def matmul_rates(limits: dict) -> dict[tuple[int, int, int], float]:
+    """(M, K, N) -> FLOP/s (median): over the rounds where the run measured a shape at every round, else
+    from the run's one measurement."""
+    rates = {tuple(entry["shape"]): entry["flops_per_second"]["median"] for entry in (limits or {}).get("matmul", [])}
+    by_round: dict[tuple[int, int, int], list[float]] = {}
+    for entry in (limits or {}).get("rounds", []):
+        for product in entry["matmul"]:
+            by_round.setdefault(tuple(product["shape"]), []).append(product["flops_per_second"])
+    return {**rates, **{shape: statistics.median(values) for shape, values in by_round.items()}}
+
+
+def step_matmuls(config) -> list[tuple[int, int]]:
+    """(K, N) of every matrix product one forward makes per row, each as often as it is made: per layer the
+    q/k/v projection, the output projection and the MLP's two, then the head."""
+    C, I, HD = config.width, config.intermediate_size, config.heads * config.head_dim
+    qkv = HD + 2 * config.kv_heads * config.head_dim
+    mlp = [(C, 2 * I), (I, C)] if config.family == "llama" else [(C, I), (I, C)]
+    return [(C, qkv), (HD, C), *mlp] * config.layers + [(C, config.vocab_size)]
+
+
+def matmul_floor(config, rows: int, limits: dict) -> float | None:
+    """Seconds the matmuls of one forward of `rows` rows take at the rates measured at their shapes: a floor
+    under the step that no attention, norm or dispatch cost is in. None if a shape was not measured."""
+    rates = matmul_rates(limits)
+    try:
+        return sum(2 * rows * k * n / rates[(rows, k, n)] for k, n in step_matmuls(config))
+    except KeyError:
+        return None
 
 
 def decode_step(weight_bytes: int, cache_bytes: int, config, batch: int, context: int) -> dict[str, float]:

@@ -135,3 +135,37 @@ def limits(shapes: list[tuple[int, int, int]], threads: list[int]) -> dict:
     with heap_frozen():  # the collection before each timed call then costs microseconds (kvbench.timing)
         return {"last_level_cache_bytes": llc, "buffer_bytes": size, "streams": dict(STREAMS),
                 "memory_bandwidth": memory_bandwidth(threads, size), "matmul": matmul_rates(shapes)}
+
+
+# -- the same limits, at the same moments as the samples ------------------------------------
+
+ROUND_MATMUL_CALLS = 20  # a decode step's matmuls take microseconds: timed as 20 calls in a row
+
+
+class RoundLimits:
+    """Copy, triad and the step's own matmul shapes, measured once at the start of every round of rotations
+    (kvbench.sampling), so that "% of bandwidth" divides numbers taken minutes, not an hour, apart on a
+    machine whose bandwidth moves (one-thread triad moved between 5.7 and 13.6 GB/s within an hour on a
+    shared VM). Each call: one copy and one triad over arrays past the last-level cache, and
+    ROUND_MATMUL_CALLS products at each shape. Its tensors are built once, outside every timed call."""
+
+    def __init__(self, shapes: list[tuple[int, int, int]], size: int) -> None:
+        import torch
+
+        self.size = size
+        self.a, self.b, self.c = torch.zeros(size // 4), torch.ones(size // 4), torch.ones(size // 4)
+        generator = torch.Generator().manual_seed(0)
+        self.products = {(m, k, n): (torch.randn(m, k, generator=generator), torch.randn(n, k, generator=generator))
+                         for m, k, n in shapes}
+
+    def __call__(self) -> dict:
+        import torch
+
+        copy = time_call(lambda: self.a.copy_(self.b))
+        triad = time_call(lambda: torch.add(self.b, self.c, alpha=3.0, out=self.a))
+        matmul = []
+        for (m, k, n), (x, w) in self.products.items():
+            seconds = time_call(lambda x=x, w=w: [torch.nn.functional.linear(x, w) for _ in range(ROUND_MATMUL_CALLS)])
+            matmul.append({"shape": [m, k, n], "flops_per_second": ROUND_MATMUL_CALLS * 2 * m * k * n / seconds})
+        return {"copy": STREAMS["copy"] * self.size / copy, "triad": STREAMS["triad"] * self.size / triad,
+                "matmul": matmul}

@@ -20,8 +20,10 @@ try:
 except ImportError:  # not on Windows: no address-space limit to read
     resource = None
 
+from kvbench.budget import parse_size
 from kvbench.config import PlainConfig
-from kvbench.kinds import FULL, HF_MODES, expected_cache_bytes, parameter_count, rotary_table_bytes
+from kvbench.kinds import expected_cache_bytes, parameter_count, rotary_table_bytes
+from kvbench.modes import FULL_PREFIX, SPECS
 from kvbench.telemetry import cgroup_directories
 
 if TYPE_CHECKING:
@@ -82,7 +84,7 @@ def memory_profile(model: Decoder, ids: Tensor, mode: str, options: dict | None 
     """Cache bytes (formula, measured, reserved) and peak RSS growth of one decode loop."""
     from kvbench.decode import cache_footprint, decode  # the estimates above need no torch; this does
 
-    if mode == FULL:
+    if not SPECS[mode].keeps_state:  # its footprint is one forward: the peak is the whole loop's
         _, peak = peak_memory_growth(lambda: decode(model, ids, mode))
         footprint = cache_footprint(model, ids, mode)
     else:
@@ -111,25 +113,42 @@ def estimate_run_bytes(config: PlainConfig, batch: int, lengths: list[int], mode
         "gate logits": B * T * V * (2 * elt + 4 * 8 + 2),
         "caches": 2 * expected_cache_bytes(config, B, T),
     }
-    if FULL in modes:
+    if any(SPECS[mode].source == FULL_PREFIX for mode in modes):
         parts["full-prefix activations"] = B * T * (4 * C + 3 * I + qkv + 2 * V) * elt + 2 * B * H * T * T * elt
-    if any(mode in HF_MODES for mode in modes):  # the hf-* modes compute with transformers' copy of the weights
+    if any(SPECS[mode].copies_weights for mode in modes):
         parts["transformers' copy of the weights"] = parameter_count(config) * elt
     return parts
 
 
+AVAILABLE_MEMORY_VARIABLE = "KVBENCH_AVAILABLE_MEMORY"
+
+
+def stated_limit() -> int | None:
+    """The memory a user (or a test) states this process may take, from KVBENCH_AVAILABLE_MEMORY
+    (bytes, or a size such as 4GiB); None when unset. It makes a refusal depend on the stated figure,
+    not on the size of whichever machine runs it."""
+    text = os.environ.get(AVAILABLE_MEMORY_VARIABLE)
+    if text is None:
+        return None
+    try:
+        return parse_size(text, allow_zero=True)
+    except ValueError as error:
+        raise ValueError(f"{AVAILABLE_MEMORY_VARIABLE}: {error}") from None
+
+
 def available_bytes() -> int:
     """What this process may still allocate: the least of the machine's available memory,
-    the headroom under its address-space limit (`ulimit -v`), and its cgroup's (a container's
-    memory limit). The machine can have 24 GiB free while the process may take 4."""
+    the headroom under its address-space limit (`ulimit -v`), its cgroup's (a container's
+    memory limit) and the stated limit of KVBENCH_AVAILABLE_MEMORY. The machine can have
+    24 GiB free while the process may take 4."""
     limits = [psutil.virtual_memory().available]
     if resource is not None:
         soft, _ = resource.getrlimit(resource.RLIMIT_AS)
         if soft != resource.RLIM_INFINITY:
             limits.append(max(0, soft - psutil.Process().memory_info().vms))
-    cgroup = cgroup_headroom()
-    if cgroup is not None:
-        limits.append(cgroup)
+    for limit in (cgroup_headroom(), stated_limit()):
+        if limit is not None:
+            limits.append(limit)
     return min(limits)
 
 

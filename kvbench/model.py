@@ -56,7 +56,8 @@ class Block(nn.Module):
         k = k.view(B, L, KVH, D).transpose(1, 2)  # (B, KVH, L, D)
         v = v.view(B, L, KVH, D).transpose(1, 2)
         k, v = cache.update(layer, k, v)  # (B, KVH, T, D), T = offset + L (fewer in a window's ring)
-        y = causal_attention(q, k, v, offset, self.window, cache.key_positions, self.sinks)  # (B, H, L, D)
+        y = causal_attention(q, k, v, offset, self.window, cache.key_positions, cache.key_mask,
+                             self.sinks)  # (B, H, L, D)
         x = x + F.linear(y.transpose(1, 2).reshape(B, L, H * D), self.out.weight, self.out.bias)
         h = F.layer_norm(x, (C,), self.norm2.weight, self.norm2.bias, self.eps)
         # GPT-2's tanh GELU: exact (erf) GELU has a fixed ~17 us per call on small
@@ -141,7 +142,8 @@ class LlamaBlock(nn.Module):
         q, k = qk.transpose(1, 2).split((H, KVH), dim=1)  # (B, H, L, D), (B, KVH, L, D): k rotated before it is kept
         v = qkv[:, :, H + KVH :].transpose(1, 2)  # (B, KVH, L, D)
         k, v = cache.update(layer, k, v)  # (B, KVH, T, D), T = offset + L (fewer in a window's ring)
-        y = causal_attention(q, k, v, offset, self.window, cache.key_positions, self.sinks)  # (B, H, L, D)
+        y = causal_attention(q, k, v, offset, self.window, cache.key_positions, cache.key_mask,
+                             self.sinks)  # (B, H, L, D)
         x = x + F.linear(y.transpose(1, 2).reshape(B, L, H * D), self.out.weight)
         gate, up = F.linear(rms_norm(x, self.norm2.weight, self.eps), self.gate_up.weight).chunk(2, dim=-1)  # (B, L, I)
         return x + F.linear(F.silu(gate) * up, self.down.weight)
@@ -181,11 +183,13 @@ class Decoder(nn.Module):
         except IndexError:  # only reached on bad ids; the happy path pays nothing
             raise ValueError(token_range_message(ids, self.config)) from None
         # Positions offset..offset+L-1 are a slice of a table (check_append kept them in range).
-        rotary = None
+        rotary, rows = None, cache.row_positions  # rows: (B, L) when a batch of requests sits at its own lengths
         if self.config.family == "gpt2":
-            x = x + self.position.weight[offset : offset + L]
-        else:
+            x = x + (self.position.weight[offset : offset + L] if rows is None else self.position.weight[rows])
+        elif rows is None:
             rotary = (self.cos[offset : offset + L], self.sin[offset : offset + L])  # (L, 1, D) each
+        else:
+            rotary = (self.cos[rows], self.sin[rows])  # (B, L, 1, D) each: every row at its own positions
         try:  # one transaction: the cache commits all L positions, or rolls back to where it was
             cache.reserve(L)  # paged caches allocate blocks here; nothing was mutated before
             for layer, block in enumerate(self.blocks):

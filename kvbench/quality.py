@@ -23,9 +23,8 @@ import math
 import torch
 from torch import Tensor
 
-from kvbench.decode import FULL, decode
+from kvbench.decode import FULL, decode, steps
 from kvbench.model import Decoder, decoder_with_weights
-from kvbench.requests import request_steps
 
 WINDOWED = "window"
 
@@ -67,11 +66,11 @@ def interval(values: list[float]) -> dict:
 
 def greedy(model: Decoder, prompt: Tensor, mode: str, generate: int, options: dict | None) -> list[int]:
     """`generate` greedy tokens after `prompt` (1, P): each step's choice is written into the ids the steps read
-    next (request_steps reads them lazily), so every mode runs its own cache as in a request."""
+    next (decode.steps reads them lazily), so every mode runs its own cache as in a request."""
     ids = torch.cat((prompt, torch.zeros(1, generate - 1, dtype=prompt.dtype)), dim=1)
     chosen = []
     with torch.inference_mode():
-        for step, (logits, _) in enumerate(request_steps(model, ids, mode, prompt.shape[1], options)):
+        for step, (logits, _) in enumerate(steps(model, ids, mode, prompt.shape[1], options=options)):
             chosen.append(int(logits[0].argmax()))
             if step < generate - 1:
                 ids[0, prompt.shape[1] + step] = chosen[-1]

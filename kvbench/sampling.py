@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from kvbench import estimation, stats
-from kvbench.kinds import FULL
+from kvbench.modes import FULL
 from kvbench.telemetry import Probe, sample_cost
 from kvbench.timing import Protocol, Sample, heap_frozen, rotation_order, time_observed
 
@@ -55,6 +55,7 @@ class Sampling:
     telemetry_seconds: float | None = None  # what a sample's telemetry costs (outside its timed region)
     step_timer_seconds: float | None = None  # a request run: what reading the clock between steps costs a step
     elapsed: float = 0.0  # seconds from the first timed sample to the last
+    limits: list[dict] = field(default_factory=list)  # the machine's limits at the start of each round, if asked
 
 
 def watched_half_widths(samples: list[Sample], length: int, baseline: str,
@@ -99,16 +100,18 @@ def stop_reason(state: LengthSampling, protocol: Protocol, samples: list[Sample]
 
 def sample(loops: dict[int, dict[str, Callable[[], object]]], protocol: Protocol, baseline: str = FULL,
            on_sample: Callable[[Sample], None] | None = None, state: Sampling | None = None,
-           watch: Watch | None = None) -> Sampling:
+           watch: Watch | None = None, limits: Callable[[], dict] | None = None) -> Sampling:
     """Warm every loop up, then run rounds until every length has stopped.
 
     `loops` maps length -> mode -> the call to time. A call may have a `prepare()`, run before
-    each sample outside its timed region (a context's prefill), and a `detail()`, read after
-    it (what it timed inside itself: a request's per-step durations, kept with the sample).
+    each sample outside its timed region (a context's prefill and warm-up steps), a `detail()`,
+    read after it (what it timed inside itself: per-step durations, kept with the sample), and a
+    `finish()`, run after that, also untimed (the release of a context's cache).
     `watch(samples, length)` gives the relative half-widths the precision target applies to
     (default: every speedup's, on the clock kvbench.estimation chooses). Pass `state` to keep
     what was sampled when an interrupt ends the rounds early (the interrupt propagates;
-    unfinished lengths are marked "interrupted").
+    unfinished lengths are marked "interrupted"). `limits()`, if given, measures the machine's limits at
+    the start of every round (kvbench.machine.RoundLimits), kept in `state.limits` with the round's index.
     """
     state = state if state is not None else Sampling()
     probe = Probe()
@@ -119,8 +122,9 @@ def sample(loops: dict[int, dict[str, Callable[[], object]]], protocol: Protocol
             for run in by_mode.values():
                 for _ in range(protocol.warmup):
                     prepared(run)()
+                    finished(run)
         with heap_frozen():  # the collection before each sample then costs microseconds, not tens of ms
-            run_rounds(loops, protocol, baseline, on_sample, state, watch, probe)
+            run_rounds(loops, protocol, baseline, on_sample, state, watch, probe, limits)
     except KeyboardInterrupt:
         for length_state in state.lengths.values():
             length_state.stop = length_state.stop or "interrupted"
@@ -131,11 +135,14 @@ def sample(loops: dict[int, dict[str, Callable[[], object]]], protocol: Protocol
 
 
 def run_rounds(loops: dict[int, dict[str, Callable[[], object]]], protocol: Protocol, baseline: str,
-               on_sample: Callable[[Sample], None] | None, state: Sampling, watch: Watch | None, probe: Probe) -> None:
+               on_sample: Callable[[Sample], None] | None, state: Sampling, watch: Watch | None, probe: Probe,
+               limits: Callable[[], dict] | None = None) -> None:
     start, round_index, active = time.perf_counter(), 0, list(loops)
     rotation_seconds: dict[int, float] = {}  # each length's last rotation, wall time between its samples included
     by_length: dict[int, list[Sample]] = {length: [] for length in loops}
     while active:
+        if limits is not None:  # between two samples, never inside one
+            state.limits.append({"round": round_index, **limits()})
         longest = max(rotation_seconds.get(length, 0.0) for length in active)
         for length in active:
             count = rotations_in_round(state.lengths[length], protocol, rotation_seconds.get(length), longest)
@@ -149,6 +156,7 @@ def run_rounds(loops: dict[int, dict[str, Callable[[], object]]], protocol: Prot
                     kept = Sample(mode, length, rotation, position, seconds, round_index,
                                   round(time.perf_counter() - start - seconds, 6), telemetry,
                                   run.detail() if hasattr(run, "detail") else None)
+                    finished(run)
                     state.samples.append(kept)
                     by_length[length].append(kept)
                     if on_sample is not None:
@@ -179,6 +187,12 @@ def prepared(run: Callable[[], object]) -> Callable[[], object]:
     if hasattr(run, "prepare"):
         run.prepare()
     return run
+
+
+def finished(run: Callable[[], object]) -> None:
+    """The call's untimed end after a sample (releasing a context's cache), if it has one."""
+    if hasattr(run, "finish"):
+        run.finish()
 
 
 def measure_loops(loops: dict[int, dict[str, Callable[[], object]]], protocol: Protocol = Protocol.fixed(),

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Callable
 
 from kvbench import stats
-from kvbench.kinds import CONTROL, FULL
+from kvbench.modes import CONTROL, SPECS
 from kvbench.telemetry import Probe
 
 if TYPE_CHECKING:
@@ -112,7 +112,7 @@ class Protocol:
 
 def control_mode(choice: str, modes: list[str]) -> str | None:
     """The cached mode an A/A control repeats: "auto" picks the first cached mode, "none" none."""
-    cached = [mode for mode in modes if mode != FULL]
+    cached = [mode for mode in modes if SPECS[mode].keeps_state]
     if choice == "none" or not cached:
         return None
     if choice == "auto":
@@ -279,16 +279,16 @@ def per_step_seconds(model: Decoder, ids: Tensor, mode: str, warmup: int = 1, op
     """Duration of every decode step of one loop (step t = position t)."""
     import torch
 
-    from kvbench.decode import decode, decode_steps
+    from kvbench.decode import decode, steps
 
     for _ in range(warmup):
         decode(model, ids, mode, options=options)
     durations = []
     with collector_paused(), torch.inference_mode():
-        steps = decode_steps(model, ids, mode, options)
+        stepping = steps(model, ids, mode, options=options)
         while True:
             start = time.perf_counter_ns()
-            if next(steps, None) is None:
+            if next(stepping, None) is None:
                 break
             durations.append((time.perf_counter_ns() - start) / 1e9)
     return durations

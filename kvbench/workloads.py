@@ -6,7 +6,7 @@ record and report. A cell's `length` is always the positions its cache holds at 
 
   loop      length T: T one-token steps from an empty cache, timed as one loop
   request   length P + N - 1: a prefill of P tokens, then N - 1 steps, every step timed on its own
-  contexts  length c: the one step after c tokens were prefilled outside the timed region
+  contexts  length c: the steady-state steps after c tokens, prefilled with warm-up steps outside the timed region
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ import torch.nn as nn
 from torch import Tensor
 
 from kvbench import latency, requests
-from kvbench.decode import FULL, decode, decode_full, footprint_expected_bytes, run_gate
-from kvbench.kinds import WORKLOADS
+from kvbench.decode import decode, decode_full, run_gate, steps
+from kvbench.kinds import CONTEXT_TIMED_STEPS, CONTEXT_WARMUP_STEPS, WORKLOADS
 from kvbench.memory import memory_profile, peak_memory_growth
 from kvbench.model import Decoder
+from kvbench.modes import expected_bytes
 from kvbench.sampling import Sample
 from kvbench.timing import Protocol
 
@@ -134,29 +135,32 @@ class Request:
 
 @dataclass(frozen=True)
 class Contexts:
-    """One decode step per sample, after a context prefilled outside the timed region."""
+    """Per sample, the steady-state steps after a context prefilled, with warm-up steps, outside the timed region."""
 
+    warmup_steps: int = CONTEXT_WARMUP_STEPS
+    timed_steps: int = CONTEXT_TIMED_STEPS
     name = "contexts"
 
     def describe(self) -> dict:
-        return {"kind": self.name}
+        return {"kind": self.name, "warmup_steps": self.warmup_steps, "timed_steps": self.timed_steps}
 
     def positions(self, length: int) -> int:
-        return length + 1
+        return length + self.warmup_steps + self.timed_steps
 
     def gate(self, model: Decoder, ids: Tensor, length: int, modes: list[str], options: dict | None) -> dict:
-        checks = requests.check_context(model, ids, modes, length, options)
+        checks = requests.check_context(model, ids, modes, length, options, self.warmup_steps, self.timed_steps)
         return {mode: {**check, "length": length} for mode, check in checks.items()}
 
     def memory(self, model: Decoder, ids: Tensor, length: int, mode: str, options: dict | None) -> dict:
-        step = requests.ContextStep(model, ids, mode, length, options)
-        return footprint(model, ids[:, :length], mode, options, lambda: (step.prepare(), step()))
+        stepping = self.call(model, ids, length, mode, options)
+        return footprint(model, ids[:, :length], mode, options, lambda: (stepping.prepare(), stepping(),
+                                                                         stepping.finish()))
 
-    def call(self, model: Decoder, ids: Tensor, length: int, mode: str, options: dict | None) -> requests.ContextStep:
-        return requests.ContextStep(model, ids, mode, length, options)
+    def call(self, model: Decoder, ids: Tensor, length: int, mode: str, options: dict | None) -> requests.ContextSteps:
+        return requests.ContextSteps(model, ids, mode, length, options, self.warmup_steps, self.timed_steps)
 
     def watch(self, protocol: Protocol, baseline: str):
-        return None  # every mode's per-step speedup over full's forward at that context
+        return None  # every mode's speedup over full's forwards at those contexts
 
 
 def weights_read_per_step(model: Decoder) -> int:
@@ -191,26 +195,20 @@ def footprint(model: Decoder, ids: Tensor, mode: str, options: dict | None, run:
     B, T = ids.shape
     _, peak = peak_memory_growth(run)
     with torch.inference_mode():
-        if mode == FULL:
-            _, cache = model(ids)
-            found = {"measured_bytes": cache.nbytes, "reserved_bytes": cache.reserved_bytes}
-            cache.release()
-        else:
-            steps = requests.request_steps(model, ids, mode, T, options)  # the prefill only
-            _, cache = next(steps)
-            found = {"measured_bytes": cache.nbytes, "reserved_bytes": cache.reserved_bytes}
-            steps.close()
-    expected = footprint_expected_bytes(mode, model.config, B, T, (options or {}).get(mode), found["measured_bytes"])
+        stepping = steps(model, ids, mode, prompt=T, options=options)  # the prefill only
+        _, cache = next(stepping)
+        found = {"measured_bytes": cache.nbytes, "reserved_bytes": cache.reserved_bytes}
+        stepping.close()
+    expected = expected_bytes(mode, model.config, B, T, measured=found["measured_bytes"], **(options or {}).get(mode, {}))
     return {"expected_bytes": expected, **found, **peak}
 
 
-def workload_from(kind: str, prompt: int | None = None, generate: int | None = None):
+def workload_from(kind: str, prompt: int | None = None, generate: int | None = None,
+                  warmup_steps: int = CONTEXT_WARMUP_STEPS, timed_steps: int = CONTEXT_TIMED_STEPS):
     if kind == "request":
         return Request(prompt, generate)
     if kind == "contexts":
-        return Contexts()
+        return Contexts(warmup_steps, timed_steps)
     if kind != "loop":
         raise ValueError(f"workload must be one of {list(WORKLOADS)}, got {kind!r}")
     return Loop()
-
-

@@ -39,6 +39,7 @@ from kvbench.model import build_model
 from kvbench.record import utc_now
 from kvbench.sampling import measure_loops
 from kvbench.timing import Protocol, set_threads
+from kvbench.modes import spec
 
 OUTPUTS = {"dynamic": Path("results/external/hf-dynamic-cache.json"),
            "quantized": Path("results/external/hf-quantized-cache.json")}
@@ -116,7 +117,7 @@ def checks(kind: str, model, ids, paths: dict, options: dict) -> dict:
     out = {mode: result.to_dict() for mode, result in check_equivalence(model, ids, KVBENCH_MODES[kind],
                                                                            options=options).items()}
     atol, rtol = tolerances(torch.float32)
-    limits = KINDS["quantized-int4"].limits_for(model.config)
+    limits = spec("quantized-int4").limits_for(model.config)
     references = {id(hf_model): hf_reference(hf_model, ids) for hf_model, _ in paths.values()}  # once per model
     for label, (hf_model, make_cache) in paths.items():
         candidate, reference = hf_decode(hf_model, ids, make_cache, keep_logits=True), references[id(hf_model)]

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from kvbench.config import PRESETS, PlainConfig
 from kvbench.files import write_bytes_atomic
-from kvbench.kinds import QUANTIZED_BITS, quantized_cache_parts
+from kvbench.kinds import quantized_cache_parts
+from kvbench.modes import spec
 from kvbench.record import RecordView
 from kvbench.report.format import format_bytes, markdown_table
 from kvbench.report.markdown import splice
@@ -152,7 +153,7 @@ def byte_parts_rows(records: dict[str, RecordView]) -> list[list[str]]:
         float_bytes = view.memory("static", length)["measured_bytes"]
         for mode in ("quantized-int8", "quantized-int4"):
             options = view.run.get("cache_options", {}).get(mode, {})
-            parts = quantized_cache_parts(config, view.run["batch"], length, QUANTIZED_BITS[mode], **options)
+            parts = quantized_cache_parts(config, view.run["batch"], length, spec(mode).bits, **options)
             measured = view.memory(mode, length)["measured_bytes"]
             rows.append([f"{view.run['preset']} (D={config.head_dim}), T={length}", mode,
                          *(f"{parts[part] / float_bytes:.3f}" for part in ("codes", "key_scales", "value_scales",

@@ -303,10 +303,25 @@ def test_asv_machine_command(home, capsys):
     assert "updated asv machine 'bench-1'" in capsys.readouterr().out
 
 
-def test_asv_machine_rejects_a_name_that_is_not_a_folder(home, capsys):
-    assert cli.main(["asv-machine", "--name", "a/b"]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("kvbench: error: machine name") and err.count("\n") == 1
+@pytest.mark.parametrize("name", [".", "..", "a/b", "../up", "a\\b", "", "with.dot", "-leading", "_leading", "a b",
+                                  "<b>x</b>", "x|y", "*bold*", "[x](y)", "a\x1b[2Jb", "new\nline", "café", "x" * 65])
+def test_asv_machine_refuses_a_name_that_is_not_a_plain_word(home, capsys, name):
+    """The name is a folder under results/asv/ and a label on pages and terminals."""
+    assert cli.main(["asv-machine", f"--name={name}"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("kvbench: error: machine name must be a plain word") and err.count("\n") == 1
+    assert not (home / ".asv-machine.json").exists()
+
+
+@pytest.mark.parametrize("name", ["bench-1", "ci_runner", "History-A", "x" * 64, "0"])
+def test_asv_machine_accepts_plain_words(home, capsys, name):
+    assert cli.main(["asv-machine", "--name", name]) == 0
+    assert MachineCollection.load(name)["machine"] == name
+
+
+def test_asv_machine_asks_for_a_name_when_the_hostname_is_not_a_plain_word(home):
+    with pytest.raises(asvtools.AsvToolError, match=r"got 'node\.example\.org'; pass --name NAME"):
+        asvtools.register_machine(None, {"os": {"hostname": "node.example.org"}})
     assert not (home / ".asv-machine.json").exists()
 
 

@@ -135,3 +135,46 @@ def test_sinks_with_a_ring_in_slot_order_and_their_positions():
     kept = torch.tensor([0, 1, 10, 11, 8, 9])  # the sinks, then the ring of 4 in slot order
     got = causal_attention(q, k[:, :, kept], v[:, :, kept], offset, window, key_positions=kept, sinks=sinks)
     torch.testing.assert_close(got, reference_attention(q, k, v, offset, window, sinks=sinks), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("length", [2, 3])
+@pytest.mark.parametrize("heads, kv_heads", [(4, 4), (4, 2)])
+def test_several_queries_at_offset_one_see_the_first_key(length, heads, kv_heads):
+    """offset 1 is the smallest rectangle: the square shortcut (a lower triangle from the top-left corner)
+    would hide each query's own key."""
+    generator = torch.Generator().manual_seed(length)
+    q = torch.randn(1, heads, length, 8, generator=generator)
+    k = torch.randn(1, kv_heads, 1 + length, 8, generator=generator)
+    v = torch.randn(1, kv_heads, 1 + length, 8, generator=generator)
+    torch.testing.assert_close(causal_attention(q, k, v, 1), reference_attention(q, k, v, 1), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("offset, length, window, start", [(9, 3, 4, 3), (9, 1, 4, 2), (9, 1, 4, 5), (6, 2, 2, 1), (7, 3, 3, 4)])
+def test_keys_that_start_after_position_0_are_trimmed_to_the_window(offset, length, window, start):
+    """A cache that already let its earliest positions go hands over keys start..offset+length-1: the ones
+    no query can see are dropped counting from `start`, not from position 0."""
+    generator = torch.Generator().manual_seed(offset + start)
+    q = torch.randn(1, 4, length, 8, generator=generator)
+    k = torch.randn(1, 2, offset + length, 8, generator=generator)
+    v = torch.randn(1, 2, offset + length, 8, generator=generator)
+    expected = reference_attention(q, k, v, offset, window)
+    got = causal_attention(q, k[:, :, start:], v[:, :, start:], offset, window)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_keys_starting_after_position_0_need_a_window():
+    q, k = torch.zeros(1, 4, 2, 8), torch.zeros(1, 4, 3, 8)
+    with pytest.raises(ValueError, match="offset 2 \\+ 2 queries but 3 keys"):
+        causal_attention(q, k, k, offset=2)
+    causal_attention(q, k, k, offset=2, window=3)  # the same keys under a window are the last three: accepted
+
+
+@pytest.mark.parametrize("offset, length", [(0, 4), (2, 2)])
+def test_grouped_heads_are_told_by_head_counts_whatever_the_batch_and_key_count(offset, length):
+    """Batch, heads and keys all 4, with 2 KV heads: only the head dimensions say the attention is grouped."""
+    generator = torch.Generator().manual_seed(offset)
+    q = torch.randn(4, 4, length, 8, generator=generator)
+    k = torch.randn(4, 2, 4, 8, generator=generator)
+    v = torch.randn(4, 2, 4, 8, generator=generator)
+    torch.testing.assert_close(causal_attention(q, k, v, offset), reference_attention(q, k, v, offset),
+                               atol=1e-5, rtol=1e-5)

@@ -195,7 +195,8 @@ def test_a_request_run_times_every_step_and_records_the_latency_of_each_mode(tin
     assert latency["static"]["tpot"]["low"] <= latency["static"]["tpot"]["median"] <= latency["static"]["tpot"]["high"]
 
 
-def test_a_contexts_run_times_one_step_after_each_context(tiny_model):
+def test_a_contexts_run_times_a_window_of_steady_steps_after_each_context(tiny_model):
+    from kvbench.record.meaning import check_workload
     from kvbench.workloads import Contexts
 
     modes, protocol = ["full", "static", "quantized-int8"], Protocol.fixed(2, warmup=0, control="none")
@@ -205,6 +206,29 @@ def test_a_contexts_run_times_one_step_after_each_context(tiny_model):
     static = [e for e in outcome.memory if e["mode"] == "static"]
     assert [(e["length"], e["measured_bytes"]) for e in static] == [(8, 2 * 4 * 8 * 8 * 4), (20, 2 * 4 * 20 * 8 * 4)]
     record = record_of(outcome, [8, 20], modes, protocol, Contexts(), tiny_model)
-    assert record["run"]["workload"] == {"kind": "contexts"} and "latency" not in record["summary"]
+    assert record["run"]["workload"] == {"kind": "contexts", "warmup_steps": 4, "timed_steps": 16}
+    assert "latency" not in record["summary"]
     assert {(s["mode"], s["length"]) for s in record["summary"]["speedups"]} == {
         (m, n) for m in ("static", "quantized-int8") for n in (8, 20)}
+    for rep in record["repetitions"]:  # every step kept, warm-up first; the sample timed the 16 others only
+        assert len(rep["step_seconds"]) == 20 and 0 < sum(rep["step_seconds"][4:]) <= rep["seconds"]
+    assert check_workload(record) is None
+    record["repetitions"][0]["step_seconds"].pop()
+    assert check_workload(record) == ("repetitions/0: a contexts run of 4 warm-up and 16 timed steps keeps 20 step "
+                                      "durations, got 19")
+
+
+def test_a_contexts_record_from_before_the_timed_window_loads_and_reports_its_cold_step_as_it_was():
+    """Committed records of one cold step per sample (issue 28's defect) stay readable, shown as they were."""
+    import statistics
+    from pathlib import Path
+
+    from kvbench.record import RecordView, load_record
+    from kvbench.report.model import build_report
+
+    path = Path(__file__).resolve().parents[1] / "results/latency/llama-mini-contexts.json"
+    view = RecordView(load_record(path), str(path))
+    report = build_report(view)
+    assert view.run["workload"] == {"kind": "contexts"} and report.context_steps == []
+    static = next(row for row in report.limits if row.mode == "static" and row.what == "decode @ 256")
+    assert static.seconds == statistics.median(view.speedup_samples("static", 256).values())

@@ -194,7 +194,7 @@ def test_budget_table_names_the_preset_and_its_weights(capsys):
     (["--preset", "nonesuch"], "--preset"),
     (["--tokens", "4096"], "budget needs --preset NAME or all of --layers, --kv-heads and --head-dim"),
     (["--preset", "gemma-2-2b", "--tokens", "9000"], "tokens per request must be <= the model's max_length 8192"),
-    (["--preset", "llama-3.1-8b", "--memory", "8GiB"], "less the weights'"),
+    (["--preset", "llama-3.1-8b", "--memory", "8GiB"], "--memory: memory limit 8,589,934,592 bytes leaves nothing"),
     (["--preset", "llama-3.1-8b", "--kv-heads", "5"], "kv_heads must divide heads"),
 ])
 def test_bad_preset_budgets_are_one_line_exit_2(capsys, argv, message):
@@ -204,3 +204,55 @@ def test_bad_preset_budgets_are_one_line_exit_2(capsys, argv, message):
     assert main(["budget", *[part for pair in base.items() for part in pair]]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and message in err
+
+
+# --- errors name what the user gave; the cost does not grow with the layer count ------------------------------
+
+
+def test_weights_larger_than_the_memory_blame_memory_not_the_reserve_nobody_gave(capsys):
+    assert main(["budget", "--preset", "llama-3.1-8b", "--tokens", "8192", "--memory", "1GiB"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvbench: error: --memory: memory limit 1,073,741,824 bytes leaves nothing for KV caches: "
+                          "the weights of llama-3.1-8b alone take 16,060,522,496 bytes")
+    assert "reserved" not in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["--preset", "llama-3.1-8b", "--tokens", "8192", "--memory", "20GiB", "--reserved", "10GiB"], "--reserved"),
+    ([*BASE[1:], "--reserved", "90GiB"], "--reserved"),
+    ([*BASE[1:], "--max-length", "5"], "--max-length"),
+    (["--preset", "llama-tiny", "--tokens", "100000", "--memory", "1GiB"], "--tokens"),
+])
+def test_each_refusal_names_the_option_at_fault(capsys, argv, option):
+    assert main(["budget", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kvbench: error: {option}: ") and err.count("\n") == 1
+
+
+def test_a_hundred_million_layers_cost_what_one_layer_costs(monkeypatch):
+    """Counted, not listed: no formula may walk the layers (a tuple of 10**8 windows is 800 MB and a minute)."""
+    import tracemalloc
+
+    from kvbench.budget import model_budget
+    from kvbench.config import PlainConfig
+
+    def listed(self):
+        raise AssertionError("the budget listed every layer's window")
+
+    monkeypatch.setattr(PlainConfig, "layer_windows", property(listed))
+    config = PlainConfig.from_preset("gemma-2-2b", dtype="bfloat16", layers=10**8)  # alternating windows of 4096
+    tracemalloc.start()
+    budget = model_budget(config, 8192, 2**64, preset="gemma-2-2b")
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 1 << 20
+    per_position = 2 * config.kv_heads * config.head_dim * 2  # keys and values, bfloat16
+    assert budget.sliding_layers == 5 * 10**7
+    assert budget.request_bytes == per_position * (5 * 10**7 * 4096 + 5 * 10**7 * 8192)
+
+
+def test_the_cli_refuses_or_answers_a_huge_layer_count_at_once(capsys):
+    assert main(["budget", "--layers", "100000000", "--kv-heads", "8", "--head-dim", "128", "--tokens", "4096",
+                 "--memory", "80GiB", "--json"]) == 0
+    numbers = json.loads(capsys.readouterr().out)
+    assert numbers["request_bytes"] == 10**8 * 2 * 8 * 128 * 2 * 4096 and numbers["exact_requests"] == 0

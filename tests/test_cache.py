@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from kvbench.cache import CACHE_KINDS, KINDS, expected_bytes, expected_cache_bytes, make_cache
 from kvbench.decode import compare_drift
 from kvbench.model import DecoderConfig, build_model, preset_config
+from kvbench.modes import spec
 
 TOLERANCE = dict(atol=1e-5, rtol=1e-5)
 SEED_CONFIG = DecoderConfig()
@@ -74,10 +75,10 @@ def built(config: DecoderConfig):
 
 def assert_logits(kind: str, candidate, reference, config):
     """Exact kinds within the tolerance; a lossy kind within its own drift limits (for the model's family)."""
-    if KINDS[kind].exact:
+    if spec(kind).exact:
         torch.testing.assert_close(candidate, reference, **TOLERANCE)
         return
-    drift = compare_drift(kind, candidate, reference, KINDS[kind].limits_for(config), **TOLERANCE)
+    drift = compare_drift(kind, candidate, reference, spec(kind).limits_for(config), **TOLERANCE)
     assert drift.passed, drift
 
 
@@ -417,3 +418,19 @@ def test_bad_batch_rejected(kind, batch):
 def test_expected_cache_bytes_refuses_impossible_sizes(batch, length):
     with pytest.raises(ValueError, match=r"must be an integer >= 0, got"):
         expected_cache_bytes(SEED_CONFIG, batch, length)
+
+
+@pytest.mark.parametrize("kind", ["concat", "static"])
+def test_a_contiguous_cache_by_default_holds_one_sequence_and_reads_layer_0(kind):
+    """The defaults the classes are made with directly, and reserved bytes by value, on a model of two layers."""
+    config = CONFIGS["gqa-layers2-wide"]  # 2 layers, 2 KV heads of width 8, float32
+    cache = KINDS[kind](config, capacity=6)
+    assert cache.batch == 1
+    with torch.inference_mode():
+        _, cache = built(config)(ids_for(config, 1, 4), cache)
+    for layer in range(2):
+        assert cache.keys(layer).shape == cache.values(layer).shape == (1, 2, 4, 8)
+    assert torch.equal(cache.keys(), cache.keys(0)) and torch.equal(cache.values(), cache.values(0))
+    assert not torch.equal(cache.keys(0), cache.keys(1))
+    # concat holds what is valid; static its whole capacity: (K, V) * 2 layers * 2 heads * positions * 8 * 4 bytes
+    assert cache.reserved_bytes == 2 * 2 * 2 * (4 if kind == "concat" else 6) * 8 * 4

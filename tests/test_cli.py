@@ -74,7 +74,8 @@ def restore_threads():
         (["--preset", "gemma-tiny", "--heads", "3"], "kv_heads must divide heads"),
         (["--preset", "llama-tiny", "--window-pattern", "alternating"], "needs a sliding window"),
         (["--preset", "llama-3.1-8b", "--lengths", "16", "--dtype", "float32"],
-         "preset 'llama-3.1-8b' (8.03B parameters, 29.9 GiB of float32 weights)"),
+         ("preset 'llama-3.1-8b' (8.03B parameters, 29.9 GiB of float32 weights)",
+          "but 1.0 GiB of memory is available")),
         (["--frobnicate"], "unrecognized arguments"),
         (["--prompt", "2000", "--generate", "100"], "--prompt 2000 + --generate 100 holds 2099 positions, beyond "
                                                     "max_length 2048 of preset 'seed'"),
@@ -82,14 +83,16 @@ def restore_threads():
         (["--generate", "0"], "--generate"),
         (["--prompt", "8", "--generate", "4", "--lengths", "16"], "--lengths and --prompt/--generate choose different"),
         (["--contexts", "64", "--lengths", "16"], "--lengths and --contexts choose different workloads"),
-        (["--contexts", "2048"], "--contexts 2048: a step after 2048 tokens needs 2049 positions, beyond max_length"),
+        (["--contexts", "2040"], "--contexts 2040: 4 warm-up and 16 timed steps after 2040 tokens need 2060 positions, "
+                                "beyond max_length"),
         (["--contexts", "64", "--per-step", "8"], "--per-step profiles a loop; a context run times every step"),
     ],
 )
-def test_run_user_errors_are_one_line_exit_2(capsys, tmp_path, args, fragment):
+def test_run_user_errors_are_one_line_exit_2(capsys, tmp_path, monkeypatch, args, fragment):
+    monkeypatch.setenv("KVBENCH_AVAILABLE_MEMORY", "1GiB")  # a refusal for want of memory holds on any machine
     output = tmp_path / "rec.json"
     code, out, err = run_main(capsys, "run", *args, "--output", output, "--no-progress")
-    assert_one_line_error(code, err, fragment)
+    assert_one_line_error(code, err, *(fragment if isinstance(fragment, tuple) else (fragment,)))
     assert out == ""
     assert not output.exists()
 
@@ -97,6 +100,26 @@ def test_run_user_errors_are_one_line_exit_2(capsys, tmp_path, args, fragment):
 def test_no_command_is_one_line_exit_2(capsys):
     code, _, err = run_main(capsys)
     assert_one_line_error(code, err, "required")
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["run", "--preset", "llama-mni"], "run: argument --preset: invalid choice: 'llama-mni'; did you mean 'llama-mini'?"),
+        (["run", "--lenghts", "4"], "unrecognized arguments: --lenghts 4; did you mean '--lengths'?"),
+        (["budget", "--dtype", "flot16"], "did you mean 'float16'?"),
+    ],
+)
+def test_a_typo_names_the_closest_choice_and_the_prefix_is_said_once(capsys, argv, expected):
+    code, _, err = run_main(capsys, *argv)
+    assert_one_line_error(code, err, expected)
+    assert err.count("kvbench") == 1  # "kvbench: error:" and no second "kvbench run:"
+
+
+def test_a_word_close_to_nothing_gets_no_suggestion(capsys):
+    code, _, err = run_main(capsys, "run", "--frobnicate")
+    assert_one_line_error(code, err, "unrecognized arguments: --frobnicate")
+    assert "did you mean" not in err
 
 
 def test_unknown_command_is_one_line_exit_2(capsys):
@@ -323,8 +346,11 @@ def imported_by(*argv: str) -> tuple[int, list[str]]:
     (["run", "--preset", "llama-3.1-8b", "--lengths", "16"], 2),
     (["compare", "results/reference.json", "results/reference.json"], 0),
 ], ids=lambda value: " ".join(value) if isinstance(value, list) else str(value))
-def test_help_argument_checks_refusals_budget_and_compare_import_no_torch_scipy_or_matplotlib(argv, status):
-    """What a user meets first answers at once: counted in modules, not timed, so it holds on any machine."""
+def test_help_argument_checks_refusals_budget_and_compare_import_no_torch_scipy_or_matplotlib(argv, status,
+                                                                                               monkeypatch):
+    """What a user meets first answers at once: counted in modules, not timed, so it holds on any machine
+    (its memory is stated: llama-3.1-8b is refused under 1 GiB however much the machine has)."""
+    monkeypatch.setenv("KVBENCH_AVAILABLE_MEMORY", "1GiB")
     assert imported_by(*argv) == (status, [])
 
 
@@ -352,3 +378,15 @@ def test_reading_a_record_imports_no_torch_and_no_matplotlib_without_a_plot(tmp_
     assert status == 0 and "torch" not in heavy and "matplotlib" not in heavy
     status, heavy = imported_by("report", "results/reference.json", "--plot", str(tmp_path / "plot.svg"))
     assert status == 0 and "matplotlib" in heavy and "torch" not in heavy
+
+
+def test_memory_refusals_follow_the_stated_limit(capsys, tmp_path, monkeypatch):
+    """The seed's tiny run fits on any machine, but not in a stated 64 KiB; a limit that is no size is one line."""
+    output = tmp_path / "rec.json"
+    monkeypatch.setenv("KVBENCH_AVAILABLE_MEMORY", "64KiB")
+    code, _, err = run_main(capsys, "run", "--lengths", "4", "--output", output, "--no-progress")
+    assert_one_line_error(code, err, "preset 'seed'", "but 64.0 KiB of memory is available")
+    monkeypatch.setenv("KVBENCH_AVAILABLE_MEMORY", "plenty")
+    code, _, err = run_main(capsys, "run", "--lengths", "4", "--output", output, "--no-progress")
+    assert_one_line_error(code, err, "KVBENCH_AVAILABLE_MEMORY: expected a size like 24GiB, 80GB or 1e9, got 'plenty'")
+    assert not output.exists()

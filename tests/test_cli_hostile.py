@@ -304,6 +304,58 @@ def test_sigterm_from_outside_during_a_real_run(tmp_path):
     no_temporaries(tmp_path)
 
 
+REQUEST = ["--preset", "llama-tiny", "--prompt", "6", "--generate", "4", "--modes", "full,static", "--no-progress"]
+CONTEXTS = ["--preset", "llama-tiny", "--contexts", "5,9", "--modes", "full,static", "--no-progress"]
+WORKLOADS = {"request": REQUEST, "contexts": CONTEXTS}
+
+
+def assert_kept_and_marked_interrupted(output: Path, kind: str, stderr: str, signum: int) -> dict:
+    """The record of an interrupted request or contexts run, as a loop run's: every check, every finished
+    sample with what its workload measures, marked incomplete and its sampling stopped as interrupted."""
+    record = load_record(output)
+    assert record["status"] == "incomplete" and record["run"]["workload"]["kind"] == kind
+    assert all(entry["stop"] == "interrupted" for entry in record["sampling"]["lengths"])
+    lengths = [9] if kind == "request" else [5, 9]  # a request of 6 + 4 - 1 positions; the contexts asked
+    assert sorted((c["mode"], c["length"]) for c in record["checks"]) == \
+        sorted((mode, length) for mode in ("full", "static") for length in lengths)
+    assert all(c["passed"] for c in record["checks"])
+    for rep in record["repetitions"]:
+        assert rep["seconds"] > 0 and rep["length"] in lengths
+        if kind == "request":  # the prefill, then 3 steps, each timed
+            assert rep["ttft_seconds"] > 0 and len(rep["step_seconds"]) == 3
+            assert rep["ttft_seconds"] + sum(rep["step_seconds"]) <= rep["seconds"]  # the parts, timed inside it
+    assert f"kvbench: interrupted by {signal.Signals(signum).name}: the record keeps {len(record['repetitions'])} " \
+           f"repetitions and {len(record['checks'])} of {len(record['checks'])} checks, marked incomplete: {output}" \
+           in stderr
+    assert "Traceback" not in stderr
+    no_temporaries(output.parent)
+    return record
+
+
+@pytest.mark.parametrize("kind, signum", [("request", signal.SIGINT), ("contexts", signal.SIGTERM)])
+def test_a_signal_from_outside_during_a_request_or_contexts_run_keeps_what_was_measured(tmp_path, kind, signum):
+    output = tmp_path / "rec.json"
+    process = subprocess.Popen([sys.executable, "-m", "kvbench", "run", *WORKLOADS[kind], "--repeats", "100000",
+                                "--output", str(output)], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    sampling_started(process)  # the gate is done, the rotations have begun; 100000 of them would take hours
+    process.send_signal(signum)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 128 + signum, err
+    assert_kept_and_marked_interrupted(output, kind, err, signum)
+
+
+@pytest.mark.parametrize("kind, signum", [("request", signal.SIGTERM), ("contexts", signal.SIGINT)])
+def test_a_signal_at_the_fifth_sample_of_a_request_or_contexts_run_keeps_the_samples_before_it(tmp_path, kind,
+                                                                                               signum):
+    output = tmp_path / "rec.json"
+    done = with_signal_in("kvbench.sampling:time_observed", "run", *WORKLOADS[kind], "--repeats", "50",
+                          "--warmup", "0", "--output", output, cwd=tmp_path, signals=(signum,), after=5)
+    assert done.returncode == 128 + signum, done.stderr
+    record = assert_kept_and_marked_interrupted(output, kind, done.stderr, signum)
+    assert 4 <= len(record["repetitions"]) <= 5  # the four before the signal, and the fifth if it finished
+
+
 # --- 3. resource limits end in one line, never in the allocator or a segfault --------------------------
 
 

@@ -9,6 +9,7 @@ import kvbench.decode as decode_module
 from kvbench.cache import CACHE_KINDS, KINDS, ConcatCache, expected_cache_bytes
 from kvbench.config import DTYPES
 from kvbench.decode import (
+    DRIFTED,
     FULL,
     MODES,
     NOT_FINITE,
@@ -27,6 +28,7 @@ from kvbench.decode import (
 )
 from kvbench.model import DecoderConfig, build_model
 from kvbench.report.format import check_text
+from kvbench.modes import spec
 
 BROKEN_FROM = 3  # the step at which the broken caches below start to go wrong
 
@@ -72,16 +74,16 @@ def test_token_ids_length_beyond_max_length_is_rejected():
 
 # Small quantization groups, so that the quantized kinds really quantize within these short sequences
 # (with the default residual of 128 nothing would be, and they would pass as exact without being tested).
-SMALL_GROUPS = {kind: {"group_size": 4, "residual": 3} for kind in CACHE_KINDS if not KINDS[kind].exact}
+SMALL_GROUPS = {kind: {"group_size": 4, "residual": 3} for kind in CACHE_KINDS if not spec(kind).exact}
 
 
 def assert_follows_full(kind, cached, full, config):
     """An exact kind reproduces the full-prefix logits within float32's tolerance; a lossy kind stays
     within its own drift limits while differing measurably (its positions were quantized)."""
-    if KINDS[kind].exact:
+    if spec(kind).exact:
         torch.testing.assert_close(cached, full, atol=1e-5, rtol=1e-5)
         return
-    drift = compare_drift(kind, cached, full, KINDS[kind].limits_for(config), atol=1e-5, rtol=1e-5)
+    drift = compare_drift(kind, cached, full, spec(kind).limits_for(config), atol=1e-5, rtol=1e-5)
     assert drift.passed, drift
     assert drift.max_abs_diff > 1e-6  # something was quantized
 
@@ -203,6 +205,8 @@ def test_a_reference_that_is_not_finite_anywhere_fails_without_crashing(dtype):
     result = compare_logits("full", reference, reference, *tolerances(dtype))
     assert not result.passed and result.failure == REFERENCE_NOT_FINITE
     assert (result.reference_non_finite, result.first_reference_non_finite, result.reference_max_abs) == (12, 0, 0.0)
+    # nothing is finite on both sides: no difference to report, rather than NaN in a JSON record
+    assert (result.max_abs_diff, result.max_rel_diff, result.tolerance_used) == (0.0, 0.0, 0.0)
 
 
 def test_the_earliest_failing_step_wins_whichever_side_fails():
@@ -366,3 +370,202 @@ def test_cache_footprint_measured_equals_expected(model_for, mode, batch, length
     assert footprint["expected_bytes"] == expected
     assert footprint["measured_bytes"] == expected
     assert footprint["reserved_bytes"] >= footprint["measured_bytes"]
+
+
+# -- the gate pinned by value ------------------------------------------------------------------------
+
+
+def test_a_difference_of_exactly_the_tolerance_passes_and_tolerance_used_is_its_share():
+    # bound = atol + rtol * |reference| = 0.5 + 0.25 * [2, 4] = [1, 1.5], exact in binary
+    reference = torch.tensor([[[2.0, -4.0], [2.0, -4.0]]], dtype=torch.float64)
+    candidate = reference + torch.tensor([[[1.0, 0.75], [-1.0, 0.0]]], dtype=torch.float64)
+    result = compare_logits("static", candidate, reference, atol=0.5, rtol=0.25)
+    assert result.passed and result.failure is None and result.first_divergent_position is None
+    assert (result.tolerance_used, result.max_abs_diff, result.max_rel_diff) == (1.0, 1.0, 0.5)
+    assert (result.reference_max_abs, result.atol, result.rtol, result.dtype) == (4.0, 0.5, 0.25, "float64")
+    candidate[0, 1, 1] -= 1.5 + 2 ** -20  # step 1 just beyond its bound
+    beyond = compare_logits("static", candidate, reference, atol=0.5, rtol=0.25)
+    assert not beyond.passed and beyond.failure == "diverged" and beyond.first_divergent_position == 1
+    assert beyond.tolerance_used == pytest.approx((1.5 + 2 ** -20) / 1.5)
+    assert beyond.to_dict()["tolerance_used"] == beyond.tolerance_used
+
+
+def test_tolerances_are_the_dtypes_and_float32s_for_any_other():
+    assert tolerances(torch.float16) == (2e-3, 2e-3)
+    assert tolerances(torch.float64) == (1e-10, 1e-10)
+    assert tolerances(torch.int8) == tolerances(torch.float32) == (1e-5, 1e-5)
+
+
+def test_first_step_is_the_earliest_step_bad_in_any_sequence_and_logit():
+    bad = torch.zeros(2, 5, 3, dtype=torch.bool)
+    assert decode_module.first_step(bad) is None
+    bad[0, 3, 1] = bad[1, 2, 2] = True
+    assert decode_module.first_step(bad) == 2
+    bad[1, 0, 0] = True
+    assert decode_module.first_step(bad) == 0
+
+
+def test_top1_agrees_within_the_tolerance_of_the_best_logit_inclusive():
+    reference = torch.tensor([[[4.0, 3.0, 1.0], [4.0, 3.0, 1.0]]], dtype=torch.float64)
+    candidate = torch.tensor([[[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]], dtype=torch.float64)  # picks 3.0, then 1.0
+    # step 0 is 1.0 below the best, exactly atol + rtol * 4 = 0.5 + 0.125 * 4: agreement; step 1 is 3.0 below
+    assert decode_module.top1_agrees(candidate, reference, 0.5, 0.125).tolist() == [[True, False]]
+    assert decode_module.top1_agrees(candidate, reference, 0.5, 0.1).tolist() == [[False, False]]
+
+
+def test_judge_logits_applies_each_kinds_rule(tiny_model):
+    reference = torch.randn(1, 3, 5, generator=torch.Generator().manual_seed(0))
+    config = tiny_model.config
+    assert type(decode_module.judge_logits("static", reference, reference, 1e-5, 1e-5, config)).__name__ == "Equivalence"
+    for lossy in ("quantized-int8", "hf-quantized-int8"):
+        drift = decode_module.judge_logits(lossy, reference, reference, 1e-5, 1e-5, config)
+        assert type(drift).__name__ == "Drift" and drift.passed and drift.exact is False
+        assert drift.limits == spec("quantized-int8").limits_for(config)
+    assert decode_module.judge_logits("hf-dynamic", reference, reference, 1e-5, 1e-5, config).exact is True
+
+
+def test_token_ids_are_the_pinned_workload():
+    """Every record's workload: the same ids in every version, or records stop being comparable."""
+    assert token_ids(DecoderConfig(max_length=64), 2, 6, seed=0).tolist() == [[44, 47, 117, 64, 67, 123],
+                                                                               [55, 28, 34, 0, 0, 36]]
+
+
+def test_a_mode_that_raises_is_a_failed_check_that_cannot_be_timed(tiny_model, monkeypatch):
+    class ExplodingCache(ConcatCache):
+        def update(self, layer, k, v):
+            raise RuntimeError("boom\nsecond line")
+
+    monkeypatch.setitem(KINDS, "concat", ExplodingCache)
+    ids = token_ids(tiny_model.config, 1, 4)
+    checks = run_gate(tiny_model, ids, [2, 4], ["concat", "static"])
+    assert set(checks) == {(mode, length) for mode in ("concat", "static") for length in (2, 4)}
+    atol, rtol = tolerances(tiny_model.config.dtype)
+    assert checks[("concat", 4)] == {"mode": "concat", "length": 4, "passed": False, "max_abs_diff": None,
+                                     "max_rel_diff": None, "first_divergent_position": None, "non_finite": 0,
+                                     "atol": atol, "rtol": rtol, "dtype": "float32", "error": "RuntimeError: boom"}
+    assert checks[("static", 2)]["passed"] and checks[("static", 2)]["length"] == 2
+    assert not decode_module.timeable(checks[("concat", 2)]) and decode_module.timeable(checks[("static", 2)])
+    assert not decode_module.timeable(None)
+
+
+def test_equivalence_and_drift_are_frozen_and_say_whether_they_are_exact():
+    reference = torch.zeros(1, 2, 3)
+    exact = compare_logits("static", reference, reference, 1e-5, 1e-5)
+    drift = compare_drift("quantized-int8", reference, reference, {"max_abs_diff": 0.0}, 1e-5, 1e-5)
+    assert (exact.exact, drift.exact) == (True, False)
+    assert (drift.top1_disagreements, drift.reference_non_finite, drift.first_reference_non_finite) == (0, 0, None)
+    with pytest.raises(AttributeError):
+        exact.passed = False
+
+
+def test_a_finite_lossy_kind_beyond_its_limits_has_drifted():
+    reference = torch.linspace(-1, 1, 1 * 5 * 4).view(1, 5, 4)
+    candidate = reference + 1e-3  # finite, beyond the exact tolerance, and beyond a max_abs_diff limit of 1e-4
+    result = compare_drift("quantized-int8", candidate, reference, {"max_abs_diff": 1e-4}, atol=1e-5, rtol=1e-5)
+    assert (result.passed, result.failure) == (False, DRIFTED)
+    assert result.max_abs_diff == pytest.approx(1e-3, rel=1e-3) and result.first_divergent_position is None  # top-1 agrees
+    within = compare_drift("quantized-int8", candidate, reference, {"max_abs_diff": 1e-2}, atol=1e-5, rtol=1e-5)
+    assert (within.passed, within.failure) == (True, None)
+
+
+def test_a_lossy_kinds_first_divergent_position_is_its_earliest_top1_disagreement_in_any_sequence():
+    reference = torch.tensor([0.0, 1.0, 3.0]).repeat(2, 6, 1)  # token 2 is the top-1 at every step
+    candidate = reference.clone()
+    candidate[0, 4] = torch.tensor([5.0, 1.0, 3.0])  # sequence 0 picks token 0 at step 4
+    candidate[1, 2] = candidate[1, 5] = torch.tensor([5.0, 1.0, 3.0])  # sequence 1 at steps 2 and 5
+    result = compare_drift("quantized-int8", candidate, reference, {"top1_agreement": 0.0}, atol=1e-5, rtol=1e-5)
+    assert (result.first_divergent_position, result.top1_disagreements) == (2, 3)
+    assert result.top1_agreement == pytest.approx(9 / 12)
+
+
+def test_a_transformers_mode_feeds_one_token_a_step_like_the_cached_kinds():
+    from kvbench.model import preset_config
+
+    tiny_model = build_model(preset_config("llama-tiny", vocab_size=128, max_length=64), seed=0)  # llama: hf's twin
+    ids = token_ids(tiny_model.config, 2, 6)
+    with torch.inference_mode():
+        logits = decode(tiny_model, ids, "hf-dynamic", keep_logits=True)
+        reference = decode_full(tiny_model, ids, keep_logits=True)
+    assert logits.shape == reference.shape == (2, 6, tiny_model.config.vocab_size)
+    torch.testing.assert_close(logits, reference, atol=1e-5, rtol=1e-5)
+
+
+def test_the_loops_keep_no_logits_unless_asked(tiny_model):
+    ids = token_ids(tiny_model.config, 1, 3)
+    with torch.inference_mode():
+        assert decode_full(tiny_model, ids) is None and decode_cached(tiny_model, ids, "static") is None
+        assert decode_cached(tiny_model, ids, "static", keep_logits=True).shape == (1, 3, tiny_model.config.vocab_size)
+
+
+def test_a_footprint_expects_the_kinds_formula_and_for_transformers_what_was_measured():
+    config = DecoderConfig(max_length=64)
+    from kvbench.modes import expected_bytes
+
+    assert expected_bytes("static", config, 2, 8, measured=1) == expected_cache_bytes(config, 2, 8)
+    assert expected_bytes(FULL, config, 1, 8, measured=1) == expected_cache_bytes(config, 1, 8)
+    assert expected_bytes("hf-dynamic", config, 2, 8, measured=12345) == 12345
+
+
+def test_the_stepper_continues_forks_of_a_shared_paged_prefix_and_leaves_them_to_their_owner(tiny_model):
+    """A serving scheduler's shape: one prompt prefix prefilled once into a pool, then forked per request; each
+    fork is stepped by the one stepper from where it stands and stays the caller's (not released)."""
+    from kvbench.cache import BlockPool, PagedCache
+    from kvbench.decode import steps
+
+    config, shared = tiny_model.config, 10
+    first, second = token_ids(config, 1, 24, seed=1), token_ids(config, 1, 24, seed=2)
+    second[:, :shared] = first[:, :shared]  # the same prefix, different continuations
+    pool = BlockPool(config, num_blocks=32, block_size=4)
+    prefix = PagedCache(config, 1, capacity=24, pool=pool)
+    with torch.inference_mode():
+        tiny_model(first[:, :shared], prefix)
+        for ids in (first, second):
+            fork = prefix.fork()
+            free_before = pool.free_blocks
+            logits = torch.stack([out for out, _ in steps(tiny_model, ids, "paged", prompt=14, cache=fork)], dim=1)
+            full = decode_full(tiny_model, ids, keep_logits=True)[:, 13:]
+            torch.testing.assert_close(logits, full, atol=1e-5, rtol=1e-5)
+            assert fork.length == 24 and not getattr(fork, "released", False) and pool.free_blocks < free_before
+            fork.release()
+            assert pool.free_blocks == free_before
+    assert prefix.length == shared  # the forks appended to copies of the shared, partly filled block
+
+
+def test_the_stepper_refuses_a_cache_it_cannot_continue(tiny_model):
+    from kvbench.decode import steps
+
+    ids = token_ids(tiny_model.config, 1, 12)
+    held = ConcatCache(tiny_model.config, 1, capacity=12)
+    with pytest.raises(ValueError, match="mode 'static' steps a StaticCache, got ConcatCache"):
+        next(steps(tiny_model, ids, "static", prompt=4, cache=held))
+    with torch.inference_mode():
+        tiny_model(ids[:, :4], held)
+    with pytest.raises(ValueError, match="the cache holds 4 positions: expected fewer than the prompt's 4"):
+        next(steps(tiny_model, ids, "concat", prompt=4, cache=held))
+    with pytest.raises(ValueError, match="full keeps no cache between steps: expected cache=None, got ConcatCache"):
+        next(steps(tiny_model, ids, FULL, prompt=4, cache=held))
+    with pytest.raises(ValueError, match=r"prompt must be in \[1, 12\] tokens of the 12 ids, got 0"):
+        steps(tiny_model, ids, "concat", prompt=0)
+
+
+def test_bfloat16_tolerance_covers_twice_each_paths_own_rounding_and_still_catches_a_shifted_step():
+    """bf16's bound comes from bf16's own error: each path against float64 on the very same weights. The
+    cached and the full-prefix paths round differently (one-row steps, c-row prefixes) and each may err
+    either way, so the bound must cover twice the larger error; it must still fail a step read one position
+    off, the kind of bug the gate is for."""
+    config = DecoderConfig.from_preset("llama-mini", dtype=torch.bfloat16, max_length=64)
+    model = build_model(config, seed=0)
+    truth_model = build_model(DecoderConfig.from_preset("llama-mini", dtype=torch.float64, max_length=64), seed=0)
+    truth_model.load_state_dict({name: tensor.double() for name, tensor in model.state_dict().items()})
+    ids = token_ids(config, 1, 48)
+    atol, rtol = tolerances(config.dtype, config.layers)
+    assert (atol, rtol) == pytest.approx((0.06, 0.06))  # 0.03 x sqrt(4 layers)
+    truth = decode_full(truth_model, ids, keep_logits=True)
+    full, static = decode_full(model, ids, keep_logits=True), decode_cached(model, ids, "static", keep_logits=True)
+    for path in (full, static):
+        error = (path.double() - truth).abs()
+        assert float(error.max()) > 0.005  # bf16 really rounds: the bound is not for exact arithmetic
+        assert bool((2 * error <= atol + rtol * truth.abs()).all())
+    assert check_equivalence(model, ids, ["static"], reference=full)["static"].passed
+    shifted = compare_logits("static", static[:, 1:], full[:, :-1], atol, rtol)
+    assert not shifted.passed and shifted.first_divergent_position == 0

@@ -9,6 +9,7 @@ written from their published documentation (tests/schemas/). Then several machin
 import copy
 import json
 import math
+import os
 import re
 import shutil
 import subprocess
@@ -203,15 +204,117 @@ def test_pytest_benchmark_compare_prints_the_exported_table(capsys, tmp_path, re
     assert "seed, length 512" in table  # grouped by length: the modes line up
 
 
+# -- request, contexts and incomplete records ----------------------------------------------------
+
+REQUEST = ROOT / "results" / "latency" / "llama-mini-request.json"  # prompt 512, generate 128
+CONTEXTS = ROOT / "results" / "latency" / "llama-mini-contexts.json"
+INCOMPLETE_SECONDS = {("full", 8): [2.0e-3, 2.1e-3, 1.9e-3, 2.0e-3], ("concat", 8): [1.0e-3, 1.2e-3, 0.9e-3, 1.1e-3],
+                      ("full", 16): [4.0e-3, 4.4e-3], ("concat", 16): [1.5e-3]}  # interrupted in length 16
+
+
+@pytest.fixture
+def other_work(tmp_path):
+    """name -> (record path, workload name, {(mode, length): the samples each exported cell must hold})."""
+    incomplete = tmp_path / "incomplete.json"
+    incomplete.write_text(json.dumps(synthetic_record(INCOMPLETE_SECONDS, status="incomplete", repeats=4)))
+    out = {"incomplete": (incomplete, "seed", dict(INCOMPLETE_SECONDS))}
+    for name, path, workload in (("request", REQUEST, "llama-mini,prompt=512,generate=128"),
+                                 ("contexts", CONTEXTS, "llama-mini,contexts")):
+        record = RecordView.load(path)
+        out[name] = (path, workload, {cell: record.seconds(*cell) for cell in record.cells()})
+    return out
+
+
+def test_a_request_samples_end_to_end_seconds_and_a_contexts_run_one_step():
+    """What the exported samples are: a request's TTFT plus every step; the contexts' steps grow with the context."""
+    request = RecordView.load(REQUEST)
+    for rep in request.repetitions("static", 639):
+        assert len(rep["step_seconds"]) == 127
+        parts = rep["ttft_seconds"] + sum(rep["step_seconds"])
+        assert parts <= rep["seconds"] <= 1.01 * parts  # the whole request, timed around its timed parts
+    contexts = RecordView.load(CONTEXTS)
+    assert contexts.run["workload"] == {"kind": "contexts"} and len(contexts.lengths) > 1
+    shortest, longest = min(contexts.lengths), max(contexts.lengths)
+    assert contexts.summary("full", longest)["median"] > contexts.summary("full", shortest)["median"]
+
+
+@pytest.mark.parametrize("name", ["request", "contexts", "incomplete"])
+def test_request_contexts_and_incomplete_records_export_their_own_samples_in_every_format(capsys, tmp_path, name,
+                                                                                          other_work):
+    from benchadapt import BenchmarkResult
+
+    path, workload, samples = other_work[name]
+    record = RecordView.load(path)
+    bmf, _ = export(capsys, tmp_path, "bmf", path)
+    jsonschema.validate(bmf, schema("bmf.schema.json"))
+    assert set(bmf) == {f"kvbench/{workload}/{mode}/{length}" for mode, length in samples}
+    actions, _ = export(capsys, tmp_path, "github-action-benchmark", path)
+    jsonschema.validate(actions, schema("github-action-benchmark.schema.json"))
+    by_name = {entry["name"]: entry for entry in actions}
+    conbench, _ = export(capsys, tmp_path, "conbench", path, extra=("--repository", REPOSITORY))
+    by_cell = {(r["tags"]["mode"], int(r["tags"]["length"])): r for r in conbench}
+    assert set(by_cell) == set(samples)
+    for (mode, length), seconds in samples.items():
+        key = f"kvbench/{workload}/{mode}/{length}"
+        median = sorted(seconds)[len(seconds) // 2] if len(seconds) % 2 else \
+            sum(sorted(seconds)[len(seconds) // 2 - 1 : len(seconds) // 2 + 1]) / 2
+        assert bmf[key]["latency"]["value"] == pytest.approx(median * 1e9)
+        assert by_name[key]["value"] == pytest.approx(median * 1e3)
+        assert f"record_status: {record.status}" in by_name[key]["extra"]
+        assert [float(x) for x in by_name[key]["extra"].split("samples ms: ")[1].split()] == \
+            pytest.approx([x * 1e3 for x in seconds], rel=1e-5)
+        result = by_cell[(mode, length)]
+        jsonschema.validate(result, schema("conbench-result.schema.json"))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert BenchmarkResult(**copy.deepcopy(result)).to_publishable_dict() == result
+        assert result["stats"]["data"] == seconds and result["info"]["record_status"] == record.status
+    if name == "incomplete":  # length 16 was cut short: its cells keep the samples taken, the speedup its one pair
+        assert bmf["kvbench/seed/concat/16"]["speedup"]["value"] == pytest.approx(4.0e-3 / 1.5e-3)
+        assert by_cell[("full", 16)]["stats"]["iterations"] == 1 and len(by_cell[("full", 16)]["stats"]["data"]) == 2
+
+
+@pytest.mark.skipif(not Path(PYTEST_BENCHMARK).exists(), reason="pytest-benchmark is in the dev extra")
+@pytest.mark.parametrize("name", ["request", "contexts", "incomplete"])
+def test_pytest_benchmark_compare_prints_request_contexts_and_incomplete_records(capsys, tmp_path, name, other_work):
+    path, workload, samples = other_work[name]
+    document, output = export(capsys, tmp_path, "pytest-benchmark", path)
+    assert {b["extra_info"]["record_status"] for b in document["benchmarks"]} == {RecordView.load(path).status}
+    done = subprocess.run([PYTEST_BENCHMARK, "compare", str(output), "--columns=min,max,rounds", "--name=long",
+                           "--time-unit=us", "--group-by=group"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and "Failed to load" not in done.stdout + done.stderr, done.stderr
+    for (mode, length), seconds in samples.items():
+        name_in_table = f"kvbench/{workload}::decode[{mode}-{length}]"
+        line = next((line for line in done.stdout.splitlines() if name_in_table in line), None)
+        assert line is not None, f"{name_in_table} missing from:\n{done.stdout}"
+        numbers = [float(n.replace(",", "")) for n in re.findall(r"(?<![\w.\[-])[0-9][0-9,]*\.?[0-9]*(?![\w\]-])",
+                                                                   line.split(name_in_table, 1)[1])]
+        assert any(math.isclose(n, min(seconds) * 1e6, rel_tol=1e-3) for n in numbers), (line, min(seconds))
+        assert any(math.isclose(n, max(seconds) * 1e6, rel_tol=1e-3) for n in numbers), (line, max(seconds))
+        assert len(seconds) in numbers, line
+
+
 # -- several machines ---------------------------------------------------------------------------
 
 
 @pytest.fixture
 def second_machine(tmp_path):
+    """The reference record as another machine took it: only the hostname, the machine's name, differs."""
     record = json.loads(REFERENCE.read_text())
     record["environment"]["os"]["hostname"] = "laptop"
-    record["environment"]["cpu"]["brand"] = "Laptop CPU"
     path = tmp_path / "laptop.json"
+    path.write_text(json.dumps(record))
+    return path
+
+
+@pytest.fixture
+def same_machine(tmp_path):
+    """Another run on the reference's machine, of other work (two layers): other cells, the same hostname and CPU."""
+    reference = json.loads(REFERENCE.read_text())
+    record = synthetic_record({("full", 8): [2e-3, 2.2e-3, 1.9e-3], ("static", 8): [1e-3, 1.1e-3, 0.9e-3]},
+                              config={**reference["config"], "layers": 2}, environment=reference["environment"])
+    path = tmp_path / "same-machine.json"
     path.write_text(json.dumps(record))
     return path
 
@@ -233,6 +336,18 @@ def test_formats_with_one_machine_per_file_refuse_two(capsys, tmp_path, second_m
     code = main(["export", str(REFERENCE), str(second_machine), "--format", fmt, "--output", str(output)])
     assert_one_line_error(capsys, code, fragment)
     assert not output.exists()
+
+
+def test_records_of_one_machine_share_a_bmf_file_and_their_action_names_carry_no_machine(capsys, tmp_path,
+                                                                                           same_machine):
+    """The machine is told by the hostname: one machine's two records go into one file, two machines' do not."""
+    document, _ = export(capsys, tmp_path, "bmf", REFERENCE, same_machine)
+    assert len(document) == 24 + 2
+    assert document["kvbench/seed,layers=2/static/8"]["latency"]["value"] == pytest.approx(1e-3 * 1e9)
+    actions, _ = export(capsys, tmp_path, "github-action-benchmark", REFERENCE, same_machine)
+    names = {entry["name"] for entry in actions}
+    assert "kvbench/seed/static/64" in names and "kvbench/seed,layers=2/static/8" in names
+    assert not any(" on " in name for name in names)
 
 
 def test_records_of_different_commits_do_not_share_an_action_file(capsys, tmp_path, second_machine):
@@ -298,6 +413,54 @@ def test_bad_records_are_one_line_and_nothing_is_written(capsys, tmp_path, conte
                 ["export", str(REFERENCE), str(bad), "--format", fmt, "--output", str(output)])
     assert_one_line_error(capsys, code, fragment)
     assert not output.exists() and list(tmp_path.iterdir()) == ([bad] if content is not None else [])
+
+
+def reference_with(change) -> str:
+    record = json.loads(REFERENCE.read_text())
+    change(record)
+    return json.dumps(record)
+
+
+@pytest.mark.parametrize("content, fragment", [
+    (reference_with(lambda r: r.update(schema="kvbench.record/99")),
+     "bad.json: unsupported schema version 'kvbench.record/99'"),
+    (reference_with(lambda r: r.update(status="bogus")), "bad.json: status: 'bogus' is not one of"),
+    (reference_with(lambda r: r["repetitions"][0].update(seconds=float("nan"))),
+     "bad.json: repetitions/0/seconds: non-finite"),
+    (reference_with(lambda r: r["repetitions"][0].update(seconds=-1.0)),
+     "bad.json: repetitions/0/seconds: -1.0 is less than"),
+    (reference_with(lambda r: r["repetitions"][0].update(length="16")),
+     "bad.json: repetitions/0/length: '16' is not of type"),
+    (reference_with(lambda r: r["repetitions"][0].update(mode="warp")),
+     "bad.json: repetition for mode 'warp' at length 16"),
+    (reference_with(lambda r: r.update(environment=[])), "bad.json: environment: [] is not of type 'object'"),
+    (reference_with(lambda r: r.update(checks=[c for c in r["checks"] if c["mode"] != "static"])),
+     "bad.json: summary marks mode 'static' at length 16 valid=True, but its check gives valid=False"),
+    (reference_with(lambda r: r["environment"]["os"].update(hostname=["vm"])), "environment/os/hostname"),
+    (reference_with(lambda r: r["environment"]["kvbench"].update(git_commit={"sha": 1})),
+     "environment/kvbench/git_commit"),
+], ids=["schema", "status", "nan seconds", "negative seconds", "length a string", "unknown mode", "environment a list",
+        "a timed cell without its check", "hostname a list", "commit an object"])
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_records_wrong_inside_are_one_line_naming_the_field_and_nothing_is_written(capsys, tmp_path, content,
+                                                                                  fragment, fmt):
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    output = tmp_path / "out.json"
+    code = main(["export", str(bad), "--format", fmt, "--output", str(output),
+                 *(["--repository", REPOSITORY] if fmt == "conbench" else [])])
+    assert_one_line_error(capsys, code, fragment)
+    assert not output.exists()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_a_record_that_is_not_a_regular_file_is_refused_without_reading_it(capsys, tmp_path, kind):
+    bad = tmp_path / "bad.json"
+    os.mkfifo(bad) if kind == "fifo" else bad.mkdir()
+    output = tmp_path / "out.json"
+    code = main(["export", str(REFERENCE), str(bad), "--format", "bmf", "--output", str(output)])
+    assert_one_line_error(capsys, code, "is a FIFO, not a regular file" if kind == "fifo" else "is a directory")
+    assert not output.exists()
 
 
 def test_output_checks(capsys, tmp_path):

@@ -6,6 +6,11 @@ within atol = rtol = 1e-5: over the whole prefix, and decoding through transform
 DynamicCache in chunks of every shape, on the scaled-down presets of each family. Every
 kvbench cache kind is held to transformers' full-prefix logits too, so the caches are
 checked against code from outside, not only against kvbench's own full path.
+
+Nothing the oracle compares is left at a value that would hide a mistake: every RMSNorm weight
+is drawn at random away from 1 (kvbench initialises them to 1, where ignoring them changes
+nothing), and which layers slide comes from the published models' configs as transformers
+defines them, never from kvbench's own layer_windows.
 """
 
 from __future__ import annotations
@@ -23,22 +28,62 @@ from kvbench import hf
 from kvbench.config import PlainConfig
 from kvbench.decode import decode_cached, token_ids
 from kvbench.model import build_model, preset_config
+from kvbench.modes import spec
 
 transformers = pytest.importorskip("transformers", reason="the oracle needs the hf extra (make test installs it)")
 
 TOLERANCE = dict(atol=1e-5, rtol=1e-5)
 ARCHITECTURES = {"llama-tiny": "LlamaForCausalLM", "llama-mini": "LlamaForCausalLM", "qwen-tiny": "Qwen2ForCausalLM",
                  "mistral-tiny": "MistralForCausalLM", "gemma-tiny": "Qwen2ForCausalLM"}
-TINY = ["llama-tiny", "qwen-tiny", "mistral-tiny", "gemma-tiny"]
+TINY = ["llama-tiny", "llama-mini", "qwen-tiny", "mistral-tiny", "gemma-tiny"]
+SLIDING, FULL_ATTENTION = "sliding_attention", "full_attention"
+# Which layers slide in the published models, as their configs on the Hugging Face hub and transformers'
+# config classes (5.24.0) define them. google/gemma-2-2b: config.json has sliding_window 4096 and 26 layers,
+# and transformers' Gemma2Config makes layer i slide when i is even ("sliding_attention" if (i + 1) % 2).
+# mistralai/Mistral-7B-v0.1: sliding_window 4096 on all 32 layers (MistralConfig has no per-layer types).
+# Qwen/Qwen2.5-0.5B and Qwen2.5-7B: "use_sliding_window": false, so no layer slides. meta-llama's: no window.
+PUBLISHED_LAYER_TYPES = {
+    "gemma-2-2b": [SLIDING, FULL_ATTENTION] * 13,
+    "mistral-7b": [SLIDING] * 32,
+    "qwen2.5-0.5b": [FULL_ATTENTION] * 24,
+    "qwen2.5-7b": [FULL_ATTENTION] * 28,
+    "llama-3.2-1b": [FULL_ATTENTION] * 16,
+    "llama-3.1-8b": [FULL_ATTENTION] * 32,
+}
+# The scaled-down presets follow their published model's convention on their own number of layers.
+TINY_LAYER_TYPES = {"gemma-tiny": [SLIDING, FULL_ATTENTION] * 2, "mistral-tiny": [SLIDING] * 2}
 LONGEST = 150  # beyond the windowed presets' 64 positions: their windows slide
 CHUNKINGS = {"one token a step": [1] * 24, "a prompt then steps": [17, 1, 1, 1, 5, 1], "uneven": [3, 30, 2, 64, 1, 50]}
 
 
+def with_random_norms(model, seed: int = 11):
+    """`model` with every RMSNorm weight drawn from [0.5, 1.5), seeded: a block that ignored them would differ."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if name.endswith(("norm1.weight", "norm2.weight")) or name == "final.weight":
+                weight.copy_(0.5 + torch.rand(weight.shape, generator=generator))
+    return model
+
+
+def published_twin(model, layer_types: list[str] | None):
+    """transformers' model holding `model`'s weights, its sliding layers set to the published `layer_types`."""
+    config = hf.hf_config(model.config)
+    if layer_types is not None and hasattr(config, "layer_types"):
+        config.layer_types = list(layer_types)
+    with torch.random.fork_rng(devices=[]):
+        twin = getattr(transformers, hf.hf_architecture(model.config))(config).to(model.config.dtype).eval()
+    weights = {name: tensor.detach().clone() for name, tensor in hf.hf_state_dict(model).items()}
+    missing, unexpected = twin.load_state_dict(weights, strict=False)
+    assert not unexpected and set(missing) <= hf.tied_names(twin)
+    return twin
+
+
 @pytest.fixture(scope="module", params=TINY)
 def pair(request):
-    """(kvbench model, transformers model with its weights) for a preset."""
-    model = build_model(preset_config(request.param), seed=0)
-    return model, hf.hf_model(model)
+    """(kvbench model with random norm weights, transformers model with its weights) for a preset."""
+    model = with_random_norms(build_model(preset_config(request.param), seed=0))
+    return model, published_twin(model, TINY_LAYER_TYPES.get(request.param))
 
 
 def ids_for(model, length: int, batch: int = 2):
@@ -69,6 +114,30 @@ def test_each_family_maps_onto_its_transformers_architecture(preset):
     assert (config.hidden_size, config.num_key_value_heads, config.head_dim, config.intermediate_size) == (
         kv.width, kv.kv_heads, kv.head_dim, kv.intermediate_size)
     assert config.tie_word_embeddings == kv.tie_embeddings
+
+
+@pytest.mark.parametrize("preset", list(PUBLISHED_LAYER_TYPES))
+def test_the_published_models_slide_on_the_layers_their_configs_name(preset):
+    config = preset_config(preset)
+    published = PUBLISHED_LAYER_TYPES[preset]
+    assert [SLIDING if window else FULL_ATTENTION for window in config.layer_windows] == published
+    assert {window for window in config.layer_windows} <= {None, 4096}  # both windowed models slide over 4096
+
+
+def test_the_published_gemma_convention_is_transformers_own():
+    """The literal lists above are transformers' Gemma-2 rule, read from transformers itself."""
+    assert transformers.Gemma2Config(num_hidden_layers=26).layer_types == PUBLISHED_LAYER_TYPES["gemma-2-2b"]
+    assert transformers.Gemma2Config(num_hidden_layers=4).layer_types == TINY_LAYER_TYPES["gemma-tiny"]
+    assert transformers.Gemma2Config().sliding_window == 4096
+
+
+def test_random_norm_weights_reach_the_logits(pair):
+    """The oracle's norm weights matter: with every one reset to 1 the logits move well beyond the tolerance."""
+    model, hf_model = pair
+    ids = ids_for(model, 7)
+    unit = build_model(model.config, seed=0)
+    with torch.inference_mode():
+        assert (unit(ids)[0] - hf_full(hf_model, ids)).abs().max() > 1e-3
 
 
 @pytest.mark.parametrize("length", [1, 7, 64, 65, LONGEST])
@@ -141,10 +210,11 @@ def test_missing_transformers_is_refused(monkeypatch):
         hf.require_transformers()
 
 
-def test_the_pin_is_the_installed_version_and_the_extras():
-    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
-    assert f'"transformers=={hf.TRANSFORMERS_VERSION}"' in pyproject
-    assert importlib.metadata.version("transformers") == hf.TRANSFORMERS_VERSION
+def test_the_hf_extra_pins_the_version_kvbench_requires():
+    import tomllib
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    assert pyproject["project"]["optional-dependencies"]["hf"] == [f"transformers=={hf.TRANSFORMERS_VERSION}"]
 
 
 def test_nothing_else_in_kvbench_imports_transformers():
@@ -202,7 +272,7 @@ QUANTO = importlib.util.find_spec("optimum.quanto") is not None
 
 @pytest.fixture(scope="module")
 def tiny():
-    return build_model(preset_config("llama-tiny"), seed=0)
+    return with_random_norms(build_model(preset_config("llama-tiny"), seed=0))
 
 
 @pytest.mark.parametrize("mode", ["hf-dynamic", "hf-static"])
@@ -227,7 +297,7 @@ def test_transformers_quantized_caches_are_judged_by_kvbenchs_limits_of_the_same
     ids = ids_for(tiny, 200, batch=1)  # past the 128-position residual: codes are in use
     options = {mode: {"group_size": 32, "residual": 128}}
     result = check_equivalence(tiny, ids, ["full", mode], options=options)[mode]
-    assert result.exact is False and result.limits == KINDS[f"quantized-int{bits}"].limits_for(tiny.config)
+    assert result.exact is False and result.limits == spec(f"quantized-int{bits}").limits_for(tiny.config)
     assert result.passed, result
     assert result.max_abs_diff > 0  # it quantized
     c = tiny.config
@@ -239,15 +309,18 @@ def test_transformers_quantized_caches_are_judged_by_kvbenchs_limits_of_the_same
 @pytest.mark.parametrize("mode", ["hf-dynamic", "hf-static"])
 def test_a_transformers_request_and_context_step_follow_the_full_prefix(tiny, mode):
     from kvbench.decode import FULL, decode_full
-    from kvbench.requests import ContextStep, request_logits
+    from kvbench.requests import ContextSteps, check_context, request_logits
 
     ids = ids_for(tiny, 20)
     full = decode_full(tiny, ids, keep_logits=True)
     torch.testing.assert_close(request_logits(tiny, ids, mode, prompt=9), full[:, 8:], **TOLERANCE)
-    step = ContextStep(tiny, ids, mode, context=15)
-    step.prepare()
-    torch.testing.assert_close(step(), full[:, 15], **TOLERANCE)
-    assert step.steps is None and FULL == "full"
+    stepping = ContextSteps(tiny, ids, mode, context=15, warmup=1, timed=3)
+    stepping.prepare()
+    stepping()
+    assert len(stepping.detail()["step_seconds"]) == 4
+    stepping.finish()
+    checks = check_context(tiny, ids, [FULL, mode], 15, warmup=1, timed=3)
+    assert checks[mode]["passed"] and checks[mode]["length"] == 5, checks  # the prefill and four steps after it
 
 
 def test_a_transformers_cache_counts_the_bytes_of_its_tensors(tiny):
@@ -267,3 +340,27 @@ def test_a_transformers_mode_on_a_model_without_a_twin_is_one_line_exit_2(capsys
     assert main(["run", "--modes", "full,hf-dynamic", "--lengths", "4", "--output", str(tmp_path / "r.json")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--modes hf-dynamic: only the llama family has a transformers twin" in err
+
+
+def test_a_transformers_mode_runs_into_a_record(tiny, tmp_path, capsys):
+    """hf-dynamic through `kvbench run`: checked against full by the gate, timed, and kept in the record."""
+    from kvbench.cli import main
+    from kvbench.record import load_record
+
+    output = tmp_path / "hf.json"
+    assert main(["run", "--preset", "llama-tiny", "--modes", "full,hf-dynamic", "--lengths", "6,12", "--repeats", "3",
+                 "--warmup", "0", "--no-progress", "--output", str(output)]) == 0, capsys.readouterr().err
+    record = load_record(output)
+    assert record["status"] == "complete"
+    checks = {(c["mode"], c["length"]): c for c in record["checks"]}
+    assert set(checks) == {(mode, length) for mode in ("full", "hf-dynamic") for length in (6, 12)}
+    for length in (6, 12):
+        check = checks[("hf-dynamic", length)]
+        assert check["passed"] and check["first_divergent_position"] is None and check["non_finite"] == 0
+        assert 0 <= check["max_abs_diff"] <= check["atol"] == 1e-5
+    samples = [(r["mode"], r["length"], r["repetition"]) for r in record["repetitions"] if r["mode"] == "hf-dynamic"]
+    assert sorted(samples) == [("hf-dynamic", length, r) for length in (6, 12) for r in range(3)]
+    assert all(r["seconds"] > 0 for r in record["repetitions"])
+    memory = {(m["mode"], m["length"]): m for m in record["memory"]}
+    c = preset_config("llama-tiny")
+    assert memory[("hf-dynamic", 12)]["measured_bytes"] == 2 * c.layers * c.kv_heads * 12 * c.head_dim * 4

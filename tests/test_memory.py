@@ -87,3 +87,16 @@ def test_the_run_estimate_counts_the_llama_familys_weights():
         sum(p.numel() * p.element_size() for p in model.parameters()) + model.cos.nbytes + model.sin.nbytes)
     big = estimate_run_bytes(PlainConfig.from_preset("llama-3.1-8b", dtype="bfloat16"), 1, [16], ["static"])
     assert big["weights (built in float32)"] >= 4 * 8_030_261_248
+
+
+def test_a_stated_limit_lowers_the_available_memory_and_never_raises_it(monkeypatch):
+    monkeypatch.setenv("KVBENCH_AVAILABLE_MEMORY", "12345")
+    assert available_bytes() == 12345
+    monkeypatch.setenv("KVBENCH_AVAILABLE_MEMORY", "1KiB")
+    assert available_bytes() == 1024
+    monkeypatch.setenv("KVBENCH_AVAILABLE_MEMORY", "1024TiB")  # more than any machine here: the machine's figure
+    assert available_bytes() < 1 << 50
+    monkeypatch.setenv("KVBENCH_AVAILABLE_MEMORY", "lots")
+    with pytest.raises(ValueError, match="KVBENCH_AVAILABLE_MEMORY: expected a size like 24GiB, 80GB or 1e9, "
+                                         "got 'lots'"):
+        available_bytes()

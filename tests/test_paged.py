@@ -453,3 +453,114 @@ def test_scattered_blocks_are_gathered_through_the_table(model):
     child.release()
     parent.release()
     assert pool.free_blocks == 16
+
+
+# -- pinned by value: forks shorter than a block, the pool's own accounting ----------------------
+
+
+def test_a_fork_shorter_than_one_block_shares_it_and_copies_it_on_write(model):
+    pool = BlockPool(model.config, num_blocks=2, block_size=4)
+    prompt, parent_next, child_next = tokens(1, 3, seed=40), tokens(1, 1, seed=41), tokens(1, 1, seed=42)
+    with torch.inference_mode():
+        _, parent = model(prompt, PagedCache(model.config, pool=pool))
+        child = parent.fork()
+        assert child.block_table.tolist() == parent.block_table.tolist() == [[0]]
+        assert (pool.refcount(0), pool.free_blocks, child.length) == (2, 1, 3)
+        assert child.reserved_bytes == parent.reserved_bytes == pool.block_bytes  # a shared block counts for both
+        prefix = snapshot(parent)
+        child_logits, child = model(child_next, child)  # block 0 is shared and partly filled: copied first
+        assert child.block_table.tolist() == [[1]]
+        assert (pool.refcount(0), pool.refcount(1), pool.free_blocks) == (1, 1, 0)
+        assert_same_snapshot(prefix, snapshot(parent))
+        # The parent now holds block 0 alone: it appends in place, with no free block left.
+        parent_logits, parent = model(parent_next, parent)
+        assert parent.block_table.tolist() == [[0]] and pool.free_blocks == 0
+        parent_ref = model(torch.cat((prompt, parent_next), 1))[0][:, 3:]
+        child_ref = model(torch.cat((prompt, child_next), 1))[0][:, 3:]
+    torch.testing.assert_close(parent_logits, parent_ref, atol=ATOL, rtol=RTOL)
+    torch.testing.assert_close(child_logits, child_ref, atol=ATOL, rtol=RTOL)
+    child.release()
+    assert (pool.refcount(1), pool.free_blocks) == (0, 1)
+    parent.release()
+    assert pool.free_blocks == 2
+
+
+def test_a_fork_at_a_block_boundary_shares_full_blocks_and_copies_nothing(model):
+    pool = BlockPool(model.config, num_blocks=3, block_size=4)
+    with torch.inference_mode():
+        _, parent = model(tokens(1, 4, seed=43), PagedCache(model.config, pool=pool))
+        child = parent.fork()
+        _, child = model(tokens(1, 1, seed=44), child)  # a new block; the full one stays shared
+        _, parent = model(tokens(1, 1, seed=45), parent)
+    assert child.block_table.tolist() == [[0, 1]] and parent.block_table.tolist() == [[0, 2]]
+    assert (pool.refcount(0), pool.free_blocks) == (2, 0)
+
+
+def test_the_pool_counts_its_bytes_and_hands_out_low_blocks_first():
+    pool = BlockPool(CONFIG, num_blocks=5, block_size=3)
+    # 2 layers * (K, V) * 2 KV heads * 5 blocks * 3 positions * head width 8 * 4 bytes
+    assert pool.nbytes == 2 * 2 * 2 * 5 * 3 * 8 * 4
+    assert pool.block_bytes == pool.nbytes // 5
+    assert pool.allocate(2) == [0, 1] and pool.free_blocks == 3
+    pool.share([1])
+    assert (pool.refcount(0), pool.refcount(1), pool.refcount(2)) == (1, 2, 0)
+    pool.release([1, 0])
+    assert (pool.refcount(1), pool.free_blocks) == (1, 4)
+    assert pool.allocate(1) == [0]
+    with pytest.raises(ValueError, match="cannot share block 3: expected a held block"):
+        pool.share([3])
+    with pytest.raises(ValueError, match="cannot release block 1 2 time"):
+        pool.release([1, 1])
+    assert (pool.refcount(1), pool.free_blocks) == (1, 3)  # a refused release changes nothing
+    with pytest.raises(ValueError, match="block pool exhausted: 4 blocks needed, 3 free of 5"):
+        pool.allocate(4)
+    assert pool.allocate(3) == [2, 3, 4] and pool.free_blocks == 0
+    assert repr(pool) == "BlockPool(num_blocks=5, block_size=3, free_blocks=0)"
+    for value in (True, 1.0, -1):
+        with pytest.raises(ValueError, match="block_size must be a positive integer"):
+            BlockPool(CONFIG, num_blocks=1, block_size=value)
+
+
+def test_every_read_after_release_raises(model):
+    with torch.inference_mode():
+        _, cache = model(tokens(1, 3, seed=46), PagedCache(model.config, block_size=4))
+    cache.release()
+    assert cache.released and cache.block_table.shape == (1, 0)
+    for read in (cache.keys, cache.values):
+        with pytest.raises(ValueError, match="cache was released"):
+            read(0)
+    assert repr(cache).endswith("blocks_held=0, released=True)")
+
+
+def test_defaults_are_blocks_of_16_and_layer_0(model):
+    assert BlockPool(model.config, num_blocks=1).block_size == 16
+    with torch.inference_mode():
+        _, cache = model(tokens(1, 3, seed=47), PagedCache(model.config, block_size=4))
+    assert cache.batch == 1
+    assert torch.equal(cache.keys(), cache.keys(0)) and not torch.equal(cache.keys(), cache.keys(1))
+    assert torch.equal(cache.values(), cache.values(0)) and not torch.equal(cache.values(), cache.values(1))
+
+
+def test_a_failure_after_reserve_gives_back_new_and_copied_blocks(model, monkeypatch):
+    """A fork's first append copies its shared partial block and takes a new one; a failure in the forward
+    pass after that must hand both back and leave the table, the length and the shared block as they were."""
+    import kvbench.model as model_module
+
+    pool = BlockPool(model.config, num_blocks=8, block_size=4)
+    with torch.inference_mode():
+        _, parent = model(tokens(1, 6, seed=48), PagedCache(model.config, pool=pool))
+        child = parent.fork()
+        before, free = snapshot(child), pool.free_blocks
+
+        def failing(*args, **kwargs):
+            raise RuntimeError("boom")
+
+        monkeypatch.setattr(model_module, "causal_attention", failing)
+        with pytest.raises(RuntimeError, match="boom"):
+            model(tokens(1, 3, seed=49), child)  # 6 + 3 positions: a copy of block 1 and a new block
+    assert_same_snapshot(before, snapshot(child))
+    assert pool.free_blocks == free and [pool.refcount(b) for b in before["table"][0].tolist()] == [2, 2]
+    monkeypatch.undo()
+    with torch.inference_mode():
+        _, child = model(tokens(1, 3, seed=49), child)  # and the fork still works
+    assert child.length == 9 and pool.refcount(before["table"][0, 1].item()) == 1

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import sys
 import time
 
 import pytest
 import torch
 
+from kvbench import modes
 from kvbench.cache import KINDS, StaticCache, make_cache, register_kind
 from kvbench.cli import main
 from kvbench.decode import check_equivalence, decode, known_modes, token_ids
@@ -28,10 +30,12 @@ register_kind("mine", Mine)
 
 @pytest.fixture
 def clean_kinds():
-    before = dict(KINDS)
+    before = dict(modes.SPECS)
     yield
-    KINDS.clear()
-    KINDS.update(before)
+    for name in [name for name in modes.SPECS if name not in before]:
+        modes.unregister(name)
+    for spec in before.values():  # in place: the registry keeps its order
+        modes.register(spec, replace_existing=True)
 
 
 def test_a_registered_kind_is_a_mode_and_passes_the_gate(clean_kinds):
@@ -102,8 +106,8 @@ def test_an_unknown_mode_without_its_plugin_is_one_line(tmp_path, capsys):
     assert code == 2
     assert capsys.readouterr().err == ("kvbench: error: --modes: unknown mode 'mine': expected one of "
                                        "['full', 'concat', 'static', 'paged', 'quantized-int8', 'quantized-int4', "
-                                       "'window', 'hf-dynamic', 'hf-static', 'hf-quantized-int4', "
-                                       "'hf-quantized-int8']\n")
+                                       "'window', 'static-compiled', 'hf-dynamic', 'hf-static', 'hf-quantized-int4', "
+                                       "'hf-quantized-int8', 'hf-static-compiled']\n")
 
 
 def test_the_slowed_test_kind_is_exact_and_slower(clean_kinds):
@@ -122,3 +126,28 @@ def test_the_slowed_test_kind_is_exact_and_slower(clean_kinds):
     started = time.perf_counter_ns()
     decode(model, ids, "slowed")
     assert time.perf_counter_ns() - started >= 16 * model.config.layers * wait
+
+
+HALF = Path(__file__).resolve().parent / "plugins" / "half.py"
+
+
+def test_the_worked_example_a_kind_of_one_class_and_one_spec_runs_through_the_gate_a_run_and_a_record(
+        clean_kinds, tmp_path, capsys):
+    """docs/extending.md's example: tests/plugins/half.py registers `half` by one ModeSpec, nothing else."""
+    assert load_plugin(HALF)["kinds"] == ["half"]
+    half = modes.spec("half")
+    assert (half.source, half.exact, KINDS["half"].__name__) == ("plugin", False, "HalfCache")
+    model = build_model(DecoderConfig(max_length=32))
+    check = check_equivalence(model, token_ids(model.config, 1, 24), ["half"])["half"]
+    assert check.passed and not check.exact and 0 < check.max_abs_diff <= half.drift_limits["max_abs_diff"]
+    output = tmp_path / "half.json"
+    modes.unregister("half")  # `kvbench run` loads the file afresh, as a new process would
+    code = main(["run", "--plugin", str(HALF), "--modes", "full,static,half", "--lengths", "8,16", "--repeats", "2",
+                 "--warmup", "0", "--no-progress", "--output", str(output)])
+    assert code == 0, capsys.readouterr().err
+    record = load_record(output)
+    memory = {entry["mode"]: entry for entry in record["memory"] if entry["length"] == 16}
+    assert memory["half"]["measured_bytes"] == memory["half"]["expected_bytes"] == memory["static"]["measured_bytes"] // 2
+    assert {check["mode"]: check["exact"] for check in record["checks"]}["half"] is False
+    modes.unregister("half")  # read where the plugin is not loaded: the record still reads and reports
+    assert main(["report", str(output)]) == 0 and "half" in capsys.readouterr().out

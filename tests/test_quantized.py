@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from kvbench.cache import QuantizedCache, QuantizedInt4Cache, expected_cache_bytes, make_cache, quantized_cache_bytes
+from kvbench.modes import expected_bytes
 from kvbench.config import preset_config
 from kvbench.decode import check_equivalence, compare_drift, token_ids
 from kvbench.model import DecoderConfig, build_model
@@ -41,7 +42,7 @@ def test_nbytes_counted_from_the_tensors_equals_the_formula(cls, batch, group, r
     with torch.inference_mode():
         for t, piece in enumerate((ids[:, :37], ids[:, 37:38], ids[:, 38:200], *ids[:, 200:].split(1, dim=1))):
             _, cache = model(piece, cache)
-            assert cache.nbytes == cls.expected_bytes(SEED, batch, cache.length, group_size=group, residual=residual)
+            assert cache.nbytes == expected_bytes(cls.kind, SEED, batch, cache.length, group_size=group, residual=residual)
     assert cache.quantized == group * ((300 - residual) // group)
     assert cache.reserved_bytes >= cache.nbytes
 
@@ -59,7 +60,7 @@ def test_dequantized_values_are_within_about_half_a_step_of_the_originals(cls):
     assert ((cache.keys(0) - originals[0, :, :, 0]).abs() <= 0.65 * scale_k + 3e-3).all()
     scale_v = cache._value_scales[0, ..., 0].float().repeat_interleave(8, dim=-1)  # per token, 8 channels a group
     assert ((cache.values(0) - originals[0, :, :, 1]).abs() <= 0.65 * scale_v + 3e-3).all()
-    assert cache.quantized == 64 and cache.nbytes == cls.expected_bytes(SEED, 1, 64, group_size=8, residual=0)
+    assert cache.quantized == 64 and cache.nbytes == expected_bytes(cls.kind, SEED, 1, 64, group_size=8, residual=0)
 
 
 def test_int4_packs_two_codes_per_byte_and_unpacks_them():

@@ -489,3 +489,48 @@ def test_full_made_slower_on_a_contended_machine_is_still_a_code_change():
     full = [cell for cell in result.cells if cell.mode == "full"]
     assert all(cell.judged_by == "time" and cell.verdict == "slower" for cell in full)
     assert {(cell.mode, cell.length) for cell in result.regressions} >= {("full", 16), ("full", 32)}
+
+
+# --- different work is refused, not judged -----------------------------------------------------------------
+
+RESULTS = __import__("pathlib").Path(__file__).resolve().parents[1] / "results"
+DIFFERENT_WORK = [  # (OLD, NEW, what the refusal names first): committed records that time different work
+    ("latency/llama-mini-request.json", "llama/llama-tiny.json", "run.workload.kind request -> loop"),
+    ("latency/llama-mini-contexts.json", "latency/llama-mini-request.json", "run.workload.kind contexts -> request"),
+    ("layouts/seed.json", "llama/llama-tiny.json", "config.family gpt2 -> llama"),
+]
+
+
+@pytest.mark.parametrize("old, new, first", DIFFERENT_WORK)
+def test_records_of_different_work_are_refused_not_judged(capsys, old, new, first):
+    assert main(["compare", str(RESULTS / old), str(RESULTS / new), "--fail-on-regression"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "regression" not in err
+    assert f"{RESULTS / old} and {RESULTS / new} timed different work ({first}" in err and "--force" in err
+
+
+def test_force_lines_different_work_up_with_its_note(capsys):
+    old, new = (str(RESULTS / name) for name in DIFFERENT_WORK[2][:2])  # both timed the loop at length 64
+    assert main(["compare", old, new, "--force"]) == 0
+    assert "the records ran different workloads (config differs)" in capsys.readouterr().out
+
+
+def test_across_machines_refuses_different_work_among_any_of_its_records(capsys):
+    same = [str(RESULTS / "machine-probe" / name) for name in ("machine-a.json", "machine-b.json")]
+    assert main(["compare", "--across-machines", *same]) == 0
+    capsys.readouterr()
+    assert main(["compare", "--across-machines", *same, str(RESULTS / "llama" / "llama-tiny.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "llama-tiny.json timed different work" in err
+    assert main(["compare", "--across-machines", "--force", *same, str(RESULTS / "llama" / "llama-tiny.json")]) == 0
+
+
+def test_records_of_the_same_work_on_other_lengths_or_threads_still_compare():
+    old = synthetic_record(scaling_seconds())
+    new = synthetic_record(scaling_seconds(lengths=(16, 32), seed=1))
+    new["run"].update(threads=2, seed=7, repeats=9)  # the same work on another thread count, seed and sample size
+    from kvbench.report.differences import work_differences
+
+    assert work_differences(RecordView(old), RecordView(new)) == []
+    new["run"]["batch"] = 2
+    assert [d.key for d in work_differences(RecordView(old), RecordView(new))] == ["run.batch"]

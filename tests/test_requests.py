@@ -1,13 +1,16 @@
 """kvbench.requests: a request and a context step, teacher-forced, every kind against the full prefix."""
 
+import time
+
 import pytest
 import torch
 
 from kvbench.cache import CACHE_KINDS, KINDS, ConcatCache
 from kvbench.decode import FULL, decode_full, token_ids
-from kvbench.requests import ContextStep, check_context, check_request, request_logits, time_request
+from kvbench.requests import ContextSteps, check_context, check_request, request_logits, time_request
+from kvbench.modes import spec
 
-EXACT = [kind for kind in CACHE_KINDS if KINDS[kind].exact]
+EXACT = [kind for kind in CACHE_KINDS if spec(kind).exact]
 
 
 @pytest.mark.parametrize("mode", [FULL, *CACHE_KINDS])
@@ -38,30 +41,87 @@ def test_the_gate_of_a_request_passes_every_kind_and_fails_a_broken_one(tiny_mod
 
 
 def test_a_timed_request_keeps_the_prefill_and_every_step():
+    """Each step's own time: the parts add up to no more than the whole call took (cumulative times from the
+    request's start would add up to several times it)."""
     from kvbench.model import DecoderConfig, build_model
 
     model = build_model(DecoderConfig(max_length=64))
     ids = token_ids(model.config, 1, 20)
+    started = time.perf_counter_ns()
     timed = time_request(model, ids, "static", prompt=12)
+    whole = (time.perf_counter_ns() - started) / 1e9
     assert timed["ttft_seconds"] > 0 and len(timed["step_seconds"]) == 8 and min(timed["step_seconds"]) > 0
+    assert timed["ttft_seconds"] + sum(timed["step_seconds"]) <= whole
+
+
+def test_each_step_runs_from_the_end_of_the_one_before(tiny_model, monkeypatch):
+    """A clock whose k-th reading is k * (k + 1) / 2 ms: the k-th step took exactly k ms."""
+    from types import SimpleNamespace
+
+    from kvbench import requests
+
+    readings = iter(k * (k + 1) // 2 * 1_000_000 for k in range(100))
+    monkeypatch.setattr(requests, "time", SimpleNamespace(perf_counter_ns=lambda: next(readings)))
+    timed = time_request(tiny_model, token_ids(tiny_model.config, 1, 12), "static", prompt=8)
+    assert timed["ttft_seconds"] == pytest.approx(0.001)
+    assert timed["step_seconds"] == pytest.approx([0.002, 0.003, 0.004, 0.005])
 
 
 @pytest.mark.parametrize("mode", [FULL, *CACHE_KINDS])
-def test_a_context_step_is_the_full_prefix_step_after_that_context(model_for, mode):
+def test_the_steps_at_a_context_are_the_full_prefix_steps_after_that_context(model_for, mode):
     model = model_for(mode)
     ids = token_ids(model.config, 2, 20, seed=5)
-    step = ContextStep(model, ids, mode, context=13)
-    for _ in range(2):  # prepared afresh before every sample: the same step each time
-        step.prepare()
-        torch.testing.assert_close(step(), decode_full(model, ids[:, :14], keep_logits=True)[:, -1],
-                                   atol=1e-5, rtol=1e-5)
-    assert step.cache is None  # released after the step
-    assert all(check["passed"] for check in check_context(model, ids, [FULL, mode], 13).values())
+    stepping = ContextSteps(model, ids, mode, context=13, warmup=2, timed=4)
+    for _ in range(2):  # prepared afresh before every sample: the same steps each time
+        stepping.prepare()
+        assert len(stepping.detail()["step_seconds"]) == 2  # the warm-up steps, before the timed call
+        stepping()
+        assert len(stepping.detail()["step_seconds"]) == 6 and min(stepping.detail()["step_seconds"]) > 0
+        stepping.finish()
+    assert stepping.stepping is None  # released after the steps
+    checks = check_context(model, ids, [FULL, mode], 13, warmup=2, timed=4)
+    assert all(check["passed"] for check in checks.values()) and checks[mode]["length"] == 7  # prefill + 6 steps
+    torch.testing.assert_close(request_logits(model, ids[:, :19], mode, prompt=13),
+                               decode_full(model, ids[:, :19], keep_logits=True)[:, 12:], atol=1e-5, rtol=1e-5)
 
 
 def test_a_context_beyond_the_ids_or_a_prompt_beyond_them_is_a_value_error(tiny_model):
     ids = token_ids(tiny_model.config, 1, 8)
-    with pytest.raises(ValueError, match="a step after 8 tokens needs 9 ids, got 8"):
-        ContextStep(tiny_model, ids, "static", context=8)
+    with pytest.raises(ValueError, match="4 warm-up and 16 timed steps after 8 tokens need 28 ids, got 8"):
+        ContextSteps(tiny_model, ids, "static", context=8)
     with pytest.raises(ValueError, match=r"prompt must be in \[1, 8\] tokens of the 8 ids, got 9"):
         request_logits(tiny_model, ids, "static", prompt=9)
+
+
+def test_a_contexts_sample_times_the_steady_steps_only_not_the_cache_its_prefill_or_its_release(tiny_model):
+    """Issue 28: a cache whose making and releasing each take 50 ms; the samples of its steps must not."""
+    import time
+
+    from kvbench import modes
+    from kvbench.cache import StaticCache
+    from kvbench.sampling import sample
+    from kvbench.timing import Protocol
+    from kvbench.workloads import Contexts
+
+    class Ponderous(StaticCache):
+        released = 0
+
+        def __init__(self, *args, **kwargs):
+            time.sleep(0.05)
+            super().__init__(*args, **kwargs)
+
+        def release(self):
+            time.sleep(0.05)
+            type(self).released += 1
+
+    modes.register(modes.spec_of_cache("ponderous", Ponderous))
+    try:
+        workload, ids = Contexts(warmup_steps=2, timed_steps=5), token_ids(tiny_model.config, 1, 40)
+        loops = {30: {mode: workload.call(tiny_model, ids, 30, mode, None) for mode in (FULL, "ponderous")}}
+        samples = sample(loops, Protocol.fixed(repeats=3, warmup=1)).samples
+    finally:
+        modes.unregister("ponderous")
+    assert Ponderous.released == 4  # the warm-up sample's and each timed sample's, after each
+    for kept in samples:
+        steps = kept.detail["step_seconds"]
+        assert len(steps) == 7 and sum(steps[2:]) <= kept.seconds < 0.05, (kept.mode, kept.seconds)

@@ -216,3 +216,85 @@ def test_the_heap_is_frozen_out_of_collection_while_sampling_and_released_after(
     assert seen[:2] == [(before, True)] * 2
     assert len(seen) == 6 and all(frozen > before and not enabled for frozen, enabled in seen[2:])
     assert gc.get_freeze_count() == before and gc.isenabled()
+
+
+# --- pinned by value -------------------------------------------------------------------------------
+
+
+def test_the_rule_stops_on_the_widest_of_several_watched_intervals():
+    widths = {"static": 0.01, "paged": 0.08, "concat": 0.03}
+    protocol = Protocol(repeats=3, precision=0.05, max_repeats=100, max_seconds=1e9)
+    state = sampling.LengthSampling(4, rotations=3)
+    assert stop_reason(state, protocol, [], "full", 0.0, watch=lambda samples, length: widths) is None
+    assert state.half_width == 0.08 and state.half_widths == widths
+    at_target = Protocol(repeats=3, precision=0.08, max_repeats=100, max_seconds=1e9)
+    assert stop_reason(state, at_target, [], "full", 0.0, watch=lambda samples, length: widths) == "precise"
+    nothing = sampling.LengthSampling(4, rotations=3)  # nothing watched: no width, no precision stop
+    assert stop_reason(nothing, at_target, [], "full", 0.0, watch=lambda samples, length: {}) is None
+    assert nothing.half_width is None
+    assert nothing.to_dict() == {"length": 4, "rotations": 3, "stop": None, "half_width": None, "half_widths": {}}
+
+
+def test_without_a_baseline_the_half_width_is_that_of_the_median_interval():
+    seconds = {"static": [1.0, 1.1, 0.9, 1.2, 0.8, 1.05, 0.95], "paged": [2.0] * 7}
+    samples = [Sample(mode, 4, r, 0, values[r]) for mode, values in seconds.items() for r in range(7)]
+    widths = watched_half_widths(samples, 4, "full")
+    # 7 values: the order statistics x(1) and x(7), the range: (1.2 - 0.8) / (0.8 + 1.2)
+    assert widths == {"static": pytest.approx(0.2), "paged": 0.0}
+
+
+def test_each_sample_started_when_the_clock_says_it_did(clocked):
+    unit = 1 / 1024
+    clocked.update({(4, "full"): itertools.cycle([2 * unit]), (4, "static"): itertools.cycle([unit])})
+    state = sample(keyed_loops([4], ["full", "static"]), Protocol.fixed(2, warmup=1, order="rotate"))
+    # warmup (3 units) moves the clock before the first sample; starts count from the run's first sample
+    took = {"full": 2 * unit, "static": unit}
+    modes = [s.mode for s in state.samples]
+    assert modes == rotation_order(["full", "static"], 0, "rotate", 0, 4) + rotation_order(["full", "static"], 1,
+                                                                                           "rotate", 0, 4)
+    assert [s.started for s in state.samples] == [round(sum(took[m] for m in modes[:i]), 6) for i in range(4)]
+    assert state.elapsed == 6 * unit
+    assert [s.order for s in state.samples] == [0, 1, 0, 1] and [s.repetition for s in state.samples] == [0, 0, 1, 1]
+
+
+def test_sampling_closes_its_probe(scripted):
+    import os
+
+    durations, _ = scripted
+    durations.update(full=itertools.cycle([2.0]), static=itertools.cycle([1.0]))
+    before = len(os.listdir("/proc/self/fd"))
+    sample(loops([4], ["full", "static"]), Protocol.fixed(2, warmup=0))
+    assert len(os.listdir("/proc/self/fd")) == before  # the probe's /proc descriptors were closed
+
+
+def test_a_prepare_runs_before_every_call_outside_the_timed_region(scripted):
+    durations, calls = scripted
+    durations.update(full=itertools.cycle([2.0]))
+
+    class Prepared:
+        def prepare(self):
+            calls.append("prepare")
+
+        def __call__(self):
+            return "full"
+
+    state = sample({4: {"full": Prepared()}}, Protocol.fixed(2, warmup=1))
+    assert calls == ["prepare", "prepare", "full", "prepare", "full"]  # the warmup's call is not timed here
+    assert len(state.samples) == 2
+
+
+def test_a_contended_length_is_watched_on_the_cpu_clock_of_one_thread():
+    """Every sample waited for a CPU: with one thread (the default) the speedup is of CPU seconds, which here are
+    steady, while wall seconds are not; with two threads wall time is the only honest clock."""
+    samples = [Sample(mode, 4, r, 0, wall, telemetry={"runqueue_seconds": wall, "cpu_seconds": cpu})
+               for r in range(9)
+               for mode, wall, cpu in (("full", 2.0 + 0.3 * (r % 3), 2.0), ("static", 1.0 + 0.4 * (r % 2), 1.0))]
+    steady = watched_half_widths(samples, 4, "full", between_run=0.0)
+    assert steady == {"static": 0.0}
+    assert watched_half_widths(samples, 4, "full", between_run=0.0, threads=2)["static"] > 0.05
+
+
+def test_a_round_runs_at_least_one_rotation_and_an_empty_run_took_no_time():
+    protocol = Protocol(repeats=3, max_repeats=50)
+    assert sampling.rotations_in_round(sampling.LengthSampling(4, rotations=3), protocol, 0.2, 0.1) == 1
+    assert Sampling().elapsed == 0.0 and sampling.LengthSampling(4).rotations == 0

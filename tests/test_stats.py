@@ -190,3 +190,132 @@ def test_crossover_is_none_when_caching_never_pays_and_zero_when_always():
 
 def test_spread():
     assert stats.spread(0.9, 1.1, 1.0) == pytest.approx(0.2)
+
+
+def test_spread_divides_by_the_median_and_is_infinite_without_one():
+    assert stats.spread(1.0, 3.0, 4.0) == 0.5  # any median but 1 tells division from multiplication
+    assert stats.spread(0.2, 0.3, 0.0) == math.inf
+    assert stats.spread(0.2, 0.3, -1.0) == math.inf
+
+
+# --- values pinned by hand (each would survive a flipped operator otherwise) -------------------
+
+def test_unpaired_ratio_refuses_one_empty_side():
+    for old, new in (([], [1.0]), ([1.0], []), ([], [])):
+        with pytest.raises(ValueError, match=f"got {len(old)} old and {len(new)} new"):
+            stats.unpaired_ratio(old, new)
+
+
+def test_unpaired_ratio_is_new_over_old_with_the_smaller_sample_as_pairs():
+    estimate = stats.unpaired_ratio([2.0, 2.0, 2.0, 2.0, 2.0], [1.0, 1.0, 1.0])
+    assert (estimate.ratio, estimate.low, estimate.high, estimate.pairs) == (0.5, 0.5, 0.5, 3)
+
+
+def test_r_squared_of_an_imperfect_fit_is_the_squared_correlation_of_the_logs():
+    lengths = [16, 32, 64, 128]
+    seconds = [1.0, 3.0, 2.0, 9.0]
+    fit = stats.fit_power_law(lengths, seconds)
+    x, y = np.log(lengths), np.log(seconds)
+    assert fit.r_squared == pytest.approx(np.corrcoef(x, y)[0, 1] ** 2)
+    assert 0.5 < fit.r_squared < 0.9
+    slope, intercept = np.polyfit(x, y, 1)
+    assert (fit.b, fit.a) == (pytest.approx(slope), pytest.approx(math.exp(intercept)))
+    residual = y - (intercept + slope * x)
+    stderr = math.sqrt(residual @ residual / 2 / ((x - x.mean()) @ (x - x.mean())))
+    assert fit.b_stderr == pytest.approx(stderr)
+    half = 4.302652729911275 * stderr  # t(0.975, 2 degrees of freedom)
+    assert (fit.b_low, fit.b_high) == (pytest.approx(slope - half), pytest.approx(slope + half))
+    assert fit.tail_b == pytest.approx(math.log(9.0 / 2.0) / math.log(2.0))
+    assert fit.points == 4
+
+
+def test_the_between_run_widening_of_a_speedup_by_value():
+    base = {r: 2.0 + 0.01 * r for r in range(9)}
+    mine = {r: 1.0 for r in range(9)}
+    within = stats.speedup(base, mine, interval="within")
+    assert within == stats.paired_ratio(base, mine)
+    confidence = stats.speedup(base, mine, interval="confidence", between_run=0.02)
+    extra = 1.959963984540054 * 0.02
+    assert confidence.ratio == within.ratio == 2.04
+    assert confidence.low == pytest.approx(2.04 * math.exp(-math.hypot(math.log(2.04 / within.low), extra)))
+    assert confidence.high == pytest.approx(2.04 * math.exp(math.hypot(math.log(within.high / 2.04), extra)))
+    assert confidence.interval == "order statistics + between runs 2.0%"
+    rerun = stats.speedup(base, mine, between_run=0.02)
+    assert rerun == stats.rerun_interval(confidence)
+    default = stats.speedup(base, mine, interval="confidence")  # BETWEEN_RUN["speedup"], 1%
+    assert default == stats.with_between_run(within, 0.01)
+    assert stats.speedup(base, mine, interval="confidence", between_run=0.0) == within
+    assert stats.speedup(base, {}, interval="confidence") is None
+    with pytest.raises(ValueError, match="interval must be one of"):
+        stats.speedup(base, mine, interval="wide")
+
+
+def test_the_rerun_floor_and_the_standard_error_an_interval_implies():
+    z = 1.959963984540054
+    assert stats.rerun_floor(0.01) == pytest.approx(math.sinh(math.sqrt(2) * z * 0.01))
+    estimate = stats.RatioEstimate(2.0, 1.0, 4.0, 5)
+    assert stats.log_standard_error(estimate) == pytest.approx(math.log(4.0) / (2 * z))
+    assert estimate.half_width == 0.75  # (4 - 1) / (2 * 2)
+    assert estimate.contains(1.0) and estimate.contains(4.0) and not estimate.contains(4.001)
+    assert stats.normal_quantile(0.975) == pytest.approx(z)
+
+
+def test_confidence_from_rerun_undoes_rerun_interval():
+    estimate = stats.RatioEstimate(2.0, 1.6, 2.3, 9, "median-of-ratios", "order statistics")
+    back = stats.confidence_from_rerun(stats.rerun_interval(estimate))
+    assert (back.ratio, back.low, back.high, back.pairs) == (2.0, pytest.approx(1.6), pytest.approx(2.3), 9)
+    assert back.interval == "confidence (rerun rerun (order statistics x sqrt 2) / sqrt 2)"
+
+
+def test_a_median_estimate_is_the_order_statistic_interval_widened_between_runs():
+    seconds = [float(x) for x in range(1, 11)]
+    estimate = stats.median_estimate(seconds, 0.0)
+    assert (estimate.ratio, estimate.low, estimate.high, estimate.pairs) == (5.5, 2.0, 9.0, 10)
+    widened = stats.median_estimate(seconds, 0.05)
+    assert widened == stats.with_between_run(estimate, 0.05) and widened.low < 2.0 and widened.high > 9.0
+
+
+def test_bootstrapped_estimators_take_their_percentile():
+    base = {r: float(r + 2) for r in range(11)}  # 2..12
+    mine = {r: 1.0 + 0.1 * r for r in range(11)}  # 1..2
+    minima = stats.paired_ratio(base, mine, "ratio-of-minima")
+    assert minima.ratio == 2.0 and minima.low <= 2.0 <= minima.high
+    assert stats.paired_ratio(base, mine, "ratio-of-medians").ratio == pytest.approx(7.0 / 1.5)
+    assert stats.paired_ratio(base, mine, "ratio-of-p20").ratio == pytest.approx(4.0 / 1.2)
+    assert stats.paired_ratio(base, {}, "ratio-of-minima") is None
+
+
+def test_a_trend_needs_eight_samples_and_two_start_times():
+    started = [float(i) for i in range(8)]
+    rising = [1.0 + 0.1 * i for i in range(8)]
+    found = stats.trend(started, rising)
+    assert found.tau == pytest.approx(1.0)
+    assert found.change == pytest.approx(0.1 * 7 / 1.35)  # slope * span / median
+    assert stats.trend(started[:7], rising[:7]) is None
+    assert stats.trend([0.0] * 8, rising) is None
+    assert stats.trend(started, [1.0] * 8).p_value == 1.0  # a constant cell: no p-value, no trend
+
+
+def test_drifting_needs_significance_and_size_in_either_direction():
+    assert stats.Trend(0.5, 0.009, 0.05).drifting
+    assert stats.Trend(-0.5, 0.009, -0.05).drifting
+    assert not stats.Trend(0.5, 0.01, 0.5).drifting
+    assert not stats.Trend(0.5, 0.001, 0.0499).drifting
+
+
+def test_the_thresholds_docs_statistics_quotes():
+    """docs/statistics.md states the noisy mark (IQR / median above 10%) and a running median of 9 steps."""
+    assert stats.NOISY_SPREAD == 0.10
+    four, five = [1.0] * 20, [1.0] * 20
+    four[8:12] = [100.0] * 4
+    five[8:13] = [100.0] * 5
+    assert stats.running_median(four) == [1.0] * 20  # 4 spikes of 9: outvoted (a window of 8 would tie)
+    assert stats.running_median(five)[10] == 100.0  # 5 of 9 win (a window of 10 would tie)
+
+
+def test_estimates_and_fits_are_frozen_values():
+    fit = stats.fit_power_law([10, 20], [1.0, 2.0])
+    estimate = stats.RatioEstimate(2.0, 1.0, 4.0, 5)
+    for value, name in ((fit, "b"), (estimate, "ratio"), (stats.Trend(0.0, 1.0, 0.0), "tau")):
+        with pytest.raises(AttributeError):
+            setattr(value, name, 0.0)

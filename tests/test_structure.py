@@ -7,6 +7,7 @@ cycle cannot hide behind a late import.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -107,10 +108,34 @@ def test_modules_and_functions_stay_readable_in_one_sitting(root):
     assert too_long == []
 
 
-def test_the_kinds_torch_free_readers_know_are_the_kinds_kvbench_ships():
+def test_the_bytes_a_mode_retains_have_one_answer():
+    """kvbench.modes.expected_bytes is the only byte formula by mode: no cache class, no other module keeps one."""
+    import re
+
+    definitions = [f"{path.relative_to(ROOT)}: {match}" for root in ("kvbench", "benchmarks", "scripts")
+                   for path in sorted((ROOT / root).rglob("*.py"))
+                   for match in re.findall(r"def (\w*expected_bytes|formula_bytes)\(", path.read_text())]
+    assert definitions == ["kvbench/modes.py: expected_bytes"]
     from kvbench.cache import KINDS
-    from kvbench.kinds import CACHE_KINDS, FORMULAS, QUANTIZED_BITS
+    from kvbench.modes import CACHE_KINDS, SPECS
 
     assert tuple(KINDS)[: len(CACHE_KINDS)] == CACHE_KINDS
-    assert set(FORMULAS) == set(CACHE_KINDS)
-    assert all(KINDS[kind].bits == bits for kind, bits in QUANTIZED_BITS.items())
+    assert all(SPECS[kind].cache_factory() is KINDS[kind] and SPECS[kind].bytes is not None for kind in CACHE_KINDS)
+
+
+# A switch on a mode's name: `== FULL`, `!= "window"`, `in HF_MODES` and the like. What a mode is and does is its
+# spec's (kvbench.modes); the few left outside it say why on their line.
+MODE_SWITCH = re.compile(r'(==|!=) ?(kinds\.|registry\.|modes\.)?(FULL\b|"full"|"window")|(not )?in (kinds\.|modes\.)?HF_MODES')
+
+
+def test_modes_are_not_switched_on_by_name_outside_the_registry():
+    found, unexplained = [], []
+    for root in ("kvbench", "benchmarks"):
+        for path in sorted((ROOT / root).rglob("*.py")):
+            lines = path.read_text().splitlines() if path.name != "modes.py" else []
+            for number, line in enumerate(lines):
+                if MODE_SWITCH.search(line):
+                    found.append(f"{path.relative_to(ROOT)}:{number + 1}: {line.strip()}")
+                    if "#" not in line and "#" not in lines[number - 1]:  # the why, on its line or the one above
+                        unexplained.append(found[-1])
+    assert len(found) <= 3 and unexplained == [], found

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from kvbench.cache import WindowCache, expected_cache_bytes, make_cache
+from kvbench.modes import expected_bytes
 from kvbench.decode import check_equivalence, token_ids
 from kvbench.model import DecoderConfig, build_model, preset_config
 
@@ -41,7 +42,7 @@ def test_bytes_stay_at_w_positions_whatever_the_length(model):
                 at_window = cache.nbytes
     assert at_window == expected_cache_bytes(CONFIG, 1, CONFIG.window)
     assert cache.nbytes == at_window and cache.reserved_bytes == at_window
-    assert WindowCache.expected_bytes(CONFIG, 1, 200) == at_window
+    assert expected_bytes("window", CONFIG, 1, 200) == at_window
 
 
 @pytest.mark.parametrize("length", [8, 9, 64])
@@ -82,7 +83,7 @@ def test_a_sliding_layer_holds_a_ring_and_the_others_every_position(gemma):
     held = [cache.keys(layer).shape[2] for layer in range(GEMMA.layers)]
     assert held == [8, 40, 8, 40] and cache.layer_slots == [8, 64, 8, 64]
     per_position = 2 * 2 * GEMMA.kv_heads * GEMMA.head_dim * 4  # k and v, batch 2, float32, one layer
-    assert cache.nbytes == (8 + 40 + 8 + 40) * per_position == WindowCache.expected_bytes(GEMMA, 2, 40)
+    assert cache.nbytes == (8 + 40 + 8 + 40) * per_position == expected_bytes("window", GEMMA, 2, 40)
     assert cache.reserved_bytes == (8 + 64 + 8 + 64) * per_position
     with torch.inference_mode():  # the full layers keep every rotated key, as concat does; the sliding its last 8
         _, concat = gemma(ids, make_cache("concat", GEMMA, batch=2))
@@ -128,7 +129,7 @@ def test_a_ring_with_sinks_holds_the_first_k_and_the_last_w_positions():
     assert cache.ring_positions(11).tolist() == list(range(11))
     assert cache.ring_positions(13).tolist() == [0, 1, 2, 11, 12, 5, 6, 7, 8, 9, 10]
     assert sorted(cache.ring_positions(100).tolist()) == [0, 1, 2, *range(92, 100)]
-    assert WindowCache.expected_bytes(SINKS, 1, 100) == expected_cache_bytes(SINKS, 1, 11)
+    assert expected_bytes("window", SINKS, 1, 100) == expected_cache_bytes(SINKS, 1, 11)
 
 
 @pytest.mark.parametrize("preset", ["seed", "gemma-tiny"])

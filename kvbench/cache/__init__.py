@@ -7,17 +7,48 @@ a fresh cache of a kind by name.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import MutableMapping
+
+from kvbench import modes
 from kvbench.cache.base import Cache, expected_cache_bytes
 from kvbench.cache.contiguous import ConcatCache, StaticCache
 from kvbench.cache.paged import BlockPool, PagedCache
 from kvbench.cache.quantized import QuantizedCache, QuantizedInt4Cache, quantized_cache_bytes
 from kvbench.cache.window import WindowCache
 from kvbench.config import DecoderConfig
-from kvbench.kinds import CACHE_KINDS, CONTROL, FULL, KIND_NAME
+from kvbench.modes import CACHE_KINDS, KIND_NAME, expected_bytes
 
-# The kinds kvbench ships (kvbench.kinds.CACHE_KINDS names them); register_kind adds others for this process.
-KINDS: dict[str, type[Cache]] = {kind.kind: kind for kind in (
-    ConcatCache, StaticCache, PagedCache, QuantizedCache, QuantizedInt4Cache, WindowCache)}
+
+class Kinds(MutableMapping):
+    """kind -> its cache class: a view of the mode registry (kvbench.modes) over the modes that make a kvbench
+    cache, the shipped kinds first. Setting a kind registers a plugin's spec for its class (register_kind)."""
+
+    def __getitem__(self, name: str) -> type[Cache]:
+        found = modes.SPECS.get(name)
+        if found is None or found.cache is None:
+            raise KeyError(name)
+        return found.cache_factory()
+
+    def __iter__(self):
+        return iter(modes.names(modes.KVBENCH, modes.PLUGIN))
+
+    def __len__(self) -> int:
+        return len(modes.names(modes.KVBENCH, modes.PLUGIN))
+
+    def __setitem__(self, name: str, factory: type[Cache]) -> None:
+        """A kind already registered keeps its spec with another class (a test's stand-in); a new one is a plugin's."""
+        found = modes.SPECS.get(name)
+        spec = modes.spec_of_cache(name, factory) if found is None else dataclasses.replace(found, cache=factory)
+        modes.register(spec, replace_existing=True)
+
+    def __delitem__(self, name: str) -> None:
+        if name not in self:
+            raise KeyError(name)
+        modes.unregister(name)
+
+
+KINDS = Kinds()
 
 __all__ = ["CACHE_KINDS", "KIND_NAME", "KINDS", "BlockPool", "Cache", "ConcatCache", "PagedCache", "QuantizedCache",
            "QuantizedInt4Cache", "StaticCache", "WindowCache", "expected_bytes", "expected_cache_bytes", "make_cache",
@@ -26,24 +57,17 @@ __all__ = ["CACHE_KINDS", "KIND_NAME", "KINDS", "BlockPool", "Cache", "ConcatCac
 
 def register_kind(name: str, factory: type[Cache]) -> None:
     """Make a cache kind of your own available by name to make_cache, the gate, `kvbench run`
-    (through --plugin) and the report. `factory` is a Cache subclass: the gate reads its `exact`
-    and `drift_limits`, the memory probe its `expected_bytes`; `factory(config, batch, capacity)`
-    returns a fresh cache."""
-    if not isinstance(name, str) or not KIND_NAME.fullmatch(name) or name in (FULL, CONTROL):
-        raise ValueError(f"a kind name is a plain lowercase word (letters, digits, '-', '_'), not 'full' or "
-                         f"'control', got {name!r}")
-    if KINDS.get(name, factory) is not factory:
-        raise ValueError(f"cache kind {name!r} is already registered (as {KINDS[name].__name__})")
+    (through --plugin) and the report: a plugin spec (kvbench.modes.spec_of_cache) from `factory`, a Cache
+    subclass. It inherits the spec of the kind it extends; its class may set `exact = False` with
+    `drift_limits` (and `family_drift_limits`), and an `expected_bytes(config, batch, length, **options)`
+    classmethod; `factory(config, batch, capacity, **options)` returns a fresh cache. A plugin may instead
+    register a kvbench.modes.ModeSpec itself."""
+    modes.check_name(name)
     if not (isinstance(factory, type) and issubclass(factory, Cache)):
         raise ValueError(f"a cache kind must be a subclass of kvbench.cache.Cache, got {factory!r}")
-    KINDS[name] = factory
-
-
-def expected_bytes(kind: str, config: DecoderConfig, batch: int, length: int, **options) -> int:
-    """The bytes a `kind` cache retains for `length` positions, by its own formula."""
-    if kind not in KINDS:
-        raise ValueError(f"cache kind must be one of {list(KINDS)}, got {kind!r}")
-    return KINDS[kind].expected_bytes(config, batch, length, **options)
+    if name in modes.SPECS and modes.SPECS[name].cache is not factory:
+        raise ValueError(f"cache kind {name!r} is already registered (as {modes.describe_source(modes.SPECS[name])})")
+    modes.register(modes.spec_of_cache(name, factory))
 
 
 def make_cache(kind: str, config: DecoderConfig, batch: int = 1, capacity: int | None = None, **options) -> Cache:

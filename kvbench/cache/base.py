@@ -31,22 +31,11 @@ def ceil_div(a: int, b: int) -> int:
 class Cache:
     """What every kind shares: ownership of one request, its length and its checks."""
 
-    kind = "abstract"
-    exact = True  # reproduces the full-prefix logits within the dtype's tolerance (a lossy kind: False)
-    drift_limits: dict[str, float] | None = None  # a lossy kind's own thresholds (see decode.compare_drift)
-    trained_drift_limits: dict[str, float] | None = None  # on a trained model's weights, where they differ (drift.md)
+    kind = "abstract"  # the name of its mode (kvbench.modes), whose spec says what the gate and memory expect of it
     key_positions: Tensor | None = None  # absolute positions of the keys update() returned, when not 0..T-1
-
-    @classmethod
-    def limits_for(cls, config: DecoderConfig) -> dict[str, float] | None:
-        """The drift limits a lossy kind is judged by on a model of `config` (a family may drift more)."""
-        return cls.drift_limits
-
-    @classmethod
-    def expected_bytes(cls, config: DecoderConfig, batch: int, length: int, **options) -> int:
-        """This kind's retained bytes for `length` positions: the formula its nbytes must equal
-        (kvbench.kinds.FORMULAS holds the shipped kinds', for readers without torch)."""
-        return expected_cache_bytes(config, batch, length)
+    # A batch of requests at their own lengths (kvbench.cache.batch) sets both; one request leaves them None.
+    row_positions: Tensor | None = None  # (B, L) absolute position of every new token, row by row
+    key_mask: Tensor | None = None  # (B, 1, L, S) True where a query may attend: each row's own keys, no padding
 
     def __init__(self, config: DecoderConfig, batch: int = 1, capacity: int | None = None) -> None:
         capacity = config.max_length if capacity is None else capacity

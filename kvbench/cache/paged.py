@@ -284,6 +284,10 @@ class PagedCache(Cache):
         blocks = torch.tensor(self._rows, dtype=torch.long).view(self.batch, -1)[:, positions // self.block_size]
         return (blocks * self.block_size + positions % self.block_size).view(-1)
 
+    def blocks_needed(self, length: int) -> int:
+        """Free blocks appending `length` positions would take (a scheduler asks before it runs the step)."""
+        return self._blocks_needed(length)
+
     def _blocks_needed(self, length: int) -> int:
         """Fresh blocks reserve(length) takes: new blocks per row plus copies of shared last blocks."""
         size, start = self.block_size, self.length

@@ -22,6 +22,7 @@ import math
 import torch
 from torch import Tensor
 
+from kvbench import modes
 from kvbench.cache.base import Cache
 from kvbench.config import DecoderConfig
 from kvbench.kinds import GROUP_SIZE, RESIDUAL, check_quantized_options, quantized_cache_bytes, quantized_cache_parts
@@ -37,30 +38,12 @@ class QuantizedCache(Cache):
     """Keys per channel and values per token in `bits`-bit integers, the newest positions in full precision."""
 
     kind = "quantized-int8"
-    bits = 8
-    exact = False
-    # Judged by these, not by the exact gate (docs/drift.md): the largest logit difference, the mean and
-    # largest KL divergence (nats) of next-token distributions, how often the top token agrees. About 10x
-    # the worst seen on the seed and medium presets (seeds 0-2, T up to 2048, G=4/R=3 and the defaults),
-    # so a correct cache passes with room and a wrong scale or group does not.
-    drift_limits = {"max_abs_diff": 5e-3, "kl_mean": 5e-8, "kl_max": 1e-7, "top1_agreement": 0.99}
-    # The llama family drifts more: its keys are quantized after rotation, which spreads a channel's range over
-    # positions, and its logits are larger. About 10x the worst seen on the llama, qwen, mistral and gemma tiny
-    # presets (seeds 0-2, T up to 1024, G=4/R=3 and the defaults) and llama-mini (T up to 512): |diff| 7.4e-3,
-    # KL mean 1.2e-6, KL max 3.0e-6, top-1 0.984 (one disagreement in 64 steps).
-    family_drift_limits = {"llama": {"max_abs_diff": 7.5e-2, "kl_mean": 1.2e-5, "kl_max": 3e-5, "top1_agreement": 0.98}}
-    # Trained weights (SmolLM2-135M on corpus text, G=R=16, 4 x 128 tokens, results/real/quality-quantized.json):
-    # worst |diff| 0.275, KL max 1.4e-3, KL mean 1.7e-5, top-1 0.998; about 3x, top-1 with room for one flip in 50.
-    trained_drift_limits = {"max_abs_diff": 1.0, "kl_mean": 5e-5, "kl_max": 5e-3, "top1_agreement": 0.98}
-
-    @classmethod
-    def limits_for(cls, config: DecoderConfig) -> dict[str, float]:
-        return cls.family_drift_limits.get(config.family, cls.drift_limits)
+    bits = modes.SPECS[kind].bits  # the spec also holds its drift limits, by family
 
     def __init__(self, config: DecoderConfig, batch: int = 1, capacity: int | None = None,
                  group_size: int = GROUP_SIZE, residual: int = RESIDUAL) -> None:
         super().__init__(config, batch, capacity)
-        self.drift_limits = self.limits_for(config)  # this cache's model's family's
+        self.drift_limits = modes.spec(self.kind).limits_for(config)  # this cache's model's family's
         check_options(self.bits, config.head_dim, group_size, residual)
         D = config.head_dim
         self.group_size, self.residual = group_size, residual
@@ -75,11 +58,6 @@ class QuantizedCache(Cache):
         self._value_scales = torch.zeros(*lead, stored, D // self.value_group, 2, dtype=SCALE_DTYPE)
         self._recent = torch.zeros(*lead, 2, min(self.capacity, residual + group_size), D, dtype=config.dtype)
         self.quantized = 0  # positions in the integer store; the rest (length - quantized) are recent
-
-    @classmethod
-    def expected_bytes(cls, config: DecoderConfig, batch: int, length: int, group_size: int = GROUP_SIZE,
-                       residual: int = RESIDUAL, **options) -> int:
-        return quantized_cache_bytes(config, batch, length, cls.bits, group_size, residual)
 
     # -- the protocol ---------------------------------------------------------------------
 
@@ -195,10 +173,4 @@ class QuantizedCache(Cache):
 
 class QuantizedInt4Cache(QuantizedCache):
     kind = "quantized-int4"
-    bits = 4
-    # Worst seen: max |diff| 4.6e-3, KL mean 3.8e-7, KL max 1.6e-6; top-1 0.94 (one near-tie in 16 steps).
-    drift_limits = {"max_abs_diff": 5e-2, "kl_mean": 1e-5, "kl_max": 5e-5, "top1_agreement": 0.9}
-    # llama family, worst seen as above: |diff| 0.13, KL mean 3.7e-4, KL max 8.7e-4, top-1 0.969 (2 in 64).
-    family_drift_limits = {"llama": {"max_abs_diff": 1.0, "kl_mean": 4e-3, "kl_max": 1e-2, "top1_agreement": 0.9}}
-    # Trained weights, as for int8: worst |diff| 3.0, KL max 0.82, KL mean 5.2e-3, top-1 0.971.
-    trained_drift_limits = {"max_abs_diff": 10.0, "kl_mean": 2e-2, "kl_max": 3.0, "top1_agreement": 0.9}
+    bits = modes.SPECS[kind].bits

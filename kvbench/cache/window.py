@@ -26,7 +26,6 @@ from torch import Tensor
 
 from kvbench.cache.base import Cache
 from kvbench.config import DecoderConfig
-from kvbench.kinds import window_cache_bytes
 
 
 class WindowCache(Cache):
@@ -47,10 +46,6 @@ class WindowCache(Cache):
         self._values = [torch.zeros(shape, dtype=config.dtype) for shape in shapes]
         self._overwritten: list[tuple[int, int | Tensor, Tensor, Tensor]] = []  # (layer, slot(s), keys, values)
         self.key_positions = None
-
-    @classmethod
-    def expected_bytes(cls, config: DecoderConfig, batch: int, length: int, **options) -> int:
-        return window_cache_bytes(config, batch, length)
 
     def ring_positions(self, length: int, layer: int | None = None) -> Tensor:
         """Absolute position held by each valid slot of a layer (the first sliding one by default) when

@@ -21,18 +21,19 @@ from kvbench.cli.commands import (
     cmd_env,
     cmd_export,
     cmd_history,
-    cmd_report,
     cmd_show,
 )
-from kvbench.cli.options import CliError, build_parser
+from kvbench.cli.options import build_parser
+from kvbench.cli.parser import CliError
 from kvbench.cli.run import cmd_run
+from kvbench.cli.serve import cmd_report_any
 from kvbench.files import OutputExistsError
 from kvbench.report.format import visible
 from kvbench.signals import Interrupted, SignalGuard
 
 __all__ = ["COMMANDS", "CliError", "build_parser", "main"]
 
-COMMANDS = {"run": cmd_run, "show": cmd_show, "report": cmd_report, "compare": cmd_compare, "export": cmd_export,
+COMMANDS = {"run": cmd_run, "show": cmd_show, "report": cmd_report_any, "compare": cmd_compare, "export": cmd_export,
             "history": cmd_history, "env": cmd_env, "budget": cmd_budget, "asv-machine": cmd_asv_machine, "asv-show": cmd_asv_show}
 
 

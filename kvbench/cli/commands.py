@@ -14,12 +14,14 @@ import sys
 from pathlib import Path
 
 from kvbench import capture, files
-from kvbench.budget import model_budget
-from kvbench.cli.options import PLOT_SUFFIXES, REPOSITORY_VARIABLE, CliError
+from kvbench.budget import BudgetError, model_budget
+from kvbench.cli.options import PLOT_SUFFIXES, REPOSITORY_VARIABLE
+from kvbench.cli.parser import CliError
 from kvbench.config import PlainConfig
 from kvbench.files import write_bytes_atomic
 from kvbench.record import RecordView
 from kvbench.report import compare, markdown, model, terminal
+from kvbench.report.differences import work_differences, work_text
 from kvbench.report.format import stdout_console
 
 
@@ -120,6 +122,14 @@ def check_comparison_options(args: argparse.Namespace) -> None:
         raise CliError(f"--alpha must lie strictly between 0 and 1, got {args.alpha:g}")
 
 
+def check_same_work(old: RecordView, new: RecordView, force: bool) -> None:
+    """Refuse to judge records that timed different work (a verdict between them means nothing), unless forced."""
+    differences = work_differences(old, new)
+    if differences and not force:
+        raise CliError(f"{old.source} and {new.source} timed different work ({work_text(differences)}): their "
+                       "times do not compare; pass --force to line them up anyway")
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     check_comparison_options(args)
     if args.more and not args.across_machines:
@@ -129,6 +139,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
             if given:
                 raise CliError(f"{option} judges NEW against OLD; --across-machines lines records up instead")
         views = [load_view(path) for path in (args.old, args.new, *args.more)]
+        for view in views[1:]:
+            check_same_work(views[0], view, args.force)
         if args.format == "markdown":
             sys.stdout.write(markdown.render_across(views))
         else:
@@ -139,8 +151,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     mapping = dict(args.pair)
     if len(mapping) < len(args.pair):
         raise CliError("--pair names a NEW mode twice")
-    comparison = compare.compare_records(load_view(args.old), load_view(args.new), factor=args.factor,
-                                         alpha=args.alpha, mapping=mapping)
+    old, new = load_view(args.old), load_view(args.new)
+    check_same_work(old, new, args.force)
+    comparison = compare.compare_records(old, new, factor=args.factor, alpha=args.alpha, mapping=mapping)
     if args.format == "markdown":
         sys.stdout.write(markdown.render_comparison(comparison))
     else:
@@ -202,10 +215,17 @@ def budget_config(args: argparse.Namespace) -> PlainConfig:
                        max_length=max(args.tokens, args.max_length or args.tokens), dtype=args.dtype)
 
 
+BUDGET_OPTIONS = {"tokens": "--tokens", "max_length": "--max-length", "memory_bytes": "--memory",
+                  "reserved_bytes": "--reserved"}  # model_budget's arguments the user gives by these options
+
+
 def cmd_budget(args: argparse.Namespace) -> int:
-    result = model_budget(budget_config(args), args.tokens, args.memory, block_size=args.block_size,
-                          max_length=args.max_length, reserved_bytes=args.reserved, quantize=args.quantize,
-                          group_size=args.quant_group, residual=args.quant_residual, preset=args.preset)
+    try:
+        result = model_budget(budget_config(args), args.tokens, args.memory, block_size=args.block_size,
+                              max_length=args.max_length, reserved_bytes=args.reserved, quantize=args.quantize,
+                              group_size=args.quant_group, residual=args.quant_residual, preset=args.preset)
+    except BudgetError as error:
+        raise CliError(f"{BUDGET_OPTIONS[error.argument]}: {error}") from None
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
         return 0

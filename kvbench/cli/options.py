@@ -15,10 +15,13 @@ from pathlib import Path
 
 from kvbench.budget import DTYPES as BUDGET_DTYPES
 from kvbench.budget import QUANTIZATIONS, parse_size
+from kvbench.cli.parser import Parser
+from kvbench.cli.serving_options import add_serving_options
 from kvbench.config import DTYPE_NAMES, PRESETS, WINDOW_PATTERNS
 from kvbench.export import FORMATS as EXPORT_FORMATS
 from kvbench.gguf import PACKAGED
-from kvbench.kinds import DEFAULT_MODES, GROUP_SIZE, HF_MODES, KIND_NAME, MODES, RESIDUAL
+from kvbench.kinds import GROUP_SIZE, KIND_NAME, RESIDUAL
+from kvbench.modes import DEFAULT_MODES, HF_MODES, MODES
 from kvbench.report.compare import ALPHA, FACTOR
 from kvbench.timing import DEFAULT_LENGTHS, ORDERS, Protocol
 
@@ -30,21 +33,12 @@ MAX_REPEATS = 100_000  # a week of the default grid; more is a typo
 MAX_WARMUP = 1_000
 MAX_SECONDS = 7 * 24 * 3600.0
 EXAMPLES = """examples:
-  kvbench run                                   # the default grid, all modes
+  kvbench run                                   # the default grid and modes (full, concat, static, paged)
   kvbench run --lengths 64,256 --modes full,static --repeats 11
   kvbench run --preset medium --lengths 2048 --modes concat,static,paged
   kvbench show results/records/run-*.json
   kvbench env
 """
-
-
-class CliError(Exception):
-    """A user error: reported as one line, exit status 2."""
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse prints usage too; one line is the rule here
-        raise CliError(f"{self.prog}: {message}")
 
 
 INT64_MAX = 2**63 - 1  # no tensor dimension or seed is larger
@@ -271,6 +265,7 @@ def add_run_parser(commands) -> None:
     run.add_argument("--output", type=Path, help="record path (default: a new timestamped file under results/records/)")
     run.add_argument("--force", action="store_true", help="overwrite --output if it exists")
     run.add_argument("--no-progress", action="store_true", help="do not show progress bars")
+    add_serving_options(run)
     add_model_options(run)
 
 
@@ -318,6 +313,8 @@ def add_reading_parsers(commands) -> None:
     compare.add_argument("--fail-on-regression", action="store_true",
                          help="exit 1 when a cell is slower beyond its MDE and --factor")
     compare.add_argument("--format", choices=COMPARE_FORMATS, default="text", help="layout of the comparison")
+    compare.add_argument("--force", action="store_true",
+                         help="compare records that timed different work (another model, workload or batch)")
 
 
 def add_publishing_parsers(commands) -> None:
@@ -383,7 +380,8 @@ def add_tool_parsers(commands) -> None:
         "asv-machine", help="register this machine with asv (~/.asv-machine.json) from the capture, no prompts",
         formatter_class=formatter, epilog="example: kvbench asv-machine --name ci-runner-1 && asv run --machine ci-runner-1",
     )
-    asv_machine.add_argument("--name", help="asv machine name; results go to results/asv/NAME/ (default: the hostname, as asv)")
+    asv_machine.add_argument("--name", help="asv machine name, a plain word of letters, digits, '_' and '-'; results go to "
+                             "results/asv/NAME/ (default: the hostname, as asv)")
 
     asv_show = commands.add_parser(
         "asv-show", help="print an asv result file's samples, medians and CIs beside its captured environment",

@@ -12,9 +12,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from kvbench import kinds, memory, plugins, record, timing
+from kvbench import kinds, memory, modes, plugins, record, timing
 from kvbench.cli.commands import check_output, config_from_args
-from kvbench.cli.options import CliError
+from kvbench.cli.parser import CliError
 from kvbench.config import DecoderConfig, PlainConfig
 from kvbench.report import model as report_model
 from kvbench.report import terminal
@@ -24,12 +24,16 @@ from kvbench.timing import Protocol
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Every argument, path and memory check first, torch-free, so a refusal costs no import of it;
-    then the model, the gate, the timed rotations and the record."""
+    then the model, the gate, the timed rotations and the record. With --trace: a serving run (kvbench.cli.serve)."""
+    if args.trace is not None:
+        from kvbench.cli.serve import cmd_serve
+
+        return cmd_serve(args)
     config, protocol = settings(args)
     output = args.output or record.default_record_path()
     check_output(output, args.force)  # before any measurement: a bad path costs nothing
-    check_fits_in_memory(config, protocol, [n + (args.workload["kind"] == "contexts") for n in args.lengths], args.modes,
-                         args.preset)
+    after = args.workload.get("warmup_steps", 0) + args.workload.get("timed_steps", 0)  # a contexts run's steps
+    check_fits_in_memory(config, protocol, [n + after for n in args.lengths], args.modes, args.preset)
     from kvbench import benchmark, capture, workloads
     from kvbench.model import build_model
 
@@ -81,38 +85,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def mode_catalogue(with_plugins: bool) -> tuple[tuple[str, ...], set[str]]:
-    """(every mode a run may name, the quantized ones that take --quant-* options). The shipped
-    modes are known without torch; a plugin's kinds only from the registry it was loaded into."""
-    if not with_plugins:
-        return kinds.RUNNABLE, set(kinds.QUANTIZED_BITS)
-    from kvbench.cache import KINDS, QuantizedCache
-    from kvbench.decode import known_modes
-
-    return known_modes(), {mode for mode, kind in KINDS.items() if issubclass(kind, QuantizedCache)}
-
-
 def settings(args: argparse.Namespace) -> tuple[PlainConfig, Protocol]:
     args.plugins = [plugins.load_plugin(path) for path in args.plugin]  # before the modes are checked
-    known, quantized = mode_catalogue(bool(args.plugins))
     try:
-        kinds.check_modes(args.modes, known)
+        modes.check_modes(args.modes)  # the shipped modes and those the plugins registered
     except ValueError as error:
         raise CliError(f"--modes: {error}") from None
     config = model_config(args)
-    transformers_modes = [mode for mode in args.modes if mode in kinds.HF_MODES]
-    if transformers_modes:
-        from kvbench import hf  # imports transformers only to check its version
-
+    for mode in args.modes:
         try:
-            for mode in transformers_modes:
-                hf.require_mode(mode, config)
+            modes.spec(mode).require(config)  # an hf-* mode imports transformers here, only to check its version
         except ValueError as error:
-            raise CliError(f"--modes {transformers_modes[0]}: {error}") from None
-    if "window" in args.modes and config.window is None:
-        raise CliError("--modes window needs --window W: the sliding window the window kind keeps")
+            raise CliError(f"--modes {mode}: {error}") from None
     args.cache_options = {mode: {"group_size": args.quant_group, "residual": args.quant_residual}
-                          for mode in args.modes if mode in quantized or mode in kinds.HF_JUDGED_AS}
+                          for mode in modes.option_modes(args.modes)}
     workload_settings(args, config)
     too_long = [n for n in [*args.lengths, args.per_step or 0] if n > config.max_length]
     if too_long:
@@ -189,11 +175,15 @@ def workload_settings(args: argparse.Namespace, config: PlainConfig) -> None:
                            f"max_length {config.max_length} of preset {args.preset!r}")
         args.lengths, args.workload = [positions], {"kind": "request", "prompt": args.prompt, "generate": args.generate}
     elif contexts:
-        beyond = [c for c in args.contexts if c + 1 > config.max_length]
+        after = kinds.CONTEXT_WARMUP_STEPS + kinds.CONTEXT_TIMED_STEPS
+        beyond = [c for c in args.contexts if c + after > config.max_length]
         if beyond:
-            raise CliError(f"--contexts {beyond[0]}: a step after {beyond[0]} tokens needs {beyond[0] + 1} positions, "
-                           f"beyond max_length {config.max_length} of preset {args.preset!r}")
-        args.lengths, args.workload = list(args.contexts), {"kind": "contexts"}
+            raise CliError(f"--contexts {beyond[0]}: {kinds.CONTEXT_WARMUP_STEPS} warm-up and "
+                           f"{kinds.CONTEXT_TIMED_STEPS} timed steps after {beyond[0]} tokens need {beyond[0] + after} "
+                           f"positions, beyond max_length {config.max_length} of preset {args.preset!r}")
+        args.lengths = list(args.contexts)
+        args.workload = {"kind": "contexts", "warmup_steps": kinds.CONTEXT_WARMUP_STEPS,
+                         "timed_steps": kinds.CONTEXT_TIMED_STEPS}
     else:
         args.lengths, args.workload = list(args.lengths or timing.DEFAULT_LENGTHS), {"kind": "loop"}
 
@@ -202,7 +192,10 @@ def check_fits_in_memory(config: PlainConfig, protocol: Protocol, lengths: list[
                          preset: str = "seed") -> None:
     """Refuse a run whose model, ids, logits and caches cannot fit, before allocating any of them."""
     parts = memory.estimate_run_bytes(config, protocol.batch, lengths, modes)
-    needed, available = sum(parts.values()), memory.available_bytes()
+    try:
+        needed, available = sum(parts.values()), memory.available_bytes()
+    except ValueError as error:
+        raise CliError(str(error)) from None
     if needed > available:
         detail = ", ".join(f"{name} {format_bytes(size)}" for name, size in parts.items())
         raise CliError(f"preset {preset!r} ({kinds.parameter_count(config) / 1e9:.2f}B parameters, "

@@ -82,10 +82,17 @@ class Source:
 
 
 def workload(view: RecordView) -> str:
-    """The preset, then every model field, batch and thread count that differs from it."""
+    """The preset, then every model field, batch and thread count that differs from it, then what a request or
+    contexts run timed instead of whole loops (a request's end-to-end seconds, one step after a context): each
+    has a name of its own, so an engine never lines it up with a loop's history."""
     preset = view.run["preset"]
     base = PlainConfig.from_preset(preset).to_dict() if preset in PRESETS else {}
     changed = [f"{key}={value}" for key, value in sorted(view.config.items()) if key not in base or base[key] != value]
+    shape = view.run.get("workload") or {"kind": "loop"}
+    if shape["kind"] == "request":
+        changed += [f"prompt={shape['prompt']}", f"generate={shape['generate']}"]
+    elif shape["kind"] == "contexts":
+        changed.append("contexts")
     defaults = Protocol()
     for key in ("batch", "threads"):
         if view.run[key] != getattr(defaults, key):

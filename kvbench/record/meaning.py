@@ -12,16 +12,9 @@ from __future__ import annotations
 import math
 
 from kvbench.config import PlainConfig
-from kvbench.kinds import (
-    CONTROL,
-    DRIFT_METRICS,
-    FORMULAS,
-    FULL,
-    REFERENCE_NOT_FINITE,
-    RUNNABLE,
-    formula_bytes,
-    within_limits,
-)
+from kvbench.hf import hf_architecture
+from kvbench.kinds import DRIFT_METRICS, REFERENCE_NOT_FINITE, within_limits
+from kvbench.modes import CONTROL, FULL_PREFIX, PLUGIN, RUNNABLE, TRANSFORMERS, expected_bytes, source_of
 from kvbench.record.summary import by_cell, summarize
 
 
@@ -43,8 +36,13 @@ def check_run(record: dict) -> str | None:
     unknown = [mode for mode in run["modes"] if mode not in known]
     if unknown:
         return f"run/modes: unknown mode {unknown[0]!r}; expected modes among {known} (plugins declare theirs)"
+    for mode in (mode for mode in run["modes"] if source_of(mode) == TRANSFORMERS):
+        try:
+            hf_architecture(config)  # the rule `kvbench run` refuses such a mode by
+        except ValueError as error:
+            return f"run/modes: {mode} runs transformers' twin of the model, and {error}"
     control = run.get("control")
-    if control is not None and (control not in run["modes"] or control == "full"):
+    if control is not None and (control not in run["modes"] or source_of(control) == FULL_PREFIX):
         return f"run/control: the A/A control repeats a cached mode of run.modes {run['modes']}, got {control!r}"
     protocol = record["protocol"]
     for name in ("repeats", "warmup", "batch", "seed", "threads", "per_step_length"):
@@ -140,10 +138,10 @@ def sound_drift(check: dict, where: str) -> str | None:
 
 def sound_memory(record: dict, entry: dict, where: str) -> str | None:
     mode, options = entry["mode"], record["run"].get("cache_options", {}).get(entry["mode"], {})
-    if mode != FULL and mode not in FORMULAS:  # a plugin's kind: its formula is the plugin's, unknown here
-        formula = entry["expected_bytes"]
-    else:
-        formula = formula_bytes(mode, record_config(record), record["run"]["batch"], entry["length"], options)
+    formula = entry["expected_bytes"]  # a plugin's kind: its formula is the plugin's, unknown here
+    if source_of(mode) != PLUGIN:  # transformers' caches: what was measured
+        formula = expected_bytes(mode, record_config(record), record["run"]["batch"], entry["length"],
+                                 measured=entry["expected_bytes"], **options)
     if entry["expected_bytes"] != formula:
         return f"{where}: expected_bytes is {entry['expected_bytes']}, but the formula gives {formula}"
     if entry["measured_bytes"] != formula:
@@ -276,7 +274,7 @@ def check_summary(record: dict) -> str | None:
             for stat in stats:
                 if stat not in theirs and stat == "per_token_median":  # optional in schema 1
                     continue
-                if not math.isclose(theirs[stat], mine[stat], rel_tol=1e-9, abs_tol=1e-15):
+                if not close(theirs[stat], mine[stat]):  # a stored value of another type differs, never crashes
                     return f"summary {stat} for {where} is {theirs[stat]}, but its repetitions give {mine[stat]}"
             if "valid" in mine and theirs["valid"] != mine["valid"]:
                 return f"summary marks {where} valid={theirs['valid']}, but its check gives valid={mine['valid']}"
@@ -297,8 +295,11 @@ def close(a: object, b: object) -> bool:
 
 
 def check_workload(record: dict) -> str | None:
-    """A request run's repetitions each time exactly its prompt's prefill and generate - 1 steps."""
+    """A request run's repetitions each time exactly its prompt's prefill and generate - 1 steps; a contexts
+    run's, its warm-up and timed steps."""
     workload = record["run"].get("workload") or {"kind": "loop"}
+    if workload["kind"] == "contexts":
+        return check_context_steps(record, workload)
     if workload["kind"] != "request":
         return None
     if record["run"]["lengths"] != [workload["prompt"] + workload["generate"] - 1]:
@@ -311,6 +312,22 @@ def check_workload(record: dict) -> str | None:
                     f"{workload['generate'] - 1} steps, got {'no ' if steps is None else len(steps)} steps")
         if rep["ttft_seconds"] + sum(steps) > rep["seconds"] * (1 + 1e-9) + 1e-9:
             return f"repetitions/{index}: its steps add up to more than the request's {rep['seconds']} s"
+    return None
+
+
+def check_context_steps(record: dict, workload: dict) -> str | None:
+    """Since contexts runs time a window of steps: every repetition keeps each warm-up and timed step, and the
+    timed ones fit in the sample (records from before keep none, and say so by having no step counts)."""
+    if "timed_steps" not in workload:
+        return None
+    warmup, timed = workload.get("warmup_steps", 0), workload["timed_steps"]
+    for index, rep in enumerate(record["repetitions"]):
+        steps = rep.get("step_seconds")
+        if steps is None or len(steps) != warmup + timed:
+            return (f"repetitions/{index}: a contexts run of {warmup} warm-up and {timed} timed steps keeps "
+                    f"{warmup + timed} step durations, got {'none' if steps is None else len(steps)}")
+        if sum(steps[warmup:]) > rep["seconds"] * (1 + 1e-9) + 1e-9:
+            return f"repetitions/{index}: its timed steps add up to more than the sample's {rep['seconds']} s"
     return None
 
 

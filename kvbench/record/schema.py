@@ -12,7 +12,7 @@ import copy
 
 import jsonschema
 
-from kvbench import estimation
+from kvbench import capture, estimation
 from kvbench.config import DTYPE_NAMES, FAMILIES, PRESET_NAME, WINDOW_PATTERNS
 from kvbench.files import first_non_finite
 from kvbench.kinds import FAILURES, KIND_NAME, WORKLOADS
@@ -32,6 +32,45 @@ MODE_NAME = f"^{KIND_NAME.pattern}$"  # plain words: nothing a terminal, markdow
 
 
 _count = {"type": "integer", "minimum": 0}
+_scalar = {"type": ["string", "number", "boolean", "null"]}
+JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", type(None): "null"}
+LIST_ITEMS = {"python.build": {"type": "string"}, "cpu.flags": {"type": "string"}, "system.cpu_affinity": _count,
+              "system.load_average": {"type": "number", "minimum": 0}}  # what capture.py lists hold
+
+
+def protocol_schema() -> dict:
+    """protocol: the settings readers print and export, with the types kvbench writes (older records lack some)."""
+    optional = lambda kind, low: {"type": [kind, "null"], "minimum": low}  # noqa: E731
+    return {"type": "object", "properties": {
+        **dict.fromkeys(("batch", "repeats", "threads"), _positive), **dict.fromkeys(("seed", "warmup"), _count),
+        "max_repeats": optional("integer", 1), "per_step_length": optional("integer", 1),
+        "precision": {"type": ["number", "null"], "exclusiveMinimum": 0},
+        "max_seconds": {"type": ["number", "null"], "exclusiveMinimum": 0},
+        "between_run": {"type": "number", "minimum": 0, "exclusiveMaximum": 0.5},
+        **dict.fromkeys(("clock", "control", "cpu", "gc", "order", "order_rule"), {"type": ["string", "null"]}),
+        **dict.fromkeys(("cpu_in_effect", "threads_in_effect"), {"type": "object"})}}
+
+
+def environment_schema() -> dict:
+    """environment: every key capture.py writes, with the type it writes (or null: a sensor that failed,
+    its reason kept in `unavailable`); counts, sizes and rates are not negative. A record from an older
+    kvbench may lack keys (readers show them absent); a key kvbench does not know holds a plain value."""
+    sections: dict[str, dict] = {}
+    for path, expected in capture.KEY_TYPES.items():
+        section, _, key = path.rpartition(".")
+        types = sorted({JSON_TYPES[kind] for kind in (expected if isinstance(expected, tuple) else (expected,))}
+                       | {"null"})
+        types = [kind for kind in types if section or kind != "null"]  # a sensor may fail; the clock does not
+        rule = {"type": types, **({"minimum": 0} if {"integer", "number"} & set(types) else {})}
+        sections.setdefault(section, {})[key] = {**rule, **({"items": LIST_ITEMS[path]} if path in LIST_ITEMS else {})}
+    top = sections.pop("")
+    strings = {"type": "object", "additionalProperties": {"type": "string"}}
+    unknown = {"anyOf": [_scalar, {"type": "object", "additionalProperties": _scalar}]}
+    return {"type": "object", "additionalProperties": unknown,
+            "properties": {**top, "unavailable": strings, "env": {**strings, "type": ["object", "null"]},
+                           **{name: {"type": ["object", "null"], "properties": keys, "additionalProperties": _scalar}
+                              for name, keys in sections.items()}}}
+
 _positive = {"type": "integer", "minimum": 1}
 _mode = {"type": "string", "pattern": MODE_NAME}
 _bytes = {"type": "integer", "minimum": 0}
@@ -68,8 +107,8 @@ RECORD_SCHEMA_V1 = {
                 "per_step_length": {"type": ["integer", "null"], "minimum": 1},
             },
         },
-        "protocol": {"type": "object"},
-        "environment": {"type": "object"},
+        "protocol": protocol_schema(),
+        "environment": environment_schema(),
         "checks": {
             "type": "array",
             "items": {
@@ -137,7 +176,9 @@ def machine_sections() -> dict:
                                      "additionalProperties": {"type": "string"}},
                        "repeats": _positive, "start": phase, "end": phase}}
     rate = {"type": "object", "required": ["median", "min", "max", "samples"],
-            "properties": {name: {"type": "number", "exclusiveMinimum": 0} for name in ("median", "min", "max")}}
+            "properties": {**{name: {"type": "number", "exclusiveMinimum": 0} for name in ("median", "min", "max")},
+                           "samples": {"type": "array", "minItems": 1,
+                                       "items": {"type": "number", "exclusiveMinimum": 0}}}}
     limits = {  # request and contexts runs since 2026-12-01: the machine's limits
         "type": "object", "required": ["buffer_bytes", "memory_bandwidth", "matmul", "weight_bytes_per_step"],
         "properties": {"buffer_bytes": _positive, "weight_bytes_per_step": _positive, "parameter_bytes": _positive,
@@ -145,11 +186,14 @@ def machine_sections() -> dict:
                        "memory_bandwidth": {"type": "object", "required": ["copy", "triad"], "additionalProperties": {
                            "type": "object", "minProperties": 1, "propertyNames": {"pattern": "^[0-9]+$"},
                            "additionalProperties": rate}},
-                       "matmul": {"type": "array", "items": {"type": "object", "required": ["shape", "flops_per_second"],
+                       "matmul": {"type": "array", "minItems": 1, "items": {  # the roof: one shape at least"type": "object", "required": ["shape", "flops_per_second"],
                                                             "properties": {"shape": {"type": "array", "items": _positive,
                                                                                      "minItems": 3, "maxItems": 3},
                                                                            "flops_per_second": rate}}}}}
-    return {"machine_probe": probe, "limits": limits}
+    # compiled modes (kvbench.compiled): each compiled function's first call in the run's process, compile
+    # included, never inside a sample
+    compiled = {"type": "object", "propertyNames": {"pattern": MODE_NAME}, "additionalProperties": seconds}
+    return {"machine_probe": probe, "limits": limits, "compile_seconds": compiled}
 
 
 def real_model_sections() -> dict:
@@ -186,6 +230,21 @@ def estimation_schema() -> dict:
                            "reason": {"type": "string"}}}}}}
 
 
+def sampling_schema() -> dict:
+    """sampling: how many rotations each length ran and why it stopped; what the telemetry cost and lacked."""
+    lengths = {"type": "array", "items": {
+        "type": "object", "required": ["length", "rotations", "stop"],
+        "properties": {"length": _positive, "rotations": _count, "stop": {"enum": list(STOPS)},
+                       "half_width": {"type": ["number", "null"], "minimum": 0}}}}
+    telemetry = {"type": "object", "properties": {
+        "unavailable": {"type": "object", "additionalProperties": {"type": "string"}},
+        **dict.fromkeys(("per_sample_seconds", "per_step_timer_seconds", "reading_seconds"),
+                        {"type": ["number", "null"], "minimum": 0})}}
+    return {"type": "object", "required": ["lengths", "telemetry"],
+            "properties": {"lengths": lengths, "elapsed": {"type": ["number", "null"], "minimum": 0},
+                           "telemetry": telemetry}}
+
+
 def _schema_v2() -> dict:
     """Version 2 adds the sampling section, per-sample rounds and telemetry, speedup intervals."""
     schema = copy.deepcopy(RECORD_SCHEMA_V1)
@@ -212,7 +271,9 @@ def _schema_v2() -> dict:
                        "kinds": {"type": "array", "minItems": 1, "items": _mode}}}}
     schema["properties"]["run"]["properties"]["workload"] = {  # absent before 2026-12-01: the loop
         "type": "object", "required": ["kind"], "additionalProperties": False,
-        "properties": {"kind": {"enum": list(WORKLOADS)}, "prompt": _positive, "generate": _positive},
+        # a contexts run's warm-up and timed steps: absent before 2026-12-03 (one cold step, its release timed too)
+        "properties": {"kind": {"enum": list(WORKLOADS)}, "prompt": _positive, "generate": _positive,
+                       "warmup_steps": _count, "timed_steps": _positive},
         "if": {"properties": {"kind": {"const": "request"}}}, "then": {"required": ["kind", "prompt", "generate"]}}
     repetition = schema["properties"]["repetitions"]["items"]
     repetition["properties"].update({
@@ -221,17 +282,12 @@ def _schema_v2() -> dict:
     repetition["required"] += ["round", "started", *TELEMETRY]
     repetition["properties"].update({"round": _count, "started": {"type": "number", "minimum": 0},
                                      **{name: {"type": [kind, "null"], "minimum": 0} for name, kind in TELEMETRY.items()}})
-    schema["properties"]["sampling"] = {
-        "type": "object", "required": ["lengths", "telemetry"],
-        "properties": {"lengths": {"type": "array", "items": {
-            "type": "object", "required": ["length", "rotations", "stop"],
-            "properties": {"length": _positive, "rotations": _count, "stop": {"enum": list(STOPS)},
-                           "half_width": {"type": ["number", "null"], "minimum": 0}}}}},
-    }
+    schema["properties"]["sampling"] = sampling_schema()
     schema["properties"].update(machine_sections())
     schema["properties"].update(real_model_sections())
     summary = schema["properties"]["summary"]
     summary["required"] += ["estimator", "interval", "controls"]
+    summary["properties"]["baseline"] = _mode
     summary["properties"]["estimator"] = {"enum": list(ESTIMATORS)}
     summary["properties"]["interval"] = {"enum": list(INTERVALS)}
     summary["properties"]["between_run"] = {  # absent in records written before it (no between-run allowance)

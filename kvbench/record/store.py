@@ -25,7 +25,7 @@ def build_record(
     *, command: list[str], config: dict, run: dict, protocol: dict, environment: dict,
     checks: list[dict], repetitions: list[dict], memory: list[dict], status: str = "complete",
     per_step: list[dict] | None = None, sampling: dict | None = None, machine_probe: dict | None = None,
-    limits: dict | None = None, sections: dict | None = None,
+    limits: dict | None = None, compile_seconds: dict | None = None, sections: dict | None = None,
 ) -> dict:
     """A validated schema-2 record. Without `sampling`, every length ran the fixed protocol. `sections`: the
     optional ones a run adds (a real model's `model` and `token_ids`, its `quality` on text)."""
@@ -54,6 +54,8 @@ def build_record(
         record["machine_probe"] = machine_probe
     if limits is not None:
         record["limits"] = limits
+    if compile_seconds:
+        record["compile_seconds"] = compile_seconds
     record.update(sections or {})
     validate_record(record)
     return record
@@ -106,7 +108,7 @@ def record_from_run(outcome, *, command: list[str], preset: str, config, lengths
         protocol=protocol.describe(in_effect), environment=environment, checks=outcome.checks,
         repetitions=outcome.repetitions, memory=outcome.memory, per_step=outcome.per_step,
         status="incomplete" if outcome.interrupted else "complete", machine_probe=outcome.machine_probe,
-        limits=outcome.limits, sections=sections,
+        limits=outcome.limits, compile_seconds=outcome.compile_seconds, sections=sections,
         sampling={"lengths": [state.to_dict() for length, state in sampling.lengths.items() if length in lengths],
                   "telemetry": {"unavailable": sampling.telemetry_unavailable,
                                 "per_sample_seconds": sampling.telemetry_seconds,

@@ -10,7 +10,7 @@ import statistics
 
 from kvbench import estimation as clocks
 from kvbench import latency, stats
-from kvbench.kinds import CONTROL
+from kvbench.modes import CONTROL
 
 
 def cell_statistics(seconds: list[float]) -> dict:

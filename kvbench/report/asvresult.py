@@ -2,43 +2,14 @@
 
 from __future__ import annotations
 
-import itertools
-import json
 import math
 import re
 from pathlib import Path
 
-from kvbench.asvtools import ASV_METADATA_FILES, AsvToolError, capture_path_for_result, load_capture, read_json_file
+from kvbench.asvtools import AsvToolError, capture_path_for_result, load_capture
 from kvbench.capture import summarize_environment
-
-
-def load_result(path: Path | str):
-    """(raw JSON, asv's Results) for a result file, read with asv's own reader.
-
-    AsvToolError if it is missing or is not an asv result file.
-    """
-    from asv.results import Results
-
-    path = Path(path)
-    if path.name in ASV_METADATA_FILES:
-        raise AsvToolError(f"{path}: this is asv's {path.name}, not a result file; pass results/asv/<machine>/<commit>-<env>.json")
-    document = read_json_file(path, "result", finite=False)  # asv writes NaN for a skipped benchmark
-    if not isinstance(document, dict) or "result_columns" not in document or "commit_hash" not in document:
-        raise AsvToolError(f"{path}: not an asv result file (no commit_hash and result_columns)")
-    try:
-        return document, Results.load(str(path))
-    except Exception as error:  # noqa: BLE001 - asv raises UserError, KeyError, TypeError ...
-        message = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise AsvToolError(f"{path}: cannot load asv result: {message}") from None
-
-
-def benchmark_metadata(results_dir: Path) -> dict:
-    """benchmarks.json at the results root: units, types and parameter names (may be absent)."""
-    try:
-        data = json.loads((Path(results_dir) / "benchmarks.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return {name: meta for name, meta in data.items() if isinstance(meta, dict)} if isinstance(data, dict) else {}
+from kvbench.report.asvfile import AsvResult, BenchmarkResult, benchmark_metadata, load_result
+from kvbench.report.format import visible
 
 
 def _format_value(value, unit: str) -> str:
@@ -64,37 +35,38 @@ def _version_text(version: str | None) -> str:
 
 
 def show_result(path: Path | str) -> str:
-    """The text of `kvbench asv-show`: environment and capture, then every benchmark."""
+    """The text of `kvbench asv-show`: environment and capture, then every benchmark. Control characters from
+    the files are shown as escapes: a result file never drives the terminal it is shown on."""
     path = Path(path)
-    document, results = load_result(path)
+    result = load_result(path)
     meta = benchmark_metadata(path.parent.parent)
-    lines = result_lines(path, document, results) + capture_lines(path, results)
-    for name in sorted(results.get_all_result_keys()):
-        lines += ["", *benchmark_lines(results, name, meta.get(name, {}))]
-    return "\n".join(lines)
+    lines = result_lines(result) + capture_lines(result)
+    for name in sorted(result.benchmarks):
+        lines += ["", *benchmark_lines(name, result.benchmarks[name], meta.get(name, {}))]
+    return visible("\n".join(lines))
 
 
-def result_lines(path: Path, document: dict, results) -> list[str]:
+def result_lines(result: AsvResult) -> list[str]:
     """The machine, commit and environment asv recorded."""
-    params = results.params
+    params = result.params
     lines = [
-        f"result   {path}",
+        f"result   {result.path}",
         f"machine  {params.get('machine')}: {params.get('cpu', '?')}, {params.get('num_cpu', '?')} cpus, "
         f"ram {params.get('ram', '?')} bytes, {params.get('os', '?')} {params.get('arch', '')}".rstrip(),
-        f"commit   {results.commit_hash}",
-        f"env      {results.env_name} (python {document.get('python')})",
+        f"commit   {result.commit_hash}",
+        f"env      {result.env_name} (python {result.python})",
     ]
-    requirements = document.get("requirements") or {}
+    requirements = result.requirements
     if requirements:
         lines.append("         requirements: " + ", ".join(f"{k}=={v}" if v else k for k, v in sorted(requirements.items())))
-    if results.env_vars:
-        lines.append("         env vars: " + " ".join(f"{k}={v}" for k, v in sorted(results.env_vars.items())))
+    if result.env_vars:
+        lines.append("         env vars: " + " ".join(f"{k}={v}" for k, v in sorted(result.env_vars.items())))
     return lines
 
 
-def capture_lines(path: Path, results) -> list[str]:
+def capture_lines(result: AsvResult) -> list[str]:
     """The environment kvbench captured beside the result, or why there is none."""
-    capture_path = capture_path_for_result(path)
+    capture_path = capture_path_for_result(result.path)
     try:
         captured = load_capture(capture_path)
     except AsvToolError as error:
@@ -114,24 +86,19 @@ def capture_lines(path: Path, results) -> list[str]:
         f"         kvbench {kv.get('version')} at commit {kv.get('git_commit') or 'n/a (an installed copy)'}",
         "         env vars: " + (" ".join(f"{k}={v}" for k, v in sorted((env.get("env") or {}).items())) or "-"),
     ]
-    if (captured["commit_hash"], captured["env_name"]) != (results.commit_hash, results.env_name):
+    if (captured["commit_hash"], captured["env_name"]) != (result.commit_hash, result.env_name):
         lines.append(f"         WARNING: this capture is for commit {captured['commit_hash']}, env {captured['env_name']}")
     return lines
 
 
-def benchmark_lines(results, name: str, info: dict) -> list[str]:
+def benchmark_lines(name: str, benchmark: BenchmarkResult, info: dict) -> list[str]:
     """One benchmark: per parameter combination, its median or value, intervals and samples."""
     unit = info.get("unit", "")
     kind = "median" if info.get("type", "time") == "time" else "value"
-    lines = [f"{name} [{unit or '?'}]{_version_text(results.benchmark_version.get(name))}"]
-    param_values = results.get_result_params(name) or []
-    names = info.get("param_names") or [f"param{i}" for i in range(len(param_values))]
-    combos = list(itertools.product(*param_values))  # [()] without parameters
-    # One entry per parameter combination (a single one without parameters).
-    values = results.get_result_value(name, param_values)
-    stats = results.get_result_stats(name, param_values)
-    samples = results.get_result_samples(name, param_values)
-    for combo, value, stat, sample in zip(combos, values, stats, samples):
+    lines = [f"{name} [{unit or '?'}]{_version_text(benchmark.version)}"]
+    names = info.get("param_names") or [f"param{i}" for i in range(len(benchmark.params))]
+    for combo, value, stat, sample in zip(benchmark.combinations, benchmark.values, benchmark.stats,
+                                          benchmark.samples):
         label = ", ".join(f"{n}={v}" for n, v in zip(names, combo)) or "(no parameters)"
         row = f"  {label}: {kind} {_format_value(value, unit)}"
         if stat and value is not None:
@@ -140,7 +107,7 @@ def benchmark_lines(results, name: str, info: dict) -> list[str]:
             if "q_25" in stat and "q_75" in stat:
                 row += f", IQR [{_format_value(stat['q_25'], unit)}, {_format_value(stat['q_75'], unit)}]"
             if "repeat" in stat:
-                row += f", {stat['repeat']} sample(s)"
+                row += f", {stat['repeat']:g} sample(s)"
         lines.append(row)
         if sample:
             lines.append("    samples: " + " ".join("-" if s is None else f"{s:.6g}" for s in sample))

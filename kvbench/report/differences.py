@@ -120,3 +120,19 @@ def config_diff(old: RecordView, new: RecordView) -> list[Difference]:
     ranks = dict(CONFIG_RANKS)
     ranks.update({key: NOTABLE for key in settings(old) | settings(new) if key.startswith("protocol.")})
     return _diff(settings(old), settings(new), ranks, CRITICAL)
+
+
+WORK = ("config.", "run.workload", "run.batch")  # the model, the workload and the batch: what one sample computes
+
+
+def work_differences(old: RecordView, new: RecordView) -> list[Difference]:
+    """What makes two records time different work: the model (family, shapes, dtype, window), the workload
+    (a loop, a request of P + N tokens, a contexts sweep) or the batch. Their times and ratios do not compare."""
+    found = [d for d in config_diff(old, new) if d.key.startswith(WORK)]
+    return sorted(found, key=lambda d: (d.key not in ("run.workload.kind", "config.family", "run.batch"), d.key))
+
+
+def work_text(differences: list[Difference], shown: int = 3) -> str:
+    """The first differences of work in a few words, for a one-line refusal."""
+    text = "; ".join(f"{d.key} {d.old} -> {d.new}" for d in differences[:shown])
+    return text + (f"; {len(differences) - shown} more" if len(differences) > shown else "")

@@ -1,7 +1,8 @@
 """The history model: asv's results across commits, per machine, judged by kvbench's rules.
 
-`build_history(results_dir)` reads every result file under ``<results_dir>/<machine>/`` with asv's
-own reader (kvbench.report.asvresult) and the kvbench capture beside each (kvbench.asvtools), and
+`build_history(results_dir)` reads every result file under ``<results_dir>/<machine>/`` as kvbench reads
+records (kvbench.report.asvfile: regular files of bounded size, every field checked) and the kvbench capture
+beside each (kvbench.asvtools), and
 returns one `Chart` per benchmark and parameter combination: one series per machine, a point per
 commit with its 95% confidence interval, and a `Step` between consecutive commits of a machine
 judged by kvbench compare's `change` (minimum detectable effect, within noise, the factor), never
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from kvbench import stats
 from kvbench.asvtools import ASV_METADATA_FILES, AsvToolError, capture_path_for_result, load_capture
-from kvbench.report.asvresult import benchmark_metadata, load_result
+from kvbench.report.asvfile import AsvResult, Checker, benchmark_metadata, load_result
 from kvbench.report.compare import ALPHA, FACTOR, Change, change
 from kvbench.report.differences import INFORMATIONAL, Difference, environment_diff
 from kvbench.stats import RatioEstimate
@@ -104,7 +105,7 @@ class Run:
 
     machine: str
     path: Path
-    results: object  # asv.results.Results
+    results: AsvResult
     capture: dict | None
 
     @property
@@ -122,9 +123,10 @@ def read_runs(results_dir: Path) -> tuple[list[Run], list[str]]:
         for path in sorted(machine.glob("*.json")):
             if path.name in ASV_METADATA_FILES:
                 continue
-            _, results = load_result(path)
+            results = load_result(path)
             try:
                 capture = load_capture(capture_path_for_result(path))
+                check_speedup_section(capture, capture_path_for_result(path))
             except AsvToolError as error:
                 capture = None
                 notes.append(f"no environment capture for {machine.name}/{path.name}: {error}")
@@ -135,13 +137,31 @@ def read_runs(results_dir: Path) -> tuple[list[Run], list[str]]:
     return runs, notes
 
 
+def check_speedup_section(capture: dict, path: Path) -> None:
+    """The intervals track_speedup wrote into a capture ("<model>@<kind>@<length>" -> speedup, low, high, ...):
+    positive numbers in order, so that turning them back into a confidence interval is defined."""
+    check = Checker(path)
+    section = check.mapping(capture.get(SPEEDUP_BENCHMARK) or {}, SPEEDUP_BENCHMARK)
+    for key, entry in section.items():
+        where = f"{SPEEDUP_BENCHMARK}/{key}"
+        entry = check.mapping(entry, where)
+        speedup, low, high = (check.number(entry.get(name), f"{where}/{name}") for name in ("speedup", "low", "high"))
+        if not 0 < low <= speedup <= high:
+            raise AsvToolError(f"{path}: {where}: expected 0 < low <= speedup <= high, got {low!r}, {speedup!r}, "
+                               f"{high!r}")
+        check.number(entry.get("rotations"), f"{where}/rotations", optional=True, low=0)
+        for name in ("estimator", "interval"):
+            check.text(entry.get(name), f"{where}/{name}", optional=True)
+
+
 def commit_order(runs: list[Run]) -> list[Commit]:
     """Commits by asv's commit date; commits of the same second by when they were first benchmarked."""
     dates: dict[str, int | None] = {}
     benchmarked: dict[str, float] = {}
     for run in runs:
         dates.setdefault(run.commit, run.results.date)
-        started = min((v for v in (run.results.started_at or {}).values() if v is not None), default=math.inf)
+        started = min((b.started_at for b in run.results.benchmarks.values() if b.started_at is not None),
+                      default=math.inf)
         benchmarked[run.commit] = min(benchmarked.get(run.commit, math.inf), started)
     order = sorted(dates, key=lambda h: (dates[h] is None, dates[h] or 0, benchmarked[h], h))
     return [Commit(h, dates[h]) for h in order]
@@ -157,10 +177,10 @@ def speedup_estimate(run: Run, combination: tuple) -> RatioEstimate | None:
     section = (run.capture or {}).get(SPEEDUP_BENCHMARK) or {}
     try:
         key = "@".join(str(ast.literal_eval(value)) for value in combination)
-    except (ValueError, SyntaxError):
+    except (ValueError, SyntaxError, MemoryError, RecursionError):  # Python's parser gives up on "-" * 100_000 + "1"
         return None
-    entry = section.get(key)
-    if not isinstance(entry, dict) or not all(isinstance(entry.get(k), (int, float)) for k in ("speedup", "low", "high")):
+    entry = section.get(key)  # checked by check_speedup_section
+    if entry is None:
         return None
     estimate = RatioEstimate(entry["speedup"], entry["low"], entry["high"], int(entry.get("rotations") or 0),
                              str(entry.get("estimator")), str(entry.get("interval")))
@@ -175,7 +195,9 @@ def point_of(run: Run, name: str, kind: str, combination: tuple, value, samples)
         estimate = speedup_estimate(run, combination)
         return Point(run.machine, run.commit, value, estimate, estimate.pairs if estimate else 0,
                      "" if estimate else "no interval in the capture")
-    kept = [s for s in samples or [] if s is not None and math.isfinite(s)]
+    kept = [s for s in samples or [] if s is not None]
+    if kind == "time" and any(s <= 0 for s in kept):
+        raise AsvToolError(f"{run.path}: results/{name}/samples: expected positive seconds, got {min(kept)!r}")
     if kind == "time" and kept:
         return Point(run.machine, run.commit, value, stats.median_estimate(kept, stats.BETWEEN_RUN["seconds"]),
                      len(kept))
@@ -198,14 +220,10 @@ def build_charts(runs: list[Run], commits: list[Commit], meta: dict, factor: flo
     order = {commit.hash: i for i, commit in enumerate(commits)}
     charts: dict[tuple[str, tuple], Chart] = {}
     for run in sorted(runs, key=lambda r: (r.machine, order[r.commit])):
-        for name in sorted(run.results.get_all_result_keys()):
+        for name, benchmark in sorted(run.results.benchmarks.items()):
             info = meta.get(name, {})
-            params = run.results.get_result_params(name) or []
-            names = info.get("param_names") or [f"param{i}" for i in range(len(params))]
-            combos = list(itertools.product(*params))
-            values = run.results.get_result_value(name, params)
-            samples = run.results.get_result_samples(name, params)
-            for combo, value, sample in zip(combos, values, samples):
+            names = info.get("param_names") or [f"param{i}" for i in range(len(benchmark.params))]
+            for combo, value, sample in zip(benchmark.combinations, benchmark.values, benchmark.samples):
                 key = (name, combo)
                 if key not in charts:
                     charts[key] = Chart(name, parameter_label(names, combo), info.get("unit", ""),

@@ -6,11 +6,23 @@ Each chart draws one line per machine across the commits, every point with its 9
 triangle between two points marks a step kvbench judged slower (up, red) or faster (down, green),
 a hollow circle one within noise or unchanged; a dashed flag marks where that machine's captured
 environment changed. Every mark has a tooltip, and the tables under each chart say it in words.
+
+Every string on the page comes from files anyone with push access to a results repository writes
+(commit hashes, machine folders, benchmark and parameter names, environment facts), so the page is
+built as `Html`, markup that escapes whatever is formatted into it or joined with it unless it is
+`Html` already: a value can only ever become text, and a forgotten escape shows up as visible tags,
+never as an element. The page's own script is allowed by its hash in the Content-Security-Policy; no
+other script, inline or not, would run.
 """
 
 from __future__ import annotations
 
+import base64
+import datetime
+import hashlib
 import math
+
+from markupsafe import Markup
 
 from kvbench.report.compare import FASTER, SLOWER
 from kvbench.report.format import escape_html
@@ -37,6 +49,27 @@ document.getElementById("filter").addEventListener("input", function (event) {
 });
 document.body.dataset.ready = "yes";
 """
+
+
+class Html(Markup):
+    """Markup that escapes everything else: a str formatted into it, joined with it or added to it is
+    escaped (control characters shown as escapes, as kvbench.report.format.escape_html does)."""
+
+    __slots__ = ()
+
+    @classmethod
+    def escape(cls, text: object) -> "Html":
+        return cls(text.__html__()) if hasattr(text, "__html__") else cls(escape_html(text))
+
+
+def script_hash(script: str) -> str:
+    """The CSP source that allows exactly this inline script: 'sha256-<base64 of its UTF-8 digest>'."""
+    return "'sha256-" + base64.b64encode(hashlib.sha256(script.encode()).digest()).decode() + "'"
+
+
+def content_security_policy(script: str) -> str:
+    """Nothing loads; inline styles (the swatches' colours) apply; the one script with this hash runs."""
+    return f"default-src 'none'; style-src 'unsafe-inline'; script-src {script_hash(script)}"
 
 
 def color_of(history: History, machine: str) -> str:
@@ -84,44 +117,50 @@ class Frame:
     def ticks(self) -> list[float]:
         """Round values (1, 2 or 5 times a power of ten apart) inside the axis, three to six of them."""
         raw = (self.high - self.low) / 6
+        if not (math.isfinite(raw) and raw > 1e-300):  # no round step to find (a degenerate or absurd range)
+            return []
         power = 10 ** math.floor(math.log10(raw))
         step = next(power * m for m in (1, 2, 5, 10) if power * m >= raw)
         first = math.ceil(self.low / step)
         return [k * step for k in range(first, math.floor(self.high / step) + 1)]
 
 
-def axes(frame: Frame) -> list[str]:
-    out = [f'<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{HEIGHT - BOTTOM}" stroke="#999"/>',
-           f'<line x1="{LEFT}" y1="{HEIGHT - BOTTOM}" x2="{WIDTH - RIGHT}" y2="{HEIGHT - BOTTOM}" stroke="#999"/>']
+def axes(frame: Frame) -> list[Html]:
+    out = [Html('<line x1="{l}" y1="{t}" x2="{l}" y2="{b}" stroke="#999"/>').format(l=LEFT, t=TOP, b=HEIGHT - BOTTOM),
+           Html('<line x1="{l}" y1="{b}" x2="{r}" y2="{b}" stroke="#999"/>').format(l=LEFT, b=HEIGHT - BOTTOM,
+                                                                                   r=WIDTH - RIGHT)]
     for value in frame.ticks():
         y = frame.y(value)
-        out.append(f'<line x1="{LEFT - 4}" y1="{y:.1f}" x2="{WIDTH - RIGHT}" y2="{y:.1f}" stroke="#eee"/>'
-                   f'<text x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{frame.text(value)}</text>')
+        out.append(Html('<line x1="{x0}" y1="{y:.1f}" x2="{x1}" y2="{y:.1f}" stroke="#eee"/>'
+                        '<text x="{xt}" y="{yt:.1f}" text-anchor="end">{label}</text>').format(
+            x0=LEFT - 4, x1=WIDTH - RIGHT, y=y, xt=LEFT - 6, yt=y + 4, label=frame.text(value)))
     for commit in frame.commits:
-        x = frame.x(commit)
-        out.append(f'<text x="{x:.1f}" y="{HEIGHT - BOTTOM + 16}" text-anchor="middle">{escape_html(commit[:8])}</text>')
-    out.append(f'<text x="14" y="{TOP + 10}" transform="rotate(-90 14 {TOP + 10})" text-anchor="end">'
-               f'{escape_html(frame.unit)}</text>')
+        out.append(Html('<text x="{x:.1f}" y="{y}" text-anchor="middle">{commit}</text>').format(
+            x=frame.x(commit), y=HEIGHT - BOTTOM + 16, commit=commit[:8]))
+    out.append(Html('<text x="14" y="{y}" transform="rotate(-90 14 {y})" text-anchor="end">{unit}</text>').format(
+        y=TOP + 10, unit=frame.unit))
     return out
 
 
-def point_marks(frame: Frame, points: list[Point], color: str, machine: str, counted: str) -> list[str]:
+def point_marks(frame: Frame, points: list[Point], color: str, machine: str, counted: str) -> list[Html]:
     out, line = [], [p for p in points if p.value is not None]
     if len(line) > 1:
         path = " ".join(f"{frame.x(p.commit):.1f},{frame.y(p.value):.1f}" for p in line)
-        out.append(f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="2"/>')
+        out.append(Html('<polyline points="{path}" fill="none" stroke="{color}" stroke-width="2"/>').format(
+            path=path, color=color))
     for p in line:
         x, y = frame.x(p.commit), frame.y(p.value)
         tip = f"{machine} @ {p.commit[:8]}: {frame.text(p.value)} {frame.unit}"
         if p.estimate is not None:
             low, high = frame.y(p.estimate.low), frame.y(p.estimate.high)
-            out.append(f'<path d="M{x - 4:.1f},{high:.1f}H{x + 4:.1f}M{x:.1f},{high:.1f}V{low:.1f}M{x - 4:.1f},'
-                       f'{low:.1f}H{x + 4:.1f}" stroke="{color}" fill="none"/>')
+            out.append(Html('<path d="M{a:.1f},{high:.1f}H{b:.1f}M{x:.1f},{high:.1f}V{low:.1f}M{a:.1f},{low:.1f}'
+                            'H{b:.1f}" stroke="{color}" fill="none"/>').format(a=x - 4, b=x + 4, x=x, low=low,
+                                                                             high=high, color=color))
             tip += f" [{frame.text(p.estimate.low)}, {frame.text(p.estimate.high)}] 95% CI, {p.samples} {counted}"
         elif p.note:
             tip += f" ({p.note})"
-        out.append(f'<circle class="point" cx="{x:.1f}" cy="{y:.1f}" r="3.5" fill="{color}">'
-                   f'<title>{escape_html(tip)}</title></circle>')
+        out.append(Html('<circle class="point" cx="{x:.1f}" cy="{y:.1f}" r="3.5" fill="{color}"><title>{tip}</title>'
+                        '</circle>').format(x=x, y=y, color=color, tip=tip))
     return out
 
 
@@ -132,42 +171,42 @@ def step_text(step: Step) -> str:
     return f"{step.verdict}: {j.ratio:.3f} [{j.low:.3f}, {j.high:.3f}] new/old, MDE ±{j.mde:.1%}"
 
 
-def step_marks(frame: Frame, chart: Chart, color_for) -> list[str]:
+def step_marks(frame: Frame, chart: Chart, color_for) -> list[Html]:
     out = []
     for step in chart.steps:
         points = {p.commit: p for p in chart.series[step.machine]}
         old, new = points[step.old], points[step.new]
         x = (frame.x(step.old) + frame.x(step.new)) / 2
         y = (frame.y(old.value) + frame.y(new.value)) / 2
-        tip = escape_html(f"{step.machine} {step.old[:8]} → {step.new[:8]}: {step_text(step)}")
+        tip = f"{step.machine} {step.old[:8]} → {step.new[:8]}: {step_text(step)}"
         if step.verdict in STEP_COLORS:
-            up = step.verdict == SLOWER
-            tip_y, base_y = (y - 8, y + 5) if up else (y + 8, y - 5)
-            out.append(f'<polygon class="step {step.verdict}" points="{x - 6:.1f},{base_y:.1f} {x + 6:.1f},'
-                       f'{base_y:.1f} {x:.1f},{tip_y:.1f}" fill="{STEP_COLORS[step.verdict]}"><title>{tip}</title>'
-                       f'</polygon>')
+            tip_y, base_y = (y - 8, y + 5) if step.verdict == SLOWER else (y + 8, y - 5)
+            out.append(Html('<polygon class="step {verdict}" points="{a:.1f},{base:.1f} {b:.1f},{base:.1f} {x:.1f},'
+                            '{tip_y:.1f}" fill="{fill}"><title>{tip}</title></polygon>').format(
+                verdict=step.verdict, a=x - 6, b=x + 6, base=base_y, x=x, tip_y=tip_y,
+                fill=STEP_COLORS[step.verdict], tip=tip))
         else:
-            out.append(f'<circle class="step" cx="{x:.1f}" cy="{y:.1f}" r="5" fill="white" '
-                       f'stroke="{color_for(step.machine)}"><title>{tip}</title></circle>')
+            out.append(Html('<circle class="step" cx="{x:.1f}" cy="{y:.1f}" r="5" fill="white" stroke="{color}">'
+                            '<title>{tip}</title></circle>').format(x=x, y=y, color=color_for(step.machine), tip=tip))
     return out
 
 
-def environment_flags(frame: Frame, marks: list[EnvironmentMark], color_for) -> list[str]:
+def environment_flags(frame: Frame, marks: list[EnvironmentMark], color_for) -> list[Html]:
     out = []
     for mark in marks:
         if mark.new not in frame.commits:
             continue
         x = frame.x(mark.new) - 6
-        tip = escape_html(f"{mark.machine}: environment changed {mark.old[:8]} → {mark.new[:8]}: "
-                          + "; ".join(f"{d.key} {d.old} → {d.new}" for d in mark.differences))
-        color = color_for(mark.machine)
-        out.append(f'<g class="environment-mark"><line x1="{x:.1f}" y1="{TOP}" x2="{x:.1f}" y2="{HEIGHT - BOTTOM}" '
-                   f'stroke="{color}" stroke-dasharray="4 3"/><text x="{x + 3:.1f}" y="{TOP + 10}" fill="{color}">'
-                   f'env</text><title>{tip}</title></g>')
+        tip = (f"{mark.machine}: environment changed {mark.old[:8]} → {mark.new[:8]}: "
+               + "; ".join(f"{d.key} {d.old} → {d.new}" for d in mark.differences))
+        out.append(Html('<g class="environment-mark"><line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{bottom}" '
+                        'stroke="{color}" stroke-dasharray="4 3"/><text x="{tx:.1f}" y="{ty}" fill="{color}">env</text>'
+                        '<title>{tip}</title></g>').format(x=x, top=TOP, bottom=HEIGHT - BOTTOM, tx=x + 3, ty=TOP + 10,
+                                                           color=color_for(mark.machine), tip=tip))
     return out
 
 
-def chart_svg(history: History, chart: Chart) -> str:
+def chart_svg(history: History, chart: Chart) -> Html:
     frame = Frame(history, chart)
     color_for = lambda machine: color_of(history, machine)  # noqa: E731
     parts = axes(frame) + environment_flags(frame, history.marks, color_for)
@@ -175,75 +214,75 @@ def chart_svg(history: History, chart: Chart) -> str:
         parts += point_marks(frame, points, color_for(machine), machine, "rotations" if chart.higher_is_better else
                              "samples")
     parts += step_marks(frame, chart, color_for)
-    return (f'<svg width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} '
-            f'{HEIGHT}" role="img" aria-label="{escape_html(chart.title)}">' + "".join(parts) + "</svg>")
+    return Html('<svg width="{w}" height="{h}" viewBox="0 0 {w} {h}" role="img" aria-label="{title}">{parts}</svg>'
+                ).format(w=WIDTH, h=HEIGHT, title=chart.title, parts=Html().join(parts))
 
 
-def steps_table(chart: Chart) -> str:
+def steps_table(chart: Chart) -> Html:
     if not chart.steps:
-        return '<p class="muted">one commit per machine: no step to judge</p>'
-    rows = []
-    for step in chart.steps:
-        css = step.verdict if step.verdict in STEP_COLORS else "muted"
-        rows.append(f"<tr><td>{escape_html(step.machine)}</td><td><code>{step.old[:8]} → {step.new[:8]}</code></td>"
-                    f'<td class="{css}">{escape_html(step_text(step))}</td></tr>')
-    return "<table><tr><th>machine</th><th>step</th><th>kvbench's verdict</th></tr>" + "".join(rows) + "</table>"
+        return Html('<p class="muted">one commit per machine: no step to judge</p>')
+    rows = [Html('<tr><td>{machine}</td><td><code>{old} → {new}</code></td><td class="{css}">{verdict}</td></tr>').format(
+        machine=step.machine, old=step.old[:8], new=step.new[:8],
+        css=step.verdict if step.verdict in STEP_COLORS else "muted", verdict=step_text(step))
+        for step in chart.steps]
+    return Html("<table><tr><th>machine</th><th>step</th><th>kvbench's verdict</th></tr>{}</table>").format(
+        Html().join(rows))
 
 
-def legend(history: History) -> str:
-    machines = "".join(f'<span><i class="swatch" style="background:{color_of(history, m)}"></i>{escape_html(m)}</span>'
-                       for m in history.machines)
-    return (f'<p class="legend">{machines}</p><p class="muted">Points: the value with its 95% confidence interval. '
-            f'<span class="slower">▲</span> slower, <span class="faster">▼</span> faster: beyond the minimum '
-            f'detectable effect and {history.factor:g}x, as <code>kvbench compare</code> judges (a drop in speedup '
-            'is slower); ○ within noise or unchanged; dashed <i>env</i>: that machine\'s captured environment '
-            'changed. Hover any mark for its numbers.</p>')
+def legend(history: History) -> Html:
+    machines = Html().join(Html('<span><i class="swatch" style="background:{color}"></i>{machine}</span>').format(
+        color=color_of(history, m), machine=m) for m in history.machines)
+    return Html('<p class="legend">{machines}</p><p class="muted">Points: the value with its 95% confidence interval. '
+                '<span class="slower">▲</span> slower, <span class="faster">▼</span> faster: beyond the minimum '
+                'detectable effect and {factor:g}x, as <code>kvbench compare</code> judges (a drop in speedup '
+                'is slower); ○ within noise or unchanged; dashed <i>env</i>: that machine\'s captured environment '
+                'changed. Hover any mark for its numbers.</p>').format(machines=machines, factor=history.factor)
 
 
-def commits_table(history: History) -> str:
-    import datetime
-
-    rows = []
-    for commit in history.commits:
-        when = (datetime.datetime.fromtimestamp(commit.date / 1000, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
-                if commit.date else "")
-        rows.append(f"<tr><td><code>{escape_html(commit.hash)}</code></td><td>{when} UTC</td></tr>")
-    return "<table><tr><th>commit</th><th>date</th></tr>" + "".join(rows) + "</table>"
+def commit_date(commit) -> str:
+    if not commit.date:
+        return ""
+    moment = datetime.datetime.fromtimestamp(commit.date / 1000, datetime.timezone.utc)
+    return moment.strftime("%Y-%m-%d %H:%M")
 
 
-def marks_table(history: History) -> str:
+def commits_table(history: History) -> Html:
+    rows = [Html("<tr><td><code>{hash}</code></td><td>{date} UTC</td></tr>").format(hash=c.hash, date=commit_date(c))
+            for c in history.commits]
+    return Html("<table><tr><th>commit</th><th>date</th></tr>{}</table>").format(Html().join(rows))
+
+
+def marks_table(history: History) -> Html:
     if not history.marks:
-        return '<p class="muted">No captured environment changed between two commits of one machine.</p>'
-    rows = []
-    for mark in history.marks:
-        for d in mark.differences:
-            rows.append(f"<tr><td>{escape_html(mark.machine)}</td><td><code>{mark.old[:8]} → {mark.new[:8]}</code></td>"
-                        f"<td>{escape_html(d.rank)}</td><td><code>{escape_html(d.key)}</code></td>"
-                        f"<td>{escape_html(d.old)} → {escape_html(d.new)}</td></tr>")
-    return ("<table><tr><th>machine</th><th>commits</th><th>rank</th><th>fact</th><th>old → new</th></tr>"
-            + "".join(rows) + "</table>")
+        return Html('<p class="muted">No captured environment changed between two commits of one machine.</p>')
+    rows = [Html("<tr><td>{machine}</td><td><code>{old} → {new}</code></td><td>{rank}</td><td><code>{key}</code></td>"
+                 "<td>{was} → {now}</td></tr>").format(machine=mark.machine, old=mark.old[:8], new=mark.new[:8],
+                                                       rank=d.rank, key=d.key, was=d.old, now=d.new)
+            for mark in history.marks for d in mark.differences]
+    return Html("<table><tr><th>machine</th><th>commits</th><th>rank</th><th>fact</th><th>old → new</th></tr>"
+                "{}</table>").format(Html().join(rows))
 
 
-def chart_section(history: History, chart: Chart) -> str:
-    return (f'<section class="chart" data-title="{escape_html(chart.title)}"><h2>{escape_html(chart.title)}</h2>'
-            f"{chart_svg(history, chart)}{steps_table(chart)}</section>")
+def chart_section(history: History, chart: Chart) -> Html:
+    return Html('<section class="chart" data-title="{title}"><h2>{title}</h2>{svg}{steps}</section>').format(
+        title=chart.title, svg=chart_svg(history, chart), steps=steps_table(chart))
 
 
 def render_page(history: History) -> str:
-    notes = "".join(f"<li>{escape_html(note)}</li>" for note in history.notes)
-    return "".join([
-        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
-        '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; style-src \'unsafe-inline\'; '
-        'script-src \'unsafe-inline\'">',
-        f"<title>kvbench history: {escape_html(history.results_dir)}</title><style>{STYLE}</style></head><body>",
-        f"<h1>kvbench history of <code>{escape_html(history.results_dir)}</code></h1>",
-        f"<p>{len(history.charts)} benchmark × parameter charts, {len(history.machines)} machine(s), "
-        f"{len(history.commits)} commit(s). Generated by <code>kvbench history</code>; this file loads nothing "
-        "from anywhere.</p>",
-        legend(history), "<h2>Commits</h2>", commits_table(history),
-        "<h2>Environment changes</h2>", marks_table(history),
-        f"<ul class=\"muted\">{notes}</ul>" if notes else "",
-        '<p><label>Filter charts: <input id="filter" type="search" placeholder="e.g. static"></label></p>',
+    notes = Html().join(Html("<li>{}</li>").format(note) for note in history.notes)
+    return str(Html("").join([
+        Html('<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+             '<meta http-equiv="Content-Security-Policy" content="{policy}">'
+             "<title>kvbench history: {source}</title><style>{style}</style></head><body>"
+             "<h1>kvbench history of <code>{source}</code></h1>"
+             "<p>{charts} benchmark × parameter charts, {machines} machine(s), {commits} commit(s). Generated by "
+             "<code>kvbench history</code>; this file loads nothing from anywhere.</p>").format(
+            policy=Html(content_security_policy(SCRIPT)), source=history.results_dir, style=Html(STYLE),
+            charts=len(history.charts), machines=len(history.machines), commits=len(history.commits)),
+        legend(history), Html("<h2>Commits</h2>"), commits_table(history),
+        Html("<h2>Environment changes</h2>"), marks_table(history),
+        Html('<ul class="muted">{}</ul>').format(notes) if history.notes else Html(),
+        Html('<p><label>Filter charts: <input id="filter" type="search" placeholder="e.g. static"></label></p>'),
         *(chart_section(history, chart) for chart in history.charts),
-        f"<script>{SCRIPT}</script></body></html>\n",
-    ])
+        Html("<script>{}</script></body></html>\n").format(Html(SCRIPT)),
+    ]))

@@ -11,6 +11,8 @@ from kvbench import stats
 from kvbench.report import columns
 from kvbench.report.format import as_sentence, escape_html, format_bytes
 from kvbench.report.latency import (
+    CONTEXT_COLUMNS,
+    context_cells,
     LATENCY_COLUMNS,
     LIMIT_COLUMNS,
     PEER_COLUMNS,
@@ -135,6 +137,11 @@ def _latency_section(report: Report) -> list[str]:
         parts += ["<h2>What a client sees: one request</h2>",
                   _plain_table(LATENCY_COLUMNS, [latency_cells(row) for row in report.latency], ("mode", "equivalence")),
                   f'<p class="legend">{escape_html(as_sentence(report.latency_note))}</p>']
+    if report.context_steps:
+        parts += ["<h2>Steps at a context</h2>",
+                  _plain_table(CONTEXT_COLUMNS, [context_cells(row) for row in report.context_steps],
+                               ("mode", "equivalence")),
+                  f'<p class="legend">{escape_html(as_sentence(report.context_note))}</p>']
     if report.limits:
         parts += ["<h2>Against the machine's limits</h2>",
                   _plain_table(LIMIT_COLUMNS, [limit_cells(row) for row in report.limits], ("mode", "step")),

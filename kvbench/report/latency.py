@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from kvbench import latency, stats
 from kvbench.config import PlainConfig
-from kvbench.kinds import HF_MODES, formula_bytes
+from kvbench.modes import TRANSFORMERS, expected_bytes, float_bytes, quantized_bytes, source_of, spec
 from kvbench.record import RecordView
 from kvbench.report.format import check_text, format_bytes, ms
 from kvbench.stats import RatioEstimate
@@ -105,6 +105,7 @@ class LimitRow:
     flops: float
     bandwidth: float | None  # the measured triad bandwidth on the run's threads
     compute: float | None  # the fastest measured matmul
+    matmul_floor: float | None = None  # seconds its matmuls take at the rates measured at their shapes
 
     @property
     def achieved_bandwidth(self) -> float:
@@ -130,40 +131,102 @@ def limit_rows(view: RecordView) -> list[LimitRow]:
             if mode == view.baseline or mode not in view.modes or memory is None:
                 continue
             step = latency.decode_step(weights, memory["measured_bytes"], config, batch, length)
-            rows.append(LimitRow(mode, f"decode @ {length}", statistics.median(view.speedup_samples(mode, length).values()),
-                                 step["bytes"], step["flops"], *roofs))
+            rows.append(LimitRow(mode, f"decode @ {length}", context_step_seconds(view, mode, length),
+                                 step["bytes"], step["flops"], *roofs, latency.matmul_floor(config, batch, limits)))
     for row in latency_rows(view):
         work = latency.prefill(weights, config, batch, row.prompt)
         rows.append(LimitRow(row.mode, f"prefill {row.prompt}", row.figures["ttft"]["median"], work["bytes"],
-                             work["flops"], *roofs))
+                             work["flops"], *roofs, latency.matmul_floor(config, batch * row.prompt, limits)))
         if row.mode != view.baseline and "tpot" in row.figures:
             middle = row.prompt + row.generate // 2
             step = latency.decode_step(weights, formula_bytes(row.mode, config, batch, middle,
-                                                              view.run.get("cache_options", {}).get(row.mode)),
+                                                               view.run.get("cache_options", {}).get(row.mode) or {}),
                                        config, batch, middle)
             rows.append(LimitRow(row.mode, f"decode @ {middle} (TPOT)", row.figures["tpot"]["median"], step["bytes"],
-                                 step["flops"], *roofs))
+                                 step["flops"], *roofs, latency.matmul_floor(config, batch, limits)))
     return rows
 
 
-LIMIT_COLUMNS = ("mode", "step", "ms", "reads", "GB/s", "% of bandwidth", "GFLOP/s", "% of matmul")
+def context_step_seconds(view: RecordView, mode: str, length: int) -> float:
+    """A contexts run's per-step figure: the median steady-state step; a record from before the timed window
+    holds one cold step per sample (its cache's release timed with it), shown as it was."""
+    warmup = (view.run.get("workload") or {}).get("warmup_steps")
+    if warmup is None:
+        return statistics.median(view.speedup_samples(mode, length).values())
+    return latency.context_latency(view.repetitions(mode, length), warmup)["step"]["median"]
+
+
+@dataclass(frozen=True)
+class ContextRow:
+    mode: str
+    context: int
+    figures: dict  # kvbench.latency.context_latency: "step", "first_step", "samples"
+    check: dict | None
+    valid: bool
+
+
+def context_rows(view: RecordView) -> list[ContextRow]:
+    """A contexts run with a timed window (every record since 2026-12-03): per context and mode, the steady-state
+    step and the first step after the prefill."""
+    workload = view.run.get("workload") or {}
+    if workload.get("kind") != "contexts" or "timed_steps" not in workload:
+        return []
+    return [ContextRow(mode, length, latency.context_latency(view.repetitions(mode, length), workload["warmup_steps"]),
+                       view.check(mode, length), view.passed(mode, length))
+            for length in view.lengths for mode in view.modes if view.repetitions(mode, length)]
+
+
+CONTEXT_COLUMNS = ("context", "mode", "n", "step ms [95% CI]", "first step ms [95% CI]", "first / step", "equivalence")
+
+
+def context_cells(row: ContextRow) -> list[str]:
+    step, first = row.figures["step"], row.figures["first_step"]
+    return [str(row.context), row.mode, str(row.figures["samples"]), figure_text(step), figure_text(first),
+            f"{first['median'] / step['median']:.2f}x", check_text(row.check)]
+
+
+def context_sentence(view: RecordView) -> str:
+    workload = view.run["workload"]
+    return (f"Per sample and context c: a fresh cache, a prefill of c tokens and {workload['warmup_steps']} warm-up "
+            f"steps, untimed, then {workload['timed_steps']} consecutive steps, each timed on its own; the cache is "
+            f"released after them, untimed. step: the mean of the timed steps, the per-token cost at that context "
+            f"(the speedups compare the timed windows); first step: the one right after the prefill, paid once per "
+            f"prompt; medians over samples with their 95% intervals")
+
+
+LIMIT_COLUMNS = ("mode", "step", "ms", "reads", "GB/s", "% of bandwidth", "GFLOP/s", "% of matmul",
+                 "matmul floor ms")
+
+
+def formula_bytes(mode: str, config, batch: int, length: int, options: dict) -> int:
+    """A mode's bytes by its formula; transformers' caches, whose layout kvbench has no formula for, hold what
+    kvbench's kind of the same bits holds (a float one, or the quantized one of its bits)."""
+    mode_spec = spec(mode)
+    if mode_spec.bytes is not None:
+        return expected_bytes(mode, config, batch, length, **options)
+    if mode_spec.bits:
+        return quantized_bytes(config, batch, length, bits=mode_spec.bits, **options)
+    return float_bytes(config, batch, length)
 
 
 def limit_cells(row: LimitRow) -> list[str]:
     share = lambda value, roof: "" if roof is None else f"{value / roof:.0%}"  # noqa: E731
     return [row.mode, row.what, ms(row.seconds), format_bytes(int(row.bytes_read)), f"{row.achieved_bandwidth / 1e9:.2f}",
             share(row.achieved_bandwidth, row.bandwidth), f"{row.achieved_flops / 1e9:.2f}",
-            share(row.achieved_flops, row.compute)]
+            share(row.achieved_flops, row.compute), "" if row.matmul_floor is None else ms(row.matmul_floor)]
 
 
 def limit_sentence(view: RecordView) -> str:
     limits = view.record["limits"]
     bandwidth, compute = latency.bandwidth_limit(limits, view.run["threads"]), latency.compute_limit(limits)
-    return (f"The machine's limits, measured in this run: triad {bandwidth / 1e9:.1f} GB/s on {view.run['threads']} "
+    when = (f"at the start of each of its {len(limits['rounds'])} rounds, beside the samples (medians)"
+            if limits.get("rounds") else "once, before the samples")
+    return (f"The machine's limits, measured in this run {when}: triad {bandwidth / 1e9:.1f} GB/s on {view.run['threads']} "
             f"thread(s) over {format_bytes(limits['buffer_bytes'])} arrays, matmul {compute / 1e9:.1f} GFLOP/s at the "
             f"model's shapes. A decode step must read every weight once ({format_bytes(limits['weight_bytes_per_step'])}"
             f", embedding rows aside) and the cache it attends to; % of bandwidth is those bytes over the step's median "
-            f"time against triad, % of matmul its FLOPs against the fastest matmul")
+            f"time against triad, % of matmul its FLOPs against the fastest matmul; matmul floor: the time its matrix "
+            f"products take at the rates measured at their own shapes")
 
 
 def step_medians(view: RecordView) -> dict[str, list[float]]:
@@ -202,8 +265,8 @@ def peer_rows(view: RecordView) -> list[PeerRow]:
     for length in view.lengths:
         timed = [mode for mode in view.modes if view.summary(mode, length) and mode != view.baseline
                  and exact(mode, length)]
-        peers = [mode for mode in timed if mode in HF_MODES]
-        ours = [mode for mode in timed if mode not in HF_MODES]
+        peers = [mode for mode in timed if source_of(mode) == TRANSFORMERS]
+        ours = [mode for mode in timed if source_of(mode) != TRANSFORMERS]
         if not peers or not ours:
             continue
         fastest = min(ours, key=lambda mode: view.summary(mode, length)["median"])

@@ -21,6 +21,8 @@ from kvbench.report.compare import (
 from kvbench.report.differences import CRITICAL
 from kvbench.report.format import as_sentence, escape_markdown, markdown_table
 from kvbench.report.latency import (
+    CONTEXT_COLUMNS,
+    context_cells,
     LATENCY_COLUMNS,
     LIMIT_COLUMNS,
     PEER_COLUMNS,
@@ -61,6 +63,10 @@ def render_report(report: Report, image: str | None = None) -> str:
         lines += markdown_table(LATENCY_COLUMNS, [[escape_markdown(text) for text in latency_cells(row)]
                                                   for row in report.latency], left=("mode", "equivalence"))
         lines += ["", escape_markdown(as_sentence(report.latency_note)), ""]
+    if report.context_steps:
+        lines += markdown_table(CONTEXT_COLUMNS, [[escape_markdown(text) for text in context_cells(row)]
+                                                  for row in report.context_steps], left=("mode", "equivalence"))
+        lines += ["", escape_markdown(as_sentence(report.context_note)), ""]
     if report.limits:
         lines += markdown_table(LIMIT_COLUMNS, [[escape_markdown(text) for text in limit_cells(row)]
                                                 for row in report.limits], left=("mode", "step"))

@@ -15,9 +15,13 @@ from kvbench import stats
 from kvbench.capture import summarize_environment
 from kvbench.config import PlainConfig
 from kvbench.kinds import expected_cache_bytes
+from kvbench.modes import changes_representation
 from kvbench.record import RecordView
 from kvbench.report.quality import model_sentence, quality_note, quality_rows
 from kvbench.report.latency import (
+    ContextRow,
+    context_rows,
+    context_sentence,
     LatencyRow,
     LimitRow,
     latency_rows,
@@ -159,6 +163,8 @@ class Report:
     peers: list = field(default_factory=list)  # PeerRow: kvbench's fastest exact kind against transformers' caches
     latency_note: str | None = None
     step_latency: dict[str, list[float]] = field(default_factory=dict)  # a request's median step, per position
+    context_steps: list[ContextRow] = field(default_factory=list)  # a contexts run's steady and first steps
+    context_note: str | None = None
     tradeoffs: list[Tradeoff] = field(default_factory=list)
     quality: list = field(default_factory=list)  # QualityRow: what each mode did to a real model's text
     quality_note: str | None = None
@@ -321,6 +327,8 @@ def build_report(view: RecordView, seed: int = stats.SEED, resamples: int = stat
     report.limits, report.step_latency = limit_rows(view), step_medians(view)
     report.limits_note = limit_sentence(view) if report.limits else None
     report.peers = peer_rows(view)
+    report.context_steps = context_rows(view)
+    report.context_note = context_sentence(view) if report.context_steps else None
     report.quality, report.quality_note, report.model_note = quality_rows(view), quality_note(view), model_sentence(view)
     report.latency_note = latency_sentence(report.latency, view.baseline, timer_sentence(view)) if report.latency else None
     return report
@@ -372,7 +380,7 @@ def clock_note(sampling: list[LengthRow]) -> str | None:
 def tradeoffs(view: RecordView, rows: list[Row]) -> list[Tradeoff]:
     """Every cached mode at every length, when the run holds a kind that changes the representation
     (lossy, or a window that keeps fewer positions): bytes, drift and time side by side."""
-    changes = any(row.check and (row.check.get("exact", True) is False or row.mode == "window") for row in rows)
+    changes = any(row.check and changes_representation(row.mode, row.check) for row in rows)
     if not changes:
         return []
     config = PlainConfig.from_dict(view.config)

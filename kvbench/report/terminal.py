@@ -27,6 +27,8 @@ from kvbench.report.compare import (
 from kvbench.report.differences import CRITICAL, INFORMATIONAL, NOTABLE
 from kvbench.report.format import as_sentence, format_bytes, render_plain, rich_escape
 from kvbench.report.latency import (
+    CONTEXT_COLUMNS,
+    context_cells,
     LATENCY_COLUMNS,
     LIMIT_COLUMNS,
     PEER_COLUMNS,
@@ -93,6 +95,11 @@ def limits_table(report: Report) -> Table:
                        [limit_cells(row) for row in report.limits])
 
 
+def contexts_table(report: Report) -> Table:
+    return plain_table("steps at a context: the steady-state step and the first after the prefill", CONTEXT_COLUMNS,
+                       ("mode", "equivalence"), [context_cells(row) for row in report.context_steps])
+
+
 def peers_table(report: Report) -> Table:
     return plain_table("against transformers' caches, same weights, same rotations", PEER_COLUMNS,
                        ("kvbench", "transformers"), [peer_cells(row) for row in report.peers])
@@ -103,6 +110,8 @@ def quick_renderables(report: Report) -> list:
     noisy the machine was."""
     out: list = [latency_table(report), rich_escape(report.latency_note)] \
         if report.latency else []
+    if report.context_steps:
+        out += [contexts_table(report), rich_escape(report.context_note)]
     out.append(quick_table(report))
     out += quality_renderables(report)
     if report.peers:
@@ -157,6 +166,8 @@ def report_renderables(report: Report) -> list:
     out += quality_renderables(report)
     if report.latency:
         out += [latency_table(report), rich_escape(report.latency_note)]
+    if report.context_steps:
+        out += [contexts_table(report), rich_escape(report.context_note)]
     if report.limits:
         out += [limits_table(report), rich_escape(report.limits_note)]
     if report.peers:

@@ -1,0 +1,118 @@
+"""Many requests in one model call: each row is a request with its own cache, at its own length.
+
+Iteration-level scheduling (Orca, vLLM) runs one forward over every running request, whose
+caches hold different numbers of positions and take different numbers of new tokens (a
+prefill chunk, or one decode token). `BatchedCache` drives every row's own cache through the
+protocol of kvbench.cache.base, and gives the model what a ragged batch needs:
+
+- `row_positions` (B, L): the absolute position of each new token in its own request, so rotary
+  tables and learned positions are read per row (a padded query repeats its row's last position);
+- `key_mask` (B, 1, L, S): a query sees its own request's keys up to its position, never another
+  row's padding, so every row's logits are those of its request alone.
+
+Rows are padded to the longest: new tokens to L = max new, keys to S = max held. The padded
+queries' outputs are thrown away and their keys are never written to any cache.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from kvbench.cache.base import Cache
+from kvbench.cache.paged import PagedCache
+from kvbench.config import DecoderConfig
+
+
+class BatchedCache(Cache):
+    """A view of `rows` (one cache per request) for one call of the model on ids (B, max(new))."""
+
+    kind = "batched"
+
+    def __init__(self, rows: list[Cache], new: list[int]) -> None:
+        if not rows or len(rows) != len(new):
+            raise ValueError(f"expected one new-token count per row cache, got {len(rows)} caches and {len(new)} counts")
+        if any(isinstance(count, bool) or not isinstance(count, int) or count < 1 for count in new):
+            raise ValueError(f"every row takes at least one new token, got {new}")
+        if any(row.batch != 1 or row.key_positions is not None for row in rows):
+            raise ValueError("every row must be one sequence whose keys are its positions 0..T-1 (no window ring)")
+        super().__init__(rows[0].config, batch=len(rows))
+        self.rows, self.new = rows, new
+        self.slots: tuple[Tensor, Tensor, Tensor] | None = None  # set by reserve() when every row is in one pool
+        width = max(new)
+        starts = torch.tensor([row.length for row in rows])[:, None]  # (B, 1)
+        steps = torch.minimum(torch.arange(width)[None, :], torch.tensor(new)[:, None] - 1)  # (B, L): padding repeats
+        self.row_positions = starts + steps  # (B, L)
+        keys = torch.arange(int(self.row_positions.max()) + 1)
+        self.key_mask = (keys[None, None, :] <= self.row_positions[:, :, None])[:, None]  # (B, 1, L, S)
+
+    def check_append(self, config: DecoderConfig, batch: int, length: int) -> None:
+        if batch != len(self.rows) or length != max(self.new):
+            raise ValueError(f"batched call mismatch: expected ids ({len(self.rows)}, {max(self.new)}), "
+                             f"got ({batch}, {length})")
+        for row, count in zip(self.rows, self.new):
+            row.check_append(config, 1, count)
+
+    def reserve(self, length: int) -> None:
+        done = []
+        try:
+            for row, count in zip(self.rows, self.new):
+                row.reserve(count)
+                done.append(row)
+        except BaseException:
+            for row in done:
+                row.rollback()
+            raise
+        pools = {id(row.pool) for row in self.rows if isinstance(row, PagedCache)}
+        self.slots = self._pool_slots() if len(pools) == 1 and all(isinstance(r, PagedCache) for r in self.rows) else None
+
+    def _pool_slots(self) -> tuple[Tensor, Tensor, Tensor]:
+        """Rows of one pool, addressed all at once: (the new tokens' index in k flattened row-major over (B, L),
+        their pool slots, every row's key slots (B * S); a padded key reads slot 0 and is masked)."""
+        width, S = max(self.new), self.key_mask.shape[-1]
+        size = self.rows[0].block_size
+        picked, written, read = [], [], torch.zeros(len(self.rows), S, dtype=torch.long)
+        for b, (row, count) in enumerate(zip(self.rows, self.new)):
+            end = row.length + count
+            positions = torch.arange(end)
+            slots = row.block_table[0][positions // size] * size + positions % size
+            read[b, :end] = slots
+            written.append(slots[row.length :])
+            picked.append(torch.arange(b * width, b * width + count))
+        return torch.cat(picked), torch.cat(written), read.view(-1)
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """k, v (B, KVH, L, D) -> every row's keys and values (B, KVH, S, D), zero past each row's own."""
+        B, KVH, _, D = k.shape
+        if self.slots is not None:  # one pool: one write and one gather for every row, as paged attention reads
+            return tuple(self._through_pool(layer, index, new) for index, new in enumerate((k, v)))
+        S = self.key_mask.shape[-1]
+        keys, values = k.new_zeros(B, KVH, S, D), v.new_zeros(B, KVH, S, D)
+        for b, (row, count) in enumerate(zip(self.rows, self.new)):
+            row_keys, row_values = row.update(layer, k[b : b + 1, :, :count], v[b : b + 1, :, :count])  # (1, KVH, T, D)
+            keys[b, :, : row_keys.shape[-2]] = row_keys[0]
+            values[b, :, : row_values.shape[-2]] = row_values[0]
+        return keys, values
+
+    def _through_pool(self, layer: int, index: int, new: Tensor) -> Tensor:
+        picked, written, read = self.slots
+        pool = self.rows[0].pool.slots[layer][index][0]  # (KVH, NB * bs, D)
+        KVH, D = new.shape[1], new.shape[-1]
+        pool.index_copy_(1, written, new.transpose(0, 1).reshape(KVH, -1, D).index_select(1, picked))
+        return pool.index_select(1, read).view(KVH, len(self.rows), -1, D).transpose(0, 1)  # (B, KVH, S, D)
+
+    def commit(self, length: int) -> None:
+        for row, count in zip(self.rows, self.new):
+            row.commit(count)
+
+    def rollback(self) -> None:
+        for row in self.rows:
+            row.rollback()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(row.nbytes for row in self.rows)
+
+    @property
+    def reserved_bytes(self) -> int:
+        return sum(row.reserved_bytes for row in self.rows)

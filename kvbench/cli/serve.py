@@ -1,0 +1,171 @@
+"""`kvbench run --trace ...`: many requests under one KV budget (kvbench.serving), and `kvbench report` of its
+record. Every option, the trace and the budget are checked torch-free, before anything is measured."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from kvbench import admission, files, memory, record, timing, trace
+from kvbench.cli.commands import check_output, cmd_report, config_from_args
+from kvbench.cli.options import fraction
+from kvbench.cli.parser import CliError
+from kvbench.cli.serving_options import DEFAULT_KINDS, DEFAULT_REPEATS, DEFAULT_BUDGET_REQUESTS
+from kvbench.modes import DEFAULT_MODES
+from kvbench.report.format import format_bytes, stdout_console
+
+def cancel_spec(text: str | None) -> dict:
+    if text is None:
+        return {}
+    share, _, after = text.partition(":")
+    try:
+        return {"cancel_fraction": fraction(share), "cancel_after": int(after)}
+    except (ValueError, argparse.ArgumentTypeError):
+        raise CliError(f"--cancel must be F:K (a fraction, then output tokens), got {text!r}") from None
+
+
+def load_trace(args: argparse.Namespace, config) -> trace.Trace:
+    """The trace drawn from the options, or read from a file (a trace, or the trace of a serving record)."""
+    name = args.trace.partition(":")[0]
+    try:
+        if name in trace.LENGTHS:
+            spec = {**trace.parse_lengths(args.trace), **trace.parse_arrivals(args.arrivals), "requests": args.requests,
+                    **cancel_spec(args.cancel)}
+            if args.prefix:
+                spec.update(prefix=args.prefix, prefix_fraction=args.prefix_fraction)
+            return trace.make_trace(spec, args.seed, config.max_length)
+        data = files.read_json(args.trace, "trace file")
+        return trace.trace_from_dict(data.get("trace", data) if isinstance(data, dict) else data, config.max_length)
+    except (ValueError, OSError) as error:
+        raise CliError(f"--trace {args.trace}: {getattr(error, 'strerror', None) or error}") from None
+
+
+def serving_settings(args: argparse.Namespace, config, kinds: list[str]) -> dict[str, dict]:
+    options = {"group_size": args.quant_group, "residual": args.quant_residual}
+    settings = {}
+    for kind in kinds:
+        if kind == "paged":
+            settings[kind] = {"block_size": args.block_size, "share_prefix": args.share_prefix}
+        else:
+            settings[kind] = {"policy": args.reserve, **({"options": options} if kind.startswith("quantized") else {})}
+    return settings
+
+
+def check_serving(args: argparse.Namespace):
+    """Everything a serving run needs, torch-free: (config, kinds, trace, budget, settings, protocol)."""
+    config = config_from_args(args)
+    kinds = list(DEFAULT_KINDS) if args.modes == list(DEFAULT_MODES) else list(args.modes)
+    unknown = [kind for kind in kinds if kind not in admission.SERVING_KINDS]
+    if unknown:
+        raise CliError(f"--modes {unknown[0]}: a serving run takes kinds {list(admission.SERVING_KINDS)}")
+    if config.window is not None:
+        raise CliError("--trace: a serving run needs full attention; the preset or --window slides a window")
+    if args.share_prefix and "paged" not in kinds:
+        raise CliError("--share-prefix forks paged blocks: add paged to --modes")
+    served = load_trace(args, config)
+    settings = serving_settings(args, config, kinds)
+    minimum = {kind: admission.minimum_budget(kind, config, served, args.reserve, args.block_size,
+                                              settings[kind].get("options"), args.share_prefix) for kind in kinds}
+    if args.kv_budget is None:
+        largest = sorted(served.requests, key=lambda r: r.positions)[-DEFAULT_BUDGET_REQUESTS:]
+        budget = sum(admission.reservation("static", config, admission.capacity(r, config, args.reserve))
+                     for r in largest)
+    else:
+        try:
+            budget = admission.parse_budget(args.kv_budget, memory.available_bytes())
+        except ValueError as error:
+            raise CliError(str(error)) from None
+    short = [kind for kind in kinds if budget < minimum[kind]]
+    if short:
+        raise CliError(f"--kv-budget {budget} bytes is below one request's minimum for {short[0]}: "
+                       f"{minimum[short[0]]} bytes ({format_bytes(minimum[short[0]])}), its largest request alone")
+    repeats = args.repeats if args.repeats is not None else DEFAULT_REPEATS
+    try:
+        protocol = timing.Protocol(repeats=repeats, precision=args.precision, max_seconds=args.max_seconds or 75.0,
+                                   max_repeats=args.max_repeats or 1001, order=args.order, cpu=args.cpu,
+                                   control=args.control, warmup=0, seed=args.seed, threads=args.threads,
+                                   between_run=args.between_run)
+        timing.control_mode(protocol.control, kinds)
+    except ValueError as error:
+        raise CliError(str(error)) from None
+    return config, kinds, served, budget, settings, protocol, minimum
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    config, kinds, served, budget, settings, protocol, minimum = check_serving(args)
+    output = args.output or record.default_record_path()
+    check_output(output, args.force)
+    if args.save_trace is not None:
+        check_output(args.save_trace, args.force, "--save-trace")
+        files.write_json_atomic(served.to_dict(), args.save_trace, args.force)
+    from kvbench import capture, serving
+    from kvbench.config import DecoderConfig
+    from kvbench.model import build_model
+
+    in_effect = {"threads_in_effect": timing.set_threads(protocol.threads), "cpu_in_effect": timing.pin_cpu(protocol.cpu)}
+    environment = capture.collect_environment()
+    model = build_model(DecoderConfig.from_dict(config.to_dict()), seed=protocol.seed)
+    from kvbench.sampling import Sampling
+
+    state, checks, interrupted = Sampling(), {}, False
+    try:
+        outcome = serving.serve(model, served, kinds, budget, settings, protocol, state=state, checks=checks)
+    except KeyboardInterrupt:  # keep what was measured, as every run does
+        if not checks:
+            raise
+        interrupted, outcome = True, {"checks": checks, "control": None, "sampling": state}
+    result = {"complete": not interrupted, "schema": "kvbench.serving/1", "command": ["kvbench", *args.argv], "preset": args.preset,
+              "config": config.to_dict(), "trace": served.to_dict(), "kinds": kinds, "settings": settings,
+              "budget": {"bytes": budget, "given": args.kv_budget, "reserve": args.reserve, "minimum": minimum},
+              "protocol": protocol.describe(in_effect), "environment": environment, "checks": outcome["checks"],
+              "control": outcome["control"], "samples": [kept.to_dict() for kept in outcome["sampling"].samples],
+              "sampling": {length: state.to_dict() for length, state in outcome["sampling"].lengths.items()}}
+    path = files.write_json_atomic(result, output, args.force)
+    print_serving(result)
+    stdout_console().print(f"record: {path}")
+    failed = [kind for kind, check in outcome["checks"].items() if not check["passed"]]
+    if interrupted:
+        print(f"kvbench: interrupted: the record keeps {len(result['samples'])} replays and "
+              f"{len(checks)} of {len(kinds)} checks, marked incomplete: {path}", file=sys.stderr)
+        return 130
+    return 1 if failed else 0
+
+
+def print_serving(result: dict) -> None:
+    from kvbench.report import serving as serving_report
+
+    console, summary = stdout_console(), serving_report.summarise(result)
+    console.print(serving_report.serving_table(result, summary))
+    console.print(serving_report.latency_table(summary))
+    sentence = serving_report.control_sentence(summary)
+    if sentence:
+        console.print(sentence)
+    for kind, check in result["checks"].items():
+        if not check["passed"]:
+            console.print(f"EQUIVALENCE FAILED: {kind}: requests {check['failed_requests'][:5]} left the full path; "
+                          "it was not timed")
+
+
+def is_serving_record(path: Path) -> bool:
+    try:
+        data = files.read_json(path, "record")
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("schema") == "kvbench.serving/1"
+
+
+def cmd_report_any(args: argparse.Namespace) -> int:
+    """`kvbench report`: a serving record has its own tables and plot; any other goes to cmd_report."""
+    return cmd_report_serving(args) if is_serving_record(args.record) else cmd_report(args)
+
+
+def cmd_report_serving(args: argparse.Namespace) -> int:
+    from kvbench.report import serving as serving_report
+
+    result = files.read_json(args.record, "record")
+    if args.plot is not None:
+        files.write_bytes_atomic(args.plot, serving_report.memory_plot(result, args.plot.suffix.lower()), args.force)
+    print_serving(result)
+    return 0
+

@@ -1,0 +1,332 @@
+"""Iteration-level scheduling (Orca, vLLM) of a trace under a KV budget, with one model.
+
+Each iteration:
+  1. requests whose arrival time has come join the waiting queue (arrival order; preempted
+     requests go back to its head);
+  2. the running requests' next decode token must fit: when the pool cannot hold it, the newest
+     running request is preempted (its cache released, its tokens kept: it recomputes later,
+     vLLM's default);
+  3. waiting requests are admitted in order while the budget allows (kvbench.admission: static
+     and quantized reserve their capacity, paged needs the blocks of its prompt); the first that
+     does not fit stops admission (first come, first served);
+  4. one forward over every running request: the admitted ones' prefills batched in one model
+     call (padded to the longest), every other request's next token in another, each row at its
+     own positions (kvbench.cache.batch);
+  5. a request that emitted its last token, or that its client cancelled, releases its cache in
+     this same iteration.
+Tokens are teacher-forced: request r's ids are fixed (TokenSource), so batching, padding and
+preemption never change what is computed, only when. Idle gaps (nothing running, the next arrival
+in the future) are skipped, not slept: the clock jumps to that arrival.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from kvbench import admission
+from kvbench.cache import BlockPool, Cache, PagedCache, make_cache
+from kvbench.cache.batch import BatchedCache
+from kvbench.model import Decoder
+from kvbench.trace import Trace, TraceRequest
+
+
+class TokenSource:
+    """Every request's ids (1, prompt + output - 1), seeded by (seed, request): the shared prefix, when a
+    request has one, is the same ids for all."""
+
+    def __init__(self, vocab_size: int, seed: int, prefix: int) -> None:
+        self.vocab_size, self.seed = vocab_size, seed
+        self.prefix = self._draw(prefix, -1) if prefix else None  # key -1: no request's id
+
+    def _draw(self, length: int, key: int) -> Tensor:
+        generator = torch.Generator().manual_seed((self.seed * 1_000_003 + key) % 2**63)
+        return torch.randint(0, self.vocab_size, (1, length), generator=generator)
+
+    def ids(self, request: TraceRequest) -> Tensor:
+        own = self._draw(request.positions - request.prefix, request.id + 1)
+        return torch.cat((self.prefix[:, : request.prefix], own), dim=1) if request.prefix else own
+
+
+@dataclass
+class Live:
+    """One request during a replay."""
+
+    spec: TraceRequest
+    ids: Tensor
+    arrival: float | None
+    cache: Cache | None = None
+    emitted: int = 0
+    admitted: float | None = None  # when it was first admitted
+    token_times: list[float] = field(default_factory=list)
+    preemptions: int = 0
+    reserved: int = 0  # bytes a reserving kind set aside for it
+    logits: list[Tensor] | None = None
+    finished: float | None = None
+
+    @property
+    def feed(self) -> int:
+        """Positions its cache must hold for the next token's logits."""
+        return self.spec.prompt + self.emitted
+
+    def outcome(self) -> dict:
+        return {"id": self.spec.id, "arrival": self.arrival, "admitted": self.admitted, "token_times": self.token_times,
+                "finished": self.finished, "cancelled": self.spec.cancel_after is not None,
+                "preemptions": self.preemptions}
+
+
+class Ledger:
+    """How a kind holds memory under the budget: reserving kinds (static, quantized-*) set a request's
+    capacity aside at admission, so they never grow and are never preempted."""
+
+    def __init__(self, model: Decoder, kind: str, budget: int, policy: str, options: dict | None) -> None:
+        self.model, self.config, self.kind, self.budget = model, model.config, kind, budget
+        self.policy, self.options, self.held = policy, options or {}, 0
+
+    def growth_fits(self, rows: list[Live]) -> bool:
+        return True
+
+    def held_bytes(self) -> int:
+        return self.held
+
+    def admit(self, live: Live) -> bool:
+        capacity = admission.capacity(live.spec, self.config, self.policy)
+        need = admission.reservation(self.kind, self.config, capacity, self.options)
+        if self.held + need > self.budget:
+            return False
+        live.cache = make_cache(self.kind, self.config, 1, capacity, **self.options)
+        live.reserved, self.held = need, self.held + need
+        return True
+
+    def prepare(self, admitted: list[Live], source: TokenSource) -> int:
+        """Caches of admitted requests ready for their prefill; returns the positions prefilled to get there
+        (a paged holder of the shared prefix)."""
+        return 0
+
+    def release(self, live: Live) -> int:
+        live.cache.release()
+        live.cache, freed, self.held, live.reserved = None, live.reserved, self.held - live.reserved, 0
+        return freed
+
+    def snapshot(self, running: list[Live]) -> dict:
+        used = sum(live.cache.nbytes for live in running)
+        return {"used": used, "reserved": self.held, "saved": 0}
+
+    def close(self) -> None:
+        """Nothing is held across requests."""
+
+
+class PagedLedger(Ledger):
+    """One BlockPool of budget // block bytes blocks; requests take blocks on demand. With share_prefix, a
+    holder keeps the shared prefix's blocks while a request that has the prefix is still to come, and
+    every such request forks it (copy-on-write of a partly filled last block)."""
+
+    def __init__(self, model: Decoder, budget: int, block_size: int, share_prefix: bool) -> None:
+        super().__init__(model, "paged", budget, "request", None)
+        self.pool = BlockPool(self.config, budget // admission.block_bytes(self.config, block_size), block_size)
+        self.share_prefix, self.holder, self.promised = share_prefix, None, 0
+
+    def _need(self, live: Live) -> int:
+        size = self.pool.block_size
+        if self.share_prefix and live.spec.prefix:
+            holder = 0 if self.holder is not None else admission.blocks_for(live.spec.prefix, size)
+            return holder + admission.blocks_for(live.feed, size) - live.spec.prefix // size
+        return admission.blocks_for(live.feed, size)
+
+    def growth_fits(self, rows: list[Live]) -> bool:
+        """Whether every row's next token fits; if so, those blocks are promised to it before any admission."""
+        needed = sum(live.cache.blocks_needed(1) for live in rows)
+        self.promised = needed if needed <= self.pool.free_blocks else 0
+        return needed <= self.pool.free_blocks
+
+    def held_bytes(self) -> int:
+        return (self.pool.num_blocks - self.pool.free_blocks) * self.pool.block_bytes
+
+    def admit(self, live: Live) -> bool:
+        need = self._need(live)
+        if need + self.promised > self.pool.free_blocks:
+            return False
+        self.promised += need
+        if self.share_prefix and live.spec.prefix and self.holder is None:
+            self.holder = PagedCache(self.config, 1, pool=self.pool)  # prefilled in prepare()
+        if not (self.share_prefix and live.spec.prefix):
+            live.cache = PagedCache(self.config, 1, live.spec.positions, pool=self.pool)
+        return True
+
+    def prepare(self, admitted: list[Live], source: TokenSource) -> int:
+        prefilled = 0
+        if self.holder is not None and self.holder.length == 0:
+            self.model(source.prefix, self.holder)
+            prefilled = self.holder.length
+        for live in admitted:
+            if live.cache is None:
+                live.cache = self.holder.fork()
+        self.promised = 0
+        return prefilled
+
+    def release(self, live: Live) -> int:
+        free = self.pool.free_blocks
+        live.cache.release()
+        live.cache = None
+        return (self.pool.free_blocks - free) * self.pool.block_bytes
+
+    def drop_holder(self) -> None:
+        if self.holder is not None:
+            self.holder.release()
+            self.holder = None
+
+    def snapshot(self, running: list[Live]) -> dict:
+        """used: token states stored (a shared block once), reserved: blocks held, saved: token states the
+        requests hold beyond those stored (what sharing spared)."""
+        size, per_position = self.pool.block_size, admission.bytes_per_position(self.config)
+        filled: dict[int, int] = {}
+        caches = [live.cache for live in running] + ([self.holder] if self.holder is not None else [])
+        for cache in caches:
+            for index, block in enumerate(cache.block_table[0].tolist()):
+                filled[block] = max(filled.get(block, 0), min(size, cache.length - index * size))
+        used = sum(filled.values()) * per_position
+        logical = sum(live.cache.length for live in running) * per_position
+        return {"used": used, "reserved": self.held_bytes(), "saved": max(0, logical - used), "free_blocks": self.pool.free_blocks}
+
+    def close(self) -> None:
+        self.drop_holder()
+
+
+def make_ledger(model: Decoder, kind: str, budget: int, policy: str = "request",
+                block_size: int = admission.DEFAULT_BLOCK_SIZE, share_prefix: bool = False,
+                options: dict | None = None) -> Ledger:
+    if kind == "paged":
+        return PagedLedger(model, budget, block_size, share_prefix)
+    if share_prefix:
+        raise ValueError(f"--share-prefix forks paged blocks: expected kind 'paged', got {kind!r}")
+    return Ledger(model, kind, budget, policy, options)
+
+
+class Scheduler:
+    """Replays one trace on one kind; `run()` returns every request's outcome and every iteration's memory."""
+
+    def __init__(self, model: Decoder, trace: Trace, ledger: Ledger, source: TokenSource,
+                 keep_logits: bool = False) -> None:
+        self.model, self.trace, self.ledger, self.source = model, trace, ledger, source
+        self.keep_logits = keep_logits
+        self.lives = [Live(spec, source.ids(spec), spec.arrival) for spec in trace.requests]
+        self.waiting: deque[Live] = deque()
+        self.running: list[Live] = []
+        self.iterations: list[dict] = []
+        self.skew = 0.0  # idle gaps skipped
+        if trace.arrivals == "closed":  # each client's first request at 0; the next when the previous ends
+            for live in self.lives[: trace.clients]:
+                live.arrival = 0.0
+        self.pending = deque(live for live in self.lives if live.arrival is not None)
+
+    def now(self) -> float:
+        return time.perf_counter() - self.start + self.skew
+
+    def run(self) -> dict:
+        self.start = time.perf_counter()
+        with torch.inference_mode():
+            try:
+                while self.pending or self.waiting or self.running:
+                    self.iterate()
+            finally:
+                for live in self.running:
+                    self.ledger.release(live)
+                self.ledger.close()
+        return {"requests": [live.outcome() for live in self.lives], "iterations": self.iterations}
+
+    def iterate(self) -> None:
+        now = self.now()
+        if not (self.waiting or self.running) and self.pending[0].arrival > now:
+            self.skew += self.pending[0].arrival - now  # nothing to do until then
+            now = self.now()
+        while self.pending and self.pending[0].arrival <= now:
+            self.waiting.append(self.pending.popleft())
+        preempted = self.make_room()
+        admitted = self.admit(now)
+        decoding = [live for live in self.running if live not in admitted]
+        begun = self.now()
+        prefill_tokens = self.ledger.prepare(admitted, self.source)
+        prefill_tokens += sum(live.feed - live.cache.length for live in admitted)  # a forked prefix is held already
+        stepped = []
+        for live in admitted:  # one call each: a prompt is already many rows, and padding prompts wastes work
+            stepped += self.forward([live], lambda live: live.feed - live.cache.length)
+        prefilled = self.now()
+        stepped += self.forward(decoding, lambda live: 1)
+        seconds = {"prefill_seconds": round(prefilled - begun, 6), "decode_seconds": round(self.now() - prefilled, 6),
+                   "prefill_tokens": prefill_tokens}
+        memory = self.ledger.snapshot(self.running)
+        freed, ended = self.retire(stepped)
+        if not stepped and self.waiting:
+            raise ValueError(f"request {self.waiting[0].spec.id} cannot be admitted even alone: the KV budget "
+                             f"{self.ledger.budget} bytes is below its minimum (kvbench.admission.minimum_budget)")
+        self.iterations.append({"time": round(self.now(), 6), "running": len(stepped), "waiting": len(self.waiting),
+                                "admitted": len(admitted), "preempted": preempted, "ended": ended,
+                                "freed": freed, **memory, "reserved_after": self.ledger.held_bytes(), **seconds})
+
+    def make_room(self) -> int:
+        """Preempt the newest running requests until every other one's next token fits."""
+        preempted = 0
+        while self.running and not self.ledger.growth_fits(self.running):
+            victim = max(self.running, key=lambda live: live.spec.id)
+            self.running.remove(victim)
+            self.ledger.release(victim)
+            victim.preemptions += 1
+            self.waiting.appendleft(victim)
+            preempted += 1
+        return preempted
+
+    def admit(self, now: float) -> list[Live]:
+        admitted = []
+        while self.waiting and self.ledger.admit(self.waiting[0]):
+            live = self.waiting.popleft()
+            live.admitted = now if live.admitted is None else live.admitted
+            admitted.append(live)
+            self.running.append(live)
+        return admitted
+
+    def forward(self, rows: list[Live], new) -> list[Live]:
+        """One model call over `rows`, each taking new(row) tokens from where its cache stands."""
+        if not rows:
+            return []
+        counts = [new(live) for live in rows]
+        width = max(counts)
+        ids = torch.zeros(len(rows), width, dtype=torch.long)  # padding: token 0, never written to a cache
+        for b, (live, count) in enumerate(zip(rows, counts)):
+            start = live.cache.length
+            ids[b, :count] = live.ids[0, start : start + count]
+        logits, _ = self.model(ids, BatchedCache([live.cache for live in rows], counts))
+        stamp = self.now()
+        for b, (live, count) in enumerate(zip(rows, counts)):
+            if self.keep_logits:
+                live.logits = live.logits if live.logits is not None else []
+                live.logits.append(logits[b, count - 1].clone())
+            live.emitted += 1
+            live.token_times.append(stamp)
+        return rows
+
+    def retire(self, stepped: list[Live]) -> tuple[int, int]:
+        """Release every request that emitted its last token or was cancelled, in this iteration."""
+        freed, ended = 0, 0
+        for live in stepped:
+            if live.emitted < live.spec.emits:
+                continue
+            self.running.remove(live)
+            freed += self.ledger.release(live)
+            live.finished, ended = live.token_times[-1], ended + 1
+            self.client_next(live)
+        if isinstance(self.ledger, PagedLedger) and self.ledger.holder is not None and not any(
+                live.spec.prefix and live.finished is None for live in self.lives):
+            self.ledger.drop_holder()  # no request left that could fork it
+        return freed, ended
+
+    def client_next(self, live: Live) -> None:
+        if self.trace.arrivals != "closed":
+            return
+        following = live.spec.id + self.trace.clients
+        if following < len(self.lives):
+            self.lives[following].arrival = live.finished
+            self.pending.append(self.lives[following])

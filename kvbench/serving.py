@@ -1,0 +1,101 @@
+"""The serving workload: one trace replayed per kind under one KV budget, gated, sampled, summarised.
+
+The gate comes first, as everywhere in kvbench: every request of the trace, replayed with the
+scheduler (batching, padding, preemption, shared prefixes and all), must give the logits of its
+own single-request full path (one causal forward over its prompt and fed-back outputs, no cache)
+within the dtype's tolerance (exact kinds) or the kind's drift limits (lossy kinds). Then the
+sampler (kvbench.sampling) replays the trace once per kind per rotation, in random mode order,
+with an A/A control, and every replay's per-token timestamps and per-iteration memory are kept
+(kvbench.serving_figures reads them).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvbench import stats
+from kvbench.decode import judge_logits, tolerances
+from kvbench.model import Decoder
+from kvbench.sampling import Sampling, sample
+from kvbench.scheduler import Scheduler, TokenSource, make_ledger
+from kvbench.serving_figures import replay_figures
+from kvbench.timing import Protocol, control_mode
+from kvbench.trace import Trace
+
+class Replay:
+    """The call the sampler times: one whole trace on one kind. `prepare()` builds the pool or ledger outside
+    the timed region (a server starts with its memory); `detail()` hands over what the replay recorded."""
+
+    def __init__(self, model: Decoder, trace: Trace, kind: str, budget: int, settings: dict,
+                 keep_logits: bool = False) -> None:
+        self.model, self.trace, self.kind, self.budget, self.settings = model, trace, kind, budget, settings
+        self.keep_logits, self.scheduler, self.last = keep_logits, None, {}
+
+    def prepare(self) -> None:
+        ledger = make_ledger(self.model, self.kind, self.budget, **self.settings)
+        source = TokenSource(self.model.config.vocab_size, self.trace.seed, self.trace.prefix)
+        self.scheduler = Scheduler(self.model, self.trace, ledger, source, self.keep_logits)
+
+    def __call__(self) -> None:
+        self.last = self.scheduler.run()
+
+    def detail(self) -> dict:
+        return {"replay": self.last}
+
+
+def gate(model: Decoder, trace: Trace, kind: str, budget: int, settings: dict) -> dict:
+    """Every request's logits through the scheduler against its own full path: the kind's check, with the
+    worst request's figures and where the first failing one failed."""
+    replay = Replay(model, trace, kind, budget, settings, keep_logits=True)
+    replay.prepare()
+    replay()
+    atol, rtol = tolerances(model.config.dtype, model.config.layers)
+    worst, failed, checked = None, [], 0
+    with torch.inference_mode():
+        for live in replay.scheduler.lives:
+            start = live.spec.prompt - 1
+            reference = model(live.ids)[0][:, start : start + live.emitted]  # (1, emitted, V)
+            check = judge_logits(kind, torch.stack(live.logits)[None], reference, atol, rtol, model.config).to_dict()
+            checked += live.emitted
+            if not check["passed"]:
+                failed.append({"request": live.spec.id, "position": check["first_divergent_position"]})
+            if worst is None or check["max_abs_diff"] > worst["max_abs_diff"]:
+                worst = check
+    iterations = replay.last["iterations"]
+    return {**worst, "mode": kind, "passed": not failed, "failed_requests": failed, "tokens_checked": checked,
+            "requests": len(trace.requests), "preemptions": sum(it["preempted"] for it in iterations),
+            "max_concurrency": max(it["running"] for it in iterations), "shared_saved": max(it["saved"] for it in iterations)}
+
+
+def serve(model: Decoder, trace: Trace, kinds: list[str], budget: int, settings: dict[str, dict],
+          protocol: Protocol, on_sample=None, state=None, checks: dict | None = None) -> dict:
+    """The gate of every kind, then the sampled replays: {"checks", "control", "sampling"} (samples keep their
+    replays). Pass `checks` and `state` to keep what was done when an interrupt ends the run early."""
+    checks = checks if checks is not None else {}
+    for kind in kinds:
+        checks[kind] = gate(model, trace, kind, budget, settings[kind])
+    runnable = [kind for kind in kinds if checks[kind]["passed"]]
+    if not runnable:  # nothing may be timed as if it were correct
+        return {"checks": checks, "control": None, "sampling": state if state is not None else Sampling()}
+    loops = {kind: Replay(model, trace, kind, budget, settings[kind]) for kind in runnable}
+    control = control_mode(protocol.control, runnable)
+    if control is not None:
+        loops["control"] = Replay(model, trace, control, budget, settings[control])
+    sampled = sample({0: loops}, protocol, baseline=runnable[0], on_sample=on_sample, state=state,
+                     watch=lambda samples, length: makespan_half_widths(samples, runnable[0], protocol.between_run))
+    return {"checks": checks, "control": control, "sampling": sampled}
+
+
+def makespan_half_widths(samples, baseline: str, between_run: float) -> dict[str, float]:
+    """The stop rule's watch: every kind's throughput ratio to the baseline's (same tokens: makespans)."""
+    by_mode: dict[str, dict[int, float]] = {}
+    for kept in samples:
+        by_mode.setdefault(kept.mode, {})[kept.repetition] = kept.detail["replay"] and replay_figures(
+            kept.detail["replay"])["makespan"]
+    widths = {}
+    for mode, values in by_mode.items():
+        if mode != baseline and baseline in by_mode:
+            estimate = stats.speedup(by_mode[baseline], values, between_run=between_run, key=("serving", mode))
+            if estimate is not None:
+                widths[mode] = estimate.half_width
+    return widths

@@ -1,0 +1,239 @@
+"""A serving trace: who arrives when, with how long a prompt and how many tokens to generate.
+
+Seeded and plain data (torch-free), so a trace is built, checked, saved and replayed the same
+way everywhere: `make_trace` draws one from a spec, `trace_from_dict` checks a saved one
+(`--trace FILE`), and the record keeps the trace it was measured on.
+
+Lengths:
+  fixed:P,N          every prompt P tokens, every output N
+  uniform:P0-P1,N0-N1  both drawn uniformly from the closed ranges
+  chat / alpaca      log-normal with the mean input and output lengths the PagedAttention paper
+                     (Kwon et al., SOSP 2023, Fig. 11) reports for ShareGPT (161.31 in, 337.99 out)
+                     and Alpaca (19.31 in, 58.45 out). The paper gives means and histograms, not a
+                     shape: the log-normal's sigma (LOGNORMAL_SIGMA) is this module's assumption.
+Arrivals:
+  all        every request at time 0 (offline throughput)
+  poisson:R  exponential gaps at R requests per second
+  closed:C   C clients, each sending its next request when its previous one ends (no think time);
+             request i belongs to client i % C, so times are known only at replay
+Options: a shared prefix (a system prompt of S tokens) on a fraction of the requests, and
+cancellation of a fraction after k output tokens (k < the request's output).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import asdict, dataclass
+
+TRACE_SCHEMA = "kvbench.trace/1"
+LENGTHS = ("chat", "alpaca", "fixed", "uniform")
+ARRIVALS = ("all", "poisson", "closed")
+PUBLISHED_MEANS = {  # (mean input, mean output) tokens: Kwon et al., SOSP 2023, Fig. 11
+    "chat": (161.31, 337.99),  # ShareGPT
+    "alpaca": (19.31, 58.45),  # Alpaca
+}
+LOGNORMAL_SIGMA = 0.8  # assumed (the paper publishes no shape): a right tail a few times the mean
+SOURCE = "Kwon et al., Efficient Memory Management for LLM Serving with PagedAttention, SOSP 2023, Fig. 11"
+FIELDS = ("id", "prompt", "output", "arrival", "client", "prefix", "cancel_after")
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    id: int
+    prompt: int  # tokens prefilled, the shared prefix included
+    output: int  # tokens generated (teacher-forced), unless cancelled
+    arrival: float | None  # seconds after the replay starts; None for a closed-loop client's request
+    client: int | None = None  # the closed-loop client that sends it
+    prefix: int = 0  # leading prompt tokens shared with every other request that has a prefix
+    cancel_after: int | None = None  # the client cancels after this many output tokens
+
+    @property
+    def positions(self) -> int:
+        """Positions its cache holds at most: the prompt, then every output token but the last fed back."""
+        return self.prompt + self.output - 1
+
+    @property
+    def emits(self) -> int:
+        """Output tokens it gets before it finishes or is cancelled."""
+        return self.output if self.cancel_after is None else self.cancel_after
+
+
+@dataclass(frozen=True)
+class Trace:
+    requests: tuple[TraceRequest, ...]
+    arrivals: str
+    clients: int | None
+    seed: int
+    spec: dict  # how it was drawn (or where it was read from)
+
+    def to_dict(self) -> dict:
+        return {"schema": TRACE_SCHEMA, "seed": self.seed, "arrivals": self.arrivals, "clients": self.clients,
+                "spec": dict(self.spec), "requests": [asdict(request) for request in self.requests]}
+
+    @property
+    def prefix(self) -> int:
+        return max((request.prefix for request in self.requests), default=0)
+
+
+def _positive(name: str, value: object, integer: bool = True) -> None:
+    kind = int if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kind) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive {'integer' if integer else 'finite number'}, got {value!r}")
+
+
+def _fraction(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ValueError(f"{name} must be a fraction in [0, 1], got {value!r}")
+
+
+def parse_lengths(text: str) -> dict:
+    """'chat', 'alpaca', 'fixed:P,N' or 'uniform:P0-P1,N0-N1' as a spec dict."""
+    name, _, rest = text.partition(":")
+    try:
+        if name in PUBLISHED_MEANS and not rest:
+            return {"lengths": name}
+        if name == "fixed":
+            prompt, output = (int(part) for part in rest.split(","))
+            return {"lengths": name, "prompt": [prompt, prompt], "output": [output, output]}
+        if name == "uniform":
+            prompt, output = ([int(end) for end in part.split("-")] for part in rest.split(","))
+            return {"lengths": name, "prompt": prompt, "output": output}
+    except ValueError:
+        pass
+    raise ValueError(f"lengths must be one of 'chat', 'alpaca', 'fixed:P,N' or 'uniform:P0-P1,N0-N1', got {text!r}")
+
+
+def parse_arrivals(text: str) -> dict:
+    """'all', 'poisson:R' (requests per second) or 'closed:C' (clients) as a spec dict."""
+    name, _, rest = text.partition(":")
+    try:
+        if name == "all" and not rest:
+            return {"arrivals": "all"}
+        if name == "poisson":
+            return {"arrivals": name, "rate": float(rest)}
+        if name == "closed":
+            return {"arrivals": name, "clients": int(rest)}
+    except ValueError:
+        pass
+    raise ValueError(f"arrivals must be 'all', 'poisson:R' (requests/s) or 'closed:C' (clients), got {text!r}")
+
+
+def check_spec(spec: dict, max_positions: int) -> None:
+    """Every count, rate and length positive and finite, ranges ordered, a request within max_positions."""
+    _positive("requests", spec["requests"])
+    for part in ("prompt", "output"):
+        if part in spec:
+            low, high = spec[part]
+            _positive(f"{part} length", low)
+            _positive(f"{part} length", high)
+            if low > high:
+                raise ValueError(f"{part} range must be low-high with low <= high, got {low}-{high}")
+    if spec["arrivals"] == "poisson":
+        _positive("poisson rate", spec["rate"], integer=False)
+    if spec["arrivals"] == "closed":
+        _positive("closed-loop clients", spec["clients"])
+    prefix, share = spec.get("prefix", 0), spec.get("prefix_fraction", 1.0)
+    if prefix:
+        _positive("shared prefix", prefix)
+    _fraction("prefix fraction", share)
+    _fraction("cancel fraction", spec.get("cancel_fraction", 0.0))
+    if spec.get("cancel_fraction"):
+        _positive("cancel after", spec.get("cancel_after"))
+    longest = spec["prompt"][1] + spec["output"][1] - 1 if "prompt" in spec else None
+    if longest is not None and longest + prefix > max_positions:
+        raise ValueError(f"a request of prompt {spec['prompt'][1]} + prefix {prefix} + output {spec['output'][1]} "
+                         f"holds {longest + prefix} positions, beyond max_length {max_positions}")
+
+
+def _draw_length(rng: random.Random, spec: dict, part: str, cap: int) -> int:
+    if "prompt" in spec:
+        low, high = spec[part]
+        return rng.randint(low, high)
+    mean = PUBLISHED_MEANS[spec["lengths"]][part == "output"]
+    mu = math.log(mean) - LOGNORMAL_SIGMA**2 / 2  # a log-normal's mean is exp(mu + sigma^2 / 2)
+    return max(1, min(cap, round(rng.lognormvariate(mu, LOGNORMAL_SIGMA))))
+
+
+def make_trace(spec: dict, seed: int, max_positions: int) -> Trace:
+    """Draw a trace from a spec (parse_lengths and parse_arrivals merged, plus requests, prefix, cancel)."""
+    check_spec(spec, max_positions)
+    rng = random.Random(f"kvbench.trace/{seed}")
+    prefix, cancel_after = spec.get("prefix", 0), spec.get("cancel_after")
+    clock, requests = 0.0, []
+    for index in range(spec["requests"]):
+        shared = prefix if prefix and rng.random() < spec.get("prefix_fraction", 1.0) else 0
+        output = _draw_length(rng, spec, "output", max_positions // 2)
+        prompt = _draw_length(rng, spec, "prompt", max_positions - output - shared) + shared
+        cancel = cancel_after if rng.random() < spec.get("cancel_fraction", 0.0) and cancel_after < output else None
+        if spec["arrivals"] == "poisson":
+            clock += rng.expovariate(spec["rate"])
+        closed = spec["arrivals"] == "closed"
+        requests.append(TraceRequest(index, prompt, output, None if closed else round(clock, 6),
+                                     index % spec["clients"] if closed else None, shared, cancel))
+    trace = Trace(tuple(requests), spec["arrivals"], spec.get("clients"), seed, dict(spec, source=SOURCE))
+    check_trace(trace, max_positions)
+    return trace
+
+
+def check_trace(trace: Trace, max_positions: int) -> None:
+    """A trace's requests consistent with each other and with the model, or ValueError naming the first wrong."""
+    if not trace.requests:
+        raise ValueError("a trace needs at least one request, got none")
+    prefixes = {request.prefix for request in trace.requests if request.prefix}
+    if len(prefixes) > 1:
+        raise ValueError(f"a trace shares one prefix: expected one prefix length, got {sorted(prefixes)}")
+    last = 0.0
+    for index, request in enumerate(trace.requests):
+        where = f"request {index}"
+        if request.id != index:
+            raise ValueError(f"{where}: ids must count from 0 in order, got id {request.id}")
+        _positive(f"{where} prompt", request.prompt)
+        _positive(f"{where} output", request.output)
+        if request.positions > max_positions:
+            raise ValueError(f"{where}: prompt {request.prompt} + output {request.output} - 1 = {request.positions} "
+                             f"positions, beyond max_length {max_positions}")
+        if isinstance(request.prefix, bool) or not isinstance(request.prefix, int) or not 0 <= request.prefix < request.prompt:
+            raise ValueError(f"{where}: shared prefix must be in [0, prompt {request.prompt}), got {request.prefix!r}")
+        if request.cancel_after is not None:
+            _positive(f"{where} cancel_after", request.cancel_after)
+            if request.cancel_after >= request.output:
+                raise ValueError(f"{where}: cancellation after {request.cancel_after} tokens is beyond its output of "
+                                 f"{request.output} (expected fewer than {request.output})")
+        _check_arrival(trace, request, where, last)
+        last = request.arrival if request.arrival is not None else last
+
+
+def _check_arrival(trace: Trace, request: TraceRequest, where: str, last: float) -> None:
+    if trace.arrivals not in ARRIVALS:
+        raise ValueError(f"arrivals must be one of {list(ARRIVALS)}, got {trace.arrivals!r}")
+    if trace.arrivals == "closed":
+        _positive("clients", trace.clients)
+        if request.arrival is not None or request.client != request.id % trace.clients:
+            raise ValueError(f"{where}: a closed-loop request has no arrival time and client id % {trace.clients}, "
+                             f"got arrival {request.arrival!r} and client {request.client!r}")
+        return
+    arrival = request.arrival
+    if isinstance(arrival, bool) or not isinstance(arrival, (int, float)) or not math.isfinite(arrival) or arrival < 0:
+        raise ValueError(f"{where}: arrival must be a finite number of seconds >= 0, got {arrival!r}")
+    if arrival < last:
+        raise ValueError(f"{where}: arrivals must not decrease, got {arrival} after {last}")
+    if trace.arrivals == "all" and arrival != 0:
+        raise ValueError(f"{where}: arrivals 'all' means every arrival at 0, got {arrival}")
+
+
+def trace_from_dict(data: object, max_positions: int) -> Trace:
+    """A saved trace (Trace.to_dict's shape), checked, or ValueError saying what is wrong."""
+    if not isinstance(data, dict) or data.get("schema") != TRACE_SCHEMA:
+        found = data.get("schema") if isinstance(data, dict) else type(data).__name__
+        raise ValueError(f"a trace file has schema {TRACE_SCHEMA!r}, got {found!r}")
+    rows = data.get("requests")
+    if not isinstance(rows, list) or not all(isinstance(row, dict) and sorted(row) == sorted(FIELDS) for row in rows):
+        raise ValueError(f"a trace's requests are a list of objects with exactly the fields {list(FIELDS)}")
+    seed = data.get("seed")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"a trace's seed must be an integer >= 0, got {seed!r}")
+    trace = Trace(tuple(TraceRequest(**row) for row in rows), data.get("arrivals"), data.get("clients"), seed,
+                  dict(data.get("spec") or {}))
+    check_trace(trace, max_positions)
+    return trace

@@ -1,0 +1,219 @@
+"""Hostile records: committed records mutated field by field, read by every command that reads records.
+
+The promise (docs/record.md, "What a reader can trust"): a record either loads and every command
+works on it, or it is refused with one line naming the file and the field, exit status 2. Never a
+traceback, never exit 1. The commands run in this process (kvbench.cli.main), so that a hundred
+mutations cost seconds, not minutes of interpreter start-ups.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import re
+import json
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvbench.cli import main
+from kvbench.export import FORMATS
+from kvbench.record import RecordError, load_record
+
+ROOT = Path(__file__).resolve().parents[1]
+# One record of each shape a reader meets: the loop (gpt2 and llama), a request, a contexts sweep with
+# limits and hf-* modes. Small ones, so that every command on every mutation stays cheap.
+RECORDS = ("results/layouts/seed.json", "results/llama/llama-tiny.json", "results/latency/llama-mini-request.json",
+           "results/latency/qwen2.5-0.5b-contexts.json")
+ORIGINALS = {name: json.loads((ROOT / name).read_text()) for name in RECORDS}
+# What replaces a value: every JSON type, and numbers no measurement has.
+HOSTILE = ([], [1, "x"], {}, {"junk": [1]}, "", "junk", "<b>x</b>", 10**30, -1, -1e300, 0, 0.5, float("nan"), None, True)
+EXAMPLES = 40  # with the deadline below, about a minute of the suite on a shared 2-core machine
+
+
+def paths(value: object, prefix: tuple = ()) -> list[tuple]:
+    """Every place in a record, containers included; of each list only its first and last items (the rest
+    are the same fields again)."""
+    found = [prefix] if prefix else []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found += paths(item, (*prefix, key))
+    elif isinstance(value, list):
+        for index in sorted({0, len(value) - 1}) if value else ():
+            found += paths(value[index], (*prefix, index))
+    return found
+
+
+PATHS = {name: paths(record) for name, record in ORIGINALS.items()}
+
+
+def mutated(record: dict, path: tuple, how: str, value: object) -> dict:
+    record = copy.deepcopy(record)
+    parent = record
+    for part in path[:-1]:
+        parent = parent[part]
+    if how == "replace":
+        parent[path[-1]] = value
+    elif how == "delete":
+        del parent[path[-1]]
+    else:  # "junk": a key kvbench never writes, beside the field (or inside it, for an object)
+        target = parent[path[-1]] if isinstance(parent[path[-1]], dict) else parent
+        if isinstance(target, dict):
+            target["junk"] = value
+        else:
+            target.append(value)
+    return record
+
+
+def run(*argv: str) -> tuple[int, str]:
+    """kvbench's exit status and standard error, in this process."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            status = main([str(a) for a in argv])
+        except SystemExit as exit_:
+            status = exit_.code
+    return status, err.getvalue()
+
+
+def reading_commands(path: Path, original: Path, output: Path) -> list[list]:
+    """Every command that reads a record, on `path` (compare: against the record it was made from)."""
+    commands = [["show", path], *(["report", path, "--format", layout] for layout in ("text", "markdown", "html")),
+                ["compare", original, path], ["compare", original, path, "--across-machines"]]
+    for layout in FORMATS:
+        commands.append(["export", path, "--format", layout, "--output", output / f"{layout}.json", "--force",
+                         *(["--repository", "https://github.com/example/kvbench"] if layout == "conbench" else [])])
+    return commands
+
+
+def assert_every_reader_copes(record: dict, original: str, directory: Path) -> None:
+    path = directory / "mutated.json"
+    path.write_text(json.dumps(record))  # NaN is written as NaN: a reader must refuse it, not believe it
+    try:
+        load_record(path)
+        loads = True
+    except RecordError as error:
+        loads = False
+        assert str(path) in str(error) and "\n" not in str(error)
+    for argv in reading_commands(path, ROOT / original, directory):
+        status, err = run(*argv)
+        assert status in (0, 2), f"{argv[:4]} exited {status}: {err}"
+        if status == 2:
+            assert len(err.strip().splitlines()) == 1 and err.startswith("kvbench: error: "), err
+        if loads and argv[0] != "compare":  # compare may refuse to line up different work
+            assert status == 0, f"{argv[:4]}: the record loads, but the command refused it: {err}"
+        if not loads:
+            assert status == 2 and str(path) in err, f"{argv[:4]}: {err}"
+
+
+@st.composite
+def mutations(draw):
+    name = draw(st.sampled_from(RECORDS))
+    path = draw(st.sampled_from(PATHS[name]))
+    how = draw(st.sampled_from(("replace", "replace", "delete", "junk")))
+    return name, mutated(ORIGINALS[name], path, how, draw(st.sampled_from(HOSTILE)))
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(mutations())
+def test_a_mutated_record_loads_and_works_everywhere_or_is_refused_in_one_line(mutation):
+    name, record = mutation
+    with tempfile.TemporaryDirectory() as directory:
+        assert_every_reader_copes(record, name, Path(directory))
+
+
+@pytest.mark.parametrize("name", RECORDS)
+def test_the_committed_records_work_with_every_reader(name, tmp_path):
+    assert_every_reader_copes(ORIGINALS[name], name, tmp_path)
+
+
+# --- the cases found by hand: each loaded before, and crashed a reader ---------------------------------------
+
+
+def with_change(name: str, change) -> dict:
+    record = copy.deepcopy(ORIGINALS.get(name) or json.loads((ROOT / name).read_text()))
+    change(record)
+    return record
+
+
+def renamed(record: dict, old: str, new: str) -> None:
+    """Every cell of mode `old` becomes mode `new`, consistently: only the mode's name is wrong."""
+    record["run"]["modes"] = [new if mode == old else mode for mode in record["run"]["modes"]]
+    for entries in (record["checks"], record["repetitions"], record["memory"], record["summary"]["cells"],
+                    record["summary"]["speedups"], record["summary"].get("controls", [])):
+        for entry in entries:
+            entry["mode"] = new if entry["mode"] == old else entry["mode"]
+
+
+HAND_FOUND = {
+    "a hostname that is a list": ("results/layouts/seed.json", "environment/os/hostname",
+                                  lambda r: r["environment"]["os"].update(hostname=["bench", "1"])),
+    "a CPU frequency that is a string": ("results/layouts/seed.json", "environment/system/cpu_freq_max_mhz",
+                                         lambda r: r["environment"]["system"].update(cpu_freq_max_mhz="3.1 GHz")),
+    "a git commit that is an object": ("results/layouts/seed.json", "environment/kvbench/git_commit",
+                                       lambda r: r["environment"]["kvbench"].update(git_commit={"sha": "abc"})),
+    "a contexts record without a matmul rate": ("results/latency/qwen2.5-0.5b-contexts.json", "limits/matmul",
+                                                lambda r: r["limits"].update(matmul=[])),
+    "an hf-* mode on the gpt2 family": ("results/layouts/seed.json", "run/modes",
+                                        lambda r: renamed(r, "static", "hf-static")),
+}
+
+
+@pytest.mark.parametrize("case", HAND_FOUND)
+def test_a_record_a_reader_would_trip_on_is_refused_naming_the_file_and_the_field(case, tmp_path):
+    name, field, change = HAND_FOUND[case]
+    path = tmp_path / "hostile.json"
+    path.write_text(json.dumps(with_change(name, change)))
+    with pytest.raises(RecordError) as refused:
+        load_record(path)
+    assert str(refused.value).startswith(f"{path}: {field}")
+    for argv in reading_commands(path, ROOT / name, tmp_path):
+        status, err = run(*argv)
+        assert (status, err.count("\n")) == (2, 1) and f"{path}: {field}" in err, (argv, err)
+
+
+def test_the_gpt2_refusal_is_the_rule_run_applies():
+    """One rule, stated once: the record's check says what `kvbench run --modes hf-static` says of gpt2."""
+    from kvbench.config import PlainConfig
+    from kvbench.hf import hf_architecture
+
+    with pytest.raises(ValueError) as run_says:
+        hf_architecture(PlainConfig())
+    record = with_change("results/layouts/seed.json", lambda r: renamed(r, "static", "hf-static"))
+    from kvbench.record import validate_record
+
+    with pytest.raises(RecordError, match=re.escape(str(run_says.value))):
+        validate_record(record)
+
+
+def test_a_sensor_that_failed_is_null_and_loads(tmp_path):
+    """capture.py writes None, with its reason, for a key it could not read: such a record is sound."""
+    def failed(record):
+        record["environment"]["system"]["cpu_freq_max_mhz"] = None
+        record["environment"]["kvbench"]["git_commit"] = None
+        record["environment"]["unavailable"].update({"system.cpu_freq_max_mhz": "not reported",
+                                                     "kvbench.git_commit": "no commits yet"})
+    path = tmp_path / "sensor.json"
+    path.write_text(json.dumps(with_change("results/layouts/seed.json", failed)))
+    assert load_record(path)["environment"]["kvbench"]["git_commit"] is None
+    assert run("show", path)[0] == 0 and run("export", path, "--format", "bmf", "--output", tmp_path / "b.json")[0] == 0
+
+
+def committed_records() -> list[Path]:
+    found = []
+    for path in sorted((ROOT / "results").rglob("*.json")):
+        with contextlib.suppress(ValueError, UnicodeDecodeError):
+            if str(json.loads(path.read_text()).get("schema", "")).startswith("kvbench.record/"):
+                found.append(path)
+    return found
+
+
+def test_every_committed_record_still_loads():
+    paths = committed_records()
+    assert len(paths) >= 100  # results/ holds about a hundred records: a broken glob must not pass quietly
+    for path in paths:
+        load_record(path)

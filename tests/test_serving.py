@@ -1,0 +1,268 @@
+"""Serving: ragged batches give every request its own logits, the scheduler keeps its invariants, and the
+command line refuses bad input before measuring."""
+
+import json
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvbench import admission
+from kvbench.cache import BlockPool, PagedCache, make_cache
+from kvbench.cache.batch import BatchedCache
+from kvbench.cli import main
+from kvbench.model import DecoderConfig, build_model, preset_config
+from kvbench.scheduler import Scheduler, TokenSource, make_ledger
+from kvbench.serving import gate
+from kvbench.trace import make_trace, parse_arrivals, parse_lengths
+
+LLAMA = preset_config("llama-tiny", vocab_size=128, max_length=96)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One torch thread, as kvbench runs: on a shared 2-core machine more threads make small calls 10x slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+MODELS = {"gpt2": build_model(DecoderConfig(max_length=96), seed=0), "llama": build_model(LLAMA, seed=0)}
+
+
+def trace_of(lengths="uniform:3-20,2-12", requests=6, arrivals="all", seed=0, **more):
+    spec = {**parse_lengths(lengths), **parse_arrivals(arrivals), "requests": requests, **more}
+    return make_trace(spec, seed, 96)
+
+
+def replay(model, trace, kind, budget, keep_logits=True, **options):
+    ledger = make_ledger(model, kind, budget, **options)
+    scheduler = Scheduler(model, trace, ledger, TokenSource(model.config.vocab_size, trace.seed, trace.prefix),
+                          keep_logits)
+    return scheduler, ledger, scheduler.run()
+
+
+@pytest.mark.parametrize("family", list(MODELS))
+@pytest.mark.parametrize("kind", ["static", "paged", "quantized-int8"])
+def test_a_ragged_batch_gives_every_row_its_own_requests_logits(family, kind):
+    model = MODELS[family]
+    prompts, new = [5, 1, 12], [1, 7, 3]  # rows at different lengths taking different numbers of tokens
+    ids = [torch.randint(0, 128, (1, p + n), generator=torch.Generator().manual_seed(i))
+           for i, (p, n) in enumerate(zip(prompts, new))]
+    pool = BlockPool(model.config, 16, 4)
+    with torch.inference_mode():
+        caches = [PagedCache(model.config, 1, pool=pool) if kind == "paged" else make_cache(kind, model.config, 1, 40)
+                  for _ in ids]
+        for cache, row, prompt in zip(caches, ids, prompts):
+            model(row[:, :prompt], cache)
+        batch = torch.zeros(3, max(new), dtype=torch.long)
+        for b, (row, prompt, count) in enumerate(zip(ids, prompts, new)):
+            batch[b, :count] = row[0, prompt : prompt + count]
+        logits, _ = model(batch, BatchedCache(caches, new))
+        for b, (row, prompt, count) in enumerate(zip(ids, prompts, new)):
+            alone = model(row)[0][0, prompt : prompt + count]  # the request's own full path
+            tolerance = 1e-5 if kind != "quantized-int8" else 1e-2
+            torch.testing.assert_close(logits[b, :count], alone, atol=tolerance, rtol=tolerance)
+            assert caches[b].length == prompt + count
+
+
+def test_a_batched_call_that_fails_leaves_every_row_as_it_was():
+    model = MODELS["llama"]
+    pool = BlockPool(model.config, 3, 4)
+    with torch.inference_mode():
+        rows = [PagedCache(model.config, 1, pool=pool) for _ in range(2)]
+        model(torch.ones(1, 4, dtype=torch.long), rows[0])
+        model(torch.ones(1, 4, dtype=torch.long), rows[1])
+        with pytest.raises(ValueError, match="block pool exhausted"):
+            model(torch.ones(2, 8, dtype=torch.long), BatchedCache(rows, [8, 8]))
+    assert [row.length for row in rows] == [4, 4] and pool.free_blocks == 1
+
+
+@pytest.mark.parametrize("kind, options", [("static", {}), ("paged", {}), ("paged", {"share_prefix": True, "block_size": 4}),
+                                           ("quantized-int4", {})])
+def test_the_gate_holds_through_batching_preemption_sharing_and_cancellation(kind, options):
+    model = MODELS["llama"]
+    trace = trace_of(requests=8, prefix=8, prefix_fraction=0.8, cancel_fraction=0.3, cancel_after=2)
+    minimum = admission.minimum_budget(kind, model.config, trace, share_prefix=bool(options), block_size=4)
+    check = gate(model, trace, kind, int(minimum * (3 if options else 1.6)), options)  # sharing needs two at once
+    assert check["passed"], check
+    assert check["tokens_checked"] == sum(r.emits for r in trace.requests)
+    if kind == "paged" and not options:
+        assert check["preemptions"] > 0  # the budget is tight enough that the recompute path ran
+    if options:
+        assert check["shared_saved"] > 0
+
+
+@pytest.mark.parametrize("family, fault", [("gpt2", "positions"), ("llama", "mask")])
+def test_a_wrong_position_or_mask_fails_the_gate(monkeypatch, family, fault):
+    original = BatchedCache.__init__
+
+    def broken(self, rows, new):
+        original(self, rows, new)
+        if fault == "positions":  # every row one position off (learned positions: RoPE would not notice)
+            self.row_positions = self.row_positions + 1
+        else:  # every query sees every key: another row's padding, its own future
+            self.key_mask = torch.ones_like(self.key_mask)
+
+    monkeypatch.setattr(BatchedCache, "__init__", broken)
+    check = gate(MODELS[family], trace_of(requests=4), "paged", 10**6, {})
+    assert not check["passed"] and check["failed_requests"]
+
+
+def test_static_admits_what_its_reservations_fit_and_paged_more():
+    model = MODELS["gpt2"]
+    trace = trace_of("fixed:8,24", requests=12)  # 31 positions each
+    budget = 3 * admission.reservation("static", model.config, 31)
+    _, _, static = replay(model, trace, "static", budget, keep_logits=False)
+    _, _, paged = replay(model, trace, "paged", budget, keep_logits=False, block_size=4)
+    assert max(it["running"] for it in static["iterations"]) == 3
+    assert max(it["running"] for it in paged["iterations"]) >= 6
+    assert all(it["reserved"] <= budget for it in static["iterations"] + paged["iterations"])
+
+
+def test_sharing_a_prefix_saves_exactly_n_minus_one_copies():
+    model = MODELS["llama"]
+    trace = trace_of("fixed:5,6", requests=4, prefix=16)  # every request: the same 16 tokens, then its own
+    _, ledger, outcome = replay(model, trace, "paged", 10**6, keep_logits=False, block_size=8, share_prefix=True)
+    per_position = admission.bytes_per_position(model.config)
+    assert max(it["saved"] for it in outcome["iterations"]) == (4 - 1) * 16 * per_position
+    assert sum(it["prefill_tokens"] for it in outcome["iterations"]) == 16 + 4 * 5  # the prefix once, then their own
+    assert ledger.pool.free_blocks == ledger.pool.num_blocks
+
+
+def test_a_cancelled_request_frees_its_blocks_in_the_same_iteration():
+    model = MODELS["gpt2"]
+    trace = trace_of("fixed:6,12", requests=3, cancel_fraction=1.0, cancel_after=3)
+    _, ledger, outcome = replay(model, trace, "paged", 10**6, keep_logits=False, block_size=4)
+    ending = [it for it in outcome["iterations"] if it["ended"]]
+    assert len(ending) == 1 and ending[0]["ended"] == 3  # all three emitted their 3rd token together
+    assert ending[0]["freed"] == ending[0]["reserved"] and ending[0]["reserved_after"] == 0
+    assert all(len(r["token_times"]) == 3 for r in outcome["requests"])
+
+
+def test_a_block_another_request_holds_is_never_freed():
+    model = MODELS["llama"]
+    pool = BlockPool(model.config, 8, 4)
+    with torch.inference_mode():
+        parent = PagedCache(model.config, 1, pool=pool)
+        model(torch.arange(8)[None], parent)
+        child = parent.fork()
+        keys = child.keys(0).clone()
+        parent.release()
+        assert pool.free_blocks == 6 and child.keys(0).equal(keys)  # the child's two blocks stay held
+        child.release()
+    assert pool.free_blocks == 8
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), requests=st.integers(1, 6), arrivals=st.sampled_from(["all", "poisson:200",
+       "closed:2"]), kind=st.sampled_from(["static", "paged", "paged-shared"]), slack=st.floats(1.0, 3.0),
+       cancel=st.floats(0, 1), prefix=st.sampled_from([0, 4, 9]))
+def test_any_trace_keeps_the_gate_and_leaves_the_pool_whole(seed, requests, arrivals, kind, slack, cancel, prefix):
+    model = MODELS["gpt2"]
+    share = kind == "paged-shared"
+    trace = trace_of("uniform:1-12,2-9", requests, arrivals, seed, cancel_fraction=cancel, cancel_after=1,
+                     **({"prefix": prefix} if prefix else {}))
+    kind = kind.removesuffix("-shared")
+    options = {"block_size": 4, "share_prefix": share} if kind == "paged" else {}
+    budget = int(admission.minimum_budget(kind, model.config, trace, block_size=4, share_prefix=share) * slack)
+    scheduler, ledger, outcome = replay(model, trace, kind, budget, **options)
+    for live in scheduler.lives:
+        assert live.emitted == live.spec.emits and live.cache is None
+        reference = model(live.ids)[0][0, live.spec.prompt - 1 : live.spec.prompt - 1 + live.emitted]
+        torch.testing.assert_close(torch.stack(live.logits), reference, atol=1e-5, rtol=1e-5)
+        assert live.token_times == sorted(live.token_times) and live.token_times[0] >= live.arrival
+    if kind == "paged":
+        assert ledger.pool.free_blocks == ledger.pool.num_blocks  # no leak, preemptions and cancellations included
+    assert ledger.held_bytes() == 0 and outcome["iterations"][-1]["reserved_after"] == 0
+
+
+def run_main(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--kv-budget", "1KiB"], "below one request's minimum for static: 38912 bytes"),
+    (["--kv-budget", "12 parsecs"], "--kv-budget must be bytes"),
+    (["--arrivals", "poisson:0"], "poisson rate must be a positive finite number"),
+    (["--arrivals", "poisson:inf"], "poisson rate"),
+    (["--requests", "0"], "expected an integer in [1"),
+    (["--cancel", "0.5:0"], "cancel after must be a positive integer"),
+    (["--modes", "concat"], "a serving run takes kinds"),
+    (["--modes", "static", "--share-prefix"], "--share-prefix forks paged blocks"),
+])
+def test_bad_serving_input_is_one_line_exit_2(capsys, tmp_path, args, fragment):
+    code, _, err = run_main(capsys, "run", "--preset", "llama-mini", "--trace", "fixed:8,12", "--output",
+                            tmp_path / "r.json", *args)
+    assert code == 2 and len(err.splitlines()) == 1 and fragment in err, err
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_a_bad_trace_file_is_one_line_exit_2(capsys, tmp_path):
+    trace = trace_of("fixed:4,3", requests=2).to_dict()
+    trace["requests"][1]["cancel_after"] = 3
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(trace))
+    code, _, err = run_main(capsys, "run", "--trace", path, "--output", tmp_path / "r.json")
+    assert code == 2 and len(err.splitlines()) == 1 and "beyond its output of 3" in err, err
+
+
+def test_a_serving_run_end_to_end_and_its_report(capsys, tmp_path):
+    record, plot = tmp_path / "serving.json", tmp_path / "memory.png"
+    code, out, err = run_main(capsys, "run", "--trace", "fixed:6,5", "--requests", "4", "--modes", "static,paged",
+                              "--repeats", "2", "--output", record, "--cancel", "0.5:2", "--prefix", "4",
+                              "--share-prefix")
+    assert code == 0, err
+    data = json.loads(record.read_text())
+    assert data["schema"] == "kvbench.serving/1" and len(data["trace"]["requests"]) == 4
+    assert sorted({s["mode"] for s in data["samples"]}) == ["control", "paged", "static"]
+    assert all(len(s["replay"]["iterations"]) > 0 for s in data["samples"])
+    assert "output tok/s" in out and "A/A control" in out
+    code, out, err = run_main(capsys, "report", record, "--plot", plot)
+    assert code == 0 and "p99 TPOT x static" in out and plot.read_bytes().startswith(b"\x89PNG")
+    code, _, err = run_main(capsys, "run", "--trace", record, "--repeats", "1", "--output", tmp_path / "again.json")
+    assert code == 0, err  # a record's trace replays
+    assert json.loads((tmp_path / "again.json").read_text())["trace"] == data["trace"]
+
+
+def synthetic_replay(scale, reserved, used):
+    requests = [{"id": i, "arrival": 0.0, "admitted": 0.0, "token_times": [scale * (i + 1), scale * (i + 2)],
+                 "finished": scale * (i + 2), "cancelled": False, "preemptions": 0} for i in range(3)]
+    iterations = [{"time": scale * t, "running": 2, "waiting": 0, "admitted": 0, "preempted": 0, "ended": 0,
+                   "freed": 0, "used": used, "reserved": reserved, "saved": 0, "reserved_after": reserved}
+                  for t in range(1, 5)]
+    return {"requests": requests, "iterations": iterations}
+
+
+def test_the_summary_reads_ratios_the_right_way_round():
+    from kvbench.report.serving import summarise
+
+    samples = [{"mode": mode, "repetition": r, "replay": synthetic_replay(scale * (1 + 0.01 * r), 1000, used)}
+               for r in range(3) for mode, scale, used in (("static", 1.0, 600), ("paged", 0.5, 970),
+                                                            ("control", 1.0, 600))]
+    record = {"samples": samples, "kinds": ["static", "paged"], "control": "static", "protocol": {"between_run": 0.01}}
+    summary = summarise(record)
+    assert summary["ratios"]["paged"]["throughput"]["ratio"] == pytest.approx(2.0)  # paged twice as fast
+    assert summary["ratios"]["paged"]["tpot_p99"]["ratio"] == pytest.approx(0.5)  # at half static's TPOT
+    assert summary["control"]["throughput"]["ratio"] == pytest.approx(1.0)
+    assert summary["kinds"]["static"]["waste"]["median"] == pytest.approx(0.4)
+    assert summary["kinds"]["paged"]["waste"]["median"] == pytest.approx(0.03)
+    assert summary["kinds"]["paged"]["output_tokens_per_second"]["median"] == pytest.approx(6 / (0.5 * 4 * 1.01))
+
+
+def test_a_kind_that_fails_the_gate_is_recorded_and_not_timed(capsys, tmp_path, monkeypatch):
+    original = BatchedCache.__init__
+
+    def sees_everything(self, rows, new):
+        original(self, rows, new)
+        self.key_mask = torch.ones_like(self.key_mask)
+
+    monkeypatch.setattr(BatchedCache, "__init__", sees_everything)
+    record = tmp_path / "failed.json"
+    code, out, _ = run_main(capsys, "run", "--trace", "uniform:3-12,2-9", "--requests", "4", "--modes", "paged",
+                            "--repeats", "1", "--output", record)
+    data = json.loads(record.read_text())
+    assert code == 1 and "EQUIVALENCE FAILED: paged" in out
+    assert data["checks"]["paged"]["passed"] is False and data["samples"] == []
