@@ -198,13 +198,19 @@ def check_modes(modes: list[str] | tuple[str, ...], known: tuple[str, ...] | Non
     return modes
 
 
-def expected_bytes(mode: str, config, batch: int, length: int, measured: int | None = None, **options) -> int:
+def expected_bytes(mode: str, config, batch: int, length: int, measured: int | None = None,
+                   nominal: bool = False, **options) -> int:
     """The bytes `mode` retains for `length` positions of `batch` sequences, by its spec's formula: the one
     answer kvbench has. A mode without a formula (transformers' caches), or a plugin's kind read where the
-    plugin is not loaded, retains what was `measured`; without that, ValueError."""
+    plugin is not loaded, retains what was `measured`; without that, ValueError. `nominal` asks instead, for a
+    transformers cache, what kvbench's kind of the same bits holds (what a step must read, for the limits)."""
     found = _specs.get(mode)
     if found is not None and found.bytes is not None:
         return found.bytes(config, batch, length, **options)
+    if nominal and found is not None:
+        if found.bits:
+            return quantized_bytes(config, batch, length, bits=found.bits, **options)
+        return float_bytes(config, batch, length)
     if measured is None:
         raise ValueError(f"no byte formula for mode {mode!r}: expected one of "
                          f"{[name for name, s in _specs.items() if s.bytes is not None]}, or a measured size")
@@ -220,8 +226,10 @@ def spec_of_cache(name: str, factory: type) -> ModeSpec:
     """A plugin kind's spec from its Cache subclass: the spec of the registered kind it extends (its formula,
     options, requirements, asv model), with what its own class sets: `exact`, `drift_limits`,
     `family_drift_limits`, `trained_drift_limits`, an `expected_bytes` classmethod."""
-    registered = {resolve(found.cache): found for found in _specs.values()
-                  if found.cache is not None and found.source in (KVBENCH, PLUGIN)}
+    registered: dict[type, ModeSpec] = {}
+    for found in _specs.values():  # a class's first spec: static, not static-compiled, which steps it otherwise
+        if found.cache is not None and found.source in (KVBENCH, PLUGIN):
+            registered.setdefault(resolve(found.cache), found)
     parent = next((registered[klass] for klass in factory.__mro__ if klass in registered), None)
     base = parent if parent is not None else ModeSpec(name, PLUGIN)
     below = factory.__mro__[: factory.__mro__.index(resolve(base.cache))] if parent else factory.__mro__

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from kvbench import latency, stats
 from kvbench.config import PlainConfig
-from kvbench.modes import TRANSFORMERS, expected_bytes, float_bytes, quantized_bytes, source_of, spec
+from kvbench.modes import TRANSFORMERS, expected_bytes, source_of
 from kvbench.record import RecordView
 from kvbench.report.format import check_text, format_bytes, ms
 from kvbench.stats import RatioEstimate
@@ -139,8 +139,8 @@ def limit_rows(view: RecordView) -> list[LimitRow]:
                              work["flops"], *roofs, latency.matmul_floor(config, batch * row.prompt, limits)))
         if row.mode != view.baseline and "tpot" in row.figures:
             middle = row.prompt + row.generate // 2
-            step = latency.decode_step(weights, formula_bytes(row.mode, config, batch, middle,
-                                                               view.run.get("cache_options", {}).get(row.mode) or {}),
+            step = latency.decode_step(weights, expected_bytes(row.mode, config, batch, middle, nominal=True,
+                                                               **view.run.get("cache_options", {}).get(row.mode, {})),
                                        config, batch, middle)
             rows.append(LimitRow(row.mode, f"decode @ {middle} (TPOT)", row.figures["tpot"]["median"], step["bytes"],
                                  step["flops"], *roofs, latency.matmul_floor(config, batch, limits)))
@@ -196,17 +196,6 @@ def context_sentence(view: RecordView) -> str:
 
 LIMIT_COLUMNS = ("mode", "step", "ms", "reads", "GB/s", "% of bandwidth", "GFLOP/s", "% of matmul",
                  "matmul floor ms")
-
-
-def formula_bytes(mode: str, config, batch: int, length: int, options: dict) -> int:
-    """A mode's bytes by its formula; transformers' caches, whose layout kvbench has no formula for, hold what
-    kvbench's kind of the same bits holds (a float one, or the quantized one of its bits)."""
-    mode_spec = spec(mode)
-    if mode_spec.bytes is not None:
-        return expected_bytes(mode, config, batch, length, **options)
-    if mode_spec.bits:
-        return quantized_bytes(config, batch, length, bits=mode_spec.bits, **options)
-    return float_bytes(config, batch, length)
 
 
 def limit_cells(row: LimitRow) -> list[str]:
