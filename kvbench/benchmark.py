@@ -63,15 +63,7 @@ def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol
             outcome.limits = machine_limits(model, workload, lengths, protocol)
         longest = given_ids(ids, model, protocol, max(workload.positions(n) for n in lengths))
         progress("reference", 0, 1)
-        gate: dict[tuple[str, int], dict] = {}
-        for length in lengths:  # one length at a time, so an interrupt keeps the lengths already checked
-            gate.update(checked(workload, model, longest, length, modes, options))
-            for mode in modes:
-                outcome.checks.append(gate[(mode, length)])
-                if timeable(gate[(mode, length)]):
-                    outcome.memory.append({"mode": mode, "length": length,
-                                           **workload.memory(model, longest, length, mode, options)})
-                progress("check", len(outcome.checks), len(lengths) * len(modes))
+        gate = gate_and_measure(workload, model, longest, lengths, modes, options, outcome, progress)
         loops = timed_loops(workload, model, longest, lengths, modes, gate, outcome.control, options)
         planned = protocol.repeats * sum(len(by_mode) for by_mode in loops.values())
 
@@ -101,6 +93,22 @@ def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol
 
         outcome.compile_seconds = {mode: list(compile_seconds[mode]) for mode in modes if mode in compile_seconds}
     return outcome
+
+
+def gate_and_measure(workload, model: Decoder, longest, lengths: list[int], modes: list[str], options: dict | None,
+                     outcome: RunOutcome, progress) -> dict[tuple[str, int], dict]:
+    """Every (mode, length) checked against full, and the bytes and peak memory of those that passed, into
+    `outcome`: one length at a time, so that an interrupt keeps the lengths already checked."""
+    gate: dict[tuple[str, int], dict] = {}
+    for length in lengths:
+        gate.update(checked(workload, model, longest, length, modes, options))
+        for mode in modes:
+            outcome.checks.append(gate[(mode, length)])
+            if timeable(gate[(mode, length)]):
+                outcome.memory.append({"mode": mode, "length": length,
+                                       **workload.memory(model, longest, length, mode, options)})
+            progress("check", len(outcome.checks), len(lengths) * len(modes))
+    return gate
 
 
 def given_ids(ids, model: Decoder, protocol: Protocol, positions: int):

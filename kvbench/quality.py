@@ -25,8 +25,12 @@ from torch import Tensor
 
 from kvbench.decode import FULL, decode, steps
 from kvbench.model import Decoder, decoder_with_weights
+from kvbench.modes import spec
 
-WINDOWED = "window"
+
+def evicts(mode: str) -> bool:
+    """A kind that keeps only a window's positions: measured on the windowed model, against full's unwindowed."""
+    return not spec(mode).keeps_every_position
 
 
 def variant(model: Decoder, **fields) -> Decoder:
@@ -41,7 +45,7 @@ def variant(model: Decoder, **fields) -> Decoder:
 
 def step_logits(model: Decoder, ids: Tensor, mode: str, options: dict | None) -> Tensor:
     """(B, T, V) next-token logits at every position, one token a step (full: one forward, the same rows)."""
-    if mode == FULL:
+    if not spec(mode).keeps_state:  # full's rows are one forward's: nothing carried from step to step
         with torch.inference_mode():
             return model(ids)[0].float()
     return decode(model, ids, mode, keep_logits=True, options=options).float()
@@ -101,17 +105,18 @@ def measure(model: Decoder, ids: Tensor, modes: list[str], tokenizer, options: d
     `model` carries the run's config: a window kind is measured with its window and sinks, and beside
     it without sinks when it has some; the reference is the same weights with no window."""
     full_model = variant(model, window=None, window_pattern=None, sinks=0)
-    runs = [(mode, model if mode == WINDOWED else full_model) for mode in modes if mode != FULL]
-    if WINDOWED in modes and model.config.sinks:
-        runs.insert(runs.index((WINDOWED, model)), (WINDOWED, variant(model, sinks=0)))
+    runs = [(mode, model if evicts(mode) else full_model) for mode in modes if spec(mode).keeps_state]
+    if model.config.sinks:  # a windowed kind beside itself without sinks: what the sinks buy
+        runs = [run for mode, chosen in runs
+                for run in ([(mode, variant(model, sinks=0)), (mode, chosen)] if evicts(mode) else [(mode, chosen)])]
     pieces = ids.view(chunks, -1)
     references = [step_logits(full_model, piece[None], FULL, options) for piece in pieces]
     full_tokens = greedy(full_model, pieces[0, :prompt][None], "concat", generate, options)  # concat: full, exactly
     rows = [summarise(FULL, full_model, [compare_chunk(r, r, p[None], model.config.window)
                                          for r, p in zip(references, pieces)], None, full_tokens, full_tokens, tokenizer)]
     for mode, chosen in runs:
-        beyond = chosen.config.window if mode == WINDOWED else None
-        path = FULL if mode == WINDOWED else mode  # the windowed model's full prefix: the window kind's logits
+        beyond = chosen.config.window if evicts(mode) else None
+        path = FULL if evicts(mode) else mode  # the windowed model's full prefix: the window kind's logits
         found = [compare_chunk(r, step_logits(chosen, p[None], path, options), p[None], beyond)
                  for r, p in zip(references, pieces)]
         tokens = greedy(chosen, pieces[0, :prompt][None], mode, generate, options)
@@ -130,7 +135,7 @@ def summarise(mode: str, model: Decoder, found: list[dict], full: list[dict] | N
            "top1_agreement": sum(c["top1"] for c in found) / len(found),
            "greedy_departure": first_departure(tokens, full_tokens), "sample": tokenizer.decode(tokens),
            "chunks": found}
-    if mode == WINDOWED:
+    if evicts(mode):
         row.update(window=model.config.window, sinks=model.config.sinks)
     if full is not None:
         row["nll_difference"] = interval([c["nll"] - f["nll"] for c, f in zip(found, full)])

@@ -35,21 +35,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     after = args.workload.get("warmup_steps", 0) + args.workload.get("timed_steps", 0)  # a contexts run's steps
     check_fits_in_memory(config, protocol, [n + after for n in args.lengths], args.modes, args.preset)
     from kvbench import benchmark, capture, workloads
-    from kvbench.model import build_model
 
     in_effect = {"threads_in_effect": timing.set_threads(protocol.threads),  # before any torch work
                  "cpu_in_effect": timing.pin_cpu(protocol.cpu)}
     environment = capture.collect_environment()  # first, so that no interrupt can cost it
     workload = workloads.workload_from(**args.workload)
-    ids, sections = None, {}
-    if args.real_model is None:
-        model = build_model(DecoderConfig.from_dict(config.to_dict()), seed=protocol.seed)
-    else:  # the file's weights, and token ids from the corpus through its tokenizer
-        from kvbench import corpus, gguf
-
-        positions = max(workload.positions(n) for n in [*args.lengths, protocol.per_step_length or 1])
-        model, ids, tokenizer, described = gguf.load(args.real_model, config, protocol.batch, positions)
-        sections = {"model": described, "token_ids": {"source": "corpus", **corpus.describe()}}
+    model, ids, tokenizer, sections = load_model(args, config, protocol, workload)
     stderr = Console(stderr=True)
     with ProgressBar(stderr, disabled=args.no_progress) as on_progress:
         outcome = benchmark.run_benchmark(model, args.lengths, args.modes, protocol, on_progress=on_progress,
@@ -83,6 +74,20 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(interrupted_sentence(args.signals.first, outcome, args.lengths, args.modes, path), file=sys.stderr)
         return 130
     return 1 if failed else 0
+
+def load_model(args: argparse.Namespace, config: PlainConfig, protocol: Protocol, workload):
+    """(model, ids, tokenizer, record sections): random weights from the seed (ids drawn later, tokenizer
+    None), or a GGUF file's weights with token ids from the corpus through its tokenizer."""
+    if args.real_model is None:
+        from kvbench.model import build_model
+
+        return build_model(DecoderConfig.from_dict(config.to_dict()), seed=protocol.seed), None, None, {}
+    from kvbench import corpus, gguf
+
+    positions = max(workload.positions(n) for n in [*args.lengths, protocol.per_step_length or 1])
+    model, ids, tokenizer, described = gguf.load(args.real_model, config, protocol.batch, positions)
+    return model, ids, tokenizer, {"model": described, "token_ids": {"source": "corpus", **corpus.describe()}}
+
 
 
 def settings(args: argparse.Namespace) -> tuple[PlainConfig, Protocol]:

@@ -32,7 +32,7 @@ class QualityRow:
 
 
 def label_of(entry: dict) -> str:
-    if entry["mode"] == "window":
+    if "window" in entry:  # a windowed kind's row names its window and sinks
         return f"window W={entry['window']} K={entry['sinks']}"
     return entry["mode"]
 
