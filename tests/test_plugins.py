@@ -106,8 +106,8 @@ def test_an_unknown_mode_without_its_plugin_is_one_line(tmp_path, capsys):
     assert code == 2
     assert capsys.readouterr().err == ("kvbench: error: --modes: unknown mode 'mine': expected one of "
                                        "['full', 'concat', 'static', 'paged', 'quantized-int8', 'quantized-int4', "
-                                       "'window', 'static-compiled', 'hf-dynamic', 'hf-static', 'hf-quantized-int4', "
-                                       "'hf-quantized-int8', 'hf-static-compiled']\n")
+                                       "'window', 'hf-dynamic', 'hf-static', 'hf-quantized-int4', 'hf-quantized-int8', "
+                                       "'static-compiled', 'hf-static-compiled']\n")
 
 
 def test_the_slowed_test_kind_is_exact_and_slower(clean_kinds):
