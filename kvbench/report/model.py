@@ -20,6 +20,7 @@ from kvbench.modes import changes_representation
 from kvbench.record import RecordView, cell_statistics
 from kvbench.report import precision
 from kvbench.report.precision import LengthRow, clock_note, sampling_rows, title_of
+from kvbench.report.quality import model_sentence, quality_note, quality_rows
 from kvbench.report.latency import (
     ContextRow,
     context_rows,
@@ -184,6 +185,9 @@ class Report:
     context_note: str | None = None
     tradeoffs: list[Tradeoff] = field(default_factory=list)
     verdict: str | None = None  # the run's verdict line (kvbench.report.precision.verdict)
+    quality: list = field(default_factory=list)  # QualityRow: what each mode did to a real model's text
+    quality_note: str | None = None
+    model_note: str | None = None  # a real model's weights and text
 
     @property
     def complete(self) -> bool:
@@ -366,6 +370,7 @@ def build_report(view: RecordView, seed: int = stats.SEED, resamples: int = stat
     report.context_steps = [dataclasses.replace(row, marks=cell_marks.get((row.mode, row.context), ()))
                             for row in context_rows(view)]
     report.context_note = context_sentence(view) if report.context_steps else None
+    report.quality, report.quality_note, report.model_note = quality_rows(view), quality_note(view), model_sentence(view)
     report.latency_note = latency_sentence(report.latency, view.baseline, timer_sentence(view)) if report.latency else None
     return report
 

@@ -44,6 +44,7 @@ from kvbench.report.latency import (
 )
 from kvbench.report.model import MARKS, Report, Row, environment_line
 from kvbench.report.precision import CLOCK_TEXTS, clock_note, length_label, stop_text
+from kvbench.report.quality import QUALITY_COLUMNS, quality_cells
 
 STYLES = {"failed": "bold red", "invalid": "red", "noisy": "yellow", "unchecked": "yellow"}
 MARK_STYLES = {"failed": "bold red", "noisy": "yellow", "partial": "magenta", "trend": "yellow", "disturbed": "yellow"}
@@ -187,6 +188,7 @@ def quick_renderables(report: Report, width: int = 200, wide: bool = False, verd
     out = workload_renderables(report, fit)
     if report.kind != "request":
         out += quick_tables(report, width, wide)
+    out += quality_renderables(report, fit)
     if report.peers:
         out += [peers_table(report, fit), rich_escape(PEER_NOTE)]
     if report.sampling:
@@ -213,6 +215,19 @@ def label_of(report: Report, length: int) -> str:
     return length_label(report.workload, length)
 
 
+def quality_renderables(report: Report, width: int | None = None) -> list:
+    """What each mode did to a real model's text: the table, then each mode's greedy sample."""
+    if not report.quality:
+        return []
+    out: list = [plain_table("quality on text", QUALITY_COLUMNS, ("mode", "greedy departs at"),
+                             [quality_cells(row) for row in report.quality], width,
+                             ("beyond window (full's)", "KL", "greedy departs at", "top-1")),
+                 rich_escape(as_sentence(report.quality_note))]
+    for row in report.quality:
+        out.append(Text(f"  {row.label}: {row.sample!r}"))
+    return out
+
+
 def legend_renderables(report: Report) -> list:
     """The legends of what the tables show: the speedup column's (not a request's, which has none), the marks."""
     out: list = [f"  {MARKS[name][0]} {MARKS[name][1]}" for name in report.marks_used()]
@@ -237,6 +252,9 @@ def report_renderables(report: Report, width: int = 150, wide: bool = False) -> 
     out.append(rich_escape(environment_line(report.environment)))
     if report.verdict:
         out.append(verdict_line(report))
+    if report.model_note:
+        out.append(rich_escape(as_sentence(report.model_note)))
+    out += quality_renderables(report, fit)
     out += workload_renderables(report, fit)
     if report.limits:
         out += [limits_table(report, fit), rich_escape(report.limits_note)]
