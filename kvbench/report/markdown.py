@@ -47,13 +47,10 @@ def _cell(column: columns.Column, row: Row) -> str:
     return text
 
 
-def render_report(report: Report, image: str | None = None) -> str:
-    """The report as markdown; `image` is a relative link to the plot, if one was written."""
-    lines = [f"**{escape_markdown(report.title)}**" + ("" if report.complete else " — **INCOMPLETE: interrupted run**"), ""]
-    lines += [f"Record `{report.source}`, created {report.created_utc}. "
-              f"{escape_markdown(environment_line(report.environment))}.", ""]
-    if report.verdict:
-        lines += [f"**{escape_markdown(as_sentence(report.verdict))}**", ""]
+def workload_sections(report: Report) -> list[str]:
+    """What comes before the timing table: a real model's text quality, a request's or a contexts run's steps,
+    the machine's limits, transformers' caches."""
+    lines: list[str] = []
     if report.model_note:
         lines += [escape_markdown(as_sentence(report.model_note)), ""]
     if report.quality:
@@ -80,6 +77,17 @@ def render_report(report: Report, image: str | None = None) -> str:
         lines += markdown_table(PEER_COLUMNS, [[escape_markdown(text) for text in peer_cells(row)]
                                                for row in report.peers], left=("kvbench", "transformers"))
         lines += ["", escape_markdown(as_sentence(PEER_NOTE)), ""]
+    return lines
+
+
+def render_report(report: Report, image: str | None = None) -> str:
+    """The report as markdown; `image` is a relative link to the plot, if one was written."""
+    lines = [f"**{escape_markdown(report.title)}**" + ("" if report.complete else " — **INCOMPLETE: interrupted run**"), ""]
+    lines += [f"Record `{report.source}`, created {report.created_utc}. "
+              f"{escape_markdown(environment_line(report.environment))}.", ""]
+    if report.verdict:
+        lines += [f"**{escape_markdown(as_sentence(report.verdict))}**", ""]
+    lines += workload_sections(report)
     legend = [f"{MARKS[name][0]} {MARKS[name][1]}" for name in report.marks_used()]
     marks = " Marks: " + "; ".join(legend) + "." if legend else ""
     if report.kind != "request":  # a request's figures are its latency table's

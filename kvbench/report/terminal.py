@@ -193,7 +193,7 @@ def quick_renderables(report: Report, width: int = 200, wide: bool = False, verd
         out += [peers_table(report, fit), rich_escape(PEER_NOTE)]
     if report.sampling:
         out.append("sampled: " + "; ".join(
-            f"{label_of(report, row.length)}: {row.rotations} rotations, {stop_text(row)}"
+            f"{length_label(report.workload, row.length)}: {row.rotations} rotations, {stop_text(row)}"
             + (f" (A/A ±{row.control.half_width:.1%})" if row.control else "")
             + (f", {CLOCK_TEXTS.get(row.clock, row.clock)}" if row.clock != "wall" else "")
             for row in report.sampling))
@@ -209,10 +209,6 @@ def quick_renderables(report: Report, width: int = 200, wide: bool = False, verd
 
 def verdict_line(report: Report) -> str:
     return f"[bold]{rich_escape(as_sentence(report.verdict))}[/]"
-
-
-def label_of(report: Report, length: int) -> str:
-    return length_label(report.workload, length)
 
 
 def quality_renderables(report: Report, width: int | None = None) -> list:
