@@ -2,8 +2,8 @@
 
 `build_report` turns a :class:`~kvbench.record.RecordView` into a `Report`: one `Row`
 per measured (length, mode) cell with its spread, its speedup over the baseline with its
-95% interval, its bytes, check and marks, its times on the clock of its speedup; a scaling fit per mode; the per-step
-profile. `kvbench run`'s table, `kvbench show` and `kvbench report` all lay out these
+95% interval, its bytes, check and marks, its times on the clock of its speedup; a scaling fit
+per mode (three lengths or more); the per-step profile. `kvbench run`'s table, `kvbench show` and `kvbench report` all lay out these
 rows; statistics come from kvbench.stats.
 """
 

@@ -109,10 +109,11 @@ def timing_tables(report: Report, width: int, wide: bool, **options) -> list[Tab
 
 def quick_table(report: Report, width: int = 200, wide: bool = False) -> Table:
     """`kvbench run` and `kvbench show`: timings, speedups, bytes and checks at a glance (the first clock's)."""
-    return quick_tables(report, width, wide)[0]
+    return next(item for item in quick_tables(report, width, wide) if isinstance(item, Table))
 
 
 def quick_tables(report: Report, width: int, wide: bool) -> list:
+    """The timing tables under the run's title (its own line when each clock has a table)."""
     title = rich_escape(report.title)
     if not report.complete:
         title += " [bold yellow](INCOMPLETE: interrupted run)[/]"
