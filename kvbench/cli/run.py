@@ -13,7 +13,7 @@ from rich.markup import escape
 
 from kvbench import kinds, memory, modes, plugins, record, timing
 from kvbench.cli.commands import check_output, config_from_args
-from kvbench.cli.parser import CliError
+from kvbench.cli.parser import CliError, did_you_mean
 from kvbench.cli.progress import ProgressBar
 from kvbench.config import DecoderConfig, PlainConfig
 from kvbench.report import model as report_model
@@ -77,7 +77,8 @@ def settings(args: argparse.Namespace) -> tuple[PlainConfig, Protocol]:
     try:
         modes.check_modes(args.modes)  # the shipped modes and those the plugins registered
     except ValueError as error:
-        raise CliError(f"--modes: {error}") from None
+        unknown = [mode for mode in args.modes if mode not in modes.names()]
+        raise CliError(f"--modes: {error}" + (did_you_mean(unknown[0], modes.names()) if unknown else "")) from None
     config = config_from_args(args)
     for mode in args.modes:
         try:
