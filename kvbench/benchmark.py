@@ -54,13 +54,15 @@ class Progress:
 
 def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol: Protocol = Protocol(),
                   on_progress: Callable[[Progress], None] | None = None,
-                  options: dict | None = None, workload=None) -> RunOutcome:
+                  options: dict | None = None, workload=None, ids=None) -> RunOutcome:
     """The machine probe, the gate, bytes and peak memory, the timed rotations, the profile, the probe again.
 
     `options` maps a kind to the keyword arguments its caches are made with; `workload` (kvbench.workloads)
     says what one sample times: a whole loop per length (default), one request, or one step at a context.
     `on_progress` hears where the run is, with estimates of the long stages: the gate's full-prefix reference
     (from two forwards timed before it) and the timed rotations (from the gate's own timings).
+    `ids` (B, >= every length's positions): the token ids to consume (a real model's text) instead of
+    random ones drawn from the protocol's seed.
     """
     modes = check_modes(modes)
     workload = workload or Loop()
@@ -75,8 +77,8 @@ def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol
         if workload.name != "loop":  # a step's distance to the machine's limit needs the limit
             progress(Progress("machine limits", 0, 1))
             outcome.limits = machine_limits(model, workload, lengths, protocol)
-        longest = token_ids(model.config, protocol.batch, max(workload.positions(n) for n in lengths), protocol.seed)
-        gate, rotations = gate_and_memory(model, longest, lengths, modes, workload, options, outcome, progress)
+        longest = given_ids(ids, model, protocol, max(workload.positions(n) for n in lengths))
+        gate, rotations = gate_and_measure(workload, model, longest, lengths, modes, options, outcome, progress)
         loops = timed_loops(workload, model, longest, lengths, modes, gate, outcome.control, options)
         planned = protocol.repeats * sum(len(by_mode) for by_mode in loops.values())
         keep = timed_progress(protocol, planned, protocol.repeats * sum(rotations.values()), outcome, progress)
@@ -87,10 +89,10 @@ def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol
         if outcome.limits is not None:
             outcome.limits["rounds"] = outcome.sampling.limits
         if protocol.per_step_length is not None:
-            ids = token_ids(model.config, protocol.batch, protocol.per_step_length, protocol.seed)
+            profiled = given_ids(ids, model, protocol, protocol.per_step_length)
             outcome.per_step = [
                 {"mode": mode, "length": protocol.per_step_length,
-                 "seconds": per_step_seconds(model, ids, mode, protocol.warmup, options)}
+                 "seconds": per_step_seconds(model, profiled, mode, protocol.warmup, options)}
                 for mode in modes if all(timeable(gate[(mode, length)]) for length in lengths)
             ]
         progress(Progress("machine probe", 0, 1))
@@ -123,8 +125,8 @@ def timed_progress(protocol: Protocol, planned: int, least: float, outcome: RunO
     return keep
 
 
-def gate_and_memory(model: Decoder, longest, lengths: list[int], modes: list[str], workload, options: dict | None,
-                    outcome: RunOutcome, progress: Callable[[Progress], None]) -> tuple[dict, dict[int, float]]:
+def gate_and_measure(workload, model: Decoder, longest, lengths: list[int], modes: list[str], options: dict | None,
+                     outcome: RunOutcome, progress: Callable[[Progress], None]) -> tuple[dict, dict[int, float]]:
     """Every mode's check and memory entry, kept in `outcome` one length at a time (an interrupt keeps the lengths
     already checked); returns the checks by (mode, length) and the seconds one rotation should take per length,
     from the gate's timings: each check ran its mode's work once, as one sample will."""
@@ -184,6 +186,15 @@ def rotation_seconds(gate: float, full_loop: float, checked_modes: int, with_con
     """One rotation's seconds at a length from its gate: every checked mode ran its work once (a loop's full did
     not: `full_loop` adds it), and the A/A control runs one more mode's, counted as an average one's."""
     return (gate + full_loop) * (1 + with_control / max(checked_modes, 1))
+
+
+def given_ids(ids, model: Decoder, protocol: Protocol, positions: int):
+    """The first `positions` of the given ids, or random ids from the protocol's seed when none were given."""
+    if ids is None:
+        return token_ids(model.config, protocol.batch, positions, protocol.seed)
+    if ids.shape[0] != protocol.batch or ids.shape[1] < positions:
+        raise ValueError(f"expected token ids of shape ({protocol.batch}, >= {positions}), got {tuple(ids.shape)}")
+    return ids[:, :positions]
 
 
 def machine_limits(model: Decoder, workload, lengths: list[int], protocol: Protocol) -> dict:
