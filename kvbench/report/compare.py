@@ -231,7 +231,8 @@ def compare_records(old: RecordView, new: RecordView, *, factor: float = FACTOR,
         comparison.notes.append(note)
         comparison.latency = not_comparable(comparison.latency)
     across = bool(machine_identity_differences(old, new))
-    comparison.notes.extend(machine_notes(machine, cells, new.baseline, across) if across or not reason else [])
+    if across or not reason:  # different work on one machine: what the probe says explains no verdict
+        comparison.notes.extend(machine_notes(machine, cells, new.baseline, across))
     return comparison
 
 
