@@ -1,19 +1,23 @@
 """What every exporter writes, computed once per record: the cells, the machine, the commit.
 
-Each timed cell of a record becomes a `Cell`: its raw seconds in the order they ran, its median
-with a 95% rerun interval, and for a cached mode the speedup over the baseline with the record's
-own rerun interval (kvbench.report.model.row_speedup, as `kvbench report` prints it). Both
-intervals say where an identical rerun's number would fall. The machine and the commit come
-from the environment the record captured, never from the machine that exports it.
+Each timed cell of a record becomes a `Cell`: its raw seconds in the order they ran (what one
+sample covers depends on the workload: a whole loop, a whole request, a context's timed steps),
+its median with a 95% rerun interval, and for a cached mode the speedup over the baseline with
+the record's own rerun interval (kvbench.report.model.row_speedup, as `kvbench report` prints it).
+Both intervals say where an identical rerun's number would fall. A request or contexts cell also
+carries the figures the report shows for it (kvbench.export.figures: TTFT, TPOT, ITL percentiles;
+the steady-state and the first step), each with its per-sample values. The machine and the commit
+come from the environment the record captured, never from the machine that exports it.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvbench import stats
 from kvbench.config import PRESETS, PlainConfig
+from kvbench.export.figures import Figure, figure_facts, figures_by_cell, sample_meaning
 from kvbench.record import RecordView
 from kvbench.report.model import row_speedup
 from kvbench.stats import RatioEstimate
@@ -36,6 +40,9 @@ class Cell:
     speedup_valid: bool  # both this mode and the baseline passed the equivalence check
     passed: bool  # this mode passed its equivalence (or drift) check
     baseline: str
+    sample: str = "one whole decode loop"  # what the seconds of one sample cover
+    figures: list[Figure] = field(default_factory=list)  # a request's or a contexts run's, as the report shows them
+    series: dict[str, list[float]] = field(default_factory=dict)  # each figure's per-sample values, by Figure.series
 
     @property
     def key(self) -> str:
@@ -106,6 +113,7 @@ def rerun_median(view: RecordView, mode: str, length: int) -> RatioEstimate:
 
 def cells_of(view: RecordView) -> list[Cell]:
     name, baseline, cells = workload(view), view.baseline, []
+    sample, figures = sample_meaning(view), figures_by_cell(view)
     for mode, length in view.cells():
         seconds = [rep["seconds"] for rep in view.repetitions(mode, length)]
         speedup = None
@@ -113,7 +121,7 @@ def cells_of(view: RecordView) -> list[Cell]:
             speedup = row_speedup(view, mode, length, stats.SEED, stats.RESAMPLES)
         cells.append(Cell(name, mode, length, seconds, rerun_median(view, mode, length), speedup,
                           view.passed(mode, length) and view.passed(baseline, length), view.passed(mode, length),
-                          baseline))
+                          baseline, sample, *figures.get((mode, length), ([], {}))))
     return cells
 
 
@@ -151,13 +159,16 @@ def finite(value: float) -> float:
 
 
 def cell_facts(cell: Cell, source: Source) -> dict:
-    """The flat facts every format's free-form field carries: interval, speedup, check, machine, commit."""
-    facts = {"median_s": cell.median.ratio, "median_low_s": cell.median.low, "median_high_s": cell.median.high,
-             "samples": len(cell.seconds), "interval": INTERVAL, "equivalence": "passed" if cell.passed else "FAILED"}
+    """The flat facts every format's free-form field carries: what a sample is, interval, speedup, check, the
+    figures of a request or contexts cell, machine, commit."""
+    facts = {"sample": cell.sample, "median_s": cell.median.ratio, "median_low_s": cell.median.low,
+             "median_high_s": cell.median.high, "samples": len(cell.seconds), "interval": INTERVAL,
+             "equivalence": "passed" if cell.passed else "FAILED"}
     if cell.speedup is not None:
         facts.update({f"speedup_vs_{cell.baseline}": cell.speedup.ratio, "speedup_low": cell.speedup.low,
                       "speedup_high": cell.speedup.high, "speedup_valid": cell.speedup_valid,
                       "speedup_estimator": cell.speedup.estimator})
+    facts.update(figure_facts(cell.figures))
     facts.update({"machine": source.machine, "cpu": source.fact("cpu", "brand"),
                   "torch": source.fact("torch", "version"), "commit": source.commit, "dirty": source.dirty,
                   "record": source.path, "record_created_utc": source.created_utc, "record_status": source.status})
