@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from kvbench import machine
-from kvbench.decode import FULL, check_modes, failed_check, timeable, token_ids
-from kvbench.modes import CONTROL, spec
+from kvbench.decode import check_modes, failed_check, timeable, token_ids
+from kvbench.modes import CONTROL, FULL, spec
 from kvbench.model import Decoder
 from kvbench.sampling import Sample, Sampling, sample
 from kvbench.timing import Protocol, control_mode, per_step_seconds
@@ -53,8 +53,8 @@ def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol
     outcome = RunOutcome(control=control_mode(protocol.control, modes))
     try:
         progress("machine probe", 0, 1)
-        calls = machine.workloads()
-        outcome.machine_probe = {"workloads": dict(machine.WORKLOADS), "repeats": machine.REPEATS,
+        calls = machine.probe_calls()
+        outcome.machine_probe = {"workloads": dict(machine.PROBE_CALLS), "repeats": machine.REPEATS,
                                  "start": machine.probe_phase(calls)}
         if workload.name != "loop":  # a step's distance to the machine's limit needs the limit
             progress("machine limits", 0, 1)

@@ -332,7 +332,7 @@ def check_context_steps(record: dict, workload: dict) -> str | None:
 
 
 def check_machine_probe(record: dict) -> str | None:
-    """Each phase of the probe times exactly the workloads it names, `repeats` times each."""
+    """Each phase of the probe times exactly the calls it names (under its "workloads" key), `repeats` times each."""
     probe = record.get("machine_probe")
     if probe is None:
         return None
