@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Callable
 
 from kvbench import stats
+from kvbench.config import positive_int, positive_number
 from kvbench.modes import CONTROL, SPECS
 from kvbench.telemetry import Probe
 
@@ -73,13 +74,11 @@ class Protocol:
             value = getattr(self, name)
             if value is None and name == "per_step_length":
                 continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
-                raise ValueError(f"{name} must be an integer >= {lowest}, got {value!r}")
+            positive_int(name, value, lowest)
         if self.precision is not None and not (isinstance(self.precision, (int, float))
                                                and 0 < self.precision < 1 and math.isfinite(self.precision)):
             raise ValueError(f"precision must be a relative half-width in (0, 1) or None, got {self.precision!r}")
-        if not (isinstance(self.max_seconds, (int, float)) and 0 < self.max_seconds < math.inf):
-            raise ValueError(f"max_seconds must be a positive finite number, got {self.max_seconds!r}")
+        positive_number("max_seconds", self.max_seconds)
         if not (isinstance(self.between_run, (int, float)) and 0 <= self.between_run < 0.5):
             raise ValueError(f"between_run must be a relative standard deviation in [0, 0.5), got {self.between_run!r}")
         floor = stats.rerun_floor(self.between_run)
@@ -148,8 +147,7 @@ def set_threads(threads: int) -> dict:
     """
     import torch
 
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"threads must be a positive integer, got {threads!r}")
+    positive_int("threads", threads)
     available = os.cpu_count() or 1
     if threads > available:  # far more threads than CPUs only oversubscribes, and crashes torch's attention
         raise ValueError(f"threads must be at most the {available} logical CPUs of this machine, got {threads}")
