@@ -82,20 +82,12 @@ def watched_half_widths(samples: list[Sample], length: int, baseline: str,
 
 def stop_reason(state: LengthSampling, protocol: Protocol, samples: list[Sample], baseline: str,
                 elapsed: float, watch: Watch | None = None) -> str | None:
-    if protocol.precision is None:
-        return "fixed" if state.rotations >= protocol.repeats else None
-    if state.rotations < protocol.repeats:
-        return None
-    state.half_widths = (watch(samples, state.length) if watch is not None else
-                         watched_half_widths(samples, state.length, baseline, protocol.between_run, protocol.threads))
-    state.half_width = max(state.half_widths.values(), default=None)
-    if state.half_width is not None and state.half_width <= protocol.precision:
-        return "precise"
-    if state.rotations >= protocol.max_repeats:
-        return "cap"
-    if elapsed >= protocol.max_seconds:
-        return "budget"
-    return None
+    if protocol.precision is not None and state.rotations >= protocol.repeats:
+        state.half_widths = (watch(samples, state.length) if watch is not None else watched_half_widths(
+            samples, state.length, baseline, protocol.between_run, protocol.threads))
+        state.half_width = max(state.half_widths.values(), default=None)
+    return stats.stop_rule(state.rotations, state.half_width, repeats=protocol.repeats, precision=protocol.precision,
+                           max_repeats=protocol.max_repeats, elapsed=elapsed, max_seconds=protocol.max_seconds)
 
 
 def sample(loops: dict[int, dict[str, Callable[[], object]]], protocol: Protocol, baseline: str = FULL,
