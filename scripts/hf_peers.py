@@ -31,7 +31,6 @@ from pathlib import Path
 import torch
 
 from kvbench import capture, hf
-from kvbench.cache import KINDS
 from kvbench.config import DecoderConfig, preset_config
 from kvbench.decode import check_equivalence, compare_drift, compare_logits, decode, token_ids, tolerances
 from kvbench.files import check_output, write_json_atomic
