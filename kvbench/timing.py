@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable
 from kvbench import stats
 from kvbench.config import positive_int, positive_number
 from kvbench.modes import CONTROL, SPECS
-from kvbench.telemetry import Probe
+from kvbench.telemetry import Counters
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -262,15 +262,15 @@ def time_call(run: Callable[[], object]) -> float:
     return elapsed / 1e9
 
 
-def time_observed(run: Callable[[], object], probe: Probe) -> tuple[float, dict]:
+def time_observed(run: Callable[[], object], counters: Counters) -> tuple[float, dict]:
     """Seconds for one call and what the telemetry saw during it (read outside the timed region)."""
     with collector_paused():
-        before = probe.read(machine_wide=False)  # the last sample's end stands for the costly counters
+        before = counters.read(machine_wide=False)  # the last sample's end stands for the costly counters
         start = time.perf_counter_ns()
         run()
         elapsed = time.perf_counter_ns() - start
-        after = probe.read()
-    return elapsed / 1e9, probe.difference(before, after)
+        after = counters.read()
+    return elapsed / 1e9, counters.difference(before, after)
 
 
 def per_step_seconds(model: Decoder, ids: Tensor, mode: str, warmup: int = 1, options: dict | None = None) -> list[float]:

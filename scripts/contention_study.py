@@ -85,7 +85,7 @@ def best_of(loops: int, rotations: int, output: Path) -> None:
     from kvbench.decode import decode, token_ids
     from kvbench.modes import DEFAULT_MODES
     from kvbench.model import build_model
-    from kvbench.telemetry import Probe
+    from kvbench.telemetry import Counters
     from kvbench.timing import DEFAULT_LENGTHS, Protocol, pin_cpu, rotation_order, set_threads, time_observed
 
     protocol = Protocol()
@@ -93,7 +93,7 @@ def best_of(loops: int, rotations: int, output: Path) -> None:
     pin_cpu("0")
     model = build_model(seed=protocol.seed)
     longest = token_ids(model.config, 1, max(DEFAULT_LENGTHS), protocol.seed)
-    probe, samples, start = Probe(), [], time.perf_counter()
+    counters, samples, start = Counters(), [], time.perf_counter()
     modes = list(DEFAULT_MODES)
     for length in DEFAULT_LENGTHS:
         for mode in modes:
@@ -104,7 +104,7 @@ def best_of(loops: int, rotations: int, output: Path) -> None:
             ids = longest[:, :length]
             for mode in rotation_order(modes, rotation, protocol.order, protocol.seed, length):
                 for loop in range(loops):
-                    seconds, telemetry = time_observed(lambda: decode(model, ids, mode), probe)
+                    seconds, telemetry = time_observed(lambda: decode(model, ids, mode), counters)
                     samples.append({"mode": mode, "length": length, "repetition": rotation, "loop": loop,
                                     "seconds": seconds, "started": time.perf_counter() - start - seconds, **telemetry})
     write_json_atomic({"loops": loops, "rotations": rotations, "lengths": list(DEFAULT_LENGTHS), "modes": modes,

@@ -1,6 +1,6 @@
 """Bencher Metric Format (BMF): benchmark name -> measure -> {value, lower_value, upper_value}.
 
-One benchmark per cell, `kvbench/<workload>/<mode>/<length>`, with two measures:
+One benchmark per cell, `kvbench/<case>/<mode>/<length>`, with two measures:
 
   latency   Bencher's built-in measure (nanoseconds): the median seconds of one sample (a whole
             decode loop, a whole request, or a context's timed steps: Cell.sample),
@@ -8,7 +8,7 @@ One benchmark per cell, `kvbench/<workload>/<mode>/<length>`, with two measures:
   speedup   a custom measure (x): baseline / mode with the record's 95% rerun interval, for cached
             modes whose check and the baseline's passed.
 
-and one benchmark per figure of a request or contexts cell, `kvbench/<workload>/<mode>/<length>/<figure>`
+and one benchmark per figure of a request or contexts cell, `kvbench/<case>/<mode>/<length>/<figure>`
 (ttft, tpot, itl_p50, itl_p90, itl_p99; step, first_step), each in the built-in `latency` measure so
 that Bencher knows its unit (nanoseconds): the report's median with its 95% interval of a median, or
 an ITL percentile alone (no interval).

@@ -31,7 +31,7 @@ UNKNOWN_MACHINE = "unknown-machine"
 class Cell:
     """One timed (mode, length) cell of a record."""
 
-    workload: str  # the preset and whatever the run changed from it, e.g. "seed" or "seed,layers=2"
+    case: str  # the preset, whatever the run changed from it and its workload: "seed", "seed,layers=2", "seed,contexts"
     mode: str
     length: int
     seconds: list[float]  # every sample, in the order it was taken
@@ -46,7 +46,7 @@ class Cell:
 
     @property
     def key(self) -> str:
-        return f"{self.workload}/{self.mode}/{self.length}"
+        return f"{self.case}/{self.mode}/{self.length}"
 
     @property
     def cost(self) -> RatioEstimate | None:
@@ -88,17 +88,17 @@ class Source:
         return self.fact("kvbench", "git_branch")
 
 
-def workload(view: RecordView) -> str:
-    """The preset, then every model field, batch and thread count that differs from it, then what a request or
-    contexts run timed instead of whole loops (a request's end-to-end seconds, one step after a context): each
-    has a name of its own, so an engine never lines it up with a loop's history."""
+def case_name(view: RecordView) -> str:
+    """The case a cell belongs to: the preset, then every model field, batch and thread count that differs from
+    it, then the workload when it is not the loop (a request's prompt and generated tokens; contexts): each has a
+    name of its own, so an engine never lines a request or a context's steps up with a loop's history."""
     preset = view.run["preset"]
     base = PlainConfig.from_preset(preset).to_dict() if preset in PRESETS else {}
     changed = [f"{key}={value}" for key, value in sorted(view.config.items()) if key not in base or base[key] != value]
-    shape = view.run.get("workload") or {"kind": "loop"}
-    if shape["kind"] == "request":
-        changed += [f"prompt={shape['prompt']}", f"generate={shape['generate']}"]
-    elif shape["kind"] == "contexts":
+    workload = view.run.get("workload") or {"kind": "loop"}
+    if workload["kind"] == "request":
+        changed += [f"prompt={workload['prompt']}", f"generate={workload['generate']}"]
+    elif workload["kind"] == "contexts":
         changed.append("contexts")
     defaults = Protocol()
     for key in ("batch", "threads"):
@@ -112,7 +112,7 @@ def rerun_median(view: RecordView, mode: str, length: int) -> RatioEstimate:
 
 
 def cells_of(view: RecordView) -> list[Cell]:
-    name, baseline, cells = workload(view), view.baseline, []
+    name, baseline, cells = case_name(view), view.baseline, []
     sample, figures = sample_meaning(view), figures_by_cell(view)
     for mode, length in view.cells():
         seconds = [rep["seconds"] for rep in view.repetitions(mode, length)]

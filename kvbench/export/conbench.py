@@ -2,7 +2,7 @@
 
 Per cell: `stats.data` the raw seconds in the order they ran, unit `s` (conbench allows only `s`,
 `ns`, `B`, `B/s` and `i/s`, so a speedup cannot be a result of its own); `tags` the case (name
-`kvbench-decode`, workload, mode, length); `info` what a sample covers, the median with its 95% rerun
+`kvbench-decode`, workload (the case: kvbench.export.common.case_name), mode, length); `info` what a sample covers, the median with its 95% rerun
 interval, the speedup with its interval and validity, and a request's or contexts cell's figures; `context` what breaks a history when it changes (Python,
 torch, threads, CPU capability); `machine_info` the captured machine; `github` the repository
 (which the record does not know: the caller passes it) and the captured commit.
@@ -89,7 +89,8 @@ def result(cell: Cell, source: Source, repository: str, series: str | None = Non
         "timestamp": source.created_utc.replace("Z", "+00:00"),
         "stats": {"data": list(cell.seconds if series is None else cell.series[series]), "unit": UNIT,
                   "iterations": 1},
-        "tags": {"name": BENCHMARK_NAME, "workload": cell.workload, "mode": cell.mode, "length": str(cell.length),
+        # the tag keeps its first name, "workload": renaming it would start every conbench history afresh
+        "tags": {"name": BENCHMARK_NAME, "workload": cell.case, "mode": cell.mode, "length": str(cell.length),
                  **({} if series is None else {"figure": series})},
         "info": {key: value for key, value in cell_facts(cell, source).items() if value is not None},
         "machine_info": machine_info(source),

@@ -1,6 +1,6 @@
 """github-action-benchmark's `customSmallerIsBetter` JSON: a list of {name, unit, value, range, extra}.
 
-Per cell, `kvbench/<workload>/<mode>/<length>` in milliseconds (the median of one sample: a whole
+Per cell, `kvbench/<case>/<mode>/<length>` in milliseconds (the median of one sample: a whole
 decode loop, a whole request, or a context's timed steps; `range` its 95% rerun interval; `extra`
 the samples, the speedup with its interval, the machine and the commit), for a cached mode whose
 check passed `... cost vs <baseline>`: mode / baseline, the inverse of the speedup, with its
