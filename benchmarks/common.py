@@ -50,8 +50,8 @@ try:  # the mode registry; a commit before it has no mode newer than KNOWN_MODES
     from kvbench.modes import SPECS
 except ImportError:
     SPECS = {}
-from kvbench.decode import run_gate, token_ids
 from kvbench.decode import MODES as KVBENCH_MODES
+from kvbench.decode import run_gate, token_ids
 from kvbench.model import DecoderConfig, build_model, preset_config
 from kvbench.timing import Protocol, set_threads
 

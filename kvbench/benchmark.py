@@ -12,8 +12,8 @@ from typing import Callable
 
 from kvbench import machine
 from kvbench.decode import check_modes, failed_check, timeable, token_ids
-from kvbench.modes import CONTROL, FULL, spec
 from kvbench.model import Decoder
+from kvbench.modes import CONTROL, FULL, spec
 from kvbench.sampling import Sample, Sampling, sample
 from kvbench.timing import Protocol, control_mode, per_step_seconds
 from kvbench.workloads import Loop, matmul_shapes, weights_read_per_step

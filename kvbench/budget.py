@@ -16,7 +16,6 @@ import re
 from dataclasses import asdict, dataclass
 
 from kvbench.config import PlainConfig, positive_int
-from kvbench.modes import spec
 from kvbench.kinds import (
     GROUP_SIZE,
     RESIDUAL,
@@ -26,6 +25,7 @@ from kvbench.kinds import (
     quantized_cache_bytes,
     window_cache_bytes,
 )
+from kvbench.modes import spec
 
 DTYPES = ("float32", "bfloat16", "float16")
 QUANTIZATIONS = ("int8", "int4")  # the quantized kinds, quantized-int8 and quantized-int4

@@ -83,8 +83,8 @@ def collect(out: Path, runs: int, rotations: int, conditions: list[str], best_of
 def best_of(loops: int, rotations: int, output: Path) -> None:
     """Rotations of the default grid in which every mode runs `loops` timed loops back to back."""
     from kvbench.decode import decode, token_ids
-    from kvbench.modes import DEFAULT_MODES
     from kvbench.model import build_model
+    from kvbench.modes import DEFAULT_MODES
     from kvbench.telemetry import Counters
     from kvbench.timing import DEFAULT_LENGTHS, Protocol, pin_cpu, rotation_order, set_threads, time_observed
 

@@ -21,10 +21,10 @@ from kvbench.decode import (
     token_ids,
     tolerances,
 )
-from kvbench.model import DecoderConfig, build_model
-from kvbench.report.format import check_text
 from kvbench.kinds import DRIFTED, NOT_FINITE, REFERENCE_NOT_FINITE
+from kvbench.model import DecoderConfig, build_model
 from kvbench.modes import FULL, MODES, spec
+from kvbench.report.format import check_text
 
 BROKEN_FROM = 3  # the step at which the broken caches below start to go wrong
 

@@ -14,7 +14,7 @@ from kvbench import modes
 from kvbench.cache.base import Cache, expected_cache_bytes
 from kvbench.cache.contiguous import ConcatCache, StaticCache
 from kvbench.cache.paged import BlockPool, PagedCache
-from kvbench.cache.quantized import QuantizedCache, QuantizedInt4Cache, quantized_cache_bytes
+from kvbench.cache.quantized import QuantizedCache, QuantizedInt4Cache
 from kvbench.cache.window import WindowCache
 from kvbench.config import DecoderConfig
 from kvbench.modes import CACHE_KINDS, KIND_NAME, expected_bytes
@@ -52,7 +52,7 @@ KINDS = Kinds()
 
 __all__ = ["CACHE_KINDS", "KIND_NAME", "KINDS", "BlockPool", "Cache", "ConcatCache", "PagedCache", "QuantizedCache",
            "QuantizedInt4Cache", "StaticCache", "WindowCache", "expected_bytes", "expected_cache_bytes", "make_cache",
-           "quantized_cache_bytes", "register_kind"]
+           "register_kind"]
 
 
 def register_kind(name: str, factory: type[Cache]) -> None:
