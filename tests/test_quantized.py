@@ -5,12 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvbench.cache import QuantizedCache, QuantizedInt4Cache, expected_cache_bytes, make_cache
+from kvbench.cache import QuantizedCache, QuantizedInt4Cache, expected_cache_bytes, make_cache, quantized_cache_bytes
+from kvbench.modes import expected_bytes
 from kvbench.config import preset_config
 from kvbench.decode import check_equivalence, compare_drift, token_ids
-from kvbench.kinds import quantized_cache_bytes
 from kvbench.model import DecoderConfig, build_model
-from kvbench.modes import expected_bytes
 
 SEED = DecoderConfig(max_length=512)
 

@@ -17,6 +17,7 @@ from kvbench.cache.paged import BlockPool, PagedCache
 from kvbench.cache.quantized import QuantizedCache, QuantizedInt4Cache
 from kvbench.cache.window import WindowCache
 from kvbench.config import DecoderConfig
+from kvbench.kinds import quantized_cache_bytes  # the cache package's byte formulas, beside expected_cache_bytes
 from kvbench.modes import CACHE_KINDS, KIND_NAME, expected_bytes
 
 
@@ -52,7 +53,7 @@ KINDS = Kinds()
 
 __all__ = ["CACHE_KINDS", "KIND_NAME", "KINDS", "BlockPool", "Cache", "ConcatCache", "PagedCache", "QuantizedCache",
            "QuantizedInt4Cache", "StaticCache", "WindowCache", "expected_bytes", "expected_cache_bytes", "make_cache",
-           "register_kind"]
+           "quantized_cache_bytes", "register_kind"]
 
 
 def register_kind(name: str, factory: type[Cache]) -> None:
