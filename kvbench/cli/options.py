@@ -15,7 +15,7 @@ from pathlib import Path
 
 from kvbench.budget import DTYPES as BUDGET_DTYPES
 from kvbench.budget import QUANTIZATIONS, parse_size
-from kvbench.cli.parser import Parser
+from kvbench.cli.parser import DIGITS, Parser, integer
 from kvbench.cli.serving_options import add_serving_options
 from kvbench.config import DTYPE_NAMES, PRESETS, WINDOW_PATTERNS
 from kvbench.export import FORMATS as EXPORT_FORMATS
@@ -38,29 +38,6 @@ EXAMPLES = """examples:
   kvbench show results/records/run-*.json
   kvbench env
 """
-
-
-INT64_MAX = 2**63 - 1  # no tensor dimension or seed is larger
-DIGITS = re.compile(r"[0-9]+")  # ASCII digits only: int() would also take "8_0" and "٨"
-
-
-def integer(lowest: int, highest: int = INT64_MAX):
-    """An argparse type: a plain decimal integer in [lowest, highest]."""
-    expected = f"an integer >= {lowest}" if highest == INT64_MAX else f"an integer in [{lowest}, {highest}]"
-
-    def parse(text: str) -> int:
-        stripped = text.strip()
-        negative = stripped.startswith("-") and DIGITS.fullmatch(stripped[1:])
-        if not (DIGITS.fullmatch(stripped) or negative):
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
-        value = int(stripped)
-        if value < lowest:
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
-        if value > highest:
-            raise argparse.ArgumentTypeError(f"expected an integer in [{lowest}, {highest}], got {value}")
-        return value
-
-    return parse
 
 
 positive_int = integer(1)
