@@ -227,8 +227,7 @@ def trace_from_dict(data: object, max_positions: int) -> Trace:
     if not isinstance(rows, list) or not all(isinstance(row, dict) and sorted(row) == sorted(FIELDS) for row in rows):
         raise ValueError(f"a trace's requests are a list of objects with exactly the fields {list(FIELDS)}")
     seed = data.get("seed")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"a trace's seed must be an integer >= 0, got {seed!r}")
+    positive_int("a trace's seed", seed, lowest=0)
     trace = Trace(tuple(TraceRequest(**row) for row in rows), data.get("arrivals"), data.get("clients"), seed,
                   dict(data.get("spec") or {}))
     check_trace(trace, max_positions)

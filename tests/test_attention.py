@@ -6,7 +6,7 @@ import torch
 from kvbench.attention import causal_attention, causal_mask
 
 
-def reference_attention(q, k, v, offset, window=None, key_positions=None):
+def reference_attention(q, k, v, offset, window=None, key_positions=None, sinks=0):
     """Explicit scores, softmax and a mask from absolute positions, one head at a time."""
     B, H, L, D = q.shape
     group = H // k.shape[1]
@@ -17,7 +17,8 @@ def reference_attention(q, k, v, offset, window=None, key_positions=None):
         scores = q[:, h] @ kh.transpose(-1, -2) / math.sqrt(D)
         for i in range(L):
             query = offset + i
-            hidden = (positions > query) | ((positions <= query - window) if window else torch.zeros_like(positions, dtype=torch.bool))
+            slid = (positions <= query - window) & (positions >= sinks) if window else torch.zeros_like(positions, dtype=torch.bool)
+            hidden = (positions > query) | slid
             scores[:, i, hidden] = float("-inf")
         out[:, h] = scores.softmax(-1) @ vh
     return out
@@ -106,6 +107,34 @@ def test_the_last_w_keys_in_any_order_need_no_mask_for_one_query():
     ring = torch.tensor([10, 11, 8, 9])  # slot order of a ring of four after twelve positions
     got = causal_attention(q, k[:, :, ring], v[:, :, ring], offset=11, window=4)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+# --- attention sinks beside a window (StreamingLLM) ---------------------------------------------
+
+
+@pytest.mark.parametrize("offset, length, window, sinks", [
+    (0, 12, 3, 2), (9, 1, 3, 2), (9, 1, 3, 4), (7, 5, 3, 1), (2, 6, 4, 4), (20, 3, 5, 30), (1, 1, 3, 2),
+])
+def test_sinks_keep_the_first_positions_visible_beside_the_window(offset, length, window, sinks):
+    generator = torch.Generator().manual_seed(offset * 100 + length * 10 + window + sinks)
+    q = torch.randn(2, 4, length, 8, generator=generator)
+    k = torch.randn(2, 2, offset + length, 8, generator=generator)
+    v = torch.randn(2, 2, offset + length, 8, generator=generator)
+    expected = reference_attention(q, k, v, offset, window, sinks=sinks)
+    torch.testing.assert_close(causal_attention(q, k, v, offset, window, sinks=sinks), expected, atol=1e-5, rtol=1e-5)
+    if offset + length > window + sinks:  # the sinks change what the queries see
+        assert not torch.allclose(expected, reference_attention(q, k, v, offset, window), atol=1e-3)
+
+
+def test_sinks_with_a_ring_in_slot_order_and_their_positions():
+    generator = torch.Generator().manual_seed(5)
+    window, sinks, offset = 4, 2, 11
+    q = torch.randn(1, 4, 1, 8, generator=generator)
+    k = torch.randn(1, 4, offset + 1, 8, generator=generator)
+    v = torch.randn(1, 4, offset + 1, 8, generator=generator)
+    kept = torch.tensor([0, 1, 10, 11, 8, 9])  # the sinks, then the ring of 4 in slot order
+    got = causal_attention(q, k[:, :, kept], v[:, :, kept], offset, window, key_positions=kept, sinks=sinks)
+    torch.testing.assert_close(got, reference_attention(q, k, v, offset, window, sinks=sinks), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("length", [2, 3])
