@@ -623,3 +623,49 @@ def test_pytest_benchmark_compare_prints_the_figures_medians_as_the_report_has_t
                        re.findall(r"(?<![\w.\[-])[0-9][0-9,]*\.?[0-9]*(?![\w\]-])", line.split(name, 1)[1])]
             assert any(math.isclose(n, median * 1e6, rel_tol=1e-3) for n in numbers), (line, median)
             assert len(samples) in numbers, line
+
+
+def committed_work() -> list[str]:
+    """Every committed record of a request or contexts run (found by its run.workload)."""
+    found = []
+    for path in sorted((ROOT / "results").rglob("*.json")):
+        try:
+            document = json.loads(path.read_text())
+        except (ValueError, UnicodeDecodeError):
+            continue
+        run = document.get("run") if isinstance(document, dict) and "schema" in document else None
+        if isinstance(run, dict) and (run.get("workload") or {}).get("kind") in ("request", "contexts"):
+            found.append(str(path.relative_to(ROOT)))
+    return found
+
+
+COMMITTED_WORK = committed_work()
+
+
+@pytest.mark.parametrize("relative", COMMITTED_WORK)
+def test_every_committed_request_and_contexts_record_exports_the_reports_figures(relative):
+    """Every committed request record's cells carry the TTFT and TPOT its summary (what the report prints) holds;
+    a contexts record from before the timed window exports what one sample covers, and no figure it lacks."""
+    record = RecordView.load(ROOT / relative)
+    bmf = export_document([record], "bmf")
+    jsonschema.validate(bmf, schema("bmf.schema.json"))
+    actions = export_document([record], "github-action-benchmark")
+    jsonschema.validate(actions, schema("github-action-benchmark.schema.json"))
+    conbench = export_document([record], "conbench", {"repository": REPOSITORY})
+    kind = record.run["workload"]["kind"]
+    if kind == "contexts":
+        assert "timed_steps" not in record.run["workload"]
+        assert all(r["info"]["sample"].startswith("one decode step after the context's prefill") for r in conbench)
+        assert not any("figure" in r["tags"] for r in conbench)
+        return
+    summary = {entry["mode"]: entry for entry in record.record["summary"]["latency"]}
+    prompt, generate = record.run["workload"]["prompt"], record.run["workload"]["generate"]
+    for mode, length in record.cells():
+        cell = f"kvbench/{record.run['preset']},prompt={prompt},generate={generate}/{mode}/{length}"
+        for figure in ("ttft", "tpot"):
+            measure, expected = bmf[f"{cell}/{figure}"]["latency"], summary[mode][figure]
+            assert (measure["value"], measure["lower_value"], measure["upper_value"]) == pytest.approx(
+                (expected["median"] * 1e9, expected["low"] * 1e9, expected["high"] * 1e9))
+        assert bmf[f"{cell}/itl_p99"]["latency"] == pytest.approx({"value": summary[mode]["itl_p99"] * 1e9})
+        action = next(entry for entry in actions if entry["name"] == f"{cell}/tpot")
+        assert action["value"] == pytest.approx(summary[mode]["tpot"]["median"] * 1e3)
