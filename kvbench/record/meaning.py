@@ -156,7 +156,7 @@ check_memory_entries = entries("memory", sound_memory)
 
 
 def check_memory(record: dict) -> str | None:
-    """Every entry sound, and every timed cell measured: memory is probed before timing starts."""
+    """Every entry sound, and every timed cell measured: memory is measured before timing starts."""
     problem = check_memory_entries(record)
     measured = by_cell(record["memory"])
     for rep in record["repetitions"]:
