@@ -57,7 +57,7 @@ class Protocol:
     repeats: int = 7  # rotations per length: exactly, or at least when a precision is targeted
     precision: float | None = 0.05  # target relative half-width of every speedup's 95% interval
     max_repeats: int = 1001  # rotations per length at most (a short loop may need hundreds: kvbench.sampling)
-    max_seconds: float = 75.0  # timing budget from the first sample, all lengths together; `repeats` always run
+    max_seconds: float = 75.0  # timing deadline from the first sample, all lengths together; `repeats` always run
     between_run: float = stats.BETWEEN_RUN["speedup"]  # relative SD of a speedup between runs (stats.BETWEEN_RUN)
     order: str = "random"  # mode order within a rotation (ORDER_RULES)
     cpu: str = "none"  # "none", "auto" (the least busy CPU) or a CPU number to pin the process to
@@ -242,7 +242,7 @@ def heap_frozen():
 
     With torch imported a full collection walks nearly 200,000 objects (36 ms on a 2-core VM):
     before every sample it took longer than most of the loops it kept garbage away from, and more
-    than half of a run's sampling budget. Frozen, the collection before each sample walks only
+    than half of a run's sampling time. Frozen, the collection before each sample walks only
     what was allocated since: it still keeps one loop's garbage out of the next timed region, in
     microseconds."""
     gc.collect()

@@ -184,7 +184,7 @@ def add_quantization_options(group, group_help: str, residual_help: str) -> None
 
 
 def add_sampling_options(parser: argparse.ArgumentParser) -> None:
-    """How many rotations a run times: the fixed protocol, or until a precision within a budget."""
+    """How many rotations a run times: the fixed protocol, or until a precision before a deadline."""
     sampling = parser.add_argument_group(
         "sampling (whole rotations of every mode, in rounds over the lengths)",
         "By default each length runs at least --min-repeats rotations, then more until the 95% interval of every "
@@ -200,7 +200,7 @@ def add_sampling_options(parser: argparse.ArgumentParser) -> None:
     sampling.add_argument("--max-repeats", type=integer(1, MAX_REPEATS), metavar="N",
                           help=f"rotations per length at most (default: {Protocol.max_repeats})")
     sampling.add_argument("--max-seconds", type=positive_seconds, metavar="S",
-                          help=f"timing budget from the first sample, all lengths together; the minimum rotations always "
+                          help=f"timing deadline from the first sample, all lengths together; the minimum rotations always "
                                f"run (default: {Protocol.max_seconds:g})")
     sampling.add_argument("--between-run", type=between_run_sd, default=Protocol.between_run, metavar="SD",
                           help="relative standard deviation of a speedup between runs of the same code on this "
@@ -353,7 +353,7 @@ def add_tool_parsers(commands) -> None:
     budget.add_argument("--tokens", type=positive_int, required=True, help="tokens retained per request")
     budget.add_argument("--max-length", type=positive_int, help="positions a contiguous cache preallocates per request (default: --tokens)")
     budget.add_argument("--block-size", type=positive_int, default=16, help="positions per paged block")
-    budget.add_argument("--memory", type=positive_size, required=True, help="memory limit for KV caches, e.g. 24GiB, 80GB")
+    budget.add_argument("--memory", type=positive_size, required=True, help="the KV budget: memory for KV caches, e.g. 24GiB, 80GB")
     budget.add_argument("--reserved", type=size, default=0,
                         help="part of --memory kept for activations and workspace (and weights, without --preset)")
     budget.add_argument("--json", action="store_true", help="print the numbers as JSON")
