@@ -2,9 +2,10 @@
 
 Per cell: `stats.data` the raw seconds in the order they ran, unit `s` (conbench allows only `s`,
 `ns`, `B`, `B/s` and `i/s`, so a speedup cannot be a result of its own); `tags` the case (name
-`kvbench-decode`, workload (the case: kvbench.export.common.case_name), mode, length); `info` what a sample covers, the median with its 95% rerun
-interval, the speedup with its interval and validity, and a request's or contexts cell's figures; `context` what breaks a history when it changes (Python,
-torch, threads, CPU capability); `machine_info` the captured machine; `github` the repository
+`kvbench-decode`, workload (the case: kvbench.export.common.case_name), mode, length); `info` what
+a sample covers, the median with its 95% rerun interval, the speedup with its interval and
+validity, and a request's or contexts cell's figures; `context` what breaks a history when it
+changes (Python, torch, threads, CPU capability); `machine_info` the captured machine; `github` the repository
 (which the record does not know: the caller passes it) and the captured commit.
 
 A request or contexts cell adds one result per series of per-sample values its figures summarize,

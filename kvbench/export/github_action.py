@@ -6,8 +6,9 @@ the samples, the speedup with its interval, the machine and the commit), for a c
 check passed `... cost vs <baseline>`: mode / baseline, the inverse of the speedup, with its
 interval, and for a request or contexts cell `.../<figure>` per figure the report shows (ttft, tpot,
 itl_p50/p90/p99; step, first_step) in milliseconds, `range` its 95% interval of a median (none for
-an ITL percentile), `extra` its meaning and the per-sample values it is the median of. One file is one tool, and this tool is "smaller is
-better", so the speedup goes in as the cost it saves, which is smaller-is-better too.
+an ITL percentile), `extra` its meaning and the per-sample values it is the median of. One file is
+one tool, and this tool is "smaller is better", so the speedup goes in as the cost it saves, which
+is smaller-is-better too.
 
 The action stamps each run with the workflow's own commit and knows no machines: records from
 several machines go into one file with the machine appended to each name, and records must share
