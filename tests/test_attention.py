@@ -178,3 +178,25 @@ def test_grouped_heads_are_told_by_head_counts_whatever_the_batch_and_key_count(
     v = torch.randn(4, 2, 4, 8, generator=generator)
     torch.testing.assert_close(causal_attention(q, k, v, offset), reference_attention(q, k, v, offset),
                                atol=1e-5, rtol=1e-5)
+
+
+def test_a_key_mask_gives_each_sequence_its_own_visible_keys():
+    """A batch of requests at their own lengths, padded to the longest (kvbench.cache.batch): each sequence's
+    newest query sees its own keys and none of the padding. Batch, heads and keys are all 4 with 2 KV heads,
+    so only the head counts can say the attention is grouped."""
+    generator = torch.Generator().manual_seed(3)
+    q = torch.randn(4, 4, 1, 8, generator=generator)
+    k = torch.randn(4, 2, 4, 8, generator=generator)
+    v = torch.randn(4, 2, 4, 8, generator=generator)
+    lengths = [4, 1, 3, 2]  # the keys each sequence holds; the rest of its row is padding
+    key_mask = torch.tensor([[slot < n for slot in range(4)] for n in lengths]).view(4, 1, 1, 4)
+    attended = causal_attention(q, k, v, offset=0, key_mask=key_mask)
+    for row, n in enumerate(lengths):
+        alone = reference_attention(q[row : row + 1], k[row : row + 1, :, :n], v[row : row + 1, :, :n], offset=n - 1)
+        torch.testing.assert_close(attended[row : row + 1], alone, atol=1e-5, rtol=1e-5)
+
+
+def test_a_key_mask_refuses_a_window():
+    q, k = torch.zeros(1, 4, 1, 8), torch.zeros(1, 4, 2, 8)
+    with pytest.raises(ValueError, match="needs full attention, got window 2"):
+        causal_attention(q, k, k, offset=1, window=2, key_mask=torch.ones(1, 1, 1, 2, dtype=torch.bool))
