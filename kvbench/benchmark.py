@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from kvbench import machine
-from kvbench.decode import FULL, check_modes, failed_check, timeable, token_ids
-from kvbench.modes import CONTROL, spec
+from kvbench.decode import check_modes, failed_check, timeable, token_ids
 from kvbench.model import Decoder
+from kvbench.modes import CONTROL, FULL, spec
 from kvbench.sampling import Sample, Sampling, sample
 from kvbench.timing import Protocol, control_mode, per_step_seconds
 from kvbench.workloads import Loop, matmul_shapes, weights_read_per_step
@@ -70,8 +70,8 @@ def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol
     outcome = RunOutcome(control=control_mode(protocol.control, modes))
     try:
         progress(Progress("machine probe", 0, 1))
-        calls = machine.workloads()
-        outcome.machine_probe = {"workloads": dict(machine.WORKLOADS), "repeats": machine.REPEATS,
+        calls = machine.probe_calls()
+        outcome.machine_probe = {"workloads": dict(machine.PROBE_CALLS), "repeats": machine.REPEATS,
                                  "start": machine.probe_phase(calls)}
         progress(Progress("machine probe", 1, 1))
         if workload.name != "loop":  # a step's distance to the machine's limit needs the limit

@@ -18,6 +18,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from kvbench import latency, requests
+from kvbench.config import positive_int
 from kvbench.decode import decode, decode_full, run_gate, steps
 from kvbench.kinds import CONTEXT_TIMED_STEPS, CONTEXT_WARMUP_STEPS, WORKLOADS
 from kvbench.memory import memory_profile, peak_memory_growth
@@ -92,8 +93,7 @@ class Request:
 
     def __post_init__(self) -> None:
         for field, value in (("prompt", self.prompt), ("generate", self.generate)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{field} must be a positive integer, got {value!r}")
+            positive_int(field, value)
 
     @property
     def length(self) -> int:

@@ -63,7 +63,7 @@ def test_run_benchmark_checks_memory_and_repetitions(tiny_model):
     probe = outcome.machine_probe  # the fixed workloads, before the gate and after the profile
     assert set(probe) == {"workloads", "repeats", "start", "end"} and probe["repeats"] == machine.REPEATS
     for phase in ("start", "end"):
-        assert set(probe[phase]) == set(machine.WORKLOADS)
+        assert set(probe[phase]) == set(machine.PROBE_CALLS)
         assert all(len(seconds) == machine.REPEATS and min(seconds) > 0 for seconds in probe[phase].values())
     assert events[:2] == [("machine probe", 0, 1), ("machine probe", 1, 1)]
     assert events[-2:] == [("machine probe", 0, 1), ("machine probe", 1, 1)]

@@ -9,11 +9,6 @@ import kvbench.decode as decode_module
 from kvbench.cache import CACHE_KINDS, KINDS, ConcatCache, expected_cache_bytes
 from kvbench.config import DTYPES
 from kvbench.decode import (
-    DRIFTED,
-    FULL,
-    MODES,
-    NOT_FINITE,
-    REFERENCE_NOT_FINITE,
     cache_footprint,
     check_equivalence,
     check_modes,
@@ -26,9 +21,10 @@ from kvbench.decode import (
     token_ids,
     tolerances,
 )
+from kvbench.kinds import DRIFTED, NOT_FINITE, REFERENCE_NOT_FINITE
 from kvbench.model import DecoderConfig, build_model
+from kvbench.modes import FULL, MODES, spec
 from kvbench.report.format import check_text
-from kvbench.modes import spec
 
 BROKEN_FROM = 3  # the step at which the broken caches below start to go wrong
 

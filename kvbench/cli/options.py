@@ -15,7 +15,7 @@ from pathlib import Path
 
 from kvbench.budget import DTYPES as BUDGET_DTYPES
 from kvbench.budget import QUANTIZATIONS, parse_size
-from kvbench.cli.parser import Parser
+from kvbench.cli.parser import DIGITS, Parser, integer
 from kvbench.cli.serving_options import add_serving_options
 from kvbench.config import DTYPE_NAMES, PRESETS, WINDOW_PATTERNS
 from kvbench.export import FORMATS as EXPORT_FORMATS
@@ -39,29 +39,6 @@ EXAMPLES = """examples:
   kvbench show results/records/run-*.json
   kvbench env
 """
-
-
-INT64_MAX = 2**63 - 1  # no tensor dimension or seed is larger
-DIGITS = re.compile(r"[0-9]+")  # ASCII digits only: int() would also take "8_0" and "٨"
-
-
-def integer(lowest: int, highest: int = INT64_MAX):
-    """An argparse type: a plain decimal integer in [lowest, highest]."""
-    expected = f"an integer >= {lowest}" if highest == INT64_MAX else f"an integer in [{lowest}, {highest}]"
-
-    def parse(text: str) -> int:
-        stripped = text.strip()
-        negative = stripped.startswith("-") and DIGITS.fullmatch(stripped[1:])
-        if not (DIGITS.fullmatch(stripped) or negative):
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
-        value = int(stripped)
-        if value < lowest:
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
-        if value > highest:
-            raise argparse.ArgumentTypeError(f"expected an integer in [{lowest}, {highest}], got {value}")
-        return value
-
-    return parse
 
 
 positive_int = integer(1)
@@ -207,7 +184,7 @@ def add_quantization_options(group, group_help: str, residual_help: str) -> None
 
 
 def add_sampling_options(parser: argparse.ArgumentParser) -> None:
-    """How many rotations a run times: the fixed protocol, or until a precision within a budget."""
+    """How many rotations a run times: the fixed protocol, or until a precision before a deadline."""
     sampling = parser.add_argument_group(
         "sampling (whole rotations of every mode, in rounds over the lengths)",
         "By default each length runs at least --min-repeats rotations, then more until the 95% rerun interval of every "
@@ -223,7 +200,7 @@ def add_sampling_options(parser: argparse.ArgumentParser) -> None:
     sampling.add_argument("--max-repeats", type=integer(1, MAX_REPEATS), metavar="N",
                           help=f"rotations per length at most (default: {Protocol.max_repeats})")
     sampling.add_argument("--max-seconds", type=positive_seconds, metavar="S",
-                          help=f"timing budget from the first sample, all lengths together; the minimum rotations always "
+                          help=f"timing deadline from the first sample, all lengths together; the minimum rotations always "
                                f"run (default: {Protocol.max_seconds:g})")
     sampling.add_argument("--between-run", type=between_run_sd, default=Protocol.between_run, metavar="SD",
                           help="relative standard deviation of a speedup between runs of the same code on this "
@@ -377,7 +354,7 @@ def add_tool_parsers(commands) -> None:
     budget.add_argument("--tokens", type=positive_int, required=True, help="tokens retained per request")
     budget.add_argument("--max-length", type=positive_int, help="positions a contiguous cache preallocates per request (default: --tokens)")
     budget.add_argument("--block-size", type=positive_int, default=16, help="positions per paged block")
-    budget.add_argument("--memory", type=positive_size, required=True, help="memory limit for KV caches, e.g. 24GiB, 80GB")
+    budget.add_argument("--memory", type=positive_size, required=True, help="the KV budget: memory for KV caches, e.g. 24GiB, 80GB")
     budget.add_argument("--reserved", type=size, default=0,
                         help="part of --memory kept for activations and workspace (and weights, without --preset)")
     budget.add_argument("--json", action="store_true", help="print the numbers as JSON")
