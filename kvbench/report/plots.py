@@ -84,20 +84,20 @@ def _iqr_bars(rows, scale: float) -> list[list[float]]:
 
 
 def data_points(ax: Axes) -> list[tuple[float, float]]:
-    """Display coordinates of what the axes show as data: every line's vertices, with points every few pixels
-    along its segments, and every error bar. Reference lines across the axes (axhline, axvline) are not data,
-    nor are the translucent interval bands."""
-    points = []
-    paths = [line.get_transform().transform_path(line.get_path()) for line in ax.get_lines()
-             if line.get_transform() == ax.transData]
-    paths += [c.get_transform().transform_path(path) for c in ax.collections
+    """Display coordinates of what the axes show as data: every marker, every line with a point every few
+    pixels along it, every error bar. Reference lines across the axes (axhline, axvline) are not data, nor
+    are the translucent interval bands."""
+    drawn = [(line.get_transform().transform_path(line.get_path()), line.get_linestyle() not in ("None", "", " "))
+             for line in ax.get_lines() if line.get_transform() == ax.transData]
+    drawn += [(c.get_transform().transform_path(path), True) for c in ax.collections
               if isinstance(c, LineCollection) and c.get_transform() == ax.transData for path in c.get_paths()]
-    for path in paths:
-        vertices = [tuple(v) for v in path.vertices if all(abs(c) < 1e9 for c in v)]
-        for (x0, y0), (x1, y1) in zip(vertices, vertices[1:]):
+    points = []
+    for path, joined in drawn:
+        vertices = [tuple(v) for v in path.vertices if all(abs(c) < 1e9 for c in v)]  # log of 0: not drawn
+        points += vertices
+        for (x0, y0), (x1, y1) in zip(vertices, vertices[1:]) if joined else ():
             steps = max(1, int(max(abs(x1 - x0), abs(y1 - y0)) / 3))
-            points += [(x0 + (x1 - x0) * i / steps, y0 + (y1 - y0) * i / steps) for i in range(steps)]
-        points += vertices[-1:]
+            points += [(x0 + (x1 - x0) * i / steps, y0 + (y1 - y0) * i / steps) for i in range(1, steps)]
     return points
 
 
