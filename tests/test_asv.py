@@ -197,6 +197,19 @@ def test_track_speedup_keeps_the_digits_its_interval_supports(suites, value, low
     assert suites.common.round_to_interval(value, low, high) == kept
 
 
+def test_request_tracks_are_medians_rounded_to_their_interval(suites):
+    import benchmarks.latency
+
+    from kvbench.stats import median_interval
+
+    bench = benchmarks.latency.TrackRequest()
+    ttft = [1.0012345 + 0.01 * k for k in range(9)]  # ms; the median's 95% interval spans about ±0.03 ms
+    bench.figures = [{"ttft": t / 1e3, "tpot": 0.25e-3} for t in ttft]
+    low, high = median_interval(ttft)
+    assert bench.track_ttft("static") == suites.common.round_to_interval(1.0412345, low, high) == 1.041
+    assert bench.track_tpot("static") == 0.25  # no spread: four significant digits
+
+
 def test_the_half_width_is_handed_from_track_speedup_to_its_companion(suites, tmp_path):
     from kvbench.stats import RatioEstimate
 
