@@ -335,6 +335,18 @@ def make_variable(name: str) -> str:
     return value
 
 
+def test_asvs_working_folders_are_ignored_by_git():
+    """What a local asv run leaves (results and captures per machine) stays out of git; the suite's
+    benchmarks.json stays tracked."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    kept = ["results/asv/vm/machine.json", "results/asv/vm/2e7adc33-existing-py.json",
+            "results/captures/vm/2e7adc33-existing-py.json"]
+    ignored = subprocess.run([*GIT, "-C", str(ROOT), "check-ignore", "--no-index", *kept, "results/asv/benchmarks.json"],
+                             capture_output=True, text=True)
+    assert ignored.stdout.split() == kept
+
+
 def test_make_asv_quick_runs_one_round_of_several_samples():
     recipe = (ROOT / "Makefile").read_text().split("\nasv-quick:")[1].split("\n\n")[0]
     # --quick takes one sample (asv's ± is half the samples' IQR: "±0") and sizes the progress bar by the
