@@ -9,6 +9,7 @@ headless behind a trap proxy that records any request.
 """
 
 import base64
+import dataclasses
 import hashlib
 import json
 import os
@@ -435,8 +436,8 @@ def test_chromium_lays_out_no_unit_label_on_the_ticks(tmp_path, proxy):
 def test_chromium_renders_the_page_offline_and_requests_nothing(tmp_path, history, proxy):
     own = BROWSER_OWN_HOSTS | blank_page_hosts(tmp_path)
     assert "kvbench.invalid" not in own
-    page = tmp_path / "history.html"
-    page.write_text(render_page(history))
+    page = tmp_path / "history.html"  # named as `make history-page` names it, not by this checkout's path
+    page.write_text(render_page(dataclasses.replace(history, results_dir=COMMITTED.relative_to(ROOT).as_posix())))
     dom = chromium(tmp_path, proxy, page, "--dump-dom")
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert 'data-ready="yes"' in dom.stdout, "the inline script did not run"
