@@ -75,7 +75,9 @@ class TrackSpeedup(common.Cells):
         return common.round_to_interval(estimate.ratio, estimate.low, estimate.high)
 
     def track_speedup_halfwidth(self, gate, model, mode, length):
-        """The relative half-width of track_speedup's 95% rerun interval, in percent (two significant digits)."""
-        return float(f"{common.kept_interval(f'{model}@{mode}@{length}')['half_width'] * 100:.2g}")
+        """The relative half-width of track_speedup's 95% rerun interval, in percent (two significant digits:
+        3.9, or 19 rather than asv's "19.0")."""
+        percent = float(f"{common.kept_interval(f'{model}@{mode}@{length}')['half_width'] * 100:.2g}")
+        return int(percent) if percent >= 10 else percent
 
     track_speedup_halfwidth.unit = "%"

@@ -19,8 +19,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 from matplotlib.legend import Legend
-from matplotlib.transforms import Bbox
 from matplotlib.ticker import FuncFormatter, LogFormatter, NullFormatter
+from matplotlib.transforms import Bbox
 
 from kvbench.report.model import Report
 
