@@ -1,7 +1,7 @@
 """Shared, seeded builders for the asv suites, and the hook asv runs once per commit.
 
 The suites are thin wrappers: the model, the decode loops, the equivalence gate and
-the paired timing protocol all come from kvbench. This module fixes the workload
+the paired timing protocol all come from kvbench. This module fixes the protocol
 (batch 1, seed 0, one torch thread) and the grid:
 
 - models: ``MODELS``, the seed's lab and the llama family's tiny preset (rotary positions,
@@ -51,8 +51,8 @@ try:  # the mode registry; a commit before it has no mode newer than KNOWN_MODES
     from kvbench.modes import SPECS
 except ImportError:
     SPECS = {}
-from kvbench.decode import run_gate, token_ids
 from kvbench.decode import MODES as KVBENCH_MODES
+from kvbench.decode import run_gate, token_ids
 from kvbench.model import DecoderConfig, build_model, preset_config
 from kvbench.timing import Protocol, set_threads
 
@@ -63,7 +63,7 @@ DEFAULT_BUDGET = 180.0  # seconds of track_speedup sampling per commit (docs/asv
 LEDGER = Path("kvbench-asv-budget.json")  # in the setup_cache directory, the benchmarks' working directory
 KNOWN_MODES = ("full", "concat", "static", "paged", "quantized-int8", "quantized-int4", "window")  # never reorder
 MODELS = ("seed", "llama-tiny")  # presets, never reordered: asv passes parameter indices
-PROTOCOL = Protocol()  # the seed's workload: batch 1, seed 0, one thread
+PROTOCOL = Protocol()  # the seed's protocol: batch 1, seed 0, one thread
 WINDOW = 32  # before the mode registry: the window kind's model attends to the last 32 positions
 
 
@@ -100,7 +100,7 @@ LOSSY_MODES = KNOWN_LOSSY + tuple(m for m in CACHED_MODES if m not in KNOWN_LOSS
                                   and not getattr(SPECS.get(m), "exact", True))
 
 
-def workload(model: str, mode: str, length: int):
+def model_and_ids(model: str, mode: str, length: int):
     """(model, ids) for one cell, seeded; cheap enough for asv's per-sample setup."""
     set_threads(PROTOCOL.threads)  # before any torch work in this process
     if mode not in KVBENCH_MODES:
@@ -297,4 +297,4 @@ class Cells:
 
     def setup(self, gate, model, mode, length):
         require_equivalent(gate, model, mode, length)
-        self.model, self.ids = workload(model, mode, length)
+        self.model, self.ids = model_and_ids(model, mode, length)

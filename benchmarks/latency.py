@@ -37,7 +37,7 @@ class TrackRequest:
     def setup(self, mode):
         if requests is None:
             raise NotImplementedError("no request workload at this commit")
-        model, ids = common.workload(MODEL, mode, PROMPT + GENERATE - 1)
+        model, ids = common.model_and_ids(MODEL, mode, PROMPT + GENERATE - 1)
         check = requests.check_request(model, ids, ["full", mode], PROMPT)[mode]
         if not check["passed"]:
             raise RuntimeError(f"{mode}'s request failed the equivalence gate: {check}")
