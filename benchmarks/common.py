@@ -40,6 +40,7 @@ import contextlib
 import fcntl
 import importlib.util
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -216,6 +217,31 @@ def spend(key: str, seconds: float, path: Path = LEDGER) -> None:
     with ledger(path) as entries:
         entries["spent"] += seconds
         entries["done"] = [*dict.fromkeys([*entries["done"], key])]
+
+
+def round_to_interval(value: float, low: float, high: float) -> float:
+    """`value` to the digits its interval supports: two significant digits of the half-width (3.0812 within
+    ±0.12 is 3.08, within ±0.012 is 3.081), so asv shows no digits that the interval says are noise."""
+    half = (high - low) / 2
+    if not (math.isfinite(half) and half > 0):  # a degenerate interval says nothing: four significant digits
+        return float(f"{value:.4g}")
+    return round(value, 1 - math.floor(math.log10(half)))
+
+
+def keep_interval(key: str, estimate, path: Path = LEDGER) -> None:
+    """Leave track_speedup's interval in the commit's ledger for track_speedup_halfwidth, which asv runs next
+    (benchmarks run by name within a round), in another process."""
+    with ledger(path) as entries:
+        entries.setdefault("intervals", {})[key] = {"speedup": estimate.ratio, "low": estimate.low,
+                                                    "high": estimate.high, "half_width": estimate.half_width}
+
+
+def kept_interval(key: str, path: Path = LEDGER) -> dict:
+    with ledger(path) as entries:
+        kept = entries.get("intervals", {}).get(key)
+    if kept is None:  # asv shows a skip (n/a): there is no interval to report, not a failure
+        raise NotImplementedError(f"no track_speedup interval for {key} in this asv run: run track_speedup with it")
+    return kept
 
 
 def prepare() -> dict:

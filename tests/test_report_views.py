@@ -209,7 +209,7 @@ def test_the_interval_has_one_name(name):
                  markdown.render_report(report), page):
         assert "95% rerun interval" in text
         assert "bootstrap" not in text and "95% CI" not in text and "confidence interval" not in text
-    assert "the band is its 95% rerun interval" in page
+    assert "are the 95% rerun interval" in page
 
 
 def test_a_fresh_contexts_run_divides_its_timed_window_into_steps(tmp_path, monkeypatch, capsys):
