@@ -8,7 +8,7 @@ TORCH_VERSION ?= 2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvbench-installed
 
-.PHONY: bench test test-virtualenv mutation report layouts reproducibility reproducibility-quiet reproducibility-contended contention-study noise-study venv clean
+.PHONY: bench test test-virtualenv llamacpp mutation report layouts reproducibility reproducibility-quiet reproducibility-contended contention-study noise-study venv clean
 
 venv: $(STAMP)
 
@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -qq --upgrade pip
 	$(BIN)/python -m pip install -qq "torch==$(TORCH_VERSION)"
-	$(BIN)/python -m pip install -qq -e ".[dev,quanto,hqq]"
+	$(BIN)/python -m pip install -qq -e ".[dev,quanto,hqq,gguf]"
 	touch $(STAMP)
 
 bench: $(STAMP)
@@ -27,6 +27,15 @@ test: $(STAMP)
 
 test-virtualenv: $(STAMP)
 	$(BIN)/python -m pytest -q -m virtualenv --run-virtualenv
+
+# llama.cpp as the outside anchor (docs/latency.md, "llama.cpp on the same weights"): builds llama-bench from
+# llama-cpp-python's sdist into $KVBENCH_CACHE_DIR or ~/.cache/kvbench/llama.cpp (about 20 minutes the first
+# time on 2 busy cores, reused after), writes llama-mini's weights as a GGUF, checks llama.cpp computes the same
+# numbers, then alternates llama-bench with kvbench run LLAMACPP_ALTERNATIONS times (about 3 minutes each).
+LLAMACPP_ALTERNATIONS ?= 4
+
+llamacpp: $(STAMP)
+	$(BIN)/python scripts/llamacpp.py collect --alternations $(LLAMACPP_ALTERNATIONS) --output results/limit/llamacpp.json --force
 
 # Mutation testing of the core modules against their focused tests (docs/mutation.md): a seeded sample of
 # at most MUTATION_SAMPLE mutants per module, MUTATION_JOBS at a time, niced so other work is not starved.

@@ -1,0 +1,394 @@
+"""llama.cpp as kvbench's outside anchor (issue 28, point 6): the same random weights, one thread, the same contexts.
+
+    python scripts/llamacpp.py build                 # llama-bench (and llama-eval-callback) from source, cached
+    python scripts/llamacpp.py gguf OUT.gguf         # kvbench's llama-mini, seed 0, as an F32 GGUF
+    python scripts/llamacpp.py verify                # llama.cpp's activations and logits against kvbench's
+    python scripts/llamacpp.py collect --alternations 4 --output results/limit/llamacpp.json
+
+`build` compiles llama.cpp from the source vendored in llama-cpp-python's sdist (LLAMA_CPP_PYTHON, so the
+commit is fixed: 0c1e570), with gcc 12, -DGGML_NATIVE=ON, only the two targets, two jobs, into
+$KVBENCH_CACHE_DIR/llama.cpp/<version> (else ~/.cache/kvbench/...), and reuses a finished build. It
+resolves the cache directory to its real path first (issue 28: build from the real path, not through a symlink).
+
+`gguf` writes kvbench's model as llama.cpp's converter would write the same weights (kvbench.gguf_writer:
+F32, llama architecture, q and k rows permuted for llama.cpp's rotary kernel, a minimal vocabulary).
+`verify` runs llama-eval-callback on a prompt and compares what it prints (the first and last three values
+of the first and last three rows of every layer's output and of the logits, to 4 decimals) with kvbench's
+full-prefix forward of the same token ids.
+
+`collect` alternates llama-bench (-t 1 -p 0 -n 32 -d C, -r repetitions; K and V kept in F32 as kvbench's are)
+with `kvbench run --contexts` of the same contexts and modes full,static, starting each alternation with the
+other engine, and measures one-thread copy and triad (kvbench.machine) right before every llama-bench call;
+kvbench's run measures its own at every round. Both shares of bandwidth divide the bytes a step reads (every
+weight once and the cache at that context) by the step's time and by the triad measured beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+
+LLAMA_CPP_PYTHON = "0.3.36"  # its sdist vendors llama.cpp at commit 0c1e570
+TARGETS = ("llama-bench", "llama-eval-callback")
+CONTEXTS = (256, 1024)
+GENERATED = 32  # llama-bench -n: tokens decoded after the context, timed together
+PRESET = "llama-mini"
+OUTPUT = Path("results/limit/llamacpp.json")
+
+
+# -- the build -----------------------------------------------------------------------------------------
+
+
+def cache_root() -> Path:
+    base = os.environ.get("KVBENCH_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvbench"
+    return Path(base).resolve() / "llama.cpp" / LLAMA_CPP_PYTHON
+
+
+def binary(name: str, root: Path | None = None) -> Path:
+    return (root or cache_root()) / "build" / "bin" / name
+
+
+def build(root: Path | None = None, jobs: int = 2) -> Path:
+    """The build directory, compiled if any target is missing (a finished build is reused as it is)."""
+    root = (root or cache_root()).resolve()  # the real path, not through a symlink (issue 28)
+    if all(binary(target, root).is_file() for target in TARGETS):
+        return root / "build"
+    root.mkdir(parents=True, exist_ok=True)
+    sdist = root / f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"
+    if not sdist.is_file():
+        run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+             f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", str(root)])
+    source = root / f"llama_cpp_python-{LLAMA_CPP_PYTHON}" / "vendor" / "llama.cpp"
+    if not (source / "CMakeLists.txt").is_file():
+        with tarfile.open(sdist) as archive:
+            archive.extractall(root, filter="data")
+    compilers = {"CMAKE_C_COMPILER": "gcc-12" if shutil.which("gcc-12") else "gcc",
+                 "CMAKE_CXX_COMPILER": "g++-12" if shutil.which("g++-12") else "g++"}
+    options = {"CMAKE_BUILD_TYPE": "Release", "GGML_NATIVE": "ON", "BUILD_SHARED_LIBS": "OFF", "LLAMA_CURL": "OFF",
+               "LLAMA_OPENSSL": "OFF", "LLAMA_BUILD_TESTS": "OFF", "LLAMA_BUILD_SERVER": "OFF", **compilers}
+    if not (root / "build" / "build.ninja").is_file():  # configured once; ninja then rebuilds only what is missing
+        run(["cmake", "-S", str(source), "-B", str(root / "build"), "-G", "Ninja",
+             *[f"-D{name}={value}" for name, value in options.items()]])
+    run(["ninja", "-C", str(root / "build"), f"-j{jobs}", *TARGETS])
+    return root / "build"
+
+
+def run(command: list[str], **options) -> subprocess.CompletedProcess:
+    print("+", " ".join(command), file=sys.stderr, flush=True)
+    return subprocess.run(command, check=True, **options)
+
+
+# -- the weights ----------------------------------------------------------------------------------------
+
+
+def model_gguf(preset: str = PRESET, seed: int = 0, root: Path | None = None) -> tuple[object, Path]:
+    """kvbench's model and its GGUF, kept beside the build (written once per preset and seed, atomically)."""
+    from kvbench import gguf_writer
+    from kvbench.model import build_model, preset_config
+
+    model = build_model(preset_config(preset), seed=seed)
+    path = (root or cache_root()) / "gguf" / f"{preset}-seed{seed}-f32.gguf"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(path.name + ".partial")
+        gguf_writer.write_gguf(model, partial, name=f"kvbench {preset} seed {seed}")
+        os.replace(partial, path)
+    return model, path
+
+
+# -- the check that both engines compute the same numbers ------------------------------------------------
+
+AGREEMENT = 2e-4  # llama-eval-callback prints 4 decimals (5e-5), and float32 sums in another order differ by less
+TENSOR_LINE = re.compile(r"common_debug_cb_eval:\s+(\S+) = \(")
+ROW_LINE = re.compile(r"^\s*\[([^\[\]]+)\],\s*$")
+
+
+def printed_tensors(text: str) -> dict[str, dict]:
+    """llama-eval-callback's printout: per tensor, its printed rows (the first and last 3 values of the first
+    and last 3 rows, None where it elides) and the sum of all its values."""
+    tensors, current = {}, None
+    for line in text.splitlines():
+        if found := TENSOR_LINE.search(line):
+            shape = [int(n) for n in re.findall(r"\{([\d, ]+)\}", line)[-1].split(",")]  # ggml's ne: columns first
+            current = tensors[found.group(1)] = {"shape": shape, "rows": [], "sum": None}
+        elif current is not None and (row := ROW_LINE.match(line)):
+            current["rows"].append([None if cell.strip() == "..." else float(cell) for cell in
+                                    row.group(1).split(",") if cell.strip()])
+        elif current is not None and (total := re.match(r"^\s*sum = (\S+)", line)):
+            current["sum"] = float(total.group(1))
+            current = None
+    return tensors
+
+
+def printed_token_ids(text: str) -> list[int]:
+    lines = text.splitlines()
+    start = next(index for index, line in enumerate(lines) if "number of input tokens" in line)
+    count = int(lines[start].rsplit("=", 1)[1])
+    return [int(line.strip().split()[-1]) for line in lines[start + 1 : start + 1 + count]]
+
+
+def compare_rows(printed: dict, reference: np.ndarray) -> float:
+    """Largest |difference| between llama.cpp's printed values and kvbench's (rows, columns) reference, taking
+    the printed rows as the first and last of the reference's as llama.cpp elides them. A tensor of fewer rows
+    holds the last positions only (llama.cpp keeps only the rows it outputs from the last layer's attention on)."""
+    reference = reference[-printed["shape"][1]:]
+    rows, shown = reference.shape[0], printed["rows"]
+    indices = list(range(rows)) if rows == len(shown) else list(range(3)) + list(range(rows - 3, rows))
+    worst = 0.0
+    for index, values in zip(indices, shown):
+        columns = list(range(3)) + list(range(reference.shape[1] - 3, reference.shape[1])) if None in values else \
+            list(range(reference.shape[1]))
+        kept = [value for value in values if value is not None]
+        worst = max(worst, float(np.max(np.abs(reference[index, columns] - np.asarray(kept)))))
+    return worst
+
+
+def verify(prompt: str = "The quick brown fox jumps over the lazy dog.", preset: str = PRESET) -> dict:
+    """llama.cpp's residual stream after every layer and its logits (llama-eval-callback, one thread) against
+    kvbench's full-prefix forward of the same token ids."""
+    import torch
+
+    model, path = model_gguf(preset)
+    completed = subprocess.run([str(binary("llama-eval-callback")), "-m", str(path), "-p", prompt, "-t", "1",
+                                "-c", "128", "--no-warmup", "--seed", "0"], capture_output=True, text=True, check=True)
+    text = completed.stdout + completed.stderr
+    ids, printed = printed_token_ids(text), printed_tensors(text)
+    residuals = []
+    hooks = [block.register_forward_hook(lambda _module, _inputs, output: residuals.append(output[0]))  # batch 0
+             for block in model.blocks]
+    with torch.no_grad():
+        logits, _ = model(torch.tensor([ids]))
+    for hook in hooks:
+        hook.remove()
+    found = {f"l_out-{layer}": compare_rows(printed[f"l_out-{layer}"], residual.numpy())
+             for layer, residual in enumerate(residuals)}
+    output = logits[0, -printed["result_output"]["shape"][1]:].numpy()
+    found["result_output"] = compare_rows(printed["result_output"], output)
+    return {"prompt": prompt, "token_ids": ids, "gguf": str(path), "max_abs_diff": found,
+            "result_output_sum": {"llama.cpp": printed["result_output"]["sum"], "kvbench": float(output.sum())},
+            "tolerance": AGREEMENT, "agree": max(found.values()) <= AGREEMENT}
+
+
+# -- the interleaved timing ------------------------------------------------------------------------------
+
+
+def llama_bench(path: Path, contexts: tuple[int, ...], repetitions: int) -> list[dict]:
+    """llama-bench on one thread, decode only, at each context: every repetition's seconds per token."""
+    command = [str(binary("llama-bench")), "-m", str(path), "-t", "1", "-p", "0", "-n", str(GENERATED),
+               "-d", ",".join(map(str, contexts)), "-r", str(repetitions), "-ctk", "f32", "-ctv", "f32", "-o", "json"]
+    completed = subprocess.run(command, capture_output=True, text=True, check=True)
+    found = []
+    for entry in json.loads(completed.stdout):
+        per_token = [ns / 1e9 / entry["n_gen"] for ns in entry["samples_ns"]]
+        found.append({"context": entry["n_depth"], "per_token_seconds": per_token,
+                      **{key: entry.get(key) for key in ("build_commit", "cpu_info", "flash_attn", "type_k", "type_v",
+                                                          "n_threads", "model_size", "model_n_params")}})
+    return found
+
+
+def bandwidth_now(repeats: int = 3) -> dict[str, float]:
+    """One-thread copy and triad (bytes/s, medians of `repeats`) over arrays past the last-level cache, as
+    kvbench's runs measure them (kvbench.machine)."""
+    from kvbench import machine
+
+    measured = machine.memory_bandwidth([1], machine.buffer_bytes(machine.last_level_cache_bytes()), repeats)
+    return {kernel: measured[kernel]["1"]["median"] for kernel in ("copy", "triad")}
+
+
+def kvbench_run(output: Path, contexts: tuple[int, ...], modes: str) -> None:
+    run([sys.executable, "-m", "kvbench", "run", "--preset", PRESET, "--contexts", ",".join(map(str, contexts)),
+         "--modes", modes, "--threads", "1", "--no-progress", "--output", str(output)])
+
+
+def kvbench_figures(path: Path, contexts: tuple[int, ...]) -> dict:
+    """A kvbench contexts record's steady steps per mode and context, the triad of its rounds, the bytes a step reads."""
+    from kvbench import latency
+    from kvbench.record import RecordView
+
+    view = RecordView.load(path)
+    workload, limits = view.run["workload"], view.record["limits"]
+    figures = {"record": str(path), "triad": [entry["triad"] for entry in limits.get("rounds", [])],
+               "weight_bytes": limits["weight_bytes_per_step"], "steps": {}}
+    for context in contexts:
+        figures["steps"][str(context)] = {
+            mode: [latency.context_figures(rep, workload["warmup_steps"])["step"]
+                   for rep in view.repetitions(mode, context)] for mode in view.modes}
+        figures.setdefault("cache_bytes", {})[str(context)] = view.memory("static", context)["measured_bytes"]
+    return figures
+
+
+def cache_bytes(config, context: int) -> int:
+    """K and V of every layer at `context` positions in float32 (llama-bench runs with -ctk f32 -ctv f32)."""
+    return 2 * config.layers * config.kv_heads * config.head_dim * 4 * context
+
+
+def load_average() -> list[float]:
+    return [round(value, 2) for value in os.getloadavg()]
+
+
+def alternate(path: Path, out_dir: Path, alternations: int, repetitions: int, contexts: tuple[int, ...],
+              modes: str) -> list[dict]:
+    """`alternations` pairs of llama-bench and kvbench run, the first engine alternating."""
+    found = []
+    for index in range(alternations):
+        entry = {"index": index, "first": "llama.cpp" if index % 2 == 0 else "kvbench", "load_before": load_average()}
+        order = ("llama.cpp", "kvbench") if index % 2 == 0 else ("kvbench", "llama.cpp")
+        for engine in order:
+            if engine == "llama.cpp":
+                entry["llama_triad_before"] = bandwidth_now()
+                entry["llama"] = llama_bench(path, contexts, repetitions)
+            else:
+                record = out_dir / f"kvbench-{index}.json"
+                kvbench_run(record, contexts, modes)
+                entry["kvbench"] = kvbench_figures(record, contexts)
+        entry["load_after"] = load_average()
+        found.append(entry)
+        print(f"alternation {index}: load {entry['load_before']} -> {entry['load_after']}", file=sys.stderr)
+    return found
+
+
+def summary(alternations: list[dict], contexts: tuple[int, ...], config) -> list[dict]:
+    """Per context: both engines' per-token times (medians over every sample of every alternation, 95% intervals),
+    kvbench's static step over llama.cpp's per alternation, and each one's share of the triad measured beside it."""
+    from kvbench.latency import median_with_interval
+
+    rows = []
+    for context in contexts:
+        llama = {entry["index"]: [t for found in entry["llama"] if found["context"] == context
+                                  for t in found["per_token_seconds"]] for entry in alternations}
+        steps = {entry["index"]: entry["kvbench"]["steps"][str(context)] for entry in alternations}
+        ratios = [statistics.median(steps[index]["static"]) / statistics.median(llama[index]) for index in llama]
+        weights = alternations[0]["kvbench"]["weight_bytes"]
+        reads = {"llama.cpp": weights + cache_bytes(config, context + GENERATED // 2),
+                 "kvbench": weights + alternations[0]["kvbench"]["cache_bytes"][str(context)]}
+        triad = {"llama.cpp": statistics.median(entry["llama_triad_before"]["triad"] for entry in alternations),
+                 "kvbench": statistics.median(t for entry in alternations for t in entry["kvbench"]["triad"])}
+        row = {"context": context,
+               "llama_cpp_per_token": median_with_interval([t for values in llama.values() for t in values]),
+               **{f"kvbench_{mode}_step": median_with_interval([s for found in steps.values() for s in found[mode]])
+                  for mode in steps[alternations[0]["index"]]},
+               "kvbench_static_over_llama_cpp": {**median_with_interval(ratios), "per_alternation": ratios},
+               "bytes_per_step": reads, "triad": triad}
+        seconds = {"llama.cpp": row["llama_cpp_per_token"]["median"], "kvbench": row["kvbench_static_step"]["median"]}
+        row["share_of_triad"] = {engine: reads[engine] / seconds[engine] / triad[engine] for engine in reads}
+        rows.append(row)
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    """The summary as a markdown table (milliseconds, medians [95% interval])."""
+    ms = lambda figure: f"{figure['median'] * 1e3:.3f} [{figure['low'] * 1e3:.3f}, {figure['high'] * 1e3:.3f}]"  # noqa: E731
+    lines = ["| c | llama.cpp ms/token | kvbench static ms/step | kvbench full ms/step | static / llama.cpp | "
+             "share of triad: llama.cpp, kvbench | triad GB/s: beside llama.cpp, in kvbench's rounds |",
+             "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        ratio, share, triad = row["kvbench_static_over_llama_cpp"], row["share_of_triad"], row["triad"]
+        lines.append(f"| {row['context']} | {ms(row['llama_cpp_per_token'])} | {ms(row['kvbench_static_step'])} | "
+                     f"{ms(row['kvbench_full_step']) if 'kvbench_full_step' in row else ''} | "
+                     f"{ratio['median']:.2f} [{ratio['low']:.2f}, {ratio['high']:.2f}] | "
+                     f"{share['llama.cpp']:.0%}, {share['kvbench']:.0%} | "
+                     f"{triad['llama.cpp'] / 1e9:.1f}, {triad['kvbench'] / 1e9:.1f} |")
+    return "\n".join(lines)
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+def collect(arguments: argparse.Namespace) -> dict:
+    """Build (or reuse), write the GGUF, check both engines agree, then time them alternately; the record."""
+    import torch
+
+    from kvbench.files import check_output, write_json_atomic
+    from kvbench.record import utc_now
+
+    contexts, out_dir = tuple(arguments.contexts), arguments.output.with_suffix("")
+    check_output(arguments.output, arguments.force)
+    for index in range(arguments.alternations):
+        check_output(out_dir / f"kvbench-{index}.json", arguments.force)
+    started, load = utc_now(), uptime()
+    build()
+    model, path = model_gguf()
+    checked = verify()
+    torch.set_num_threads(1)
+    alternations = alternate(path, out_dir, arguments.alternations, arguments.repetitions, contexts, arguments.modes)
+    rows = summary(alternations, contexts, model.config)
+    record = {"schema": "kvbench.llamacpp/1", "created_utc": started, "finished_utc": utc_now(),
+              "command": ["python", "scripts/llamacpp.py", *sys.argv[1:]], "preset": PRESET, "seed": 0,
+              "llama_cpp": {"source": f"llama-cpp-python {LLAMA_CPP_PYTHON} sdist, vendor/llama.cpp",
+                            "commit": alternations[0]["llama"][0]["build_commit"], "targets": list(TARGETS),
+                            "bench": f"llama-bench -t 1 -p 0 -n {GENERATED} -d C -r {arguments.repetitions} "
+                                     "-ctk f32 -ctv f32", **{key: alternations[0]["llama"][0][key] for key in
+                                                             ("cpu_info", "flash_attn", "model_size")}},
+              "gguf": {"path": str(path), "size": path.stat().st_size, "sha256": sha256(path)},
+              "verify": checked, "uptime": {"before": load, "after": uptime()},
+              "alternations": alternations, "summary": rows}
+    write_json_atomic(record, arguments.output, force=arguments.force)
+    print(table(rows))
+    return record
+
+
+def sha256(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def parser() -> argparse.ArgumentParser:
+    parsed = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    commands = parsed.add_subparsers(dest="command", required=True)
+    commands.add_parser("build", help="build llama-bench and llama-eval-callback (reused when present)")
+    gguf = commands.add_parser("gguf", help="write kvbench's model as an F32 GGUF")
+    gguf.add_argument("output", type=Path)
+    gguf.add_argument("--preset", default=PRESET)
+    gguf.add_argument("--seed", type=int, default=0)
+    commands.add_parser("verify", help="llama.cpp's activations and logits against kvbench's")
+    timing = commands.add_parser("collect", help="build, write, verify, then time both engines alternately")
+    timing.add_argument("--alternations", type=int, default=4)
+    timing.add_argument("--repetitions", type=int, default=10, help="llama-bench -r")
+    timing.add_argument("--contexts", type=lambda text: [int(n) for n in text.split(",")], default=list(CONTEXTS))
+    timing.add_argument("--modes", default="full,static", help="kvbench run --modes")
+    timing.add_argument("--output", type=Path, default=OUTPUT)
+    timing.add_argument("--force", action="store_true")
+    return parsed
+
+
+def main() -> int:
+    arguments = parser().parse_args()
+    try:
+        if arguments.command == "build":
+            print(build())
+        elif arguments.command == "gguf":
+            from kvbench.files import check_output
+            from kvbench.gguf_writer import write_gguf
+            from kvbench.model import build_model, preset_config
+
+            check_output(arguments.output)
+            write_gguf(build_model(preset_config(arguments.preset), seed=arguments.seed), arguments.output,
+                       name=f"kvbench {arguments.preset} seed {arguments.seed}")
+        elif arguments.command == "verify":
+            print(json.dumps(verify(), indent=2))
+        else:
+            collect(arguments)
+    except (ValueError, subprocess.CalledProcessError) as error:
+        print(f"llamacpp: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
