@@ -26,6 +26,7 @@ weight once and the cache at that context) by the step's time and by the triad m
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -182,18 +183,32 @@ def verify(prompt: str = "The quick brown fox jumps over the lazy dog.", preset:
 # -- the interleaved timing ------------------------------------------------------------------------------
 
 
-def llama_bench(path: Path, contexts: tuple[int, ...], repetitions: int) -> list[dict]:
-    """llama-bench on one thread, decode only, at each context: every repetition's seconds per token."""
-    command = [str(binary("llama-bench")), "-m", str(path), "-t", "1", "-p", "0", "-n", str(GENERATED),
-               "-d", ",".join(map(str, contexts)), "-r", str(repetitions), "-ctk", "f32", "-ctv", "f32", "-o", "json"]
+def llama_bench(path: Path, context: int, repetitions: int, generated: int = GENERATED) -> dict:
+    """llama-bench on one thread, decode only, at one context: every repetition's wall seconds per token, and
+    the CPU seconds the whole process used (model load, warm-up and the untimed prefill of the context included)."""
+    import resource
+
+    command = [str(binary("llama-bench")), "-m", str(path), "-t", "1", "-p", "0", "-n", str(generated),
+               "-d", str(context), "-r", str(repetitions), "-ctk", "f32", "-ctv", "f32", "-o", "json"]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     completed = subprocess.run(command, capture_output=True, text=True, check=True)
-    found = []
-    for entry in json.loads(completed.stdout):
-        per_token = [ns / 1e9 / entry["n_gen"] for ns in entry["samples_ns"]]
-        found.append({"context": entry["n_depth"], "per_token_seconds": per_token,
-                      **{key: entry.get(key) for key in ("build_commit", "cpu_info", "flash_attn", "type_k", "type_v",
-                                                          "n_threads", "model_size", "model_n_params")}})
-    return found
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    (entry,) = json.loads(completed.stdout)
+    return {"context": entry["n_depth"], "generated": entry["n_gen"],
+            "per_token_seconds": [ns / 1e9 / entry["n_gen"] for ns in entry["samples_ns"]],
+            "process_cpu_seconds": after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime,
+            **{key: entry.get(key) for key in ("build_commit", "cpu_info", "flash_attn", "type_k", "type_v",
+                                                "n_threads", "model_size")}}
+
+
+def llama_cpu_per_token(path: Path, context: int, repetitions: int) -> dict:
+    """CPU seconds per decoded token, which a shared machine's waits leave out: the process's CPU time decoding
+    GENERATED tokens per repetition, less the same run's decoding one (load, warm-up, prefill cancel out),
+    over the tokens between them. llama-bench's own figure is the wall clock, kept beside it."""
+    long, short = llama_bench(path, context, repetitions), llama_bench(path, context, repetitions, generated=1)
+    tokens = repetitions * (GENERATED - 1)
+    return {**long, "short_process_cpu_seconds": short["process_cpu_seconds"],
+            "cpu_per_token_seconds": (long["process_cpu_seconds"] - short["process_cpu_seconds"]) / tokens}
 
 
 def bandwidth_now(repeats: int = 3) -> dict[str, float]:
@@ -211,19 +226,21 @@ def kvbench_run(output: Path, contexts: tuple[int, ...], modes: str) -> None:
 
 
 def kvbench_figures(path: Path, contexts: tuple[int, ...]) -> dict:
-    """A kvbench contexts record's steady steps per mode and context, the triad of its rounds, the bytes a step reads."""
+    """A kvbench contexts record's steady steps per context and mode on both clocks (per sample: the mean of its
+    timed steps, and the thread's CPU time over them per step), the triad of its rounds, the bytes a step reads."""
     from kvbench import latency
     from kvbench.record import RecordView
 
     view = RecordView.load(path)
     workload, limits = view.run["workload"], view.record["limits"]
     figures = {"record": str(path), "triad": [entry["triad"] for entry in limits.get("rounds", [])],
-               "weight_bytes": limits["weight_bytes_per_step"], "steps": {}}
+               "weight_bytes": limits["weight_bytes_per_step"], "steps": {}, "cache_bytes": {}}
     for context in contexts:
-        figures["steps"][str(context)] = {
-            mode: [latency.context_figures(rep, workload["warmup_steps"])["step"]
-                   for rep in view.repetitions(mode, context)] for mode in view.modes}
-        figures.setdefault("cache_bytes", {})[str(context)] = view.memory("static", context)["measured_bytes"]
+        figures["steps"][str(context)] = {mode: {
+            "wall": [latency.context_figures(rep, workload["warmup_steps"])["step"] for rep in view.repetitions(mode, context)],
+            "cpu": [rep["cpu_seconds"] / workload["timed_steps"] for rep in view.repetitions(mode, context)]}
+            for mode in view.modes}
+        figures["cache_bytes"][str(context)] = view.memory("static", context)["measured_bytes"]
     return figures
 
 
@@ -246,7 +263,7 @@ def alternate(path: Path, out_dir: Path, alternations: int, repetitions: int, co
         for engine in order:
             if engine == "llama.cpp":
                 entry["llama_triad_before"] = bandwidth_now()
-                entry["llama"] = llama_bench(path, contexts, repetitions)
+                entry["llama"] = {str(context): llama_cpu_per_token(path, context, repetitions) for context in contexts}
             else:
                 record = out_dir / f"kvbench-{index}.json"
                 kvbench_run(record, contexts, modes)
@@ -257,47 +274,61 @@ def alternate(path: Path, out_dir: Path, alternations: int, repetitions: int, co
     return found
 
 
+CLOCKS = ("cpu", "wall")
+
+
+def engine_samples(alternations: list[dict], context: int, clock: str) -> dict[str, dict[int, list[float]]]:
+    """Per engine, per alternation: its per-token seconds on `clock` (llama.cpp's CPU figure is one per alternation)."""
+    llama = {entry["index"]: entry["llama"][str(context)] for entry in alternations}
+    steps = {entry["index"]: entry["kvbench"]["steps"][str(context)] for entry in alternations}
+    found = {"llama.cpp": {index: ([run["cpu_per_token_seconds"]] if clock == "cpu" else run["per_token_seconds"])
+                           for index, run in llama.items()}}
+    for mode in steps[alternations[0]["index"]]:
+        found[f"kvbench {mode}"] = {index: by_mode[mode][clock] for index, by_mode in steps.items()}
+    return found
+
+
 def summary(alternations: list[dict], contexts: tuple[int, ...], config) -> list[dict]:
-    """Per context: both engines' per-token times (medians over every sample of every alternation, 95% intervals),
-    kvbench's static step over llama.cpp's per alternation, and each one's share of the triad measured beside it."""
+    """Per context and clock: each engine's per-token time (the median over every sample of every alternation, with
+    its 95% interval), kvbench's static step over llama.cpp's token per alternation, and each one's share of the
+    triad measured beside it (the bytes a step reads over its median time)."""
     from kvbench.latency import median_with_interval
 
+    weights = alternations[0]["kvbench"]["weight_bytes"]
+    triad = {"llama.cpp": statistics.median(entry["llama_triad_before"]["triad"] for entry in alternations),
+             "kvbench static": statistics.median(t for entry in alternations for t in entry["kvbench"]["triad"])}
     rows = []
     for context in contexts:
-        llama = {entry["index"]: [t for found in entry["llama"] if found["context"] == context
-                                  for t in found["per_token_seconds"]] for entry in alternations}
-        steps = {entry["index"]: entry["kvbench"]["steps"][str(context)] for entry in alternations}
-        ratios = [statistics.median(steps[index]["static"]) / statistics.median(llama[index]) for index in llama]
-        weights = alternations[0]["kvbench"]["weight_bytes"]
         reads = {"llama.cpp": weights + cache_bytes(config, context + GENERATED // 2),
-                 "kvbench": weights + alternations[0]["kvbench"]["cache_bytes"][str(context)]}
-        triad = {"llama.cpp": statistics.median(entry["llama_triad_before"]["triad"] for entry in alternations),
-                 "kvbench": statistics.median(t for entry in alternations for t in entry["kvbench"]["triad"])}
-        row = {"context": context,
-               "llama_cpp_per_token": median_with_interval([t for values in llama.values() for t in values]),
-               **{f"kvbench_{mode}_step": median_with_interval([s for found in steps.values() for s in found[mode]])
-                  for mode in steps[alternations[0]["index"]]},
-               "kvbench_static_over_llama_cpp": {**median_with_interval(ratios), "per_alternation": ratios},
-               "bytes_per_step": reads, "triad": triad}
-        seconds = {"llama.cpp": row["llama_cpp_per_token"]["median"], "kvbench": row["kvbench_static_step"]["median"]}
-        row["share_of_triad"] = {engine: reads[engine] / seconds[engine] / triad[engine] for engine in reads}
-        rows.append(row)
+                 "kvbench static": weights + alternations[0]["kvbench"]["cache_bytes"][str(context)]}
+        for clock in CLOCKS:
+            samples = engine_samples(alternations, context, clock)
+            ratios = [statistics.median(samples["kvbench static"][index]) / statistics.median(samples["llama.cpp"][index])
+                      for index in samples["llama.cpp"]]
+            figures = {engine: median_with_interval([t for values in by_index.values() for t in values])
+                       for engine, by_index in samples.items()}
+            rows.append({"context": context, "clock": clock, "per_token_seconds": figures,
+                         "kvbench_static_over_llama_cpp": {**median_with_interval(ratios), "per_alternation": ratios},
+                         "bytes_per_step": reads, "triad": triad,
+                         "share_of_triad": {engine: reads[engine] / figures[engine]["median"] / triad[engine]
+                                            for engine in reads}})
     return rows
 
 
 def table(rows: list[dict]) -> str:
     """The summary as a markdown table (milliseconds, medians [95% interval])."""
     ms = lambda figure: f"{figure['median'] * 1e3:.3f} [{figure['low'] * 1e3:.3f}, {figure['high'] * 1e3:.3f}]"  # noqa: E731
-    lines = ["| c | llama.cpp ms/token | kvbench static ms/step | kvbench full ms/step | static / llama.cpp | "
-             "share of triad: llama.cpp, kvbench | triad GB/s: beside llama.cpp, in kvbench's rounds |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| c | clock | llama.cpp ms/token | kvbench static ms/step | kvbench full ms/step | static / llama.cpp | "
+             "share of triad: llama.cpp, kvbench |", "|--:|---|---|---|---|---|---|"]
     for row in rows:
-        ratio, share, triad = row["kvbench_static_over_llama_cpp"], row["share_of_triad"], row["triad"]
-        lines.append(f"| {row['context']} | {ms(row['llama_cpp_per_token'])} | {ms(row['kvbench_static_step'])} | "
-                     f"{ms(row['kvbench_full_step']) if 'kvbench_full_step' in row else ''} | "
+        ratio, share, figures = row["kvbench_static_over_llama_cpp"], row["share_of_triad"], row["per_token_seconds"]
+        lines.append(f"| {row['context']} | {row['clock']} | {ms(figures['llama.cpp'])} | {ms(figures['kvbench static'])} | "
+                     f"{ms(figures['kvbench full']) if 'kvbench full' in figures else ''} | "
                      f"{ratio['median']:.2f} [{ratio['low']:.2f}, {ratio['high']:.2f}] | "
-                     f"{share['llama.cpp']:.0%}, {share['kvbench']:.0%} | "
-                     f"{triad['llama.cpp'] / 1e9:.1f}, {triad['kvbench'] / 1e9:.1f} |")
+                     f"{share['llama.cpp']:.0%}, {share['kvbench static']:.0%} |")
+    triad = rows[0]["triad"]
+    lines.append(f"\nOne-thread triad: {triad['llama.cpp'] / 1e9:.1f} GB/s beside llama-bench, "
+                 f"{triad['kvbench static'] / 1e9:.1f} GB/s in kvbench's rounds (medians).")
     return "\n".join(lines)
 
 
@@ -323,29 +354,20 @@ def collect(arguments: argparse.Namespace) -> dict:
     torch.set_num_threads(1)
     alternations = alternate(path, out_dir, arguments.alternations, arguments.repetitions, contexts, arguments.modes)
     rows = summary(alternations, contexts, model.config)
+    first_run = alternations[0]["llama"][str(contexts[0])]
     record = {"schema": "kvbench.llamacpp/1", "created_utc": started, "finished_utc": utc_now(),
               "command": ["python", "scripts/llamacpp.py", *sys.argv[1:]], "preset": PRESET, "seed": 0,
               "llama_cpp": {"source": f"llama-cpp-python {LLAMA_CPP_PYTHON} sdist, vendor/llama.cpp",
-                            "commit": alternations[0]["llama"][0]["build_commit"], "targets": list(TARGETS),
-                            "bench": f"llama-bench -t 1 -p 0 -n {GENERATED} -d C -r {arguments.repetitions} "
-                                     "-ctk f32 -ctv f32", **{key: alternations[0]["llama"][0][key] for key in
-                                                             ("cpu_info", "flash_attn", "model_size")}},
-              "gguf": {"path": str(path), "size": path.stat().st_size, "sha256": sha256(path)},
+                            "commit": first_run["build_commit"], "targets": list(TARGETS),
+                            "bench": f"llama-bench -t 1 -p 0 -n {GENERATED} (and -n 1) -d C -r {arguments.repetitions} "
+                                     "-ctk f32 -ctv f32", **{key: first_run[key] for key in ("cpu_info", "flash_attn",
+                                                                                             "model_size")}},
+              "gguf": {"path": str(path), "size": path.stat().st_size, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()},
               "verify": checked, "uptime": {"before": load, "after": uptime()},
               "alternations": alternations, "summary": rows}
     write_json_atomic(record, arguments.output, force=arguments.force)
     print(table(rows))
     return record
-
-
-def sha256(path: Path) -> str:
-    import hashlib
-
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def parser() -> argparse.ArgumentParser:
