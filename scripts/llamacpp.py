@@ -16,7 +16,7 @@ F32, llama architecture, q and k rows permuted for llama.cpp's rotary kernel, a 
 of the first and last three rows of every layer's output and of the logits, to 4 decimals) with kvbench's
 full-prefix forward of the same token ids.
 
-`collect` alternates llama-bench (-t 1 -p 0 -n 32 -d C, -r repetitions; K and V kept in F32 as kvbench's are)
+`collect` alternates llama-bench (-t 1 -p 0 -n 32 -d C, -r repetitions; its K and V in F16, kvbench's in F32)
 with `kvbench run --contexts` of the same contexts and modes full,static, starting each alternation with the
 other engine, and measures one-thread copy and triad (kvbench.machine) right before every llama-bench call;
 kvbench's run measures its own at every round. Both shares of bandwidth divide the bytes a step reads (every
@@ -154,16 +154,29 @@ def compare_rows(printed: dict, reference: np.ndarray) -> float:
     return worst
 
 
+def eval_callback(path: Path, prompt: str, layers: list[str], attempts: int = 10) -> tuple[list[int], dict]:
+    """The prompt's token ids and the printed tensors of one llama-eval-callback run on one thread, K and V in F32.
+    Its logger is asynchronous and never drained at exit (llama.cpp issue 22142), so the last tensors are lost in
+    about one run of three on a busy machine: a run missing one is repeated."""
+    command = [str(binary("llama-eval-callback")), "-m", str(path), "-p", prompt, "-t", "1", "-c", "128", "--seed", "0",
+               "-ctk", "f32", "-ctv", "f32", "-fa", "off"]
+    for _ in range(attempts):
+        completed = subprocess.run(command, capture_output=True, text=True, check=True)
+        text = completed.stdout + completed.stderr
+        printed = printed_tensors(text)
+        if all(printed.get(name, {}).get("sum") is not None for name in [*layers, "result_output"]):
+            return printed_token_ids(text), printed
+    raise ValueError(f"llama-eval-callback printed {sorted(printed)} in {attempts} runs, expected {layers} and "
+                     "result_output")
+
+
 def verify(prompt: str = "The quick brown fox jumps over the lazy dog.", preset: str = PRESET) -> dict:
     """llama.cpp's residual stream after every layer and its logits (llama-eval-callback, one thread) against
     kvbench's full-prefix forward of the same token ids."""
     import torch
 
     model, path = model_gguf(preset)
-    completed = subprocess.run([str(binary("llama-eval-callback")), "-m", str(path), "-p", prompt, "-t", "1",
-                                "-c", "128", "--no-warmup", "--seed", "0"], capture_output=True, text=True, check=True)
-    text = completed.stdout + completed.stderr
-    ids, printed = printed_token_ids(text), printed_tensors(text)
+    ids, printed = eval_callback(path, prompt, [f"l_out-{layer}" for layer in range(model.config.layers)])
     residuals = []
     hooks = [block.register_forward_hook(lambda _module, _inputs, output: residuals.append(output[0]))  # batch 0
              for block in model.blocks]
@@ -189,7 +202,7 @@ def llama_bench(path: Path, context: int, repetitions: int, generated: int = GEN
     import resource
 
     command = [str(binary("llama-bench")), "-m", str(path), "-t", "1", "-p", "0", "-n", str(generated),
-               "-d", str(context), "-r", str(repetitions), "-ctk", "f32", "-ctv", "f32", "-o", "json"]
+               "-d", str(context), "-r", str(repetitions), "-o", "json"]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     completed = subprocess.run(command, capture_output=True, text=True, check=True)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -220,9 +233,9 @@ def bandwidth_now(repeats: int = 3) -> dict[str, float]:
     return {kernel: measured[kernel]["1"]["median"] for kernel in ("copy", "triad")}
 
 
-def kvbench_run(output: Path, contexts: tuple[int, ...], modes: str) -> None:
+def kvbench_run(output: Path, contexts: tuple[int, ...], modes: str, repeats: int) -> None:
     run([sys.executable, "-m", "kvbench", "run", "--preset", PRESET, "--contexts", ",".join(map(str, contexts)),
-         "--modes", modes, "--threads", "1", "--no-progress", "--output", str(output)])
+         "--modes", modes, "--repeats", str(repeats), "--threads", "1", "--no-progress", "--output", str(output)])
 
 
 def kvbench_figures(path: Path, contexts: tuple[int, ...]) -> dict:
@@ -244,29 +257,33 @@ def kvbench_figures(path: Path, contexts: tuple[int, ...]) -> dict:
     return figures
 
 
-def cache_bytes(config, context: int) -> int:
-    """K and V of every layer at `context` positions in float32 (llama-bench runs with -ctk f32 -ctv f32)."""
-    return 2 * config.layers * config.kv_heads * config.head_dim * 4 * context
+CACHE_ELEMENT_BYTES = {"f32": 4, "f16": 2, "bf16": 2}
+
+
+def cache_bytes(config, context: int, element: str) -> int:
+    """K and V of every layer at `context` positions (llama-bench's cache is F16 by default and cannot be F32:
+    its -ctk takes no f32)."""
+    return 2 * config.layers * config.kv_heads * config.head_dim * CACHE_ELEMENT_BYTES[element] * context
 
 
 def load_average() -> list[float]:
     return [round(value, 2) for value in os.getloadavg()]
 
 
-def alternate(path: Path, out_dir: Path, alternations: int, repetitions: int, contexts: tuple[int, ...],
-              modes: str) -> list[dict]:
+def alternate(path: Path, out_dir: Path, arguments: argparse.Namespace) -> list[dict]:
     """`alternations` pairs of llama-bench and kvbench run, the first engine alternating."""
-    found = []
-    for index in range(alternations):
+    found, contexts = [], tuple(arguments.contexts)
+    for index in range(arguments.alternations):
         entry = {"index": index, "first": "llama.cpp" if index % 2 == 0 else "kvbench", "load_before": load_average()}
         order = ("llama.cpp", "kvbench") if index % 2 == 0 else ("kvbench", "llama.cpp")
         for engine in order:
             if engine == "llama.cpp":
                 entry["llama_triad_before"] = bandwidth_now()
-                entry["llama"] = {str(context): llama_cpu_per_token(path, context, repetitions) for context in contexts}
+                entry["llama"] = {str(context): llama_cpu_per_token(path, context, arguments.repetitions)
+                                  for context in contexts}
             else:
                 record = out_dir / f"kvbench-{index}.json"
-                kvbench_run(record, contexts, modes)
+                kvbench_run(record, contexts, arguments.modes, arguments.kvbench_repeats)
                 entry["kvbench"] = kvbench_figures(record, contexts)
         entry["load_after"] = load_average()
         found.append(entry)
@@ -299,7 +316,8 @@ def summary(alternations: list[dict], contexts: tuple[int, ...], config) -> list
              "kvbench static": statistics.median(t for entry in alternations for t in entry["kvbench"]["triad"])}
     rows = []
     for context in contexts:
-        reads = {"llama.cpp": weights + cache_bytes(config, context + GENERATED // 2),
+        element = alternations[0]["llama"][str(context)]["type_k"]
+        reads = {"llama.cpp": weights + cache_bytes(config, context + GENERATED // 2, element),
                  "kvbench static": weights + alternations[0]["kvbench"]["cache_bytes"][str(context)]}
         for clock in CLOCKS:
             samples = engine_samples(alternations, context, clock)
@@ -352,16 +370,15 @@ def collect(arguments: argparse.Namespace) -> dict:
     model, path = model_gguf()
     checked = verify()
     torch.set_num_threads(1)
-    alternations = alternate(path, out_dir, arguments.alternations, arguments.repetitions, contexts, arguments.modes)
+    alternations = alternate(path, out_dir, arguments)
     rows = summary(alternations, contexts, model.config)
     first_run = alternations[0]["llama"][str(contexts[0])]
     record = {"schema": "kvbench.llamacpp/1", "created_utc": started, "finished_utc": utc_now(),
               "command": ["python", "scripts/llamacpp.py", *sys.argv[1:]], "preset": PRESET, "seed": 0,
               "llama_cpp": {"source": f"llama-cpp-python {LLAMA_CPP_PYTHON} sdist, vendor/llama.cpp",
                             "commit": first_run["build_commit"], "targets": list(TARGETS),
-                            "bench": f"llama-bench -t 1 -p 0 -n {GENERATED} (and -n 1) -d C -r {arguments.repetitions} "
-                                     "-ctk f32 -ctv f32", **{key: first_run[key] for key in ("cpu_info", "flash_attn",
-                                                                                             "model_size")}},
+                            "bench": f"llama-bench -t 1 -p 0 -n {GENERATED} (and -n 1) -d C -r {arguments.repetitions}",
+                            **{key: first_run[key] for key in ("cpu_info", "flash_attn", "type_k", "model_size")}},
               "gguf": {"path": str(path), "size": path.stat().st_size, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()},
               "verify": checked, "uptime": {"before": load, "after": uptime()},
               "alternations": alternations, "summary": rows}
@@ -381,7 +398,8 @@ def parser() -> argparse.ArgumentParser:
     commands.add_parser("verify", help="llama.cpp's activations and logits against kvbench's")
     timing = commands.add_parser("collect", help="build, write, verify, then time both engines alternately")
     timing.add_argument("--alternations", type=int, default=4)
-    timing.add_argument("--repetitions", type=int, default=10, help="llama-bench -r")
+    timing.add_argument("--repetitions", type=int, default=20, help="llama-bench -r")
+    timing.add_argument("--kvbench-repeats", type=int, default=7, help="kvbench run --repeats")
     timing.add_argument("--contexts", type=lambda text: [int(n) for n in text.split(",")], default=list(CONTEXTS))
     timing.add_argument("--modes", default="full,static", help="kvbench run --modes")
     timing.add_argument("--output", type=Path, default=OUTPUT)
