@@ -1,7 +1,6 @@
 """llama.cpp as kvbench's outside anchor (issue 28, point 6): the same random weights, one thread, the same contexts.
 
     python scripts/llamacpp.py build                 # llama-bench (and llama-eval-callback) from source, cached
-    python scripts/llamacpp.py gguf OUT.gguf         # kvbench's llama-mini, seed 0, as an F32 GGUF
     python scripts/llamacpp.py verify                # llama.cpp's activations and logits against kvbench's
     python scripts/llamacpp.py collect --alternations 4 --output results/limit/llamacpp.json
 
@@ -10,17 +9,14 @@ commit is fixed: 0c1e570), with gcc 12, -DGGML_NATIVE=ON, only the two targets, 
 $KVBENCH_CACHE_DIR/llama.cpp/<version> (else ~/.cache/kvbench/...), and reuses a finished build. It
 resolves the cache directory to its real path first (issue 28: build from the real path, not through a symlink).
 
-`gguf` writes kvbench's model as llama.cpp's converter would write the same weights (kvbench.gguf_writer:
-F32, llama architecture, q and k rows permuted for llama.cpp's rotary kernel, a minimal vocabulary).
-`verify` runs llama-eval-callback on a prompt and compares what it prints (the first and last three values
-of the first and last three rows of every layer's output and of the logits, to 4 decimals) with kvbench's
-full-prefix forward of the same token ids.
+kvbench's model is written once, beside the build, as llama.cpp's converter would (kvbench.gguf_writer).
+`verify` compares what llama-eval-callback prints (first and last three values of the first and last three
+rows of every layer's output and of the logits, 4 decimals) with kvbench's full forward of the same ids.
 
-`collect` alternates llama-bench (-t 1 -p 0 -n 32 -d C, -r repetitions; its K and V in F16, kvbench's in F32)
-with `kvbench run --contexts` of the same contexts and modes full,static, starting each alternation with the
-other engine, and measures one-thread copy and triad (kvbench.machine) right before every llama-bench call;
-kvbench's run measures its own at every round. Both shares of bandwidth divide the bytes a step reads (every
-weight once and the cache at that context) by the step's time and by the triad measured beside it.
+`collect` alternates llama-bench (-t 1 -p 0 -n 32 -d C; its K and V in F16, kvbench's in F32) with `kvbench
+run --contexts` (full, static), each alternation started by the other engine, with one-thread triad measured
+(kvbench.machine) before every llama-bench call; kvbench's run measures its own every round. A share of
+bandwidth: the bytes a step reads (weights once, the cache at that context) over its time, over that triad.
 """
 
 from __future__ import annotations
@@ -233,8 +229,8 @@ def bandwidth_now(repeats: int = 3) -> dict[str, float]:
     return {kernel: measured[kernel]["1"]["median"] for kernel in ("copy", "triad")}
 
 
-def kvbench_run(output: Path, contexts: tuple[int, ...], modes: str, repeats: int) -> None:
-    run([sys.executable, "-m", "kvbench", "run", "--preset", PRESET, "--contexts", ",".join(map(str, contexts)),
+def kvbench_run(output: Path, preset: str, contexts: tuple[int, ...], modes: str, repeats: int) -> None:
+    run([sys.executable, "-m", "kvbench", "run", "--preset", preset, "--contexts", ",".join(map(str, contexts)),
          "--modes", modes, "--repeats", str(repeats), "--threads", "1", "--no-progress", "--output", str(output)])
 
 
@@ -283,7 +279,7 @@ def alternate(path: Path, out_dir: Path, arguments: argparse.Namespace) -> list[
                                   for context in contexts}
             else:
                 record = out_dir / f"kvbench-{index}.json"
-                kvbench_run(record, contexts, arguments.modes, arguments.kvbench_repeats)
+                kvbench_run(record, arguments.preset, contexts, arguments.modes, arguments.kvbench_repeats)
                 entry["kvbench"] = kvbench_figures(record, contexts)
         entry["load_after"] = load_average()
         found.append(entry)
@@ -367,14 +363,14 @@ def collect(arguments: argparse.Namespace) -> dict:
         check_output(out_dir / f"kvbench-{index}.json", arguments.force)
     started, load = utc_now(), uptime()
     build()
-    model, path = model_gguf()
-    checked = verify()
+    model, path = model_gguf(arguments.preset)
+    checked = verify(preset=arguments.preset)
     torch.set_num_threads(1)
     alternations = alternate(path, out_dir, arguments)
     rows = summary(alternations, contexts, model.config)
     first_run = alternations[0]["llama"][str(contexts[0])]
     record = {"schema": "kvbench.llamacpp/1", "created_utc": started, "finished_utc": utc_now(),
-              "command": ["python", "scripts/llamacpp.py", *sys.argv[1:]], "preset": PRESET, "seed": 0,
+              "command": ["python", "scripts/llamacpp.py", *sys.argv[1:]], "preset": arguments.preset, "seed": 0,
               "llama_cpp": {"source": f"llama-cpp-python {LLAMA_CPP_PYTHON} sdist, vendor/llama.cpp",
                             "commit": first_run["build_commit"], "targets": list(TARGETS),
                             "bench": f"llama-bench -t 1 -p 0 -n {GENERATED} (and -n 1) -d C -r {arguments.repetitions}",
@@ -391,10 +387,6 @@ def parser() -> argparse.ArgumentParser:
     parsed = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     commands = parsed.add_subparsers(dest="command", required=True)
     commands.add_parser("build", help="build llama-bench and llama-eval-callback (reused when present)")
-    gguf = commands.add_parser("gguf", help="write kvbench's model as an F32 GGUF")
-    gguf.add_argument("output", type=Path)
-    gguf.add_argument("--preset", default=PRESET)
-    gguf.add_argument("--seed", type=int, default=0)
     commands.add_parser("verify", help="llama.cpp's activations and logits against kvbench's")
     timing = commands.add_parser("collect", help="build, write, verify, then time both engines alternately")
     timing.add_argument("--alternations", type=int, default=4)
@@ -402,6 +394,7 @@ def parser() -> argparse.ArgumentParser:
     timing.add_argument("--kvbench-repeats", type=int, default=7, help="kvbench run --repeats")
     timing.add_argument("--contexts", type=lambda text: [int(n) for n in text.split(",")], default=list(CONTEXTS))
     timing.add_argument("--modes", default="full,static", help="kvbench run --modes")
+    timing.add_argument("--preset", default=PRESET, help="a llama-family preset without a window")
     timing.add_argument("--output", type=Path, default=OUTPUT)
     timing.add_argument("--force", action="store_true")
     return parsed
@@ -412,14 +405,6 @@ def main() -> int:
     try:
         if arguments.command == "build":
             print(build())
-        elif arguments.command == "gguf":
-            from kvbench.files import check_output
-            from kvbench.gguf_writer import write_gguf
-            from kvbench.model import build_model, preset_config
-
-            check_output(arguments.output)
-            write_gguf(build_model(preset_config(arguments.preset), seed=arguments.seed), arguments.output,
-                       name=f"kvbench {arguments.preset} seed {arguments.seed}")
         elif arguments.command == "verify":
             print(json.dumps(verify(), indent=2))
         else:
