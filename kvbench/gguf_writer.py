@@ -18,18 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
+from kvbench.gguf import require_gguf
+
 TOKEN_TYPES = {"normal": 1, "unknown": 2, "control": 3, "byte": 6}  # gguf.TokenType's values
 BOS, EOS, UNK = 1, 2, 0
-
-
-def require_gguf():
-    """The gguf module, or ValueError saying how to install it."""
-    try:
-        import gguf
-    except ImportError:
-        raise ValueError("writing GGUF files needs the gguf package, which is not installed: "
-                         "pip install -e '.[gguf]'") from None
-    return gguf
 
 
 def permute(weight: np.ndarray, heads: int) -> np.ndarray:

@@ -22,7 +22,6 @@ bandwidth: the bytes a step reads (weights once, the cache at that context) over
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import re
@@ -355,6 +354,7 @@ def collect(arguments: argparse.Namespace) -> dict:
     import torch
 
     from kvbench.files import check_output, write_json_atomic
+    from kvbench.gguf import file_sha256
     from kvbench.record import utc_now
 
     contexts, out_dir = tuple(arguments.contexts), arguments.output.with_suffix("")
@@ -375,7 +375,7 @@ def collect(arguments: argparse.Namespace) -> dict:
                             "commit": first_run["build_commit"], "targets": list(TARGETS),
                             "bench": f"llama-bench -t 1 -p 0 -n {GENERATED} (and -n 1) -d C -r {arguments.repetitions}",
                             **{key: first_run[key] for key in ("cpu_info", "flash_attn", "type_k", "model_size")}},
-              "gguf": {"path": str(path), "size": path.stat().st_size, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()},
+              "gguf": {"path": str(path), "size": path.stat().st_size, "sha256": file_sha256(path)},
               "verify": checked, "uptime": {"before": load, "after": uptime()},
               "alternations": alternations, "summary": rows}
     write_json_atomic(record, arguments.output, force=arguments.force)
