@@ -24,7 +24,7 @@ class TrackCacheBytes(common.Cells):
     version = "kvbench-cache-bytes-2"
 
     def setup(self, gate, model, mode, length):
-        self.model, self.ids = common.workload(model, mode, length)
+        self.model, self.ids = common.model_and_ids(model, mode, length)
 
     def track_cache_bytes(self, gate, model, mode, length):
         return cache_footprint(self.model, self.ids, mode)["measured_bytes"]
@@ -41,7 +41,7 @@ class TrackEquivalence(common.Cells):
     version = "kvbench-equivalence-2"
 
     def setup(self, gate, model, mode, length):
-        common.workload(model, mode, length)  # skips a model, mode or length this commit does not have
+        common.model_and_ids(model, mode, length)  # skips a model, mode or length this commit does not have
 
     def track_max_abs_diff(self, gate, model, mode, length):
         check = gate[(model, mode, length)]
@@ -61,7 +61,7 @@ class TrackDrift(common.Cells):
     version = "kvbench-drift-2"
 
     def setup(self, gate, model, mode, length):
-        common.workload(model, mode, length)  # skips a model, mode or length this commit does not have
+        common.model_and_ids(model, mode, length)  # skips a model, mode or length this commit does not have
 
     def track_kl_mean(self, gate, model, mode, length):
         """Mean KL divergence of the next-token distributions, KL(full || kind), in nats."""

@@ -1,7 +1,7 @@
 """Shared, seeded builders for the asv suites, and the hook asv runs once per commit.
 
 The suites are thin wrappers: the model, the decode loops, the equivalence gate and
-the paired timing protocol all come from kvbench. This module fixes the workload
+the paired timing protocol all come from kvbench. This module fixes the protocol
 (batch 1, seed 0, one torch thread) and the grid:
 
 - models: ``MODELS``, the seed's lab and the llama family's tiny preset (rotary positions,
@@ -40,6 +40,7 @@ import contextlib
 import fcntl
 import importlib.util
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -50,8 +51,8 @@ try:  # the mode registry; a commit before it has no mode newer than KNOWN_MODES
     from kvbench.modes import SPECS
 except ImportError:
     SPECS = {}
-from kvbench.decode import run_gate, token_ids
 from kvbench.decode import MODES as KVBENCH_MODES
+from kvbench.decode import run_gate, token_ids
 from kvbench.model import DecoderConfig, build_model, preset_config
 from kvbench.timing import Protocol, set_threads
 
@@ -62,7 +63,7 @@ DEFAULT_BUDGET = 180.0  # seconds of track_speedup sampling per commit (docs/asv
 LEDGER = Path("kvbench-asv-budget.json")  # in the setup_cache directory, the benchmarks' working directory
 KNOWN_MODES = ("full", "concat", "static", "paged", "quantized-int8", "quantized-int4", "window")  # never reorder
 MODELS = ("seed", "llama-tiny")  # presets, never reordered: asv passes parameter indices
-PROTOCOL = Protocol()  # the seed's workload: batch 1, seed 0, one thread
+PROTOCOL = Protocol()  # the seed's protocol: batch 1, seed 0, one thread
 WINDOW = 32  # before the mode registry: the window kind's model attends to the last 32 positions
 
 
@@ -99,7 +100,7 @@ LOSSY_MODES = KNOWN_LOSSY + tuple(m for m in CACHED_MODES if m not in KNOWN_LOSS
                                   and not getattr(SPECS.get(m), "exact", True))
 
 
-def workload(model: str, mode: str, length: int):
+def model_and_ids(model: str, mode: str, length: int):
     """(model, ids) for one cell, seeded; cheap enough for asv's per-sample setup."""
     set_threads(PROTOCOL.threads)  # before any torch work in this process
     if mode not in KVBENCH_MODES:
@@ -218,6 +219,31 @@ def spend(key: str, seconds: float, path: Path = LEDGER) -> None:
         entries["done"] = [*dict.fromkeys([*entries["done"], key])]
 
 
+def round_to_interval(value: float, low: float, high: float) -> float:
+    """`value` to the digits its interval supports: two significant digits of the half-width (3.0812 within
+    ±0.12 is 3.08, within ±0.012 is 3.081), so asv shows no digits that the interval says are noise."""
+    half = (high - low) / 2
+    if not (math.isfinite(half) and half > 0):  # a degenerate interval says nothing: four significant digits
+        return float(f"{value:.4g}")
+    return round(value, 1 - math.floor(math.log10(half)))
+
+
+def keep_interval(key: str, estimate, path: Path = LEDGER) -> None:
+    """Leave track_speedup's interval in the commit's ledger for track_speedup_halfwidth, which asv runs next
+    (benchmarks run by name within a round), in another process."""
+    with ledger(path) as entries:
+        entries.setdefault("intervals", {})[key] = {"speedup": estimate.ratio, "low": estimate.low,
+                                                    "high": estimate.high, "half_width": estimate.half_width}
+
+
+def kept_interval(key: str, path: Path = LEDGER) -> dict:
+    with ledger(path) as entries:
+        kept = entries.get("intervals", {}).get(key)
+    if kept is None:  # asv shows a skip (n/a): there is no interval to report, not a failure
+        raise NotImplementedError(f"no track_speedup interval for {key} in this asv run: run track_speedup with it")
+    return kept
+
+
 def prepare() -> dict:
     """Once per commit and environment: the capture, the budget ledger, then the gate for every cached cell.
 
@@ -271,4 +297,4 @@ class Cells:
 
     def setup(self, gate, model, mode, length):
         require_equivalent(gate, model, mode, length)
-        self.model, self.ids = workload(model, mode, length)
+        self.model, self.ids = model_and_ids(model, mode, length)

@@ -3,7 +3,7 @@
 The llama family's tiny preset serves a request of ``PROMPT`` prompt tokens and ``GENERATE``
 generated ones (``kvbench.requests``, teacher-forced, every step timed); each value is the
 median over ``REQUESTS`` requests after one untimed, in milliseconds (lower is better, as asv
-assumes). TTFT is the prefill; TPOT is vLLM's (E2E - TTFT) / (N - 1). A cached mode whose
+assumes), rounded to the digits its 95% interval supports (``common.round_to_interval``). TTFT is the prefill; TPOT is vLLM's (E2E - TTFT) / (N - 1). A cached mode whose
 request fails the gate is not timed (RuntimeError, as in every suite).
 """
 
@@ -15,6 +15,10 @@ try:  # commits before the request workload skip these
     from kvbench import latency, requests
 except ImportError:
     latency = requests = None
+try:  # commits before the median's interval: the median to four significant digits
+    from kvbench.stats import median_interval
+except ImportError:
+    median_interval = None
 
 MODEL = "llama-tiny"
 PROMPT, GENERATE, REQUESTS = 64, 16, 9
@@ -33,7 +37,7 @@ class TrackRequest:
     def setup(self, mode):
         if requests is None:
             raise NotImplementedError("no request workload at this commit")
-        model, ids = common.workload(MODEL, mode, PROMPT + GENERATE - 1)
+        model, ids = common.model_and_ids(MODEL, mode, PROMPT + GENERATE - 1)
         check = requests.check_request(model, ids, ["full", mode], PROMPT)[mode]
         if not check["passed"]:
             raise RuntimeError(f"{mode}'s request failed the equivalence gate: {check}")
@@ -42,7 +46,13 @@ class TrackRequest:
                         for _ in range(REQUESTS)]
 
     def track_ttft(self, mode):
-        return statistics.median(f["ttft"] for f in self.figures) * 1e3
+        return rounded_median([f["ttft"] * 1e3 for f in self.figures])
 
     def track_tpot(self, mode):
-        return statistics.median(f["tpot"] for f in self.figures) * 1e3
+        return rounded_median([f["tpot"] * 1e3 for f in self.figures])
+
+
+def rounded_median(values: list[float]) -> float:
+    median = statistics.median(values)
+    low, high = median_interval(values) if median_interval else (median, median)
+    return common.round_to_interval(median, low, high)

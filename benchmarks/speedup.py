@@ -9,6 +9,10 @@ machine state, so this ratio stays put when the machine drifts, unlike the ratio
 ``time_`` results. How precise each value is, why sampling stopped and what the noise
 telemetry saw go into the environment capture beside asv's result (``track_speedup``).
 
+asv keeps one number per parameter, so the value is rounded to what its interval supports
+(``common.round_to_interval``) and ``track_speedup_halfwidth`` tracks the interval's relative half-width
+in percent beside it: a value asv shows as 3.08 next to 3.9 means 3.08 ± 3.9%.
+
 asv treats every number as lower-is-better: a *lower* speedup is a regression,
 even though ``asv compare`` lists it under "improved".
 """
@@ -67,4 +71,13 @@ class TrackSpeedup(common.Cells):
         common.note_speedup(model, mode, length, estimate, state, clock=chosen.to_dict() if chosen else None, budget={
             "allowance_seconds": protocol.max_seconds, "commit_budget_seconds": ledger["budget"],
             "spent_before_seconds": ledger["spent"], "sampled_seconds": state.elapsed})
-        return estimate.ratio
+        common.keep_interval(key, estimate)
+        return common.round_to_interval(estimate.ratio, estimate.low, estimate.high)
+
+    def track_speedup_halfwidth(self, gate, model, mode, length):
+        """The relative half-width of track_speedup's 95% rerun interval, in percent (two significant digits:
+        3.9, or 19 rather than asv's "19.0")."""
+        percent = float(f"{common.kept_interval(f'{model}@{mode}@{length}')['half_width'] * 100:.2g}")
+        return int(percent) if percent >= 10 else percent
+
+    track_speedup_halfwidth.unit = "%"

@@ -299,7 +299,7 @@ def json_writer():
     try:
         from kvbench.files import write_json_atomic
     except ImportError:
-        from kvbench.record import write_json_atomic
+        from kvbench.files import write_json_atomic
     return write_json_atomic
 
 

@@ -15,8 +15,7 @@ import math
 import re
 from dataclasses import asdict, dataclass
 
-from kvbench.config import PlainConfig
-from kvbench.modes import spec
+from kvbench.config import PlainConfig, positive_int
 from kvbench.kinds import (
     GROUP_SIZE,
     RESIDUAL,
@@ -26,6 +25,7 @@ from kvbench.kinds import (
     quantized_cache_bytes,
     window_cache_bytes,
 )
+from kvbench.modes import spec
 
 DTYPES = ("float32", "bfloat16", "float16")
 QUANTIZATIONS = ("int8", "int4")  # the quantized kinds, quantized-int8 and quantized-int4
@@ -91,19 +91,14 @@ class BudgetError(ValueError):
         self.argument = argument
 
 
-def _positive(**values: int) -> None:
-    for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
 def kv_budget(
     layers: int, kv_heads: int, head_dim: int, dtype: str, tokens: int, memory_bytes: int,
     block_size: int = 16, max_length: int | None = None, reserved_bytes: int = 0, quantize: str | None = None,
     group_size: int = GROUP_SIZE, residual: int = RESIDUAL,
 ) -> Budget:
     """The budget of bare cache shapes: no model, so no weights and no window."""
-    _positive(layers=layers, kv_heads=kv_heads, head_dim=head_dim, tokens=tokens)
+    for name, value in (("layers", layers), ("kv_heads", kv_heads), ("head_dim", head_dim), ("tokens", tokens)):
+        positive_int(name, value)
     check_budget_dtype(dtype)
     config = PlainConfig(vocab_size=1, width=kv_heads * head_dim, heads=kv_heads, layers=layers,
                          max_length=max(tokens, max_length or tokens), dtype=dtype)
@@ -123,7 +118,8 @@ def model_budget(  # long: one check per argument, then the arithmetic of each l
 ) -> Budget:
     """How many requests of `tokens` positions fit in `memory_bytes` for a model of `config`; with a
     `preset` named, its weights in the config's dtype come off the memory first."""
-    _positive(tokens=tokens, block_size=block_size, memory_bytes=memory_bytes)
+    for name, value in (("tokens", tokens), ("block_size", block_size), ("memory_bytes", memory_bytes)):
+        positive_int(name, value)
     dtype = config.dtype if isinstance(config.dtype, str) else str(config.dtype).removeprefix("torch.")
     check_budget_dtype(dtype)
     if quantize is not None and quantize not in QUANTIZATIONS:

@@ -59,9 +59,22 @@ def parse_dtype(value: object):
     return getattr(torch, check_dtype_name(value))
 
 
-def _positive_number(name: str, value: object) -> None:
+def positive_int(name: str, value: object, lowest: int | None = None, optional: bool = False) -> int | None:
+    """`value` if it is an int (not a bool) of at least `lowest` (default 1), or None when `optional`; else
+    ValueError naming what was expected and what came. Every count kvbench takes is checked here."""
+    if optional and value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < (1 if lowest is None else lowest):
+        expected = "a positive integer" if lowest is None else f"an integer >= {lowest}"
+        raise ValueError(f"{name} must be {expected}{' or None' if optional else ''}, got {value!r}")
+    return value
+
+
+def positive_number(name: str, value: object) -> float:
+    """`value` if it is a finite int or float above 0 (not a bool); else ValueError."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -77,7 +90,7 @@ class RopeScaling:
 
     def __post_init__(self) -> None:
         for name in ("factor", "low_freq_factor", "high_freq_factor", "original_max_length"):
-            _positive_number(f"rope_scaling.{name}", getattr(self, name))
+            positive_number(f"rope_scaling.{name}", getattr(self, name))
         if not self.low_freq_factor < self.high_freq_factor:
             raise ValueError(f"rope_scaling needs low_freq_factor < high_freq_factor, got {self.low_freq_factor} "
                              f"and {self.high_freq_factor}")
@@ -133,9 +146,7 @@ class PlainConfig:
         if self.kv_heads is None:
             object.__setattr__(self, "kv_heads", self.heads)
         for name in ("vocab_size", "width", "heads", "kv_heads", "layers", "max_length", "mlp_ratio"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            positive_int(name, getattr(self, name))
         if self.head_dim is None or self.family == "gpt2":  # the gpt2 block's heads split the width
             if self.width % self.heads:
                 raise ValueError(f"heads must divide width: width {self.width} is not divisible by {self.heads} heads")
@@ -146,12 +157,10 @@ class PlainConfig:
         if self.intermediate_size is None:
             object.__setattr__(self, "intermediate_size", self.mlp_ratio * self.width)
         for name in ("head_dim", "intermediate_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
+            positive_int(name, getattr(self, name), optional=True)
         if self.heads % self.kv_heads:
             raise ValueError(f"kv_heads must divide heads: {self.heads} heads are not divisible by {self.kv_heads} kv_heads")
-        _positive_number("norm_eps", self.norm_eps)
+        positive_number("norm_eps", self.norm_eps)
 
     def _check_family(self) -> None:
         object.__setattr__(self, "rope_scaling", RopeScaling.from_value(self.rope_scaling))
@@ -167,7 +176,7 @@ class PlainConfig:
             return
         if self.rope_theta is None:
             object.__setattr__(self, "rope_theta", 10000.0)
-        _positive_number("rope_theta", self.rope_theta)
+        positive_number("rope_theta", self.rope_theta)
         object.__setattr__(self, "rope_theta", float(self.rope_theta))
         if self.head_dim % 2:
             raise ValueError(f"rotary positions turn pairs of channels: expected an even head_dim, got {self.head_dim}")
@@ -177,16 +186,13 @@ class PlainConfig:
         object.__setattr__(self, "qkv_bias", bool(self.qkv_bias))
 
     def _check_window(self) -> None:
-        if self.window is not None and (isinstance(self.window, bool) or not isinstance(self.window, int)
-                                        or self.window < 1):
-            raise ValueError(f"window must be a positive integer or None, got {self.window!r}")
+        positive_int("window", self.window, optional=True)
         if self.window_pattern is not None and self.window_pattern not in WINDOW_PATTERNS:
             raise ValueError(f"window_pattern must be one of {list(WINDOW_PATTERNS)} or None, got {self.window_pattern!r}")
         if self.window is None and self.window_pattern is not None:
             raise ValueError(f"window_pattern {self.window_pattern!r} needs a sliding window: expected window=W, "
                              "got window=None")
-        if isinstance(self.sinks, bool) or not isinstance(self.sinks, int) or self.sinks < 0:
-            raise ValueError(f"sinks must be an integer >= 0, got {self.sinks!r}")
+        positive_int("sinks", self.sinks, lowest=0)
         if self.sinks and self.window is None:
             raise ValueError(f"sinks {self.sinks} are kept beside a sliding window: expected window=W, got window=None")
         if self.window_pattern == "all":  # the same model as None: one way to write it, so configs compare equal

@@ -66,9 +66,9 @@ def check_output(path: Path | str, force: bool = False) -> None:
     if not ancestor.is_dir():
         raise OutputError(f"{path}: {ancestor} is {with_article(file_kind(ancestor) or 'missing')}, not a directory")
     try:  # root passes every permission check, so try it for real: read-only mounts, /proc, quotas
-        descriptor, probe = tempfile.mkstemp(prefix=".kvbench-probe.", dir=ancestor)
+        descriptor, trial = tempfile.mkstemp(prefix=".kvbench-trial.", dir=ancestor)
         os.close(descriptor)
-        os.unlink(probe)
+        os.unlink(trial)
     except OSError as error:
         raise OutputError(f"{path}: cannot write in {ancestor}: {error.strerror or error}") from None
 

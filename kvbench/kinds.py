@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 import re
 
+from kvbench.config import positive_int
+
 # One-token steps compiled with torch.compile (kvbench.compiled): what they need to run here.
 COMPILED_DTYPES = ("float32", "bfloat16")  # what inductor's CPU code is gated at here
 COMPILERS = ("g++", "c++", "clang++")  # what inductor builds its C++ with, when $CXX is not set
@@ -57,8 +59,7 @@ def require_compiled(mode: str, config) -> None:
 
 def _count(**values: int) -> None:
     for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        positive_int(name, value, lowest=0)
 
 
 def expected_cache_bytes(config, batch: int, length: int) -> int:
@@ -133,8 +134,7 @@ def quantized_cache_bytes(config, batch: int, length: int, bits: int, group_size
 def check_quantized_options(bits: int | None, head_dim: int, group_size: int, residual: int) -> None:
     """What a quantized representation needs, for the cache and for `kvbench budget` alike."""
     for name, value, lowest in (("group_size", group_size, 1), ("residual", residual, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
-            raise ValueError(f"{name} must be an integer >= {lowest}, got {value!r}")
+        positive_int(name, value, lowest)
     if bits == 4 and head_dim % 2:
         raise ValueError(f"int4 packs two values per byte: expected an even head width, got {head_dim}")
 

@@ -1,8 +1,8 @@
-"""The machine probe: fixed workloads that measure the machine, not kvbench's code.
+"""The machine probe: fixed calls that measure the machine, not kvbench's code.
 
 Two runs of the same commit can differ because the machine did (a busy neighbour, a lower
 clock, another VM on the host). kvbench's own loops cannot tell that apart from a change in
-the code they share, so every run also times four workloads that depend on nothing of
+the code they share, so every run also times four calls that depend on nothing of
 kvbench, at its start and at its end: the interpreter (a pure-Python loop), torch's
 dispatcher (many tiny ops, what a small model's decode step is made of), arithmetic (a
 fixed matmul) and memory (a copy of a buffer far larger than the caches). `kvbench compare`
@@ -16,13 +16,14 @@ from typing import Callable
 
 from kvbench.timing import heap_frozen, time_call
 
-REPEATS = 5  # timed calls per workload per phase, after one untimed
-PHASES = ("start", "end")
+REPEATS = 5  # timed calls of each probe call per phase, after one untimed
 MATMUL_SIZE = 384  # (384 x 384) @ (384 x 384), float32: 113 MFLOP per call
 COPY_BYTES = 32 << 20  # float32 elements copied per call: past any last-level cache
 DISPATCH_OPS = 4000  # tiny additions per call
 PYTHON_ITERATIONS = 200_000
-WORKLOADS = {
+# name -> what one call does. A record keeps it under machine_probe.workloads: that key predates "workload"
+# meaning a loop, a request or contexts, and stays so that every record written since loads.
+PROBE_CALLS = {
     "python": f"sum of i * i over {PYTHON_ITERATIONS:,} integers in pure Python",
     "dispatch": f"{DISPATCH_OPS:,} additions to an 8-element float32 tensor",
     "matmul": f"{MATMUL_SIZE} x {MATMUL_SIZE} float32 matmul, 3 times",
@@ -30,8 +31,8 @@ WORKLOADS = {
 }
 
 
-def workloads() -> dict[str, Callable[[], object]]:
-    """name -> one call of that workload (its tensors built once, outside the timed calls)."""
+def probe_calls() -> dict[str, Callable[[], object]]:
+    """name -> one probe call (its tensors built once, outside the timed calls)."""
     import torch
 
     generator = torch.Generator().manual_seed(0)
@@ -48,7 +49,7 @@ def workloads() -> dict[str, Callable[[], object]]:
 
 
 def probe_phase(calls: dict[str, Callable[[], object]], repeats: int = REPEATS) -> dict[str, list[float]]:
-    """Seconds of each workload, `repeats` times after one untimed call, workloads interleaved."""
+    """Seconds of each probe call, `repeats` times after one untimed call, the calls interleaved."""
     for call in calls.values():
         call()
     seconds: dict[str, list[float]] = {name: [] for name in calls}

@@ -22,11 +22,12 @@ from torch import Tensor
 from kvbench.attention import causal_attention
 from kvbench.cache import Cache, ConcatCache
 
-# Re-exported: `from kvbench.model import DecoderConfig` is part of the public contract.
-from kvbench.config import DTYPES, PRESETS, DecoderConfig, RopeScaling, dtype_name, parse_dtype, preset_config
+# Re-exported: `from kvbench.model import DecoderConfig` is part of the public contract; a preset's model is
+# built from here (PRESETS, preset_config).
+from kvbench.config import PRESETS, DecoderConfig, RopeScaling, dtype_name, preset_config
 
-__all__ = ["DTYPES", "PRESETS", "Block", "Decoder", "DecoderConfig", "LlamaBlock", "RMSNorm", "apply_rotary",
-           "build_model", "decoder_with_weights", "dtype_name", "parse_dtype", "preset_config", "rms_norm", "rotary_tables"]
+__all__ = ["PRESETS", "Block", "Decoder", "DecoderConfig", "LlamaBlock", "RMSNorm", "apply_rotary", "build_model",
+           "decoder_with_weights", "preset_config", "rms_norm", "rotary_tables"]
 
 
 class Block(nn.Module):

@@ -10,7 +10,8 @@ After each round, a length stops when its rule is met: exactly `repeats` rotatio
 fixed protocol; otherwise at least `repeats`, then the first of
   precise -- every watched ratio's 95% interval is within the target relative half-width,
   cap     -- `max_repeats` rotations,
-  budget  -- `max_seconds` of timing since the first sample, all lengths together.
+  budget  -- `max_seconds` of timing since the first sample, all lengths together (the recorded
+             name of this stop; everywhere else "budget" means a KV budget, docs/architecture.md).
 The rule stops on interval width, never on a p-value, so stopping cannot manufacture a
 difference. What stopped each length, and how precise it got, is kept for the record.
 """
@@ -23,7 +24,7 @@ from typing import Callable
 
 from kvbench import estimation, stats
 from kvbench.modes import FULL
-from kvbench.telemetry import Probe, sample_cost
+from kvbench.telemetry import Counters, sample_cost
 from kvbench.timing import Protocol, Sample, heap_frozen, rotation_order, time_observed
 
 Watch = Callable[[list[Sample], int], dict[str, float]]  # (samples, length) -> relative half-widths
@@ -82,20 +83,12 @@ def watched_half_widths(samples: list[Sample], length: int, baseline: str,
 
 def stop_reason(state: LengthSampling, protocol: Protocol, samples: list[Sample], baseline: str,
                 elapsed: float, watch: Watch | None = None) -> str | None:
-    if protocol.precision is None:
-        return "fixed" if state.rotations >= protocol.repeats else None
-    if state.rotations < protocol.repeats:
-        return None
-    state.half_widths = (watch(samples, state.length) if watch is not None else
-                         watched_half_widths(samples, state.length, baseline, protocol.between_run, protocol.threads))
-    state.half_width = max(state.half_widths.values(), default=None)
-    if state.half_width is not None and state.half_width <= protocol.precision:
-        return "precise"
-    if state.rotations >= protocol.max_repeats:
-        return "cap"
-    if elapsed >= protocol.max_seconds:
-        return "budget"
-    return None
+    if protocol.precision is not None and state.rotations >= protocol.repeats:
+        state.half_widths = (watch(samples, state.length) if watch is not None else watched_half_widths(
+            samples, state.length, baseline, protocol.between_run, protocol.threads))
+        state.half_width = max(state.half_widths.values(), default=None)
+    return stats.stop_rule(state.rotations, state.half_width, repeats=protocol.repeats, precision=protocol.precision,
+                           max_repeats=protocol.max_repeats, elapsed=elapsed, max_seconds=protocol.max_seconds)
 
 
 def sample(loops: dict[int, dict[str, Callable[[], object]]], protocol: Protocol, baseline: str = FULL,
@@ -114,8 +107,8 @@ def sample(loops: dict[int, dict[str, Callable[[], object]]], protocol: Protocol
     the start of every round (kvbench.machine.RoundLimits), kept in `state.limits` with the round's index.
     """
     state = state if state is not None else Sampling()
-    probe = Probe()
-    state.telemetry_unavailable, state.telemetry_seconds = dict(probe.unavailable), sample_cost(probe, 200)
+    counters = Counters()
+    state.telemetry_unavailable, state.telemetry_seconds = dict(counters.unavailable), sample_cost(counters, 200)
     state.lengths = {length: LengthSampling(length) for length in loops}
     try:
         for by_mode in loops.values():
@@ -124,18 +117,18 @@ def sample(loops: dict[int, dict[str, Callable[[], object]]], protocol: Protocol
                     prepared(run)()
                     finished(run)
         with heap_frozen():  # the collection before each sample then costs microseconds, not tens of ms
-            run_rounds(loops, protocol, baseline, on_sample, state, watch, probe, limits)
+            run_rounds(loops, protocol, baseline, on_sample, state, watch, counters, limits)
     except KeyboardInterrupt:
         for length_state in state.lengths.values():
             length_state.stop = length_state.stop or "interrupted"
         raise
     finally:
-        probe.close()
+        counters.close()
     return state
 
 
 def run_rounds(loops: dict[int, dict[str, Callable[[], object]]], protocol: Protocol, baseline: str,
-               on_sample: Callable[[Sample], None] | None, state: Sampling, watch: Watch | None, probe: Probe,
+               on_sample: Callable[[Sample], None] | None, state: Sampling, watch: Watch | None, counters: Counters,
                limits: Callable[[], dict] | None = None) -> None:
     start, round_index, active = time.perf_counter(), 0, list(loops)
     rotation_seconds: dict[int, float] = {}  # each length's last rotation, wall time between its samples included
@@ -152,7 +145,7 @@ def run_rounds(loops: dict[int, dict[str, Callable[[], object]]], protocol: Prot
                 order = rotation_order(list(loops[length]), rotation, protocol.order, protocol.seed, length)
                 for position, mode in enumerate(order):
                     run = prepared(loops[length][mode])
-                    seconds, telemetry = time_observed(run, probe)
+                    seconds, telemetry = time_observed(run, counters)
                     kept = Sample(mode, length, rotation, position, seconds, round_index,
                                   round(time.perf_counter() - start - seconds, 6), telemetry,
                                   run.detail() if hasattr(run, "detail") else None)
@@ -176,7 +169,7 @@ def rotations_in_round(state: LengthSampling, protocol: Protocol, own: float | N
     """How many rotations a length runs in the next round: one under the fixed protocol and for its first
     `repeats`; after that as many as fit in the time the slowest length still sampling takes for one (up to
     the cap), so every length gets about the same time. Short loops are cheap: time, not a count of
-    rotations, is what the budget spends, and their samples are the noisiest."""
+    rotations, is what --max-seconds spends, and their samples are the noisiest."""
     if protocol.precision is None or state.rotations < protocol.repeats or not own:
         return 1
     return max(1, min(int(longest / own), protocol.max_repeats - state.rotations))

@@ -351,3 +351,42 @@ def normal_quantile(probability: float) -> float:
 def log_standard_error(estimate: RatioEstimate, confidence: float = CONFIDENCE) -> float:
     """The standard error of log(ratio) that a `confidence` interval of this width implies."""
     return (math.log(estimate.high) - math.log(estimate.low)) / (2 * normal_quantile(0.5 + confidence / 2))
+
+
+# -- what studies of many runs estimate (scripts/ call these; docs/statistics.md) -----------------
+
+
+def between_run_term(first: RatioEstimate, second: RatioEstimate) -> tuple[float, float]:
+    """Two consecutive runs' estimates of one quantity: (log(second / first)^2, the sum of their squared
+    standard errors of log), one term of between_run_sd."""
+    return (math.log(second.ratio / first.ratio) ** 2,
+            log_standard_error(first) ** 2 + log_standard_error(second) ** 2)
+
+
+def between_run_sd(terms: list[tuple[float, float]]) -> float:
+    """The relative standard deviation between runs of the same code, by the method of moments over
+    between_run_term's: var(log b/a) = SE_a^2 + SE_b^2 + 2 sd^2, so sd^2 = (mean d^2 - mean(SE_a^2 + SE_b^2)) / 2,
+    0 when the runs' own errors explain every difference; nan without a term."""
+    if not terms:
+        return math.nan
+    return math.sqrt(max(0.0, sum(squared - errors for squared, errors in terms) / len(terms) / 2))
+
+
+def stop_rule(rotations: int, half_width: float | None, *, repeats: int, precision: float | None,
+              max_repeats: int, elapsed: float = 0.0, max_seconds: float = math.inf) -> str | None:
+    """Why sampling stops after `rotations` rotations whose widest watched interval has relative half-width
+    `half_width` (None: no interval yet), or None to go on: "fixed" at `repeats` without a precision target;
+    else from `repeats` on, "precise" once within `precision`, "cap" at `max_repeats`, "budget" once `elapsed`
+    reaches `max_seconds` (the stop reasons of kvbench.sampling, in this order). It stops on interval width,
+    never on a p-value, so stopping cannot manufacture a difference."""
+    if precision is None:
+        return "fixed" if rotations >= repeats else None
+    if rotations < repeats:
+        return None
+    if half_width is not None and half_width <= precision:
+        return "precise"
+    if rotations >= max_repeats:
+        return "cap"
+    if elapsed >= max_seconds:
+        return "budget"
+    return None

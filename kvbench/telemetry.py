@@ -11,7 +11,7 @@ next one, never for it. A sample's telemetry costs about 17 µs on a 2-core VM (
 measures it at the start of every run).
 
 A counter this machine does not offer is None in every sample, with the reason kept once
-in `Probe.unavailable`; a missing sensor never costs a measurement.
+in `Counters.unavailable`; a missing sensor never costs a measurement.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class Reading(NamedTuple):
 
 
 @dataclass
-class Probe:
+class Counters:
     """Opens its sources once; `read()` then costs a few system calls."""
 
     unavailable: dict[str, str] = field(default_factory=dict)
@@ -219,10 +219,10 @@ def tally(samples: Iterable[tuple[float, dict]]) -> tuple[int, dict[str, int]]:
 
 
 
-def sample_cost(probe: Probe, count: int = 2000) -> float:
+def sample_cost(counters: Counters, count: int = 2000) -> float:
     """Seconds a sample's telemetry takes here: its two readings, as time_observed takes them."""
     start = time.perf_counter_ns()
     for _ in range(count):
-        probe.read(machine_wide=False)
-        probe.read()
+        counters.read(machine_wide=False)
+        counters.read()
     return (time.perf_counter_ns() - start) / count / 1e9

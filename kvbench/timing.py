@@ -20,8 +20,9 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Callable
 
 from kvbench import stats
+from kvbench.config import positive_int, positive_number
 from kvbench.modes import CONTROL, SPECS
-from kvbench.telemetry import Probe
+from kvbench.telemetry import Counters
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -56,7 +57,7 @@ class Protocol:
     repeats: int = 7  # rotations per length: exactly, or at least when a precision is targeted
     precision: float | None = 0.05  # target relative half-width of every speedup's 95% interval
     max_repeats: int = 1001  # rotations per length at most (a short loop may need hundreds: kvbench.sampling)
-    max_seconds: float = 75.0  # timing budget from the first sample, all lengths together; `repeats` always run
+    max_seconds: float = 75.0  # timing deadline from the first sample, all lengths together; `repeats` always run
     between_run: float = stats.BETWEEN_RUN["speedup"]  # relative SD of a speedup between runs (stats.BETWEEN_RUN)
     order: str = "random"  # mode order within a rotation (ORDER_RULES)
     cpu: str = "none"  # "none", "auto" (the least busy CPU) or a CPU number to pin the process to
@@ -73,13 +74,11 @@ class Protocol:
             value = getattr(self, name)
             if value is None and name == "per_step_length":
                 continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
-                raise ValueError(f"{name} must be an integer >= {lowest}, got {value!r}")
+            positive_int(name, value, lowest)
         if self.precision is not None and not (isinstance(self.precision, (int, float))
                                                and 0 < self.precision < 1 and math.isfinite(self.precision)):
             raise ValueError(f"precision must be a relative half-width in (0, 1) or None, got {self.precision!r}")
-        if not (isinstance(self.max_seconds, (int, float)) and 0 < self.max_seconds < math.inf):
-            raise ValueError(f"max_seconds must be a positive finite number, got {self.max_seconds!r}")
+        positive_number("max_seconds", self.max_seconds)
         if not (isinstance(self.between_run, (int, float)) and 0 <= self.between_run < 0.5):
             raise ValueError(f"between_run must be a relative standard deviation in [0, 0.5), got {self.between_run!r}")
         floor = stats.rerun_floor(self.between_run)
@@ -148,8 +147,7 @@ def set_threads(threads: int) -> dict:
     """
     import torch
 
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"threads must be a positive integer, got {threads!r}")
+    positive_int("threads", threads)
     available = os.cpu_count() or 1
     if threads > available:  # far more threads than CPUs only oversubscribes, and crashes torch's attention
         raise ValueError(f"threads must be at most the {available} logical CPUs of this machine, got {threads}")
@@ -244,7 +242,7 @@ def heap_frozen():
 
     With torch imported a full collection walks nearly 200,000 objects (36 ms on a 2-core VM):
     before every sample it took longer than most of the loops it kept garbage away from, and more
-    than half of a run's sampling budget. Frozen, the collection before each sample walks only
+    than half of a run's sampling time. Frozen, the collection before each sample walks only
     what was allocated since: it still keeps one loop's garbage out of the next timed region, in
     microseconds."""
     gc.collect()
@@ -264,15 +262,15 @@ def time_call(run: Callable[[], object]) -> float:
     return elapsed / 1e9
 
 
-def time_observed(run: Callable[[], object], probe: Probe) -> tuple[float, dict]:
+def time_observed(run: Callable[[], object], counters: Counters) -> tuple[float, dict]:
     """Seconds for one call and what the telemetry saw during it (read outside the timed region)."""
     with collector_paused():
-        before = probe.read(machine_wide=False)  # the last sample's end stands for the costly counters
+        before = counters.read(machine_wide=False)  # the last sample's end stands for the costly counters
         start = time.perf_counter_ns()
         run()
         elapsed = time.perf_counter_ns() - start
-        after = probe.read()
-    return elapsed / 1e9, probe.difference(before, after)
+        after = counters.read()
+    return elapsed / 1e9, counters.difference(before, after)
 
 
 def per_step_seconds(model: Decoder, ids: Tensor, mode: str, warmup: int = 1, options: dict | None = None) -> list[float]:

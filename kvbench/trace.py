@@ -26,6 +26,8 @@ import math
 import random
 from dataclasses import asdict, dataclass
 
+from kvbench.config import positive_int, positive_number
+
 TRACE_SCHEMA = "kvbench.trace/1"
 LENGTHS = ("chat", "alpaca", "fixed", "uniform")
 ARRIVALS = ("all", "poisson", "closed")
@@ -76,12 +78,6 @@ class Trace:
         return max((request.prefix for request in self.requests), default=0)
 
 
-def _positive(name: str, value: object, integer: bool = True) -> None:
-    kind = int if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kind) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive {'integer' if integer else 'finite number'}, got {value!r}")
-
-
 def _fraction(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
         raise ValueError(f"{name} must be a fraction in [0, 1], got {value!r}")
@@ -121,25 +117,25 @@ def parse_arrivals(text: str) -> dict:
 
 def check_spec(spec: dict, max_positions: int) -> None:
     """Every count, rate and length positive and finite, ranges ordered, a request within max_positions."""
-    _positive("requests", spec["requests"])
+    positive_int("requests", spec["requests"])
     for part in ("prompt", "output"):
         if part in spec:
             low, high = spec[part]
-            _positive(f"{part} length", low)
-            _positive(f"{part} length", high)
+            positive_int(f"{part} length", low)
+            positive_int(f"{part} length", high)
             if low > high:
                 raise ValueError(f"{part} range must be low-high with low <= high, got {low}-{high}")
     if spec["arrivals"] == "poisson":
-        _positive("poisson rate", spec["rate"], integer=False)
+        positive_number("poisson rate", spec["rate"])
     if spec["arrivals"] == "closed":
-        _positive("closed-loop clients", spec["clients"])
+        positive_int("closed-loop clients", spec["clients"])
     prefix, share = spec.get("prefix", 0), spec.get("prefix_fraction", 1.0)
     if prefix:
-        _positive("shared prefix", prefix)
+        positive_int("shared prefix", prefix)
     _fraction("prefix fraction", share)
     _fraction("cancel fraction", spec.get("cancel_fraction", 0.0))
     if spec.get("cancel_fraction"):
-        _positive("cancel after", spec.get("cancel_after"))
+        positive_int("cancel after", spec.get("cancel_after"))
     longest = spec["prompt"][1] + spec["output"][1] - 1 if "prompt" in spec else None
     if longest is not None and longest + prefix > max_positions:
         raise ValueError(f"a request of prompt {spec['prompt'][1]} + prefix {prefix} + output {spec['output'][1]} "
@@ -188,15 +184,15 @@ def check_trace(trace: Trace, max_positions: int) -> None:
         where = f"request {index}"
         if request.id != index:
             raise ValueError(f"{where}: ids must count from 0 in order, got id {request.id}")
-        _positive(f"{where} prompt", request.prompt)
-        _positive(f"{where} output", request.output)
+        positive_int(f"{where} prompt", request.prompt)
+        positive_int(f"{where} output", request.output)
         if request.positions > max_positions:
             raise ValueError(f"{where}: prompt {request.prompt} + output {request.output} - 1 = {request.positions} "
                              f"positions, beyond max_length {max_positions}")
         if isinstance(request.prefix, bool) or not isinstance(request.prefix, int) or not 0 <= request.prefix < request.prompt:
             raise ValueError(f"{where}: shared prefix must be in [0, prompt {request.prompt}), got {request.prefix!r}")
         if request.cancel_after is not None:
-            _positive(f"{where} cancel_after", request.cancel_after)
+            positive_int(f"{where} cancel_after", request.cancel_after)
             if request.cancel_after >= request.output:
                 raise ValueError(f"{where}: cancellation after {request.cancel_after} tokens is beyond its output of "
                                  f"{request.output} (expected fewer than {request.output})")
@@ -208,7 +204,7 @@ def _check_arrival(trace: Trace, request: TraceRequest, where: str, last: float)
     if trace.arrivals not in ARRIVALS:
         raise ValueError(f"arrivals must be one of {list(ARRIVALS)}, got {trace.arrivals!r}")
     if trace.arrivals == "closed":
-        _positive("clients", trace.clients)
+        positive_int("clients", trace.clients)
         if request.arrival is not None or request.client != request.id % trace.clients:
             raise ValueError(f"{where}: a closed-loop request has no arrival time and client id % {trace.clients}, "
                              f"got arrival {request.arrival!r} and client {request.client!r}")
@@ -231,8 +227,7 @@ def trace_from_dict(data: object, max_positions: int) -> Trace:
     if not isinstance(rows, list) or not all(isinstance(row, dict) and sorted(row) == sorted(FIELDS) for row in rows):
         raise ValueError(f"a trace's requests are a list of objects with exactly the fields {list(FIELDS)}")
     seed = data.get("seed")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"a trace's seed must be an integer >= 0, got {seed!r}")
+    positive_int("a trace's seed", seed, lowest=0)
     trace = Trace(tuple(TraceRequest(**row) for row in rows), data.get("arrivals"), data.get("clients"), seed,
                   dict(data.get("spec") or {}))
     check_trace(trace, max_positions)

@@ -18,6 +18,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from kvbench import latency, requests
+from kvbench.config import positive_int
 from kvbench.decode import decode, decode_full, run_gate, steps
 from kvbench.kinds import CONTEXT_TIMED_STEPS, CONTEXT_WARMUP_STEPS, WORKLOADS
 from kvbench.memory import memory_profile, peak_memory_growth
@@ -42,9 +43,18 @@ class Loop:
         """Token ids a cell of this length consumes."""
         return length
 
+    def reference_spans(self, lengths: list[int]) -> list[tuple[int, int]]:
+        """(first, last) prefix lengths of the forwards the gate's full-prefix reference runs: one loop, the longest."""
+        return [(1, max(lengths))]
+
+    def compute_reference(self, model: Decoder, ids: Tensor) -> None:
+        """The full-prefix logits at every step of the longest length, which every length's gate reads:
+        step t depends only on ids[:, :t + 1]."""
+        self.reference = decode_full(model, ids, keep_logits=True)
+
     def gate(self, model: Decoder, ids: Tensor, length: int, modes: list[str], options: dict | None) -> dict:
-        if self.reference is None:  # once, at the longest length: step t depends only on ids[:, :t + 1]
-            self.reference = decode_full(model, ids, keep_logits=True)
+        if self.reference is None:
+            self.compute_reference(model, ids)
         checks = run_gate(model, ids, [length], modes, reference=self.reference, options=options)
         return {mode: checks[(mode, length)] for mode in modes}
 
@@ -83,8 +93,7 @@ class Request:
 
     def __post_init__(self) -> None:
         for field, value in (("prompt", self.prompt), ("generate", self.generate)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{field} must be a positive integer, got {value!r}")
+            positive_int(field, value)
 
     @property
     def length(self) -> int:
@@ -95,6 +104,10 @@ class Request:
 
     def positions(self, length: int) -> int:
         return length
+
+    def reference_spans(self, lengths: list[int]) -> list[tuple[int, int]]:
+        """The full-prefix request each length's gate runs: the prompt's prefill, then a forward per position."""
+        return [(self.prompt, length) for length in lengths]
 
     def gate(self, model: Decoder, ids: Tensor, length: int, modes: list[str], options: dict | None) -> dict:
         checks = requests.check_request(model, ids[:, :length], modes, self.prompt, options)
@@ -146,6 +159,10 @@ class Contexts:
 
     def positions(self, length: int) -> int:
         return length + self.warmup_steps + self.timed_steps
+
+    def reference_spans(self, lengths: list[int]) -> list[tuple[int, int]]:
+        """The full-prefix path each context's gate runs: the context's prefill, then its warm-up and timed steps."""
+        return [(context, self.positions(context)) for context in lengths]
 
     def gate(self, model: Decoder, ids: Tensor, length: int, modes: list[str], options: dict | None) -> dict:
         checks = requests.check_context(model, ids, modes, length, options, self.warmup_steps, self.timed_steps)

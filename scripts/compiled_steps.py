@@ -26,9 +26,9 @@ from kvbench.cache import StaticCache
 from kvbench.config import preset_config
 from kvbench.decode import token_ids
 from kvbench.files import check_output, write_json_atomic
+from kvbench.latency import median_with_interval
 from kvbench.model import build_model
 from kvbench.record import utc_now
-from kvbench.stats import median_interval
 from kvbench.timing import set_threads
 
 OUTPUT = Path("results/limit/compiled-steps.json")
@@ -91,8 +91,7 @@ class Stepper:
 
 def ratios(rotations: list[dict], mode: str, baseline: str, clock: str) -> dict:
     values = [statistics.median(r[mode][clock]) / statistics.median(r[baseline][clock]) for r in rotations]
-    low, high = median_interval(values)
-    return {"median": statistics.median(values), "low": low, "high": high, "n": len(values)}
+    return {**median_with_interval(values), "n": len(values)}
 
 
 def measure(model, context: int, args) -> dict:

@@ -36,7 +36,6 @@ import time
 from pathlib import Path
 
 from antagonist import contended
-from reproducibility import sd
 
 from kvbench import stats
 from kvbench.files import write_json_atomic
@@ -83,9 +82,10 @@ def collect(out: Path, runs: int, rotations: int, conditions: list[str], best_of
 
 def best_of(loops: int, rotations: int, output: Path) -> None:
     """Rotations of the default grid in which every mode runs `loops` timed loops back to back."""
-    from kvbench.decode import DEFAULT_MODES, decode, token_ids
+    from kvbench.decode import decode, token_ids
     from kvbench.model import build_model
-    from kvbench.telemetry import Probe
+    from kvbench.modes import DEFAULT_MODES
+    from kvbench.telemetry import Counters
     from kvbench.timing import DEFAULT_LENGTHS, Protocol, pin_cpu, rotation_order, set_threads, time_observed
 
     protocol = Protocol()
@@ -93,7 +93,7 @@ def best_of(loops: int, rotations: int, output: Path) -> None:
     pin_cpu("0")
     model = build_model(seed=protocol.seed)
     longest = token_ids(model.config, 1, max(DEFAULT_LENGTHS), protocol.seed)
-    probe, samples, start = Probe(), [], time.perf_counter()
+    counters, samples, start = Counters(), [], time.perf_counter()
     modes = list(DEFAULT_MODES)
     for length in DEFAULT_LENGTHS:
         for mode in modes:
@@ -104,7 +104,7 @@ def best_of(loops: int, rotations: int, output: Path) -> None:
             ids = longest[:, :length]
             for mode in rotation_order(modes, rotation, protocol.order, protocol.seed, length):
                 for loop in range(loops):
-                    seconds, telemetry = time_observed(lambda: decode(model, ids, mode), probe)
+                    seconds, telemetry = time_observed(lambda: decode(model, ids, mode), counters)
                     samples.append({"mode": mode, "length": length, "repetition": rotation, "loop": loop,
                                     "seconds": seconds, "started": time.perf_counter() - start - seconds, **telemetry})
     write_json_atomic({"loops": loops, "rotations": rotations, "lengths": list(DEFAULT_LENGTHS), "modes": modes,
@@ -176,13 +176,17 @@ class Run:
         return max((stats.rerun_interval(e).half_width for e in estimates if e is not None), default=math.inf)
 
     def stop(self, estimator: str, between_run: float, minimum: int = 7) -> tuple[int, float, bool]:
-        """(rotations, seconds of sampling, reached ±5%) where precision-targeted sampling would stop:
-        the first rotation count from `minimum` on with every rerun interval within TARGET, or all."""
+        """(rotations, seconds of sampling, reached ±5%) where precision-targeted sampling would stop
+        (kvbench.stats.stop_rule, replayed): the first rotation count from `minimum` on with every rerun
+        interval within TARGET, or all."""
         for rotations in range(minimum, self.rotations + 1):
-            estimates = (self.speedup(mode, length, estimator, rotations, between_run)
-                         for length in self.lengths for mode in self.modes)
-            if all(e is not None and stats.rerun_interval(e).half_width <= TARGET for e in estimates):
-                return rotations, self.ended[rotations - 1], True
+            estimates = [self.speedup(mode, length, estimator, rotations, between_run)
+                         for length in self.lengths for mode in self.modes]
+            widest = (None if any(e is None for e in estimates)
+                      else max(stats.rerun_interval(e).half_width for e in estimates))
+            stop = stats.stop_rule(rotations, widest, repeats=minimum, precision=TARGET, max_repeats=self.rotations)
+            if stop is not None:
+                return rotations, self.ended[rotations - 1], stop == "precise"
         return self.rotations, self.ended[self.rotations - 1], False
 
 
@@ -255,9 +259,8 @@ def between_run_sd(runs: list[Run], estimator: str) -> float:
                 first = a.speedup(mode, length, estimator, a.rotations, 0.0)
                 second = b.speedup(mode, length, estimator, b.rotations, 0.0)
                 if first and second:
-                    errors = stats.log_standard_error(first) ** 2 + stats.log_standard_error(second) ** 2
-                    terms.append((math.log(second.ratio / first.ratio) ** 2, errors))
-    return sd(terms)
+                    terms.append(stats.between_run_term(first, second))
+    return stats.between_run_sd(terms)
 
 
 def telemetry_line(runs: list[Run]) -> str:

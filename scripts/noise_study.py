@@ -196,9 +196,8 @@ def between_run_table(groups: dict[str, list[RecordView]], rotations: int) -> li
             if key[0] == "aa":
                 continue
             for a, b in zip(runs, runs[1:]):
-                error = stats.log_standard_error(a[key]) ** 2 + stats.log_standard_error(b[key]) ** 2
                 for group in (("speedup", key[1]), ("speedup", "all")):
-                    terms.setdefault(group, []).append((math.log(b[key].ratio / a[key].ratio) ** 2, error))
+                    terms.setdefault(group, []).append(stats.between_run_term(a[key], b[key]))
         for length in views[0].lengths:
             for mode in views[0].modes:
                 cells = []
@@ -207,13 +206,12 @@ def between_run_table(groups: dict[str, list[RecordView]], rotations: int) -> li
                     low, high = stats.median_interval(seconds)
                     cells.append(stats.RatioEstimate(statistics.median(seconds), low, high, len(seconds)))
                 for a, b in zip(cells, cells[1:]):
-                    error = stats.log_standard_error(a) ** 2 + stats.log_standard_error(b) ** 2
                     for group in (("seconds", length), ("seconds", "all")):
-                        terms.setdefault(group, []).append((math.log(b.ratio / a.ratio) ** 2, error))
+                        terms.setdefault(group, []).append(stats.between_run_term(a, b))
     rows = []
     for (quantity, length), values in sorted(terms.items(), key=lambda item: (item[0][0], str(item[0][1]).zfill(6))):
         squared, errors = statistics.fmean(v for v, _ in values), statistics.fmean(e for _, e in values)
-        sd = math.sqrt(max(0.0, (squared - errors) / 2))
+        sd = stats.between_run_sd(values)
         rows.append(f"| {quantity} | {length} | {len(values)} | {math.sqrt(squared):.2%} | "
                     f"{math.sqrt(errors / 2):.2%} | {sd:.2%} |")
     return rows

@@ -25,7 +25,6 @@ Exit status 1 when a check fails, so it can gate a change to the protocol.
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import subprocess
 import sys
@@ -121,26 +120,15 @@ def between_run(views: list[RecordView]) -> dict:
                 if not first or not second:
                     continue
                 medians = [stats.median_estimate(list(x.values()), 0.0) for x in (first, second)]
-                terms["seconds"].setdefault(length, []).append(moment(medians))
+                terms["seconds"].setdefault(length, []).append(stats.between_run_term(*medians))
                 if mode != "full":
                     speedups = [stats.speedup(view.speedup_samples("full", length), x, interval="within")
                                 for view, x in ((a, first), (b, second))]
-                    terms["speedup"].setdefault(length, []).append(moment(speedups))
-    return {quantity: {"pooled": sd([t for values in by_length.values() for t in values]),
-                       "by_length": {length: sd(values) for length, values in sorted(by_length.items())}}
+                    terms["speedup"].setdefault(length, []).append(stats.between_run_term(*speedups))
+    return {quantity: {"pooled": stats.between_run_sd([t for values in by_length.values() for t in values]),
+                       "by_length": {length: stats.between_run_sd(values)
+                                     for length, values in sorted(by_length.items())}}
             for quantity, by_length in terms.items()}
-
-
-def moment(estimates: list[stats.RatioEstimate]) -> tuple[float, float]:
-    """(squared log difference, the sum of the two estimates' squared standard errors)."""
-    first, second = estimates
-    return (math.log(second.ratio / first.ratio) ** 2,
-            stats.log_standard_error(first) ** 2 + stats.log_standard_error(second) ** 2)
-
-
-def sd(terms: list[tuple[float, float]]) -> float:
-    """var(log b/a) = SE_a^2 + SE_b^2 + 2 sd^2, solved for sd (0 when the errors explain it all)."""
-    return math.sqrt(max(0.0, statistics.fmean(t - e for t, e in terms) / 2)) if terms else float("nan")
 
 
 def markdown(results: list[dict], truth: dict[int, float], spread: dict | None = None) -> str:

@@ -53,12 +53,12 @@ def check(mode: str, length: int, passed: bool = True) -> dict:
 
 def machine_probe(slower: float = 1.0, repeats: int = 5, spread: float = 0.01, seed: int = 0) -> dict:
     """A machine probe of kvbench.machine's workloads, every one `slower` times its base time, with noise."""
-    from kvbench.machine import WORKLOADS
+    from kvbench.machine import PROBE_CALLS
 
     base = {"python": 0.02, "dispatch": 0.012, "matmul": 0.008, "copy": 0.006}
-    return {"workloads": dict(WORKLOADS), "repeats": repeats,
+    return {"workloads": dict(PROBE_CALLS), "repeats": repeats,
             **{phase: {name: noisy(base[name] * slower, repeats, spread, seed + 17 * i + 101 * p)
-                       for i, name in enumerate(WORKLOADS)} for p, phase in enumerate(("start", "end"))}}
+                       for i, name in enumerate(PROBE_CALLS)} for p, phase in enumerate(("start", "end"))}}
 
 
 def synthetic_record(seconds: dict[tuple[str, int], list[float]], *, failed=(), status="complete", repeats=None,

@@ -187,6 +187,41 @@ def test_the_commit_budget_is_shared_by_the_parameters_still_to_come(suites, tmp
             common.parse_budget(bad)
 
 
+@pytest.mark.parametrize("value, low, high, kept", [
+    (3.0812345678, 2.96, 3.20, 3.08),  # ±0.12: two significant digits of it are hundredths
+    (3.0812345678, 3.07, 3.094, 3.081),  # ±0.012
+    (26.2134, 20.1, 32.5, 26.2),  # ±6.2: tenths
+    (1.0000001234, 1.0000001234, 1.0000001234, 1.0),  # no width: four significant digits
+])
+def test_track_speedup_keeps_the_digits_its_interval_supports(suites, value, low, high, kept):
+    assert suites.common.round_to_interval(value, low, high) == kept
+
+
+def test_request_tracks_are_medians_rounded_to_their_interval(suites):
+    import benchmarks.latency
+
+    from kvbench.stats import median_interval
+
+    bench = benchmarks.latency.TrackRequest()
+    ttft = [1.0012345 + 0.01 * k for k in range(9)]  # ms; the median's 95% interval spans about ±0.03 ms
+    bench.figures = [{"ttft": t / 1e3, "tpot": 0.25e-3} for t in ttft]
+    low, high = median_interval(ttft)
+    assert bench.track_ttft("static") == suites.common.round_to_interval(1.0412345, low, high) == 1.041
+    assert bench.track_tpot("static") == 0.25  # no spread: four significant digits
+
+
+def test_the_half_width_is_handed_from_track_speedup_to_its_companion(suites, tmp_path):
+    from kvbench.stats import RatioEstimate
+
+    common, ledger = suites.common, tmp_path / "ledger.json"
+    ledger.write_text(json.dumps({"budget": 10.0, "spent": 0.0, "done": []}))
+    with pytest.raises(NotImplementedError, match="no track_speedup interval for seed@static@64"):
+        common.kept_interval("seed@static@64", ledger)  # asv shows a skip: nothing to report
+    common.keep_interval("seed@static@64", RatioEstimate(3.0, 2.88, 3.12, 11), ledger)
+    assert common.kept_interval("seed@static@64", ledger)["half_width"] == pytest.approx(0.04)
+    assert suites.speedup.TrackSpeedup.track_speedup_halfwidth.unit == "%" and suites.speedup.TrackSpeedup.unit == "x"
+
+
 def test_modes_keep_their_indices(suites):
     common = suites.common
     assert common.MODES[: len(common.KNOWN_MODES)] == common.KNOWN_MODES  # asv passes indices
@@ -236,8 +271,11 @@ def test_every_suite_runs_once(suites, capsys, monkeypatch):
         clock = estimation.choose(16, repetitions, threads=1).clock  # as kvbench run would choose it
         seconds = estimation.series(repetitions, clock)
         assert len(seconds[(FULL, 16)]) == len(seconds[(mode, 16)]) == 3  # the suite's protocol: 3 rotations
-        assert value == estimate.ratio == stats.speedup(seconds[(FULL, 16)], seconds[(mode, 16)], key=(mode, 16)).ratio
-        assert estimate.low <= value <= estimate.high
+        assert estimate.ratio == stats.speedup(seconds[(FULL, 16)], seconds[(mode, 16)], key=(mode, 16)).ratio
+        half = (estimate.high - estimate.low) / 2  # asv keeps the value to two significant digits of the half-width
+        assert value == suites.common.round_to_interval(estimate.ratio, estimate.low, estimate.high)
+        assert abs(value - estimate.ratio) <= half / 20 and len(repr(value)) < 10 and estimate.low <= value <= estimate.high
+        assert speedup.track_speedup_halfwidth(gate, model, mode, 16) == float(f"{estimate.half_width * 100:.2g}")
         equivalence = suites.cache.TrackEquivalence()
         equivalence.setup(gate, model, mode, 16)
         assert 0 <= equivalence.track_max_abs_diff(gate, model, mode, 16) < 1e-5
@@ -281,12 +319,59 @@ def existing(tmp_path_factory):
         git(repo, "checkout", "-q", commit)
         logs[commit] = run([ASV, "run", "-E", existing_env, "--set-commit-hash", commit, "--machine", "m1",
                             "--show-stderr", *timed], repo, env).stdout
-    # m2 benchmarks only the second commit, and only the full-prefix loop.
-    run([ASV, "run", "-E", existing_env, "--set-commit-hash", second, "--machine", "m2", "--quick",
-         "-b", rf"time_decode\('seed', '{FULL}'"], repo, env)
+    # m2 benchmarks only the second commit, as `make asv-quick` does: the full-prefix loop and one speedup.
+    logs["m2"] = run([ASV, "run", "-E", existing_env, "--set-commit-hash", second, "--machine", "m2",
+                      *make_variable("ASV_QUICK_ATTRIBUTES").split(), "-b",
+                      rf"time_decode\('seed', '{FULL}'|TrackSpeedup\.track_speedup.*\('seed', 'static'"],
+                     repo, dict(env, KVBENCH_ASV_BUDGET="5")).stdout
     git(repo, "checkout", "-q", "main")
     return {"root": root, "home": home, "repo": repo, "env": env, "first": first, "second": second,
             "env_name": asvtools.existing_env_name(sys.executable), "logs": logs}
+
+
+def make_variable(name: str) -> str:
+    """A `NAME := value` line of the Makefile, so the test runs asv the way `make` does."""
+    (value,) = re.findall(rf"^{name} :?= (.*)$", (ROOT / "Makefile").read_text(), re.MULTILINE)
+    return value
+
+
+def test_asvs_working_folders_are_ignored_by_git():
+    """What a local asv run leaves (results and captures per machine) stays out of git; the suite's
+    benchmarks.json stays tracked."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    kept = ["results/asv/vm/machine.json", "results/asv/vm/2e7adc33-existing-py.json",
+            "results/captures/vm/2e7adc33-existing-py.json"]
+    ignored = subprocess.run([*GIT, "-C", str(ROOT), "check-ignore", "--no-index", *kept, "results/asv/benchmarks.json"],
+                             capture_output=True, text=True)
+    assert ignored.stdout.split() == kept
+
+
+def test_make_asv_quick_runs_one_round_of_several_samples():
+    recipe = (ROOT / "Makefile").read_text().split("\nasv-quick:")[1].split("\n\n")[0]
+    # --quick takes one sample (asv's ± is half the samples' IQR: "±0") and sizes the progress bar by the
+    # suite's largest `rounds` while running one round (it ended at 50%)
+    assert "$(ASV_QUICK_ATTRIBUTES)" in recipe and "--quick" not in recipe
+    assert make_variable("ASV_QUICK_ATTRIBUTES").split() == ["-a", "rounds=1", "-a", "repeat=5"]
+
+
+@pytest.mark.slow
+def test_the_quick_attributes_reach_100_percent_with_a_spread_and_a_rounded_speedup(existing):
+    log = existing["logs"]["m2"]
+    assert re.findall(r"\[\s*(\d+\.\d+)%\]", log)[-1] == "100.00", log
+    (time_line,) = [line for line in log.splitlines() if re.match(rf"\s*'?seed'?\s.*'?{FULL}'?\s", line)] or [""]
+    spread = re.search(r"±(\d+(?:\.\d+)?)", time_line)
+    assert spread and float(spread.group(1)) > 0, log  # five samples: a real interquartile range
+    speedup = re.search(r"track_speedup\s.*?\n(?:.*\n)*?.*'?static'?\s+(\S+)", log)
+    halfwidth = re.search(r"track_speedup_halfwidth\s.*?\n(?:.*\n)*?.*'?static'?\s+(\S+)", log)
+    assert speedup and halfwidth, log
+    assert len(speedup.group(1)) <= 6 and 0 < float(halfwidth.group(1)) < 100, log  # no 16 digits; a half-width in %
+    capture = json.loads(asvtools.capture_path_for_result(existing["repo"] / "results" / "asv" / "m2" /
+                                                          asvtools.result_file_name(existing["second"],
+                                                                                    existing["env_name"])).read_text())
+    entry = capture["track_speedup"][f"seed@static@{LENGTH}"]
+    assert float(halfwidth.group(1)) == float(f"{entry['half_width'] * 100:.2g}")
+    assert abs(float(speedup.group(1)) - entry["speedup"]) <= (entry["high"] - entry["low"]) / 40
 
 
 @pytest.mark.slow

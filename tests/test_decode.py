@@ -9,11 +9,6 @@ import kvbench.decode as decode_module
 from kvbench.cache import CACHE_KINDS, KINDS, ConcatCache, expected_cache_bytes
 from kvbench.config import DTYPES
 from kvbench.decode import (
-    DRIFTED,
-    FULL,
-    MODES,
-    NOT_FINITE,
-    REFERENCE_NOT_FINITE,
     cache_footprint,
     check_equivalence,
     check_modes,
@@ -26,9 +21,10 @@ from kvbench.decode import (
     token_ids,
     tolerances,
 )
+from kvbench.kinds import DRIFTED, NOT_FINITE, REFERENCE_NOT_FINITE
 from kvbench.model import DecoderConfig, build_model
+from kvbench.modes import FULL, MODES, spec
 from kvbench.report.format import check_text
-from kvbench.modes import spec
 
 BROKEN_FROM = 3  # the step at which the broken caches below start to go wrong
 
@@ -468,6 +464,15 @@ def test_a_lossy_kind_with_no_finite_step_has_no_kl_to_report():
     assert (drift.passed, drift.failure, drift.non_finite) == (False, NOT_FINITE, 12)
     assert (drift.kl_mean, drift.kl_max) == (0.0, 0.0)
 
+def test_a_failed_checks_error_keeps_its_first_300_characters(tiny_model, monkeypatch):
+    class VerboseCache(ConcatCache):
+        def update(self, layer, k, v):
+            raise RuntimeError("x" * 400)
+
+    monkeypatch.setitem(KINDS, "concat", VerboseCache)
+    checks = run_gate(tiny_model, token_ids(tiny_model.config, 1, 4), [4], ["concat"])
+    assert checks[("concat", 4)]["error"] == "RuntimeError: " + "x" * (300 - len("RuntimeError: "))
+
 def test_equivalence_and_drift_are_frozen_and_say_whether_they_are_exact():
     reference = torch.zeros(1, 2, 3)
     exact = compare_logits("static", reference, reference, 1e-5, 1e-5)
@@ -476,6 +481,8 @@ def test_equivalence_and_drift_are_frozen_and_say_whether_they_are_exact():
     assert (drift.top1_disagreements, drift.reference_non_finite, drift.first_reference_non_finite) == (0, 0, None)
     with pytest.raises(AttributeError):
         exact.passed = False
+    with pytest.raises(AttributeError):
+        drift.passed = False
 
 
 def test_a_finite_lossy_kind_beyond_its_limits_has_drifted():
@@ -550,6 +557,14 @@ def test_the_stepper_continues_forks_of_a_shared_paged_prefix_and_leaves_them_to
             assert pool.free_blocks == free_before
     assert prefix.length == shared  # the forks appended to copies of the shared, partly filled block
 
+
+@pytest.mark.parametrize("mode", ["full", "static"])
+def test_the_stepper_by_default_starts_from_one_token_and_yields_a_step_per_later_one(tiny_model, mode):
+    from kvbench.decode import steps
+
+    ids = token_ids(tiny_model.config, 1, 6)
+    logits = torch.stack([out for out, _ in steps(tiny_model, ids, mode)], dim=1)
+    torch.testing.assert_close(logits, decode_full(tiny_model, ids, keep_logits=True), atol=1e-5, rtol=1e-5)
 
 def test_the_stepper_refuses_a_cache_it_cannot_continue(tiny_model):
     from kvbench.decode import steps

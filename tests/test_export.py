@@ -247,12 +247,14 @@ def test_request_contexts_and_incomplete_records_export_their_own_samples_in_eve
     record = RecordView.load(path)
     bmf, _ = export(capsys, tmp_path, "bmf", path)
     jsonschema.validate(bmf, schema("bmf.schema.json"))
-    assert set(bmf) == {f"kvbench/{workload}/{mode}/{length}" for mode, length in samples}
+    cells = {name for name in bmf if name.count("/") == 3}  # the others are a request's or contexts run's figures
+    assert cells == {f"kvbench/{workload}/{mode}/{length}" for mode, length in samples}
+    assert all(name.rsplit("/", 1)[0] in cells for name in set(bmf) - cells)
     actions, _ = export(capsys, tmp_path, "github-action-benchmark", path)
     jsonschema.validate(actions, schema("github-action-benchmark.schema.json"))
     by_name = {entry["name"]: entry for entry in actions}
     conbench, _ = export(capsys, tmp_path, "conbench", path, extra=("--repository", REPOSITORY))
-    by_cell = {(r["tags"]["mode"], int(r["tags"]["length"])): r for r in conbench}
+    by_cell = {(r["tags"]["mode"], int(r["tags"]["length"])): r for r in conbench if "figure" not in r["tags"]}
     assert set(by_cell) == set(samples)
     for (mode, length), seconds in samples.items():
         key = f"kvbench/{workload}/{mode}/{length}"
@@ -482,3 +484,188 @@ def test_output_checks(capsys, tmp_path):
     assert_one_line_error(capsys, code, "--format")
     assert main(["export", str(REFERENCE), "--format", "bmf", "--output", str(existing), "--force"]) == 0
     assert "kvbench/seed/full/16" in json.loads(existing.read_text())
+
+
+# -- a request's and a contexts run's figures, as the report shows them ------------------------------
+
+
+def medians_with_intervals(values: list[float]) -> tuple[float, float, float]:
+    """The median and its order-statistic interval, computed here from the raw values (not by kvbench.latency)."""
+    import statistics
+
+    from kvbench.stats import median_interval
+
+    return (statistics.median(values), *median_interval(values))
+
+
+def request_truth(record: RecordView, mode: str, length: int) -> dict:
+    """TTFT, TPOT (with intervals) and ITL percentiles of one request cell, from its raw repetitions."""
+    import numpy as np
+
+    reps = record.repetitions(mode, length)
+    ttfts = [rep["ttft_seconds"] for rep in reps]
+    tpots = [sum(rep["step_seconds"]) / len(rep["step_seconds"]) for rep in reps]
+    steps = [s for rep in reps for s in rep["step_seconds"]]
+    percentiles = dict(zip((50, 90, 99), np.percentile(steps, [50, 90, 99])))
+    return {"ttft": (medians_with_intervals(ttfts), ttfts), "tpot": (medians_with_intervals(tpots), tpots),
+            **{f"itl_p{level}": ((value, None, None), steps) for level, value in percentiles.items()}}
+
+
+@pytest.fixture(scope="module")
+def contexts_record(tmp_path_factory):
+    """A real contexts run with the timed window (the committed ones predate it): llama-tiny, two contexts."""
+    path = tmp_path_factory.mktemp("contexts") / "contexts.json"
+    code = main(["run", "--preset", "llama-tiny", "--contexts", "5,9", "--modes", "full,static", "--repeats", "5",
+                 "--warmup", "0", "--control", "none", "--no-progress", "--output", str(path)])
+    assert code == 0
+    return path
+
+
+def contexts_truth(record: RecordView, mode: str, length: int) -> dict:
+    workload = record.run["workload"]
+    reps = record.repetitions(mode, length)
+    steps = [sum(rep["step_seconds"][workload["warmup_steps"]:]) / workload["timed_steps"] for rep in reps]
+    firsts = [rep["step_seconds"][0] for rep in reps]
+    return {"step": (medians_with_intervals(steps), steps), "first_step": (medians_with_intervals(firsts), firsts)}
+
+
+def figure_case(name: str, contexts_path: Path) -> tuple[str, RecordView, dict]:
+    """(workload name, record, {cell: {figure: ((median, low, high), the values it summarizes)}})."""
+    if name == "request":
+        request = RecordView.load(REQUEST)
+        return "llama-mini,prompt=512,generate=128", request, {c: request_truth(request, *c) for c in request.cells()}
+    contexts = RecordView.load(contexts_path)
+    return "llama-tiny,contexts", contexts, {c: contexts_truth(contexts, *c) for c in contexts.cells()}
+
+
+@pytest.mark.parametrize("name", ["request", "contexts"])
+def test_bmf_and_the_action_carry_ttft_tpot_itl_and_the_context_steps_with_their_intervals(capsys, tmp_path, name,
+                                                                                            contexts_record):
+    workload, record, truth = figure_case(name, contexts_record)
+    bmf, _ = export(capsys, tmp_path, "bmf", record.source)
+    jsonschema.validate(bmf, schema("bmf.schema.json"))
+    actions, _ = export(capsys, tmp_path, "github-action-benchmark", record.source)
+    jsonschema.validate(actions, schema("github-action-benchmark.schema.json"))
+    by_name = {entry["name"]: entry for entry in actions}
+    assert len(by_name) == len(actions)
+    for (mode, length), figures in truth.items():
+        for figure, ((median, low, high), samples) in figures.items():
+            key = f"kvbench/{workload}/{mode}/{length}/{figure}"
+            measure = bmf[key]["latency"]  # Bencher's built-in measure: its unit, nanoseconds, is Bencher's own
+            assert measure["value"] == pytest.approx(median * 1e9)
+            entry = by_name[key]
+            assert entry["unit"] == "ms" and entry["value"] == pytest.approx(median * 1e3)
+            if low is None:  # an ITL percentile, pooled over steps: the report shows it without an interval
+                assert set(measure) == {"value"} and "range" not in entry
+                assert f"pooled over {len(samples)} steps" in entry["extra"]
+                continue
+            assert (measure["lower_value"], measure["upper_value"]) == pytest.approx((low * 1e9, high * 1e9))
+            shown = re.match(r"([0-9.e+-]+) to ([0-9.e+-]+) ms \(95% interval of the median\)", entry["range"])
+            assert tuple(map(float, shown.groups())) == pytest.approx((low * 1e3, high * 1e3), rel=1e-5)
+            listed = entry["extra"].split("samples ms: ")[1].split()
+            assert [float(x) for x in listed] == pytest.approx([x * 1e3 for x in samples], rel=1e-5)
+    figures = {name.rsplit("/", 1)[1] for name in bmf if name.count("/") == 4}
+    assert figures == ({"ttft", "tpot", "itl_p50", "itl_p90", "itl_p99"} if "prompt" in workload
+                       else {"step", "first_step"})
+
+
+@pytest.mark.parametrize("name", ["request", "contexts"])
+def test_conbench_results_of_the_figures_pass_benchadapt_with_their_samples_and_intervals(capsys, tmp_path, name,
+                                                                                           contexts_record):
+    from benchadapt import BenchmarkResult
+
+    workload, record, truth = figure_case(name, contexts_record)
+    document, _ = export(capsys, tmp_path, "conbench", record.source, extra=("--repository", REPOSITORY))
+    by_case = {(r["tags"]["mode"], int(r["tags"]["length"]), r["tags"].get("figure")): r for r in document}
+    assert len(by_case) == len(document)
+    for result in document:
+        jsonschema.validate(result, schema("conbench-result.schema.json"))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert BenchmarkResult(**copy.deepcopy(result)).to_publishable_dict() == result
+    for (mode, length), figures in truth.items():
+        assert by_case[(mode, length, None)]["stats"]["data"] == record.seconds(mode, length)
+        for figure, ((median, low, high), samples) in figures.items():
+            series = "itl" if figure.startswith("itl") else figure
+            result = by_case[(mode, length, series)]
+            assert result["stats"]["unit"] == "s" and result["stats"]["data"] == pytest.approx(samples)
+            info = result["info"]
+            assert info[f"{figure}_s"] == pytest.approx(median)
+            assert info == by_case[(mode, length, None)]["info"]  # every result of a cell carries every figure
+            if low is not None:
+                assert (info[f"{figure}_low_s"], info[f"{figure}_high_s"]) == pytest.approx((low, high))
+                assert "order-statistic interval of the median" in info["figure_interval"]
+            else:
+                assert f"{figure}_low_s" not in info
+
+
+@pytest.mark.skipif(not Path(PYTEST_BENCHMARK).exists(), reason="pytest-benchmark is in the dev extra")
+@pytest.mark.parametrize("name", ["request", "contexts"])
+def test_pytest_benchmark_compare_prints_the_figures_medians_as_the_report_has_them(capsys, tmp_path, name,
+                                                                                      contexts_record):
+    """pytest-benchmark computes each series' median from the exported samples: it must be the report's figure."""
+    workload, record, truth = figure_case(name, contexts_record)
+    document, output = export(capsys, tmp_path, "pytest-benchmark", record.source)
+    done = subprocess.run([PYTEST_BENCHMARK, "compare", str(output), "--columns=median,rounds", "--name=long",
+                           "--time-unit=us", "--group-by=group"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and "Failed to load" not in done.stdout + done.stderr, done.stderr
+    for (mode, length), figures in truth.items():
+        for figure, ((median, low, high), samples) in figures.items():
+            if low is None:
+                benchmark = next(b for b in document["benchmarks"] if b["name"] == f"itl[{mode}-{length}]")
+                assert benchmark["extra_info"][f"{figure}_s"] == pytest.approx(median)
+                continue
+            name = f"kvbench/{workload}::{figure}[{mode}-{length}]"
+            line = next((line for line in done.stdout.splitlines() if name in line), None)
+            assert line is not None, f"{name} missing from:\n{done.stdout}"
+            numbers = [float(n.replace(",", "")) for n in
+                       re.findall(r"(?<![\w.\[-])[0-9][0-9,]*\.?[0-9]*(?![\w\]-])", line.split(name, 1)[1])]
+            assert any(math.isclose(n, median * 1e6, rel_tol=1e-3) for n in numbers), (line, median)
+            assert len(samples) in numbers, line
+
+
+def committed_work() -> list[str]:
+    """Every committed record of a request or contexts run (found by its run.workload)."""
+    found = []
+    for path in sorted((ROOT / "results").rglob("*.json")):
+        try:
+            document = json.loads(path.read_text())
+        except (ValueError, UnicodeDecodeError):
+            continue
+        run = document.get("run") if isinstance(document, dict) and "schema" in document else None
+        if isinstance(run, dict) and (run.get("workload") or {}).get("kind") in ("request", "contexts"):
+            found.append(str(path.relative_to(ROOT)))
+    return found
+
+
+COMMITTED_WORK = committed_work()
+
+
+@pytest.mark.parametrize("relative", COMMITTED_WORK)
+def test_every_committed_request_and_contexts_record_exports_the_reports_figures(relative):
+    """Every committed request record's cells carry the TTFT and TPOT its summary (what the report prints) holds;
+    a contexts record from before the timed window exports what one sample covers, and no figure it lacks."""
+    record = RecordView.load(ROOT / relative)
+    bmf = export_document([record], "bmf")
+    jsonschema.validate(bmf, schema("bmf.schema.json"))
+    actions = export_document([record], "github-action-benchmark")
+    jsonschema.validate(actions, schema("github-action-benchmark.schema.json"))
+    conbench = export_document([record], "conbench", {"repository": REPOSITORY})
+    kind = record.run["workload"]["kind"]
+    if kind == "contexts":
+        assert "timed_steps" not in record.run["workload"]
+        assert all(r["info"]["sample"].startswith("one decode step after the context's prefill") for r in conbench)
+        assert not any("figure" in r["tags"] for r in conbench)
+        return
+    summary = {entry["mode"]: entry for entry in record.record["summary"]["latency"]}
+    prompt, generate = record.run["workload"]["prompt"], record.run["workload"]["generate"]
+    for mode, length in record.cells():
+        cell = f"kvbench/{record.run['preset']},prompt={prompt},generate={generate}/{mode}/{length}"
+        for figure in ("ttft", "tpot"):
+            measure, expected = bmf[f"{cell}/{figure}"]["latency"], summary[mode][figure]
+            assert (measure["value"], measure["lower_value"], measure["upper_value"]) == pytest.approx(
+                (expected["median"] * 1e9, expected["low"] * 1e9, expected["high"] * 1e9))
+        assert bmf[f"{cell}/itl_p99"]["latency"] == pytest.approx({"value": summary[mode]["itl_p99"] * 1e9})
+        action = next(entry for entry in actions if entry["name"] == f"{cell}/tpot")
+        assert action["value"] == pytest.approx(summary[mode]["tpot"]["median"] * 1e3)

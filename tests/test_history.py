@@ -9,8 +9,11 @@ headless behind a trap proxy that records any request.
 """
 
 import base64
+import dataclasses
 import hashlib
 import json
+import os
+import re
 import shutil
 import socket
 import statistics
@@ -362,24 +365,85 @@ def proxy():
     trap.close()
 
 
+SCREENSHOTS = "KVBENCH_SCREENSHOTS"  # a folder (make screenshots: docs/) where the browser tests keep their screenshots
+
+
+def screenshot(tmp_path: Path, proxy: TrapProxy, page: Path, name: str, *args: str) -> Path:
+    """Chromium's screenshot of the page, also kept as <$KVBENCH_SCREENSHOTS>/<name> when that is set."""
+    shot = tmp_path / name
+    done = chromium(tmp_path, proxy, page, "--hide-scrollbars", *args, f"--screenshot={shot}")
+    assert done.returncode == 0 and shot.stat().st_size > 10_000, done.stderr[-2000:]
+    if os.environ.get(SCREENSHOTS):
+        shutil.copyfile(shot, Path(os.environ[SCREENSHOTS]) / name)
+    return shot
+
+
+def screenshot_colors(shot: Path) -> set[tuple[int, int, int]]:
+    from matplotlib.image import imread
+
+    pixels = (imread(shot)[..., :3] * 255).round().astype(int)
+    return {tuple(p) for p in pixels.reshape(-1, 3)[::7]}
+
+
+# Measures, in the page as Chromium lays it out, whether a chart's unit label touches any of its tick labels.
+MEASURE = """
+var touching = [];
+document.querySelectorAll("svg").forEach(function (svg, i) {
+  var unit = svg.querySelector("text.unit").getBoundingClientRect();
+  svg.querySelectorAll("text.tick").forEach(function (tick) {
+    var b = tick.getBoundingClientRect();
+    if (b.left < unit.right && unit.left < b.right && b.top < unit.bottom && unit.top < b.bottom) {
+      touching.push(i + ":" + tick.textContent);
+    }
+  });
+});
+document.body.dataset.units = String(document.querySelectorAll("text.unit").length);
+document.body.dataset.touching = touching.join(",") || "none";
+"""
+
+
+def measured(page_text: str) -> str:
+    """The page with MEASURE allowed by its CSP and run after the page's own script."""
+    from kvbench.report.historypage import SCRIPT, content_security_policy, script_hash
+
+    policy = content_security_policy(SCRIPT)
+    assert policy in page_text
+    return page_text.replace(policy, f"{policy} {script_hash(MEASURE)}").replace(
+        "</body>", f"<script>{MEASURE}</script></body>")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (apt-get install -y chromium; "
+                                              ".ci/run installs it)")
+def test_chromium_lays_out_no_unit_label_on_the_ticks(tmp_path, proxy):
+    """Long tick labels (bytes: 2.495e+08) beside the unit label, as Chromium lays them out."""
+    from kvbench.report.history import Chart, Point
+
+    history = build_history(COMMITTED)
+    machine, (first, second) = history.machines[0], (c.hash for c in history.commits)
+    points = [Point(machine, first, 249_512_345.0, None), Point(machine, second, 251_034_567.0, None)]
+    history.charts.append(Chart("decode.PeakMemDecode.peakmem_decode", "model='seed'", "bytes", False,
+                                {machine: points}))
+    page = tmp_path / "measured.html"
+    page.write_text(measured(render_page(history)))
+    dom = chromium(tmp_path, proxy, page, "--dump-dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert f'data-units="{len(history.charts)}"' in dom.stdout, "the measuring script did not run"
+    assert 'data-touching="none"' in dom.stdout, re.findall(r'data-touching="[^"]*"', dom.stdout)
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (apt-get install -y chromium; "
                                               ".ci/run installs it)")
 def test_chromium_renders_the_page_offline_and_requests_nothing(tmp_path, history, proxy):
     own = BROWSER_OWN_HOSTS | blank_page_hosts(tmp_path)
     assert "kvbench.invalid" not in own
-    page = tmp_path / "history.html"
-    page.write_text(render_page(history))
+    page = tmp_path / "history.html"  # named as `make history-page` names it, not by this checkout's path
+    page.write_text(render_page(dataclasses.replace(history, results_dir=COMMITTED.relative_to(ROOT).as_posix())))
     dom = chromium(tmp_path, proxy, page, "--dump-dom")
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert 'data-ready="yes"' in dom.stdout, "the inline script did not run"
     assert dom.stdout.count("<svg") == 4 and "history-b" in dom.stdout
-    shot = tmp_path / "shot.png"
-    done = chromium(tmp_path, proxy, page, "--hide-scrollbars", "--window-size=840,1400", f"--screenshot={shot}")
-    assert done.returncode == 0 and shot.stat().st_size > 10_000, done.stderr[-2000:]
-    from matplotlib.image import imread
-
-    pixels = (imread(shot)[..., :3] * 255).round().astype(int)
-    colors = {tuple(p) for p in pixels.reshape(-1, 3)[::7]}
+    shot = screenshot(tmp_path, proxy, page, "history.png", "--window-size=840,1500")
+    colors = screenshot_colors(shot)
     assert (0x1F, 0x77, 0xB4) in colors and (0xD6, 0x27, 0x28) in colors, "both machines' lines are drawn"
     assert page_requests(proxy, own) == [], proxy.requests
     # the trap works: a page that does load a resource is caught

@@ -8,8 +8,8 @@ import pytest
 from records import synthetic_record, view
 
 from kvbench.cache import expected_cache_bytes
-from kvbench.cache.quantized import quantized_cache_bytes
 from kvbench.config import DecoderConfig, PlainConfig
+from kvbench.kinds import quantized_cache_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("layout_targets", ROOT / "scripts" / "layout_targets.py")

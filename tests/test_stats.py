@@ -319,3 +319,31 @@ def test_estimates_and_fits_are_frozen_values():
     for value, name in ((fit, "b"), (estimate, "ratio"), (stats.Trend(0.0, 1.0, 0.0), "tau")):
         with pytest.raises(AttributeError):
             setattr(value, name, 0.0)
+
+
+# -- what studies of many runs estimate ----------------------------------------------------------
+
+
+def test_the_between_run_sd_solves_the_method_of_moments_for_a_known_spread():
+    """Runs alternately 5% above and below with known errors: var(log b/a) = SE_a^2 + SE_b^2 + 2 sd^2."""
+    z = stats.normal_quantile(0.975)
+    se = 0.01  # each run's standard error of log
+    estimates = [stats.RatioEstimate(math.exp(0.05 * (-1) ** i), math.exp(0.05 * (-1) ** i - z * se),
+                                     math.exp(0.05 * (-1) ** i + z * se), 20) for i in range(6)]
+    terms = [stats.between_run_term(a, b) for a, b in zip(estimates, estimates[1:])]
+    assert terms[0] == pytest.approx((0.1 ** 2, 2 * se ** 2))
+    assert stats.between_run_sd(terms) == pytest.approx(math.sqrt((0.01 - 2 * se ** 2) / 2))
+    assert stats.between_run_sd([(0.0001, 0.01)]) == 0.0  # the runs' own errors explain every difference
+    assert math.isnan(stats.between_run_sd([]))
+
+
+@pytest.mark.parametrize("rotations, half_width, settings, expected", [
+    (6, None, dict(precision=None), None), (7, None, dict(precision=None), "fixed"),
+    (6, 0.01, dict(), None),  # precise already, but fewer than `repeats` rotations
+    (7, 0.05, dict(), "precise"), (7, 0.051, dict(), None), (7, None, dict(), None),
+    (40, 0.2, dict(), "cap"), (8, 0.2, dict(elapsed=60.0), "budget"),
+    (40, 0.01, dict(elapsed=60.0), "precise"),  # precise wins over the cap and the budget
+])
+def test_the_stop_rule_stops_on_width_then_the_cap_then_the_budget(rotations, half_width, settings, expected):
+    rule = dict(repeats=7, precision=0.05, max_repeats=40, max_seconds=60.0) | settings
+    assert stats.stop_rule(rotations, half_width, **rule) == expected

@@ -7,7 +7,7 @@ import os
 import pytest
 
 import kvbench.telemetry as telemetry
-from kvbench.telemetry import FIELDS, Probe, Reading, disturbances, tally
+from kvbench.telemetry import FIELDS, Counters, Reading, disturbances, tally
 
 
 def descriptor_of(tmp_path, name: str, text: str) -> int:
@@ -55,27 +55,27 @@ def test_a_missing_source_is_none_with_a_reason_and_costs_nothing_else(monkeypat
         return real_open(path, *args, **kwargs)
 
     monkeypatch.setattr(telemetry.os, "open", refuse_schedstat)
-    probe = Probe()
+    counters = Counters()
     try:
-        assert probe.unavailable["runqueue_seconds"] == "/proc/thread-self/schedstat: No such file or directory"
-        reading = probe.read()
-        sample = probe.difference(reading, probe.read())
+        assert counters.unavailable["runqueue_seconds"] == "/proc/thread-self/schedstat: No such file or directory"
+        reading = counters.read()
+        sample = counters.difference(reading, counters.read())
         assert sample["runqueue_seconds"] is None and set(sample) == set(FIELDS)
         assert sample["cpu_seconds"] >= 0
     finally:
-        probe.close()
+        counters.close()
 
 
 def test_difference_scales_every_counter():
-    probe = Probe()
-    probe._ticks = 100
+    counters = Counters()
+    counters._ticks = 100
     start = Reading(cpu_ns=1_000_000, voluntary=1, involuntary=2, runqueue_ns=10, steal_ticks=5, throttled_ns=0, cpu=0)
     end = Reading(cpu_ns=3_000_000, voluntary=4, involuntary=2, runqueue_ns=2_000_010, steal_ticks=7,
                   throttled_ns=1_000, cpu=1)
-    assert probe.difference(start, end) == pytest.approx({
+    assert counters.difference(start, end) == pytest.approx({
         "cpu_seconds": 0.002, "voluntary_switches": 3, "involuntary_switches": 0, "runqueue_seconds": 0.002,
         "steal_seconds": 0.02, "throttled_seconds": 1e-6, "cpu_start": 0, "cpu_end": 1})
-    probe.close()
+    counters.close()
 
 
 QUIET = {"cpu_seconds": 0.0099, "voluntary_switches": 0, "involuntary_switches": 0, "runqueue_seconds": 0.0,

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kvbench.decode import MODES, token_ids
-from kvbench.telemetry import FIELDS, Probe
+from kvbench.telemetry import FIELDS, Counters
 from kvbench.timing import (
     Protocol,
     mode_orders,
@@ -143,11 +143,11 @@ def test_time_call_measures_the_call():
 
 
 def test_time_observed_reads_the_telemetry_around_the_call():
-    probe = Probe()
+    counters = Counters()
     try:
-        seconds, telemetry = time_observed(lambda: sum(range(200_000)), probe)
+        seconds, telemetry = time_observed(lambda: sum(range(200_000)), counters)
     finally:
-        probe.close()
+        counters.close()
     assert set(telemetry) == set(FIELDS)
     assert 0 < seconds < 1
     if telemetry["cpu_seconds"] is not None:  # thread CPU time of a busy loop: most of its wall time

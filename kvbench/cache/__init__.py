@@ -14,9 +14,10 @@ from kvbench import modes
 from kvbench.cache.base import Cache, expected_cache_bytes
 from kvbench.cache.contiguous import ConcatCache, StaticCache
 from kvbench.cache.paged import BlockPool, PagedCache
-from kvbench.cache.quantized import QuantizedCache, QuantizedInt4Cache, quantized_cache_bytes
+from kvbench.cache.quantized import QuantizedCache, QuantizedInt4Cache
 from kvbench.cache.window import WindowCache
 from kvbench.config import DecoderConfig
+from kvbench.kinds import quantized_cache_bytes  # the cache package's byte formulas, beside expected_cache_bytes
 from kvbench.modes import CACHE_KINDS, KIND_NAME, expected_bytes
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from kvbench.config import DecoderConfig
+from kvbench.config import DecoderConfig, positive_int
 from kvbench.kinds import expected_cache_bytes
 
 __all__ = ["Cache", "ceil_div", "expected_cache_bytes"]
@@ -39,8 +39,7 @@ class Cache:
 
     def __init__(self, config: DecoderConfig, batch: int = 1, capacity: int | None = None) -> None:
         capacity = config.max_length if capacity is None else capacity
-        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-            raise ValueError(f"batch must be a positive integer, got {batch!r}")
+        positive_int("batch", batch)
         if isinstance(capacity, bool) or not isinstance(capacity, int) or not 1 <= capacity <= config.max_length:
             raise ValueError(f"capacity must be an integer in [1, max_length={config.max_length}], got {capacity!r}")
         self.config = config

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from kvbench.cache.base import Cache, ceil_div, expected_cache_bytes
-from kvbench.config import DecoderConfig
+from kvbench.config import DecoderConfig, positive_int
 
 
 class BlockPool:
@@ -21,8 +21,7 @@ class BlockPool:
 
     def __init__(self, config: DecoderConfig, num_blocks: int, block_size: int = 16) -> None:
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            positive_int(name, value)
         self.config = config
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -127,9 +126,7 @@ class PagedCache(Cache):
     ) -> None:
         super().__init__(config, batch, capacity)
         if pool is None:
-            size = 16 if block_size is None else block_size
-            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-                raise ValueError(f"block_size must be a positive integer, got {size!r}")
+            size = positive_int("block_size", 16 if block_size is None else block_size)
             pool = BlockPool(config, batch * ceil_div(self.capacity, size), size)
         elif block_size is not None and block_size != pool.block_size:
             raise ValueError(f"block_size mismatch: pool has block_size {pool.block_size}, got block_size={block_size}")

@@ -25,11 +25,7 @@ from torch import Tensor
 from kvbench import modes
 from kvbench.cache.base import Cache
 from kvbench.config import DecoderConfig
-from kvbench.kinds import GROUP_SIZE, RESIDUAL, check_quantized_options, quantized_cache_bytes, quantized_cache_parts
-
-__all__ = ["GROUP_SIZE", "RESIDUAL", "QuantizedCache", "QuantizedInt4Cache", "check_options", "quantized_cache_bytes",
-           "quantized_cache_parts"]
-check_options = check_quantized_options  # the name this module has always offered
+from kvbench.kinds import GROUP_SIZE, RESIDUAL, check_quantized_options
 
 SCALE_DTYPE = torch.float16  # kvbench.kinds.SCALE_BYTES each
 
@@ -44,7 +40,7 @@ class QuantizedCache(Cache):
                  group_size: int = GROUP_SIZE, residual: int = RESIDUAL) -> None:
         super().__init__(config, batch, capacity)
         self.drift_limits = modes.spec(self.kind).limits_for(config)  # this cache's model's family's
-        check_options(self.bits, config.head_dim, group_size, residual)
+        check_quantized_options(self.bits, config.head_dim, group_size, residual)
         D = config.head_dim
         self.group_size, self.residual = group_size, residual
         self.value_group = math.gcd(group_size, D)

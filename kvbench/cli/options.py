@@ -15,7 +15,7 @@ from pathlib import Path
 
 from kvbench.budget import DTYPES as BUDGET_DTYPES
 from kvbench.budget import QUANTIZATIONS, parse_size
-from kvbench.cli.parser import Parser
+from kvbench.cli.parser import DIGITS, Parser, integer
 from kvbench.cli.serving_options import add_serving_options
 from kvbench.config import DTYPE_NAMES, PRESETS, WINDOW_PATTERNS
 from kvbench.export import FORMATS as EXPORT_FORMATS
@@ -39,29 +39,6 @@ EXAMPLES = """examples:
   kvbench show results/records/run-*.json
   kvbench env
 """
-
-
-INT64_MAX = 2**63 - 1  # no tensor dimension or seed is larger
-DIGITS = re.compile(r"[0-9]+")  # ASCII digits only: int() would also take "8_0" and "٨"
-
-
-def integer(lowest: int, highest: int = INT64_MAX):
-    """An argparse type: a plain decimal integer in [lowest, highest]."""
-    expected = f"an integer >= {lowest}" if highest == INT64_MAX else f"an integer in [{lowest}, {highest}]"
-
-    def parse(text: str) -> int:
-        stripped = text.strip()
-        negative = stripped.startswith("-") and DIGITS.fullmatch(stripped[1:])
-        if not (DIGITS.fullmatch(stripped) or negative):
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
-        value = int(stripped)
-        if value < lowest:
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
-        if value > highest:
-            raise argparse.ArgumentTypeError(f"expected an integer in [{lowest}, {highest}], got {value}")
-        return value
-
-    return parse
 
 
 positive_int = integer(1)
@@ -207,23 +184,23 @@ def add_quantization_options(group, group_help: str, residual_help: str) -> None
 
 
 def add_sampling_options(parser: argparse.ArgumentParser) -> None:
-    """How many rotations a run times: the fixed protocol, or until a precision within a budget."""
+    """How many rotations a run times: the fixed protocol, or until a precision before a deadline."""
     sampling = parser.add_argument_group(
         "sampling (whole rotations of every mode, in rounds over the lengths)",
-        "By default each length runs at least --min-repeats rotations, then more until the 95% interval of every "
+        "By default each length runs at least --min-repeats rotations, then more until the 95% rerun interval of every "
         "speedup is within --precision, or --max-repeats or --max-seconds is reached. --repeats N runs exactly N "
         "rotations per length instead: the source document's fixed protocol.")
     sampling.add_argument("--repeats", type=integer(1, MAX_REPEATS), metavar="N",
                           help="exactly N rotations per length (the fixed protocol; no precision target)")
     sampling.add_argument("--precision", type=fraction, metavar="REL",
-                          help=f"target relative half-width of every speedup's 95%% interval "
+                          help=f"target relative half-width of every speedup's 95%% rerun interval "
                                f"(default: {Protocol.precision})")
     sampling.add_argument("--min-repeats", type=integer(1, MAX_REPEATS), metavar="N",
                           help=f"rotations per length before the precision is checked (default: {Protocol.repeats})")
     sampling.add_argument("--max-repeats", type=integer(1, MAX_REPEATS), metavar="N",
                           help=f"rotations per length at most (default: {Protocol.max_repeats})")
     sampling.add_argument("--max-seconds", type=positive_seconds, metavar="S",
-                          help=f"timing budget from the first sample, all lengths together; the minimum rotations always "
+                          help=f"timing deadline from the first sample, all lengths together; the minimum rotations always "
                                f"run (default: {Protocol.max_seconds:g})")
     sampling.add_argument("--between-run", type=between_run_sd, default=Protocol.between_run, metavar="SD",
                           help="relative standard deviation of a speedup between runs of the same code on this "
@@ -254,7 +231,8 @@ def add_run_parser(commands) -> None:
     run.add_argument("--modes", type=mode_list, default=list(DEFAULT_MODES), metavar="M,M,...",
                      help=f"modes among {','.join(MODES)}, transformers' caches on the same weights "
                           f"({','.join(HF_MODES)}: llama family, hf extra) and the kinds of --plugin files "
-                          "(window needs --window)")
+                          f"(window needs --window) (default: {','.join(DEFAULT_MODES)}; a serving run's: "
+                          "static,paged)")
     run.add_argument("--plugin", type=Path, action="append", default=[], metavar="FILE.py",
                      help="a Python file registering cache kinds of your own (kvbench.cache.register_kind); repeatable")
     add_sampling_options(run)
@@ -376,7 +354,7 @@ def add_tool_parsers(commands) -> None:
     budget.add_argument("--tokens", type=positive_int, required=True, help="tokens retained per request")
     budget.add_argument("--max-length", type=positive_int, help="positions a contiguous cache preallocates per request (default: --tokens)")
     budget.add_argument("--block-size", type=positive_int, default=16, help="positions per paged block")
-    budget.add_argument("--memory", type=positive_size, required=True, help="memory limit for KV caches, e.g. 24GiB, 80GB")
+    budget.add_argument("--memory", type=positive_size, required=True, help="the KV budget: memory for KV caches, e.g. 24GiB, 80GB")
     budget.add_argument("--reserved", type=size, default=0,
                         help="part of --memory kept for activations and workspace (and weights, without --preset)")
     budget.add_argument("--json", action="store_true", help="print the numbers as JSON")

@@ -1,11 +1,33 @@
 """The parser's class and its one error type: argparse's messages as one line, with the closest valid
-word named when a user mistyped a choice or an option."""
+word named when a user mistyped a choice or an option; `integer`, the one argparse type of a count."""
 
 from __future__ import annotations
 
 import argparse
 import difflib
 import re
+
+INT64_MAX = 2**63 - 1  # no tensor dimension or seed is larger
+DIGITS = re.compile(r"[0-9]+")  # ASCII digits only: int() would also take "8_0" and "٨"
+
+
+def integer(lowest: int, highest: int = INT64_MAX):
+    """An argparse type: a plain decimal integer in [lowest, highest]."""
+    expected = f"an integer >= {lowest}" if highest == INT64_MAX else f"an integer in [{lowest}, {highest}]"
+
+    def parse(text: str) -> int:
+        stripped = text.strip()
+        negative = stripped.startswith("-") and DIGITS.fullmatch(stripped[1:])
+        if not (DIGITS.fullmatch(stripped) or negative):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        value = int(stripped)
+        if value < lowest:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
+        if value > highest:
+            raise argparse.ArgumentTypeError(f"expected an integer in [{lowest}, {highest}], got {value}")
+        return value
+
+    return parse
 
 
 class CliError(Exception):

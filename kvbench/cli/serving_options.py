@@ -7,24 +7,12 @@ import math
 from pathlib import Path
 
 from kvbench import admission
+from kvbench.cli.parser import integer
 
 DEFAULT_KINDS = ("static", "paged")
 DEFAULT_REQUESTS = 16
 DEFAULT_REPEATS = 3
 DEFAULT_BUDGET_REQUESTS = 4  # no --kv-budget: what static ("request") needs for its 4 largest requests at once
-
-
-def count(highest: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = 0
-        if not 1 <= value <= highest:
-            raise argparse.ArgumentTypeError(f"expected an integer in [1, {highest}], got {text!r}")
-        return value
-
-    return parse
 
 
 def share(text: str) -> float:
@@ -43,10 +31,10 @@ def add_serving_options(run: argparse.ArgumentParser) -> None:
         f"Kinds: {', '.join(admission.SERVING_KINDS)} (default --modes {','.join(DEFAULT_KINDS)}).")
     group.add_argument("--trace", metavar="LENGTHS|FILE", help="chat | alpaca (the PagedAttention paper's ShareGPT "
                        "and Alpaca means) | fixed:P,N | uniform:P0-P1,N0-N1, or a saved trace or serving record")
-    group.add_argument("--requests", type=count(100_000), default=DEFAULT_REQUESTS, help="requests in the trace")
+    group.add_argument("--requests", type=integer(1, 100_000), default=DEFAULT_REQUESTS, help="requests in the trace")
     group.add_argument("--arrivals", default="all", metavar="all|poisson:R|closed:C",
                        help="all at 0, Poisson at R requests/s, or C closed-loop clients")
-    group.add_argument("--prefix", type=count(1 << 20), metavar="S", help="a shared system prompt of S tokens")
+    group.add_argument("--prefix", type=integer(1, 1 << 20), metavar="S", help="a shared system prompt of S tokens")
     group.add_argument("--prefix-fraction", type=share, default=1.0, metavar="F", help="requests that carry it")
     group.add_argument("--share-prefix", action="store_true", help="paged: fork the prefix's blocks (copy-on-write)")
     group.add_argument("--cancel", metavar="F:K", help="a fraction F of requests is cancelled after K output tokens")
@@ -54,6 +42,6 @@ def add_serving_options(run: argparse.ArgumentParser) -> None:
                        f"free memory; default: static's need for the trace's {DEFAULT_BUDGET_REQUESTS} largest requests")
     group.add_argument("--reserve", choices=admission.RESERVE_POLICIES, default="request",
                        help="static and quantized reserve prompt + output - 1 positions (request) or max_length")
-    group.add_argument("--block-size", type=count(4096), default=admission.DEFAULT_BLOCK_SIZE,
+    group.add_argument("--block-size", type=integer(1, 4096), default=admission.DEFAULT_BLOCK_SIZE,
                        help="paged: positions per block")
     group.add_argument("--save-trace", type=Path, metavar="FILE.json", help="also write the trace alone here")

@@ -1,11 +1,17 @@
 """Bencher Metric Format (BMF): benchmark name -> measure -> {value, lower_value, upper_value}.
 
-One benchmark per cell, `kvbench/<workload>/<mode>/<length>`, with two measures:
+One benchmark per cell, `kvbench/<case>/<mode>/<length>`, with two measures:
 
-  latency   Bencher's built-in measure (nanoseconds): the median seconds of one whole decode loop,
+  latency   Bencher's built-in measure (nanoseconds): the median seconds of one sample (a whole
+            decode loop, a whole request, or a context's timed steps: Cell.sample),
             lower_value/upper_value its 95% rerun interval;
   speedup   a custom measure (x): baseline / mode with the record's 95% rerun interval, for cached
             modes whose check and the baseline's passed.
+
+and one benchmark per figure of a request or contexts cell, `kvbench/<case>/<mode>/<length>/<figure>`
+(ttft, tpot, itl_p50, itl_p90, itl_p99; step, first_step), each in the built-in `latency` measure so
+that Bencher knows its unit (nanoseconds): the report's median with its 95% interval of a median, or
+an ITL percentile alone (no interval).
 
 BMF has no field for samples, machines or commits: Bencher takes the testbed from `bencher run
 --testbed` and the commit from `--hash`, so one file holds one machine's records.
@@ -20,7 +26,9 @@ SPEEDUP = "speedup"
 NANOSECONDS = 1e9
 
 
-def metric(value: float, low: float, high: float, scale: float = 1.0) -> dict:
+def metric(value: float, low: float | None, high: float | None, scale: float = 1.0) -> dict:
+    if low is None:
+        return {"value": finite(value * scale)}
     return {"value": finite(value * scale), "lower_value": finite(low * scale), "upper_value": finite(high * scale)}
 
 
@@ -33,4 +41,7 @@ def document(sources: list[Source], options: dict) -> object:
             if cell.speedup is not None and cell.speedup_valid:
                 measures[SPEEDUP] = metric(cell.speedup.ratio, cell.speedup.low, cell.speedup.high)
             out[f"kvbench/{cell.key}"] = measures
+            for figure in cell.figures:
+                out[f"kvbench/{cell.key}/{figure.name}"] = {
+                    LATENCY: metric(figure.seconds, figure.low, figure.high, NANOSECONDS)}
     return out

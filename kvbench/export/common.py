@@ -1,19 +1,23 @@
 """What every exporter writes, computed once per record: the cells, the machine, the commit.
 
-Each timed cell of a record becomes a `Cell`: its raw seconds in the order they ran, its median
-with a 95% rerun interval, and for a cached mode the speedup over the baseline with the record's
-own rerun interval (kvbench.report.model.row_speedup, as `kvbench report` prints it). Both
-intervals say where an identical rerun's number would fall. The machine and the commit come
-from the environment the record captured, never from the machine that exports it.
+Each timed cell of a record becomes a `Cell`: its raw seconds in the order they ran (what one
+sample covers depends on the workload: a whole loop, a whole request, a context's timed steps),
+its median with a 95% rerun interval, and for a cached mode the speedup over the baseline with
+the record's own rerun interval (kvbench.report.model.row_speedup, as `kvbench report` prints it).
+Both intervals say where an identical rerun's number would fall. A request or contexts cell also
+carries the figures the report shows for it (kvbench.export.figures: TTFT, TPOT, ITL percentiles;
+the steady-state and the first step), each with its per-sample values. The machine and the commit
+come from the environment the record captured, never from the machine that exports it.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvbench import stats
 from kvbench.config import PRESETS, PlainConfig
+from kvbench.export.figures import Figure, figure_facts, figures_by_cell, sample_meaning
 from kvbench.record import RecordView
 from kvbench.report.model import row_speedup
 from kvbench.stats import RatioEstimate
@@ -27,7 +31,7 @@ UNKNOWN_MACHINE = "unknown-machine"
 class Cell:
     """One timed (mode, length) cell of a record."""
 
-    workload: str  # the preset and whatever the run changed from it, e.g. "seed" or "seed,layers=2"
+    case: str  # the preset, whatever the run changed from it and its workload: "seed", "seed,layers=2", "seed,contexts"
     mode: str
     length: int
     seconds: list[float]  # every sample, in the order it was taken
@@ -36,10 +40,13 @@ class Cell:
     speedup_valid: bool  # both this mode and the baseline passed the equivalence check
     passed: bool  # this mode passed its equivalence (or drift) check
     baseline: str
+    sample: str = "one whole decode loop"  # what the seconds of one sample cover
+    figures: list[Figure] = field(default_factory=list)  # a request's or a contexts run's, as the report shows them
+    series: dict[str, list[float]] = field(default_factory=dict)  # each figure's per-sample values, by Figure.series
 
     @property
     def key(self) -> str:
-        return f"{self.workload}/{self.mode}/{self.length}"
+        return f"{self.case}/{self.mode}/{self.length}"
 
     @property
     def cost(self) -> RatioEstimate | None:
@@ -81,17 +88,17 @@ class Source:
         return self.fact("kvbench", "git_branch")
 
 
-def workload(view: RecordView) -> str:
-    """The preset, then every model field, batch and thread count that differs from it, then what a request or
-    contexts run timed instead of whole loops (a request's end-to-end seconds, one step after a context): each
-    has a name of its own, so an engine never lines it up with a loop's history."""
+def case_name(view: RecordView) -> str:
+    """The case a cell belongs to: the preset, then every model field, batch and thread count that differs from
+    it, then the workload when it is not the loop (a request's prompt and generated tokens; contexts): each has a
+    name of its own, so an engine never lines a request or a context's steps up with a loop's history."""
     preset = view.run["preset"]
     base = PlainConfig.from_preset(preset).to_dict() if preset in PRESETS else {}
     changed = [f"{key}={value}" for key, value in sorted(view.config.items()) if key not in base or base[key] != value]
-    shape = view.run.get("workload") or {"kind": "loop"}
-    if shape["kind"] == "request":
-        changed += [f"prompt={shape['prompt']}", f"generate={shape['generate']}"]
-    elif shape["kind"] == "contexts":
+    workload = view.run.get("workload") or {"kind": "loop"}
+    if workload["kind"] == "request":
+        changed += [f"prompt={workload['prompt']}", f"generate={workload['generate']}"]
+    elif workload["kind"] == "contexts":
         changed.append("contexts")
     defaults = Protocol()
     for key in ("batch", "threads"):
@@ -105,7 +112,8 @@ def rerun_median(view: RecordView, mode: str, length: int) -> RatioEstimate:
 
 
 def cells_of(view: RecordView) -> list[Cell]:
-    name, baseline, cells = workload(view), view.baseline, []
+    name, baseline, cells = case_name(view), view.baseline, []
+    sample, figures = sample_meaning(view), figures_by_cell(view)
     for mode, length in view.cells():
         seconds = [rep["seconds"] for rep in view.repetitions(mode, length)]
         speedup = None
@@ -113,7 +121,7 @@ def cells_of(view: RecordView) -> list[Cell]:
             speedup = row_speedup(view, mode, length, stats.SEED, stats.RESAMPLES)
         cells.append(Cell(name, mode, length, seconds, rerun_median(view, mode, length), speedup,
                           view.passed(mode, length) and view.passed(baseline, length), view.passed(mode, length),
-                          baseline))
+                          baseline, sample, *figures.get((mode, length), ([], {}))))
     return cells
 
 
@@ -151,13 +159,16 @@ def finite(value: float) -> float:
 
 
 def cell_facts(cell: Cell, source: Source) -> dict:
-    """The flat facts every format's free-form field carries: interval, speedup, check, machine, commit."""
-    facts = {"median_s": cell.median.ratio, "median_low_s": cell.median.low, "median_high_s": cell.median.high,
-             "samples": len(cell.seconds), "interval": INTERVAL, "equivalence": "passed" if cell.passed else "FAILED"}
+    """The flat facts every format's free-form field carries: what a sample is, interval, speedup, check, the
+    figures of a request or contexts cell, machine, commit."""
+    facts = {"sample": cell.sample, "median_s": cell.median.ratio, "median_low_s": cell.median.low,
+             "median_high_s": cell.median.high, "samples": len(cell.seconds), "interval": INTERVAL,
+             "equivalence": "passed" if cell.passed else "FAILED"}
     if cell.speedup is not None:
         facts.update({f"speedup_vs_{cell.baseline}": cell.speedup.ratio, "speedup_low": cell.speedup.low,
                       "speedup_high": cell.speedup.high, "speedup_valid": cell.speedup_valid,
                       "speedup_estimator": cell.speedup.estimator})
+    facts.update(figure_facts(cell.figures))
     facts.update({"machine": source.machine, "cpu": source.fact("cpu", "brand"),
                   "torch": source.fact("torch", "version"), "commit": source.commit, "dirty": source.dirty,
                   "record": source.path, "record_created_utc": source.created_utc, "record_status": source.status})

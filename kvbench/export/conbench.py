@@ -2,10 +2,16 @@
 
 Per cell: `stats.data` the raw seconds in the order they ran, unit `s` (conbench allows only `s`,
 `ns`, `B`, `B/s` and `i/s`, so a speedup cannot be a result of its own); `tags` the case (name
-`kvbench-decode`, workload, mode, length); `info` the median with its 95% rerun interval and the
-speedup with its interval and validity; `context` what breaks a history when it changes (Python,
-torch, threads, CPU capability); `machine_info` the captured machine; `github` the repository
+`kvbench-decode`, workload (the case: kvbench.export.common.case_name), mode, length); `info` what
+a sample covers, the median with its 95% rerun interval, the speedup with its interval and
+validity, and a request's or contexts cell's figures; `context` what breaks a history when it
+changes (Python, torch, threads, CPU capability); `machine_info` the captured machine; `github` the repository
 (which the record does not know: the caller passes it) and the captured commit.
+
+A request or contexts cell adds one result per series of per-sample values its figures summarize,
+tagged `figure`: `ttft` and `tpot` (each request's, in seconds), `itl` (every step of every request,
+pooled; its p50/p90/p99 in `info`), or `step` and `first_step` (each sample's), with the report's
+median and its 95% interval of a median in `info`.
 """
 
 from __future__ import annotations
@@ -71,7 +77,8 @@ def github(source: Source, repository: str) -> dict:
     return out
 
 
-def result(cell: Cell, source: Source, repository: str) -> dict:
+def result(cell: Cell, source: Source, repository: str, series: str | None = None) -> dict:
+    """The cell's samples, or with `series` one series of its figures' per-sample values, as one result."""
     run_id = uuid.uuid5(NAMESPACE, f"{source.machine}\n{source.created_utc}\n{source.path}").hex
     named = {"run_name": f"{RUN_REASON}: {source.commit}"} if source.commit else {}  # as conbench's client names it
     return {
@@ -81,8 +88,11 @@ def result(cell: Cell, source: Source, repository: str) -> dict:
         "batch_id": run_id,
         "run_reason": RUN_REASON,
         "timestamp": source.created_utc.replace("Z", "+00:00"),
-        "stats": {"data": list(cell.seconds), "unit": UNIT, "iterations": 1},
-        "tags": {"name": BENCHMARK_NAME, "workload": cell.workload, "mode": cell.mode, "length": str(cell.length)},
+        "stats": {"data": list(cell.seconds if series is None else cell.series[series]), "unit": UNIT,
+                  "iterations": 1},
+        # the tag keeps its first name, "workload": renaming it would start every conbench history afresh
+        "tags": {"name": BENCHMARK_NAME, "workload": cell.case, "mode": cell.mode, "length": str(cell.length),
+                 **({} if series is None else {"figure": series})},
         "info": {key: value for key, value in cell_facts(cell, source).items() if value is not None},
         "machine_info": machine_info(source),
         "context": context(source),
@@ -97,4 +107,5 @@ def document(sources: list[Source], options: dict) -> object:
                          "is required): pass --repository https://github.com/ORG/REPO or set CONBENCH_PROJECT_REPOSITORY")
     if not repository.startswith(REPOSITORY_PREFIX):
         raise ValueError(f"conbench takes a repository URL starting with {REPOSITORY_PREFIX}, got {repository!r}")
-    return [result(cell, source, repository) for source in sources for cell in source.cells]
+    return [result(cell, source, repository, series) for source in sources for cell in source.cells
+            for series in (None, *cell.series)]

@@ -1,10 +1,14 @@
 """github-action-benchmark's `customSmallerIsBetter` JSON: a list of {name, unit, value, range, extra}.
 
-Per cell, `kvbench/<workload>/<mode>/<length>` in milliseconds (the median of one whole decode loop;
-`range` its 95% rerun interval; `extra` the samples, the speedup with its interval, the machine and
-the commit), and for a cached mode whose check passed `... cost vs <baseline>`: mode / baseline,
-the inverse of the speedup, with its interval. One file is one tool, and this tool is "smaller is
-better", so the speedup goes in as the cost it saves, which is smaller-is-better too.
+Per cell, `kvbench/<case>/<mode>/<length>` in milliseconds (the median of one sample: a whole
+decode loop, a whole request, or a context's timed steps; `range` its 95% rerun interval; `extra`
+the samples, the speedup with its interval, the machine and the commit), for a cached mode whose
+check passed `... cost vs <baseline>`: mode / baseline, the inverse of the speedup, with its
+interval, and for a request or contexts cell `.../<figure>` per figure the report shows (ttft, tpot,
+itl_p50/p90/p99; step, first_step) in milliseconds, `range` its 95% interval of a median (none for
+an ITL percentile), `extra` its meaning and the per-sample values it is the median of. One file is
+one tool, and this tool is "smaller is better", so the speedup goes in as the cost it saves, which
+is smaller-is-better too.
 
 The action stamps each run with the workflow's own commit and knows no machines: records from
 several machines go into one file with the machine appended to each name, and records must share
@@ -14,18 +18,36 @@ one commit.
 from __future__ import annotations
 
 from kvbench.export.common import Cell, Source, cell_facts, finite
+from kvbench.export.figures import Figure
 
 MILLISECONDS = 1e3
 
 
-def interval_text(low: float, high: float, unit: str) -> str:
-    return f"{low:.6g} to {high:.6g} {unit} (95% rerun interval)"
+def interval_text(low: float, high: float, unit: str, interval: str = "95% rerun interval") -> str:
+    return f"{low:.6g} to {high:.6g} {unit} ({interval})"
+
+
+def milliseconds(values: list[float]) -> str:
+    return " ".join(f"{seconds * MILLISECONDS:.6g}" for seconds in values)
+
+
+def figure_entry(figure: Figure, cell: Cell, suffix: str) -> dict:
+    out = {"name": f"kvbench/{cell.key}/{figure.name}{suffix}", "unit": "ms",
+           "value": finite(figure.seconds * MILLISECONDS)}
+    if figure.low is not None:
+        out["range"] = interval_text(figure.low * MILLISECONDS, figure.high * MILLISECONDS, "ms",
+                                     "95% interval of the median")
+    samples = cell.series[figure.series]
+    what = (f"samples ms: {milliseconds(samples)}" if figure.low is not None
+            else f"pooled over {len(samples)} steps")
+    out["extra"] = f"{figure.meaning}\n{what}"
+    return out
 
 
 def extra_text(cell: Cell, source: Source) -> str:
     facts = cell_facts(cell, source)
     lines = [f"{key}: {value}" for key, value in facts.items() if value is not None]
-    lines.append("samples ms: " + " ".join(f"{seconds * MILLISECONDS:.6g}" for seconds in cell.seconds))
+    lines.append("samples ms: " + milliseconds(cell.seconds))
     return "\n".join(lines)
 
 
@@ -39,7 +61,7 @@ def entries(cell: Cell, source: Source, suffix: str) -> list[dict]:
         out.append({"name": f"kvbench/{cell.key} cost vs {cell.baseline}{suffix}", "unit": f"x {cell.baseline}",
                     "value": finite(cost.ratio), "range": interval_text(cost.low, cost.high, f"x {cell.baseline}"),
                     "extra": f"speedup {cell.speedup.ratio:.6g}x ({cell.baseline} / {cell.mode}); cost = 1 / speedup"})
-    return out
+    return out + [figure_entry(figure, cell, suffix) for figure in cell.figures]
 
 
 def document(sources: list[Source], options: dict) -> object:

@@ -1,13 +1,17 @@
 """pytest-benchmark's JSON (`pytest --benchmark-json`), which `pytest-benchmark compare`, Bencher's
 `python_pytest` adapter and github-action-benchmark's `pytest` tool read.
 
-One benchmark per cell: group `<workload>, length <length>` (so `compare` lines the modes up at
+One benchmark per cell: group `<case>, length <length>` (so `compare` lines the modes up at
 one length), name `decode[<mode>-<length>]`, `stats` computed from the raw seconds as
 pytest-benchmark computes them (its quartile rule included; hd15iqr the highest datum within
 Q3 + 1.5 IQR, as 5.3 corrected it) with `data` the samples and
-`iterations` 1 (one sample is one whole decode loop); `extra_info` the median's 95% rerun interval
-and the speedup with its interval, for pytest-benchmark has one unit, seconds. One file holds one
-`machine_info` and one `commit_info`: one machine per file.
+`iterations` 1 (one sample is one whole decode loop, request, or a context's timed steps);
+`extra_info` what a sample covers, the median's 95% rerun interval and the speedup with its interval,
+for pytest-benchmark has one unit, seconds. A request or contexts cell adds one benchmark per series
+its figures summarize, `<series>[<mode>-<length>]` in group `<case> <series>, length <length>`:
+`ttft`, `tpot` (each request's), `itl` (every step, pooled; its p50/p90/p99 in `extra_info`),
+`step`, `first_step` (each sample's), with the report's figures and their intervals in `extra_info`.
+One file holds one `machine_info` and one `commit_info`: one machine per file.
 """
 
 from __future__ import annotations
@@ -77,13 +81,15 @@ def commit_info(source: Source) -> dict:
             "project": "kvbench", "branch": source.branch or "(unknown)"}
 
 
-def benchmark(cell: Cell, source: Source, options: dict) -> dict:
-    param = f"{cell.mode}-{cell.length}"
+def benchmark(cell: Cell, source: Source, options: dict, series: str | None = None) -> dict:
+    """The cell's samples as `decode[...]`, or with `series` one series of its figures' per-sample values."""
+    param, test = f"{cell.mode}-{cell.length}", series or "decode"
+    group = f"{cell.case}{'' if series is None else ' ' + series}, length {cell.length}"
     return {
-        "group": f"{cell.workload}, length {cell.length}", "name": f"decode[{param}]",
-        "fullname": f"kvbench/{cell.workload}::decode[{param}]", "params": {"mode": cell.mode, "length": cell.length},
+        "group": group, "name": f"{test}[{param}]",
+        "fullname": f"kvbench/{cell.case}::{test}[{param}]", "params": {"mode": cell.mode, "length": cell.length},
         "param": param, "extra_info": {key: value for key, value in cell_facts(cell, source).items() if value is not None},
-        "options": options, "stats": sample_stats(cell.seconds),
+        "options": options, "stats": sample_stats(cell.seconds if series is None else cell.series[series]),
     }
 
 
@@ -97,5 +103,6 @@ def document(sources: list[Source], options: dict) -> object:
                    "min_rounds": protocol.get("repeats"), "max_time": protocol.get("max_seconds"), "min_time": None,
                    "warmup": bool(protocol.get("warmup"))}
     return {"machine_info": machine_info(source), "commit_info": commit_info(source),
-            "benchmarks": [benchmark(cell, source, run_options) for cell in source.cells],
+            "benchmarks": [benchmark(cell, source, run_options, series) for cell in source.cells
+                           for series in (None, *cell.series)],
             "datetime": source.created_utc.replace("Z", "+00:00"), "version": FORMAT_VERSION}

@@ -9,7 +9,6 @@ sound record is), ``store`` (build, write, load), ``view`` (:class:`RecordView`,
 every reader goes through).
 """
 
-from kvbench.files import write_bytes_atomic, write_json_atomic
 from kvbench.record.schema import (
     MODE_NAME,
     RECORD_SCHEMA,
@@ -36,4 +35,4 @@ from kvbench.record.view import RecordView
 __all__ = ["DEFAULT_RECORDS_DIR", "MODE_NAME", "RECORD_SCHEMA", "SCHEMA", "SCHEMA_NAME", "SCHEMA_VERSION", "STATUSES",
            "RecordError", "RecordExistsError", "RecordView", "build_record", "by_cell", "cell_statistics",
            "default_record_path", "load_record", "record_from_run", "samples_by_cell", "summarize", "utc_now",
-           "validate_record", "write_bytes_atomic", "write_json_atomic", "write_record"]
+           "validate_record", "write_record"]

@@ -156,7 +156,7 @@ check_memory_entries = entries("memory", sound_memory)
 
 
 def check_memory(record: dict) -> str | None:
-    """Every entry sound, and every timed cell measured: memory is probed before timing starts."""
+    """Every entry sound, and every timed cell measured: memory is measured before timing starts."""
     problem = check_memory_entries(record)
     measured = by_cell(record["memory"])
     for rep in record["repetitions"]:
@@ -332,7 +332,7 @@ def check_context_steps(record: dict, workload: dict) -> str | None:
 
 
 def check_machine_probe(record: dict) -> str | None:
-    """Each phase of the probe times exactly the workloads it names, `repeats` times each."""
+    """Each phase of the probe times exactly the calls it names (under its "workloads" key), `repeats` times each."""
     probe = record.get("machine_probe")
     if probe is None:
         return None

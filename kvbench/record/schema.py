@@ -171,6 +171,7 @@ def machine_sections() -> dict:
                                                          "maximum": MAX_SAMPLE_SECONDS}}
     phase = {"type": "object", "propertyNames": {"pattern": MODE_NAME}, "additionalProperties": seconds}
     probe = {  # absent in records written before 2026-12-01
+        # "workloads": the probe calls by name (the key predates "workload" meaning loop, request or contexts)
         "type": "object", "required": ["workloads", "repeats", "start"], "additionalProperties": False,
         "properties": {"workloads": {"type": "object", "minProperties": 1, "propertyNames": {"pattern": MODE_NAME},
                                      "additionalProperties": {"type": "string"}},

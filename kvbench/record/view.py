@@ -121,10 +121,10 @@ class RecordView:
         """Schema 2: how many rotations this length ran, why it stopped, how precise it got."""
         return self._sampling.get(length)
 
-    def probe_seconds(self, workload: str) -> list[float]:
-        """Every timed call of one machine-probe workload, both phases (empty without a probe)."""
+    def probe_seconds(self, call: str) -> list[float]:
+        """Every timed call of one machine-probe call, both phases (empty without a probe)."""
         probe = self.machine_probe or {}
-        return [s for phase in ("start", "end") for s in (probe.get(phase) or {}).get(workload, [])]
+        return [s for phase in ("start", "end") for s in (probe.get(phase) or {}).get(call, [])]
 
     def passed(self, mode: str, length: int) -> bool:
         check = self.check(mode, length)

@@ -132,13 +132,14 @@ def axes(frame: Frame) -> list[Html]:
     for value in frame.ticks():
         y = frame.y(value)
         out.append(Html('<line x1="{x0}" y1="{y:.1f}" x2="{x1}" y2="{y:.1f}" stroke="#eee"/>'
-                        '<text x="{xt}" y="{yt:.1f}" text-anchor="end">{label}</text>').format(
+                        '<text class="tick" x="{xt}" y="{yt:.1f}" text-anchor="end">{label}</text>').format(
             x0=LEFT - 4, x1=WIDTH - RIGHT, y=y, xt=LEFT - 6, yt=y + 4, label=frame.text(value)))
     for commit in frame.commits:
-        out.append(Html('<text x="{x:.1f}" y="{y}" text-anchor="middle">{commit}</text>').format(
+        out.append(Html('<text class="tick" x="{x:.1f}" y="{y}" text-anchor="middle">{commit}</text>').format(
             x=frame.x(commit), y=HEIGHT - BOTTOM + 16, commit=commit[:8]))
-    out.append(Html('<text x="14" y="{y}" transform="rotate(-90 14 {y})" text-anchor="end">{unit}</text>').format(
-        y=TOP + 10, unit=frame.unit))
+    # the unit above the value axis, right of it: never on the tick labels, however long they are
+    out.append(Html('<text class="unit" x="{x}" y="{y}">{unit}</text>').format(x=LEFT + 4, y=TOP - 7,
+                                                                                   unit=frame.unit))
     return out
 
 

@@ -22,6 +22,7 @@ from kvbench.report.latency import (
     peer_cells,
 )
 from kvbench.report.model import MARKS, Report, Row, environment_line
+from kvbench.report.plots import caption
 
 CSS = """
 body { font: 15px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: #1d1d1f;
@@ -47,17 +48,6 @@ code { background: #f4f4f6; padding: 0 3px; }
 
 
 CLASSES = {"failed": "failed", "invalid": "failed", "noisy": "noisy"}
-PANEL_CAPTIONS = {
-    "time": "Total time of one decode loop against length, log-log; bars are the interquartile range, "
-            "dashed lines the fitted a·T^b.",
-    "speedup": "Speedup of each cached mode over the full prefix; the band is the 95% bootstrap interval. "
-               "Above 1 the cache pays.",
-    "per_token": "Cost per generated token: flat means linear total cost; rising means the prefix still costs.",
-    "per_step": "Duration of every step of one loop (points) and its running median (lines); the dotted line "
-                "marks where caching starts to pay.",
-    "tradeoff": "Bytes kept against drift from the full prefix, per kind and length; the label is the time per "
-                "token. Lower left is better: fewer bytes, less drift.",
-}
 
 
 def data_uri(content: bytes, mime: str) -> str:
@@ -122,7 +112,7 @@ def render_report(report: Report, images: dict[str, tuple[bytes, str]]) -> str:
              f"{escape_html(report.created_utc)}</p>",
              f'<p class="meta">{escape_html(environment_line(report.environment))}</p>']
     parts += _latency_section(report) + _timings_section(report) + _sampling_section(report) + _tradeoff_section(report)
-    parts += _fit_section(report) + _profile_section(report) + _plots_section(images)
+    parts += _fit_section(report) + _profile_section(report) + _plots_section(images, report)
     parts.append("<h2>Environment</h2>")
     facts = [[key, _fact(key, value)] for key, value in report.environment.items()]
     parts.append(_plain_table(("key", "value"), facts, ("key", "value")))
@@ -210,13 +200,13 @@ def _profile_section(report: Report) -> list[str]:
             *(f"<li>{escape_html(line.strip())}</li>" for line in rest), "</ul>"]
 
 
-def _plots_section(images: dict[str, tuple[bytes, str]]) -> list[str]:
+def _plots_section(images: dict[str, tuple[bytes, str]], report: Report) -> list[str]:
     if not images:
         return []
     parts = ['<h2>Plots</h2><div class="grid">']
     for name, (content, mime) in images.items():
-        caption = PANEL_CAPTIONS.get(name, "")
-        parts.append(f'<figure><img src="{data_uri(content, mime)}" alt="{escape_html(caption or name)}">'
-                     f"<figcaption>{escape_html(caption)}</figcaption></figure>")
+        text = caption(name, report)
+        parts.append(f'<figure><img src="{data_uri(content, mime)}" alt="{escape_html(text or name)}">'
+                     f"<figcaption>{escape_html(text)}</figcaption></figure>")
     parts.append("</div>")
     return parts

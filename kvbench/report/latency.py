@@ -218,8 +218,9 @@ def limit_sentence(view: RecordView) -> str:
             f"products take at the rates measured at their own shapes")
 
 
-def step_medians(view: RecordView) -> dict[str, list[float]]:
-    """A request run: per mode, the median over its requests of each step's duration (step j at context P + j)."""
+def step_quartiles(view: RecordView) -> dict[str, list[tuple[float, float, float]]]:
+    """A request run: per mode, the (first quartile, median, third quartile) over its requests of each step's
+    duration (step j at context P + j)."""
     workload = view.run.get("workload") or {}
     if workload.get("kind") != "request":
         return {}
@@ -227,8 +228,15 @@ def step_medians(view: RecordView) -> dict[str, list[float]]:
     for mode, length in view.cells():
         if mode in view.modes:
             steps = [rep["step_seconds"] for rep in view.repetitions(mode, length)]
-            out[mode] = [statistics.median(column) for column in zip(*steps)] if steps else []
+            out[mode] = [quartiles(column) for column in zip(*steps)] if steps else []
     return out
+
+
+def quartiles(values) -> tuple[float, float, float]:
+    if len(values) < 2:  # one request: no spread to show
+        return (values[0],) * 3
+    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, median, q3
 
 
 # -- kvbench's caches against transformers' on the same weights, in the same rotations ------------

@@ -29,7 +29,7 @@ from kvbench.report.latency import (
     limit_rows,
     limit_sentence,
     peer_rows,
-    step_medians,
+    step_quartiles,
     timer_sentence,
 )
 from kvbench.stats import NOISY_SPREAD, PowerFit, RatioEstimate
@@ -162,7 +162,7 @@ class Report:
     limits_note: str | None = None
     peers: list = field(default_factory=list)  # PeerRow: kvbench's fastest exact kind against transformers' caches
     latency_note: str | None = None
-    step_latency: dict[str, list[float]] = field(default_factory=dict)  # a request's median step, per position
+    step_latency: dict[str, list[tuple]] = field(default_factory=dict)  # a request's step quartiles, per position
     context_steps: list[ContextRow] = field(default_factory=list)  # a contexts run's steady and first steps
     context_note: str | None = None
     tradeoffs: list[Tradeoff] = field(default_factory=list)
@@ -324,7 +324,7 @@ def build_report(view: RecordView, seed: int = stats.SEED, resamples: int = stat
             report.notes.append(clock_note(report.sampling))
     report.tradeoffs = tradeoffs(view, rows)
     report.latency, report.workload = latency_rows(view), dict(view.run.get("workload") or {"kind": "loop"})
-    report.limits, report.step_latency = limit_rows(view), step_medians(view)
+    report.limits, report.step_latency = limit_rows(view), step_quartiles(view)
     report.limits_note = limit_sentence(view) if report.limits else None
     report.peers = peer_rows(view)
     report.context_steps = context_rows(view)

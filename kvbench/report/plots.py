@@ -2,8 +2,11 @@
 
 Each panel is a function drawing onto one Axes, so the overview figure
 (`kvbench report --plot`) and the single figures embedded in the HTML report
-are the same drawing. Output bytes are deterministic for a given report and
-matplotlib version (no dates in the metadata, a fixed SVG hash salt).
+are the same drawing. Every median carries the interval its table shows (the
+interquartile range of the seconds, the speedup's interval named as the record
+names it), and every legend is placed where it covers no data, checked after
+layout. Output bytes are deterministic for a given report and matplotlib
+version (no dates in the metadata, a fixed SVG hash salt).
 """
 
 from __future__ import annotations
@@ -13,8 +16,11 @@ import io
 from matplotlib import rc_context
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
+from matplotlib.legend import Legend
 from matplotlib.ticker import FuncFormatter, LogFormatter, NullFormatter
+from matplotlib.transforms import Bbox
 
 from kvbench.report.model import Report
 
@@ -63,6 +69,54 @@ def _lengths(report: Report) -> list[int]:
     return sorted({row.length for row in report.rows})
 
 
+INTERVAL_NAMES = {"rerun": "rerun interval", "confidence": "confidence interval",
+                  "within": "within-run confidence interval", "percentile": "percentile bootstrap interval"}
+
+
+def interval_name(report: Report) -> str:
+    """The speedup interval the record used, in docs/statistics.md's words: "95% rerun interval"."""
+    kind = report.interval.split()[0] if report.interval else ""
+    return f"{report.confidence:.0%} {INTERVAL_NAMES.get(kind, report.interval)}"
+
+
+def _iqr_bars(rows, scale: float) -> list[list[float]]:
+    return [[(r.median - r.q1) * scale for r in rows], [(r.q3 - r.median) * scale for r in rows]]
+
+
+def data_points(ax: Axes) -> list[tuple[float, float]]:
+    """Display coordinates of what the axes show as data: every marker, every line with a point every few
+    pixels along it, every error bar. Reference lines across the axes (axhline, axvline) are not data, nor
+    are the translucent interval bands."""
+    drawn = [(line.get_transform().transform_path(line.get_path()), line.get_linestyle() not in ("None", "", " "))
+             for line in ax.get_lines() if line.get_transform() == ax.transData]
+    drawn += [(c.get_transform().transform_path(path), True) for c in ax.collections
+              if isinstance(c, LineCollection) and c.get_transform() == ax.transData for path in c.get_paths()]
+    points = []
+    for path, joined in drawn:
+        vertices = [tuple(v) for v in path.vertices if all(abs(c) < 1e9 for c in v)]  # log of 0: not drawn
+        points += vertices
+        for (x0, y0), (x1, y1) in zip(vertices, vertices[1:]) if joined else ():
+            steps = max(1, int(max(abs(x1 - x0), abs(y1 - y0)) / 3))
+            points += [(x0 + (x1 - x0) * i / steps, y0 + (y1 - y0) * i / steps) for i in range(1, steps)]
+    return points
+
+
+def covered_points(ax: Axes, legend: Legend) -> int:
+    """How many data points lie under the legend box, after layout."""
+    ax.figure.draw_without_rendering()
+    box: Bbox = legend.get_window_extent()
+    return sum(box.contains(x, y) for x, y in data_points(ax))
+
+
+def place_legend(ax: Axes, **options) -> Legend:
+    """matplotlib's "best" spot inside the axes when it covers no data, else outside, to the right of the axes."""
+    legend = ax.legend(loc="best", **options)
+    if covered_points(ax, legend):
+        legend.remove()
+        legend = ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, **options)
+    return legend
+
+
 def panel_time(ax: Axes, report: Report) -> None:
     """Median loop time per mode, log-log, IQR bars, fitted power law."""
     modes = report.modes
@@ -70,7 +124,7 @@ def panel_time(ax: Axes, report: Report) -> None:
         rows = report.rows_of(mode)
         x = [r.length for r in rows]
         y = [r.median * 1e3 for r in rows]
-        err = [[(r.median - r.q1) * 1e3 for r in rows], [(r.q3 - r.median) * 1e3 for r in rows]]
+        err = _iqr_bars(rows, 1e3)
         fit = report.fits.get(mode)
         label = mode
         if fit is not None:
@@ -88,11 +142,11 @@ def panel_time(ax: Axes, report: Report) -> None:
     _plain_log_ticks(ax.yaxis)
     ax.set_ylabel("median time per loop (ms)")
     ax.set_title("Time vs length (log-log), dashed: a·T^b fit")
-    ax.legend(loc="upper left")
+    place_legend(ax, title="bars: interquartile range")
 
 
 def panel_speedup(ax: Axes, report: Report) -> None:
-    """Speedup over the baseline with its bootstrap interval as a band."""
+    """Speedup over the baseline with the record's interval: a bar at every point, a band between points."""
     modes = report.modes
     drawn = False
     for mode in modes:
@@ -100,10 +154,14 @@ def panel_speedup(ax: Axes, report: Report) -> None:
         if not rows:
             continue
         drawn = True
-        x = [r.length for r in rows]
+        x, y = [r.length for r in rows], [r.speedup.ratio for r in rows]
         c = color(mode, modes)
-        ax.fill_between(x, [r.speedup.low for r in rows], [r.speedup.high for r in rows], color=c, alpha=0.18, lw=0)
-        ax.plot(x, [r.speedup.ratio for r in rows], marker="o", ms=4, lw=1.4, color=c, label=f"{mode} (95% interval band)")
+        if len(rows) > 1:
+            ax.fill_between(x, [r.speedup.low for r in rows], [r.speedup.high for r in rows], color=c, alpha=0.18,
+                            lw=0)
+        ax.errorbar(x, y, yerr=[[r.speedup.ratio - r.speedup.low for r in rows],
+                                [r.speedup.high - r.speedup.ratio for r in rows]],
+                    marker="o", ms=4, lw=1.4, capsize=3, color=c, label=mode)
         invalid = [r for r in rows if not r.speedup_valid]
         if invalid:
             ax.plot([r.length for r in invalid], [r.speedup.ratio for r in invalid], "x", ms=9, mew=2,
@@ -114,7 +172,7 @@ def panel_speedup(ax: Axes, report: Report) -> None:
     ax.set_title(f"Speedup vs {'context' if report.workload['kind'] == 'contexts' else 'length'} "
                  f"({report.baseline} / cached)")
     if drawn:
-        ax.legend(loc="upper left")
+        place_legend(ax, title=f"bars: {interval_name(report)}")
     else:
         ax.text(0.5, 0.5, f"no {report.baseline!r} baseline: no speedups", transform=ax.transAxes, ha="center")
 
@@ -123,13 +181,14 @@ def panel_per_token(ax: Axes, report: Report) -> None:
     modes = report.modes
     for mode in modes:
         rows = report.rows_of(mode)
-        ax.plot([r.length for r in rows], [r.per_token * 1e6 for r in rows], marker="o", ms=4, lw=1.4,
-                color=color(mode, modes), label=mode)
+        ax.errorbar([r.length for r in rows], [r.per_token * 1e6 for r in rows],
+                    yerr=[[e / r.length for e, r in zip(side, rows)] for side in _iqr_bars(rows, 1e6)],
+                    marker="o", ms=4, lw=1.4, capsize=2.5, color=color(mode, modes), label=mode)
     _length_axis(ax, _lengths(report))
     ax.set_ylim(bottom=0)
     ax.set_ylabel("median µs per token")
     ax.set_title("Per-token cost vs length")
-    ax.legend(loc="upper left")
+    place_legend(ax, title="bars: interquartile range")
 
 
 def panel_per_step(ax: Axes, report: Report) -> None:
@@ -153,7 +212,7 @@ def panel_per_step(ax: Axes, report: Report) -> None:
     ax.set_xlabel("decode step (position)")
     ax.set_ylabel("step duration (µs)")
     ax.set_title(f"Per-step latency, one loop at length {profile.length}")
-    ax.legend(loc="upper left", frameon=True, framealpha=0.9, edgecolor="#dddddd")
+    place_legend(ax, frameon=True, framealpha=0.9, edgecolor="#dddddd")
 
 
 def panel_tradeoff(ax: Axes, report: Report) -> None:
@@ -172,32 +231,35 @@ def panel_tradeoff(ax: Axes, report: Report) -> None:
     ax.set_xlabel("KV bytes kept, of the float cache")
     ax.set_ylabel("mean KL(full || kind), nats (exact: floor)")
     ax.set_title("Bytes saved against drift")
-    ax.legend(loc="upper right")
+    place_legend(ax)
 
 
 def panel_context(ax: Axes, report: Report) -> None:
-    """Latency of one decode step against the context it follows: a contexts run's median step per mode
-    (IQR bars), or a request's median step at each position."""
+    """Latency of one decode step against the context it follows: a contexts run's median step per mode,
+    or a request's median step at each position over its requests; both with their interquartile range."""
     modes = report.modes
     if report.step_latency:
         first = report.latency[0]
         for mode, steps in report.step_latency.items():
             contexts = [first.prompt + j for j in range(1, len(steps) + 1)]
-            ax.plot(contexts, [s * 1e3 for s in steps], lw=1.3, color=color(mode, modes), label=mode)
+            q1, median, q3 = ([step[k] * 1e3 for step in steps] for k in range(3))
+            ax.fill_between(contexts, q1, q3, color=color(mode, modes), alpha=0.2, lw=0)
+            ax.plot(contexts, median, lw=1.3, color=color(mode, modes), label=mode)
         ax.set_xlabel(AXIS_LABELS["request"])
         ax.set_title(f"Step latency across one request ({first.prompt} prompt tokens, median over requests)")
+        legend_title = "band: interquartile range over requests"
     else:
         for mode in modes:
             rows = report.rows_of(mode)
-            err = [[(r.median - r.q1) * 1e3 for r in rows], [(r.q3 - r.median) * 1e3 for r in rows]]
-            ax.errorbar([r.length for r in rows], [r.median * 1e3 for r in rows], yerr=err, marker="o", ms=4, lw=1.4,
-                        capsize=2.5, color=color(mode, modes), label=mode)
+            ax.errorbar([r.length for r in rows], [r.median * 1e3 for r in rows], yerr=_iqr_bars(rows, 1e3),
+                        marker="o", ms=4, lw=1.4, capsize=2.5, color=color(mode, modes), label=mode)
         _length_axis(ax, _lengths(report), "contexts")
         ax.set_title("Latency of one decode step vs context")
+        legend_title = "bars: interquartile range"
     ax.set_yscale("log")
     _plain_numbers(ax.yaxis)
     ax.set_ylabel("step latency (ms)")
-    ax.legend(loc="upper left")
+    place_legend(ax, title=legend_title)
 
 
 def panel_roofline(ax: Axes, report: Report) -> None:
@@ -225,7 +287,7 @@ def panel_roofline(ax: Axes, report: Report) -> None:
     ax.set_xlabel("arithmetic intensity (FLOP per byte read)")
     ax.set_ylabel("achieved GFLOP/s")
     ax.set_title("Against the machine's limits (roofline)")
-    ax.legend(loc="upper left")
+    place_legend(ax)
 
 
 PANELS = {"time": panel_time, "speedup": panel_speedup, "per_token": panel_per_token, "per_step": panel_per_step,
@@ -268,14 +330,43 @@ def render_overview(report: Report, suffix: str = ".png") -> bytes:
         return _save(figure, suffix)
 
 
+def panel_figure(report: Report, name: str) -> Figure:
+    """One panel on a figure of its own, laid out: what the HTML report embeds."""
+    with rc_context(RC):
+        figure = Figure(figsize=(6.4, 4.4), layout="constrained")
+        FigureCanvasAgg(figure)
+        PANELS[name](figure.subplots(), report)
+        return figure
+
+
 def render_panels(report: Report, suffix: str = ".png") -> dict[str, tuple[bytes, str]]:
     """Each panel on its own figure: name -> (bytes, MIME type), for embedding in HTML."""
     out = {}
-    with rc_context(RC):
-        for name, draw in drawn_panels(report).items():
-            if name == "per_step" and report.profile is None:
-                continue
-            figure = Figure(figsize=(6.4, 4.4), layout="constrained")
-            draw(figure.subplots(), report)
-            out[name] = (_save(figure, suffix), PLOT_FORMATS[suffix])
+    for name in drawn_panels(report):
+        if name == "per_step" and report.profile is None:
+            continue
+        with rc_context(RC):
+            out[name] = (_save(panel_figure(report, name), suffix), PLOT_FORMATS[suffix])
     return out
+
+
+def caption(name: str, report: Report) -> str:
+    """What a panel shows, its intervals named as the record names them."""
+    interval = interval_name(report)
+    captions = {
+        "time": "Total time of one decode loop against length, log-log; bars are the interquartile range, "
+                "dashed lines the fitted a·T^b.",
+        "speedup": f"Speedup of each cached mode over {report.baseline}; the bars (and the band between lengths) "
+                   f"are the {interval}. Above 1 the cache pays.",
+        "per_token": "Cost per generated token, bars the interquartile range: flat means linear total cost; "
+                     "rising means the prefix still costs.",
+        "per_step": "Duration of every step of one loop (points) and its running median (lines); the dotted line "
+                    "marks where caching starts to pay.",
+        "tradeoff": "Bytes kept against drift from the full prefix, per kind and length; the label is the time per "
+                    "token. Lower left is better: fewer bytes, less drift.",
+        "context": "Latency of one decode step against the context before it: the median with its interquartile "
+                   "range (over requests for a request run).",
+        "roofline": "Each decode step and prefill at its arithmetic intensity and achieved FLOP/s, under the "
+                    "machine's measured bandwidth and compute roofs.",
+    }
+    return captions.get(name, "")

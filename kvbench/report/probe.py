@@ -1,5 +1,5 @@
 """The machine in a comparison: the machine probe of two records (kvbench.machine's fixed
-workloads, timed at each run's ends) compared, what it says about the comparison in words, and
+calls, timed at each run's ends) compared, what it says about the comparison in words, and
 which facts of a capture name a machine. kvbench.report.compare judges `full` against it.
 """
 
@@ -16,12 +16,12 @@ from kvbench.report.verdicts import WITHIN_NOISE, Change, change, judged_change
 
 @dataclass(frozen=True)
 class MachineChange:
-    """NEW / OLD of the machine probe's fixed workloads (kvbench.machine), each and together.
+    """NEW / OLD of the machine probe's fixed calls (kvbench.machine), each and together.
 
-    `overall` is the geometric mean of the workloads' ratios: how much slower the machine
+    `overall` is the geometric mean of the calls' ratios: how much slower the machine
     itself was in NEW, what `full` is held against when it moved too."""
 
-    workloads: dict[str, Change]
+    calls: dict[str, Change]
     overall: Change
 
     @property
@@ -29,7 +29,7 @@ class MachineChange:
         return self.overall.verdict != WITHIN_NOISE
 
     def sentence(self) -> str:
-        parts = ", ".join(f"{name} {percent(c.ratio)}" for name, c in self.workloads.items())
+        parts = ", ".join(f"{name} {percent(c.ratio)}" for name, c in self.calls.items())
         direction = "slower" if self.overall.ratio > 1 else "faster"
         if not self.moved:
             return (f"the machine probe did not move beyond its noise ({percent(self.overall.ratio)}, MDE "
@@ -43,19 +43,19 @@ def percent(ratio: float) -> str:
 
 
 def machine_change(old: RecordView, new: RecordView, *, factor: float, alpha: float) -> MachineChange | None:
-    """The two records' machine probes compared; None unless both ran the same workloads."""
+    """The two records' machine probes compared; None unless both ran the same calls."""
     if old.machine_probe is None or new.machine_probe is None:
         return None
     names = [name for name in new.machine_probe["workloads"] if name in old.machine_probe["workloads"]
              and old.probe_seconds(name) and new.probe_seconds(name)]
     if not names:
         return None
-    workloads = {name: change(stats.median_estimate(old.probe_seconds(name), old.between_run["seconds"]),
+    calls = {name: change(stats.median_estimate(old.probe_seconds(name), old.between_run["seconds"]),
                               stats.median_estimate(new.probe_seconds(name), new.between_run["seconds"]),
                               factor=factor, alpha=alpha) for name in names}
-    ratio = math.exp(statistics.fmean(math.log(c.ratio) for c in workloads.values()))
-    error = math.hypot(*(c.log_error for c in workloads.values())) / len(workloads)
-    return MachineChange(workloads, judged_change(ratio, error, factor=factor, alpha=alpha))
+    ratio = math.exp(statistics.fmean(math.log(c.ratio) for c in calls.values()))
+    error = math.hypot(*(c.log_error for c in calls.values())) / len(calls)
+    return MachineChange(calls, judged_change(ratio, error, factor=factor, alpha=alpha))
 
 
 def machine_notes(machine: MachineChange | None, cells: list, baseline: str,
@@ -66,7 +66,7 @@ def machine_notes(machine: MachineChange | None, cells: list, baseline: str,
     if across:
         direction = "slower" if machine.overall.ratio > 1 else "faster"
         return [f"on the machine probe NEW's machine is {abs(machine.overall.ratio - 1):.0%} {direction} than OLD's "
-                f"({', '.join(f'{name} {percent(c.ratio)}' for name, c in machine.workloads.items())})"]
+                f"({', '.join(f'{name} {percent(c.ratio)}' for name, c in machine.calls.items())})"]
     moved_alone = sorted(cell.length for cell in cells if cell.mode == baseline and cell.judged_by == "time"
                          and cell.time.verdict != WITHIN_NOISE)
     notes = []
@@ -91,7 +91,9 @@ def machine_notes(machine: MachineChange | None, cells: list, baseline: str,
     return notes
 
 
-IDENTITY = (("os", "hostname"), ("cpu", "brand"), ("cpu", "arch"), ("system", "logical_cores"))  # what names a machine
+# The facts that make two machines for a comparison: the CPU. Not the hostname: two containers or CI runners
+# of one type have different names and the same CPU, and their runs compare.
+IDENTITY = (("cpu", "brand"), ("cpu", "arch"), ("system", "logical_cores"))
 
 
 def machine_identity_differences(old: RecordView, new: RecordView) -> list[str]:
