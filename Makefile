@@ -8,7 +8,7 @@ TORCH_VERSION ?= 2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvbench-installed
 
-.PHONY: bench test test-virtualenv mutation report layouts reproducibility reproducibility-quiet reproducibility-contended contention-study noise-study venv clean
+.PHONY: bench test test-virtualenv llamacpp mutation report layouts reproducibility reproducibility-quiet reproducibility-contended contention-study noise-study venv clean
 
 venv: $(STAMP)
 
@@ -29,6 +29,17 @@ test: $(STAMP)
 
 test-virtualenv: $(STAMP)
 	$(BIN)/python -m pytest -q -m virtualenv --run-virtualenv
+
+# llama.cpp as the outside anchor (docs/latency.md, "llama.cpp on the same weights"): builds llama-bench from
+# llama-cpp-python's sdist into $KVBENCH_CACHE_DIR or ~/.cache/kvbench/llama.cpp (49 minutes the first time on
+# 2 cores at load average 11-16, reused after), writes llama-mini's weights as a GGUF, checks llama.cpp computes
+# the same numbers, then alternates llama-bench with kvbench run LLAMACPP_ALTERNATIONS times (3.5 minutes each
+# at that load); the committed results/limit/llamacpp.json was made by these settings.
+LLAMACPP_ALTERNATIONS ?= 3
+
+llamacpp: $(STAMP)
+	$(BIN)/python scripts/llamacpp.py collect --alternations $(LLAMACPP_ALTERNATIONS) --repetitions 20 --kvbench-repeats 5 \
+		--output results/limit/llamacpp.json --force
 
 # Mutation testing of the core modules against their focused tests (docs/mutation.md): a seeded sample of
 # at most MUTATION_SAMPLE mutants per module, MUTATION_JOBS at a time, niced so other work is not starved.
