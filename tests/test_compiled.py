@@ -17,10 +17,13 @@ from kvbench.model import build_model
 
 
 @pytest.fixture(scope="module")
-def inductor_cache(request):
-    """One inductor cache for every run of these tests, so that only the first run pays a cold compile."""
+def inductor_cache(request, tmp_path_factory):
+    """One inductor cache for every run of these tests, so that only the first run pays a cold compile (in this
+    session's temporary folder when pytest runs without its cache, `-p no:cacheprovider`)."""
     patch = pytest.MonkeyPatch()
-    patch.setenv("TORCHINDUCTOR_CACHE_DIR", str(request.config.cache.mkdir("inductor")))
+    cache = getattr(request.config, "cache", None)
+    folder = cache.mkdir("inductor") if cache is not None else tmp_path_factory.mktemp("inductor")
+    patch.setenv("TORCHINDUCTOR_CACHE_DIR", str(folder))
     yield
     patch.undo()
 
