@@ -196,6 +196,20 @@ def test_a_key_mask_gives_each_sequence_its_own_visible_keys():
         torch.testing.assert_close(attended[row : row + 1], alone, atol=1e-5, rtol=1e-5)
 
 
+def test_a_key_mask_over_several_queries_each_row_causal_in_its_own_sequence():
+    """Two queries a sequence (a prefill chunk of two requests at their own lengths): batch and queries both
+    equal the 2 KV heads of 4 query heads, so again only the head counts can say the attention is grouped."""
+    generator = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 4, 2, 8, generator=generator)
+    k = torch.randn(2, 2, 3, 8, generator=generator)
+    v = torch.randn(2, 2, 3, 8, generator=generator)
+    lengths = [3, 2]  # the second sequence's third slot is padding
+    key_mask = torch.tensor([[[slot <= n - 2 + row for slot in range(3)] for row in range(2)] for n in lengths])
+    attended = causal_attention(q, k, v, offset=0, key_mask=key_mask[:, None])
+    for at, n in enumerate(lengths):
+        alone = reference_attention(q[at : at + 1], k[at : at + 1, :, :n], v[at : at + 1, :, :n], offset=n - 2)
+        torch.testing.assert_close(attended[at : at + 1], alone, atol=1e-5, rtol=1e-5)
+
 def test_a_key_mask_refuses_a_window():
     q, k = torch.zeros(1, 4, 1, 8), torch.zeros(1, 4, 2, 8)
     with pytest.raises(ValueError, match="needs full attention, got window 2"):
