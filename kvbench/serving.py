@@ -32,9 +32,12 @@ class Replay:
         self.keep_logits, self.scheduler, self.last = keep_logits, None, {}
 
     def prepare(self) -> None:
-        ledger = make_ledger(self.model, self.kind, self.budget, **self.settings)
+        """The kind's settings hold its ledger's options and the scheduler's token budget (max_batched_tokens)."""
+        options = dict(self.settings)
+        tokens = options.pop("max_batched_tokens", None)
+        ledger = make_ledger(self.model, self.kind, self.budget, **options)
         source = TokenSource(self.model.config.vocab_size, self.trace.seed, self.trace.prefix)
-        self.scheduler = Scheduler(self.model, self.trace, ledger, source, self.keep_logits)
+        self.scheduler = Scheduler(self.model, self.trace, ledger, source, self.keep_logits, tokens)
 
     def __call__(self) -> None:
         self.last = self.scheduler.run()

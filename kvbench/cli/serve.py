@@ -49,6 +49,7 @@ def serving_settings(args: argparse.Namespace, config, kinds: list[str]) -> dict
             settings[kind] = {"block_size": args.block_size, "share_prefix": args.share_prefix}
         else:
             settings[kind] = {"policy": args.reserve, **({"options": options} if kind.startswith("quantized") else {})}
+        settings[kind]["max_batched_tokens"] = args.max_batched_tokens  # the scheduler's, the same for every kind
     return settings
 
 
