@@ -134,7 +134,7 @@ def test_sharing_a_prefix_saves_exactly_n_minus_one_copies():
 def test_chunked_prefill_keeps_every_iteration_within_its_token_budget(kind):
     model = MODELS["llama"]
     trace = trace_of("uniform:20-40,3-8", requests=5)
-    budget = admission.minimum_budget(kind, model.config, trace, block_size=4) * 3
+    budget = admission.minimum_budget(kind, model.config, trace, block_size=4) * 5  # every request at once
     scheduler, ledger, outcome = replay(model, trace, kind, budget, max_batched_tokens=8,
                                         **({"block_size": 4} if kind == "paged" else {}))
     for it in outcome["iterations"]:
