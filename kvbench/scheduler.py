@@ -41,10 +41,11 @@ from kvbench.trace import Trace, TraceRequest
 
 class TokenSource:
     """Every request's ids (1, prompt + output - 1), seeded by (seed, request): the shared prefix, when a
-    request has one, is the same ids for all."""
+    request has one, is the same ids for all. With `continuations` (request id -> output ids: the greedy
+    continuation a generating peer produces, kvbench.peer), the outputs are those instead of random ids."""
 
-    def __init__(self, vocab_size: int, seed: int, prefix: int) -> None:
-        self.vocab_size, self.seed = vocab_size, seed
+    def __init__(self, vocab_size: int, seed: int, prefix: int, continuations: dict[int, list[int]] | None = None) -> None:
+        self.vocab_size, self.seed, self.continuations = vocab_size, seed, continuations
         self.prefix = self._draw(prefix, -1) if prefix else None  # key -1: no request's id
 
     def _draw(self, length: int, key: int) -> Tensor:
@@ -53,7 +54,15 @@ class TokenSource:
 
     def ids(self, request: TraceRequest) -> Tensor:
         own = self._draw(request.positions - request.prefix, request.id + 1)
-        return torch.cat((self.prefix[:, : request.prefix], own), dim=1) if request.prefix else own
+        ids = torch.cat((self.prefix[:, : request.prefix], own), dim=1) if request.prefix else own
+        if self.continuations is not None:
+            outputs = torch.tensor(self.continuations[request.id][: request.output - 1], dtype=torch.long)
+            ids = torch.cat((ids[:, : request.prompt], outputs.view(1, -1)), dim=1)
+        return ids
+
+    def prompt(self, request: TraceRequest) -> Tensor:
+        """Its prompt ids (1, prompt), the same with or without continuations."""
+        return self.ids(request)[:, : request.prompt]
 
 
 @dataclass

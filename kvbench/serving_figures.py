@@ -56,11 +56,16 @@ def replay_figures(outcome: dict) -> dict:
     requests, iterations = outcome["requests"], outcome["iterations"]
     makespan = max(r["token_times"][-1] for r in requests)
     tokens = sum(len(r["token_times"]) for r in requests)
-    used, reserved = time_weighted(iterations, "used"), time_weighted(iterations, "reserved")
-    return {
+    timing = {
         "makespan": makespan, "output_tokens": tokens, "output_tokens_per_second": tokens / makespan,
         "requests_per_second": len(requests) / makespan,
         **{name: percentiles(values) for name, values in request_latencies(outcome).items()},
+    }
+    if not iterations:  # a peer that schedules itself (kvbench.peer) records tokens, not iterations or memory
+        return timing
+    used, reserved = time_weighted(iterations, "used"), time_weighted(iterations, "reserved")
+    return {
+        **timing,
         "max_concurrency": max(it["running"] for it in iterations),
         "mean_concurrency": time_weighted(iterations, "running"),
         "preemptions": sum(it["preempted"] for it in iterations), "iterations": len(iterations),

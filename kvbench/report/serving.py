@@ -101,6 +101,12 @@ def serving_table(record: dict, summary: dict) -> Table:
         table.add_column(name, justify="left" if name in ("kind", "gate") else "right")
     for kind, figures in summary["kinds"].items():
         check = record["checks"].get(kind, {"passed": False})
+        if "max_concurrency" not in figures:  # a peer that schedules itself: tokens and times, no iterations
+            table.add_row(rich_escape(kind), "pass" if check["passed"] else "FAIL",
+                          _interval(figures.get("output_tokens_per_second"), digits=".4g"),
+                          _ratio(summary["ratios"].get(kind, {}).get("throughput")),
+                          f"{figures['requests_per_second']['median']:.2f}", *["-"] * 8)
+            continue
         table.add_row(rich_escape(kind), "pass" if check["passed"] else "FAIL",
                       _interval(figures.get("output_tokens_per_second"), digits=".4g"),
                       _ratio(summary["ratios"].get(kind, {}).get("throughput")),
@@ -147,7 +153,8 @@ def memory_plot(record: dict, suffix: str = ".png") -> bytes:
 
     first = {}
     for kind in record["kinds"]:  # in the run's order of kinds, whatever order the rotation ran them in
-        first.update({kind: kept["replay"]["iterations"] for kept in record["samples"][::-1] if kept["mode"] == kind})
+        first.update({kind: kept["replay"]["iterations"] for kept in record["samples"][::-1]
+                      if kept["mode"] == kind and kept["replay"]["iterations"]})  # a peer records no memory
     with rc_context(RC):
         figure = Figure(figsize=(4.2 * max(1, len(first)), 3.2), dpi=DPI, layout="constrained")
         FigureCanvasAgg(figure)
