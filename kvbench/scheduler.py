@@ -76,6 +76,7 @@ class Live:
     emitted: int = 0
     admitted: float | None = None  # when it was first admitted
     token_times: list[float] = field(default_factory=list)
+    token_cpu_times: list[float] = field(default_factory=list)  # the same on the replay thread's CPU time
     preemptions: int = 0
     reserved: int = 0  # bytes a reserving kind set aside for it
     logits: list[Tensor] | None = None
@@ -93,6 +94,7 @@ class Live:
 
     def outcome(self) -> dict:
         return {"id": self.spec.id, "arrival": self.arrival, "admitted": self.admitted, "token_times": self.token_times,
+                "token_cpu_times": self.token_cpu_times,
                 "finished": self.finished, "cancelled": self.spec.cancel_after is not None,
                 "preemptions": self.preemptions}
 
@@ -251,7 +253,7 @@ class Scheduler:
         return time.perf_counter() - self.start + self.skew
 
     def run(self) -> dict:
-        self.start = time.perf_counter()
+        self.start, self.cpu_start = time.perf_counter(), time.thread_time()
         with torch.inference_mode():
             try:
                 while self.pending or self.waiting or self.running:
@@ -338,7 +340,7 @@ class Scheduler:
             start = live.cache.length
             ids[b, :count] = live.ids[0, start : start + count]
         logits, _ = self.model(ids, BatchedCache([live.cache for live in rows], counts))
-        stamp = self.now()
+        stamp, cpu = self.now(), time.thread_time() - self.cpu_start
         emitted = []
         for b, (live, count, ends) in enumerate(zip(rows, counts, ending)):
             if not ends:
@@ -348,6 +350,7 @@ class Scheduler:
                 live.logits.append(logits[b, count - 1].clone())
             live.emitted += 1
             live.token_times.append(stamp)
+            live.token_cpu_times.append(cpu)
             emitted.append(live)
         return emitted
 

@@ -243,7 +243,11 @@ def test_a_serving_run_end_to_end_and_its_report(capsys, tmp_path):
     assert data["schema"] == "kvbench.serving/1" and len(data["trace"]["requests"]) == 4
     assert sorted({s["mode"] for s in data["samples"]}) == ["control", "paged", "static"]
     assert all(len(s["replay"]["iterations"]) > 0 for s in data["samples"])
-    assert "output tok/s" in out and "A/A control" in out
+    assert "output tok/s" in out and "A/A control" in out and "on the replay thread's CPU time, paged / static" in out
+    for sample in data["samples"]:  # every token also stamped on the replay thread's CPU clock, never ahead of wall
+        for request in sample["replay"]["requests"]:
+            cpu, wall = request["token_cpu_times"], request["token_times"]
+            assert len(cpu) == len(wall) and cpu == sorted(cpu) and cpu[-1] <= wall[-1] + 1e-3
     code, out, err = run_main(capsys, "report", record, "--plot", plot)
     assert code == 0 and "p99 TPOT x static" in out and plot.read_bytes().startswith(b"\x89PNG")
     code, _, err = run_main(capsys, "run", "--trace", record, "--repeats", "1", "--output", tmp_path / "again.json")
@@ -253,6 +257,7 @@ def test_a_serving_run_end_to_end_and_its_report(capsys, tmp_path):
 
 def synthetic_replay(scale, reserved, used):
     requests = [{"id": i, "arrival": 0.0, "admitted": 0.0, "token_times": [scale * (i + 1), scale * (i + 2)],
+                 "token_cpu_times": [scale * (i + 1) / 2, scale * (i + 2) / 2],
                  "finished": scale * (i + 2), "cancelled": False, "preemptions": 0} for i in range(3)]
     iterations = [{"time": scale * t, "running": 2, "waiting": 0, "admitted": 0, "preempted": 0, "ended": 0,
                    "freed": 0, "used": used, "reserved": reserved, "saved": 0, "reserved_after": reserved}
@@ -274,6 +279,8 @@ def test_the_summary_reads_ratios_the_right_way_round():
     assert summary["kinds"]["static"]["waste"]["median"] == pytest.approx(0.4)
     assert summary["kinds"]["paged"]["waste"]["median"] == pytest.approx(0.03)
     assert summary["kinds"]["paged"]["output_tokens_per_second"]["median"] == pytest.approx(6 / (0.5 * 4 * 1.01))
+    assert summary["ratios"]["paged"]["throughput_cpu"]["ratio"] == pytest.approx(2.0)  # the same on CPU time
+    assert summary["ratios"]["paged"]["tpot_p99_cpu"]["ratio"] == pytest.approx(0.5)
 
 
 def test_a_kind_that_fails_the_gate_is_recorded_and_not_timed(capsys, tmp_path, monkeypatch):

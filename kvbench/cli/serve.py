@@ -163,6 +163,8 @@ def print_serving(result: dict) -> None:
     console, summary = stdout_console(), serving_report.summarise(result)
     console.print(serving_report.serving_table(result, summary))
     console.print(serving_report.latency_table(summary))
+    for line in serving_report.cpu_sentences(summary):
+        console.print(line)
     sentence = serving_report.control_sentence(summary)
     if sentence:
         console.print(sentence)
