@@ -297,3 +297,14 @@ def test_a_kind_that_fails_the_gate_is_recorded_and_not_timed(capsys, tmp_path, 
     data = json.loads(record.read_text())
     assert code == 1 and "EQUIVALENCE FAILED: paged" in out
     assert data["checks"]["paged"]["passed"] is False and data["samples"] == []
+
+
+@pytest.mark.parametrize("command", [["compare", "{record}", "{record}"], ["show", "{record}"],
+                                     ["export", "--format", "bmf", "--output", "{out}", "{record}"]])
+def test_commands_that_read_loop_records_refuse_a_serving_record_in_one_line(capsys, tmp_path, command):
+    record = tmp_path / "serving.json"
+    record.write_text(json.dumps({"schema": "kvbench.serving/1"}))
+    code, _, err = run_main(capsys, *[part.format(record=record, out=tmp_path / "out.json") for part in command])
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "a serving record ('kvbench.serving/1'): this command reads 'kvbench.record/2'" in err
+    assert "`kvbench report` reads serving records" in err and not (tmp_path / "out.json").exists()
