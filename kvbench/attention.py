@@ -4,7 +4,7 @@ Both decoding paths call :func:`causal_attention`: the full-prefix path with
 ``offset = 0`` and every position as a query, the cached path with the cached
 prefix length as ``offset`` and only the new positions as queries. Visibility is
 defined on absolute positions: the query at position p sees keys 0..p, or with a
-window W only keys p-W+1..p.
+window W only keys p-W+1..p, and with K attention sinks (StreamingLLM) also keys 0..K-1.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ def causal_mask(offset: int, length: int, device: torch.device | None = None) ->
                       window=None)
 
 
-def visibility(query_positions: Tensor, key_positions: Tensor, window: int | None) -> Tensor:
+def visibility(query_positions: Tensor, key_positions: Tensor, window: int | None, sinks: int = 0) -> Tensor:
     """Boolean [queries, keys] from absolute positions: key k is visible to query q when
-    k <= q, and with a window W also k > q - W."""
+    k <= q, and with a window W also k > q - W or, with K sinks, k < K."""
     seen = key_positions[None, :] <= query_positions[:, None]
     if window is not None:
-        seen &= key_positions[None, :] > query_positions[:, None] - window
+        seen &= (key_positions[None, :] > query_positions[:, None] - window) | (key_positions[None, :] < sinks)
     return seen
 
 
@@ -46,7 +46,7 @@ def one_query(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
 
 
 def causal_attention(q: Tensor, k: Tensor, v: Tensor, offset: int, window: int | None = None,
-                     key_positions: Tensor | None = None, key_mask: Tensor | None = None) -> Tensor:
+                     key_positions: Tensor | None = None, key_mask: Tensor | None = None, sinks: int = 0) -> Tensor:
     """Attend new queries to the keys they may see.
 
     q: (B, H, L, D) queries at absolute positions offset..offset+L-1
@@ -56,6 +56,7 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, offset: int, window: int |
     window: None (every earlier key is visible) or W (only the last W positions)
     key_mask: None, or (B, 1, L, S) visibility row by row (a batch of requests at their own lengths,
           padded to the longest: kvbench.cache.batch), which then replaces offset and positions
+    sinks: with a window, the first K positions stay visible to every query too (StreamingLLM's attention sinks)
     returns (B, H, L, D)
     """
     if key_mask is not None:
@@ -75,15 +76,23 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, offset: int, window: int |
             raise ValueError(
                 f"attention expects offset + queries = keys; got offset {offset} + {length} queries but {key_length} keys"
             )
+        sink_keys, sinks_start = 0, start
         if window is not None and offset - window + 1 > start:  # keys no query can see: leave them out
             first = offset - window + 1
-            k, v, start = k[:, :, first - start :], v[:, :, first - start :], first
+            sink_keys = max(0, min(sinks, first) - start)  # but not the sinks among them: every query sees 0..K-1
+            if sink_keys:
+                k, v = (torch.cat((t[:, :, :sink_keys], t[:, :, first - start :]), dim=2) for t in (k, v))
+            else:
+                k, v = k[:, :, first - start :], v[:, :, first - start :]
+            start = first
         # Chosen by shape, so that the one-token decode step never builds a mask over the whole prefix.
         if length == 1:  # the newest query sees every key left
             return one_query(q, k, v)
         if offset == 0 and (window is None or length <= window):  # square: the ordinary lower triangle
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=grouped)
         key_positions = torch.arange(start, offset + length, device=q.device)
+        if sink_keys:
+            key_positions = torch.cat((torch.arange(sinks_start, sinks_start + sink_keys, device=q.device), key_positions))
     queries = torch.arange(offset, offset + length, device=q.device)
-    mask = visibility(queries, key_positions, window)  # a ring buffer's keys in any order, or a rectangle or band
+    mask = visibility(queries, key_positions, window, sinks)  # a ring's keys in any order, or a rectangle or band
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=grouped)

@@ -41,11 +41,13 @@ class RunOutcome:
 
 def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol: Protocol = Protocol(),
                   on_progress: Callable[[str, int, int], None] | None = None,
-                  options: dict | None = None, workload=None) -> RunOutcome:
+                  options: dict | None = None, workload=None, ids=None) -> RunOutcome:
     """The machine probe, the gate, bytes and peak memory, the timed rotations, the profile, the probe again.
 
     `options` maps a kind to the keyword arguments its caches are made with; `workload` (kvbench.workloads)
     says what one sample times: a whole loop per length (default), one request, or one step at a context.
+    `ids` (B, >= every length's positions): the token ids to consume (a real model's text) instead of
+    random ones drawn from the protocol's seed.
     """
     modes = check_modes(modes)
     workload = workload or Loop()
@@ -59,17 +61,9 @@ def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol
         if workload.name != "loop":  # a step's distance to the machine's limit needs the limit
             progress("machine limits", 0, 1)
             outcome.limits = machine_limits(model, workload, lengths, protocol)
-        longest = token_ids(model.config, protocol.batch, max(workload.positions(n) for n in lengths), protocol.seed)
+        longest = given_ids(ids, model, protocol, max(workload.positions(n) for n in lengths))
         progress("reference", 0, 1)
-        gate: dict[tuple[str, int], dict] = {}
-        for length in lengths:  # one length at a time, so an interrupt keeps the lengths already checked
-            gate.update(checked(workload, model, longest, length, modes, options))
-            for mode in modes:
-                outcome.checks.append(gate[(mode, length)])
-                if timeable(gate[(mode, length)]):
-                    outcome.memory.append({"mode": mode, "length": length,
-                                           **workload.memory(model, longest, length, mode, options)})
-                progress("check", len(outcome.checks), len(lengths) * len(modes))
+        gate = gate_and_measure(workload, model, longest, lengths, modes, options, outcome, progress)
         loops = timed_loops(workload, model, longest, lengths, modes, gate, outcome.control, options)
         planned = protocol.repeats * sum(len(by_mode) for by_mode in loops.values())
 
@@ -84,10 +78,10 @@ def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol
         if outcome.limits is not None:
             outcome.limits["rounds"] = outcome.sampling.limits
         if protocol.per_step_length is not None:
-            ids = token_ids(model.config, protocol.batch, protocol.per_step_length, protocol.seed)
+            profiled = given_ids(ids, model, protocol, protocol.per_step_length)
             outcome.per_step = [
                 {"mode": mode, "length": protocol.per_step_length,
-                 "seconds": per_step_seconds(model, ids, mode, protocol.warmup, options)}
+                 "seconds": per_step_seconds(model, profiled, mode, protocol.warmup, options)}
                 for mode in modes if all(timeable(gate[(mode, length)]) for length in lengths)
             ]
         progress("machine probe", 0, 1)
@@ -99,6 +93,31 @@ def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol
 
         outcome.compile_seconds = {mode: list(compile_seconds[mode]) for mode in modes if mode in compile_seconds}
     return outcome
+
+
+def gate_and_measure(workload, model: Decoder, longest, lengths: list[int], modes: list[str], options: dict | None,
+                     outcome: RunOutcome, progress) -> dict[tuple[str, int], dict]:
+    """Every (mode, length) checked against full, and the bytes and peak memory of those that passed, into
+    `outcome`: one length at a time, so that an interrupt keeps the lengths already checked."""
+    gate: dict[tuple[str, int], dict] = {}
+    for length in lengths:
+        gate.update(checked(workload, model, longest, length, modes, options))
+        for mode in modes:
+            outcome.checks.append(gate[(mode, length)])
+            if timeable(gate[(mode, length)]):
+                outcome.memory.append({"mode": mode, "length": length,
+                                       **workload.memory(model, longest, length, mode, options)})
+            progress("check", len(outcome.checks), len(lengths) * len(modes))
+    return gate
+
+
+def given_ids(ids, model: Decoder, protocol: Protocol, positions: int):
+    """The first `positions` of the given ids, or random ids from the protocol's seed when none were given."""
+    if ids is None:
+        return token_ids(model.config, protocol.batch, positions, protocol.seed)
+    if ids.shape[0] != protocol.batch or ids.shape[1] < positions:
+        raise ValueError(f"expected token ids of shape ({protocol.batch}, >= {positions}), got {tuple(ids.shape)}")
+    return ids[:, :positions]
 
 
 def machine_limits(model: Decoder, workload, lengths: list[int], protocol: Protocol) -> dict:

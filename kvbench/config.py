@@ -119,6 +119,7 @@ class PlainConfig:
     rope_scaling: RopeScaling | None = None  # llama: Llama 3.1's frequency scaling, or none
     qkv_bias: bool | None = None  # biases on q, k and v; None: the family's (gpt2 True, llama False; Qwen2 True)
     tie_embeddings: bool = False  # llama: the output head is the token embedding (gpt2: its own, with a bias)
+    sinks: int = 0  # with a window: the first K positions stay visible to every query (StreamingLLM's attention sinks)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", self.dtype_value(check_dtype_name(self.dtype)))
@@ -184,6 +185,10 @@ class PlainConfig:
         if self.window is None and self.window_pattern is not None:
             raise ValueError(f"window_pattern {self.window_pattern!r} needs a sliding window: expected window=W, "
                              "got window=None")
+        if isinstance(self.sinks, bool) or not isinstance(self.sinks, int) or self.sinks < 0:
+            raise ValueError(f"sinks must be an integer >= 0, got {self.sinks!r}")
+        if self.sinks and self.window is None:
+            raise ValueError(f"sinks {self.sinks} are kept beside a sliding window: expected window=W, got window=None")
         if self.window_pattern == "all":  # the same model as None: one way to write it, so configs compare equal
             object.__setattr__(self, "window_pattern", None)
 
@@ -221,6 +226,8 @@ class PlainConfig:
             fields["head_dim"] = None
         if self.intermediate_size == self.mlp_ratio * self.width:
             fields["intermediate_size"] = None
+        if not self.sinks:  # absent unless used: a config without sinks reads, compares and exports as before them
+            del fields["sinks"]
         return fields
 
     @classmethod

@@ -39,8 +39,9 @@ from kvbench.modes import CACHE_KINDS, DEFAULT_MODES, FULL, MODES
 __all__ = ["CACHE_KINDS", "DEFAULT_MODES", "DIVERGED", "DRIFTED", "DRIFT_METRICS", "FAILURES", "FULL", "MODES",
            "NOT_FINITE", "REFERENCE_NOT_FINITE", "TOLERANCES", "Drift", "Equivalence", "cache_footprint",
            "cache_steps", "check_equivalence", "check_modes", "compare_drift", "compare_logits", "decode",
-           "decode_cached", "decode_full", "full_steps", "judge_logits", "known_modes", "run_gate", "steps",
-           "timeable", "token_ids", "tolerances", "top1_within", "within_limits"]
+           "decode_cached", "decode_full", "full_steps", "is_trained", "judge_logits", "known_modes",
+           "model_tolerances", "run_gate", "steps", "timeable", "token_ids", "tolerances", "top1_within",
+           "within_limits"]
 
 
 def known_modes() -> tuple[str, ...]:
@@ -202,6 +203,17 @@ def tolerances(dtype: torch.dtype, layers: int = 1) -> tuple[float, float]:
     return tolerance_for(dtype_name(dtype), layers)
 
 
+def is_trained(model: Decoder) -> bool:
+    """Whether the model holds trained weights (kvbench.gguf marks them with their gate tolerance)."""
+    return getattr(model, "gate_tolerance", None) is not None
+
+
+def model_tolerances(model: Decoder) -> tuple[float, float]:
+    """The gate's (atol, rtol) for a model: its dtype's, or those a trained model carries (kvbench.gguf sets
+    `gate_tolerance`: thirty layers of trained weights round differently along two paths, docs/drift.md)."""
+    return getattr(model, "gate_tolerance", None) or tolerances(model.config.dtype, model.config.layers)
+
+
 def first_step(bad: Tensor) -> int | None:
     """The earliest step t at which `bad` (B, T, V) is True for any sequence and logit."""
     steps = bad.any(dim=-1).any(dim=0).nonzero()
@@ -333,7 +345,7 @@ def check_equivalence(
     `reference` (B, >= T, V) may be full-prefix logits computed once for a longer
     prefix of the same ids: step t depends only on ids[:, :t + 1].
     """
-    default_atol, default_rtol = tolerances(model.config.dtype, model.config.layers)
+    default_atol, default_rtol = model_tolerances(model)
     atol = default_atol if atol is None else atol
     rtol = default_rtol if rtol is None else rtol
     T = ids.shape[1]
@@ -344,17 +356,17 @@ def check_equivalence(
     for mode in check_modes(modes):
         # the reference is full's own logits: judging full against them needs no second run
         candidate = reference if mode == FULL else decode(model, ids, mode, keep_logits=True, options=options)
-        results[mode] = judge_logits(mode, candidate, reference, atol, rtol, model.config)
+        results[mode] = judge_logits(mode, candidate, reference, atol, rtol, model.config, is_trained(model))
     return results
 
 
 def judge_logits(mode: str, candidate: Tensor, reference: Tensor, atol: float, rtol: float,
-                 config: DecoderConfig) -> Equivalence | Drift:
+                 config: DecoderConfig, trained: bool = False) -> Equivalence | Drift:
     """A mode's logits against the full-prefix path's, by its kind's rule: a lossy kind within its own
-    drift limits for this model's family, every other mode within the dtype's tolerance."""
+    drift limits for this model's family (or for trained weights), every other mode within the tolerance."""
     spec = registry.SPECS.get(mode)
     if spec is not None and not spec.exact:
-        return compare_drift(mode, candidate, reference, spec.limits_for(config), atol, rtol)
+        return compare_drift(mode, candidate, reference, spec.limits_for(config, trained), atol, rtol)
     return compare_logits(mode, candidate, reference, atol, rtol)
 
 

@@ -52,6 +52,9 @@ def hf_architecture(config: PlainConfig) -> str:
     if config.family != "llama":
         raise ValueError(f"only the llama family has a transformers twin, got family {config.family!r} (kvbench's "
                          "gpt2 head has a bias that GPT-2's lacks)")
+    if config.sinks:
+        raise ValueError(f"transformers' models have no attention sinks beside a window: expected sinks=0, got "
+                         f"{config.sinks}")
     if config.qkv_bias or config.window_pattern == "alternating":
         return "Qwen2ForCausalLM"
     return "MistralForCausalLM" if config.window is not None else "LlamaForCausalLM"

@@ -26,7 +26,7 @@ from kvbench.cache import Cache, ConcatCache
 from kvbench.config import DTYPES, PRESETS, DecoderConfig, RopeScaling, dtype_name, parse_dtype, preset_config
 
 __all__ = ["DTYPES", "PRESETS", "Block", "Decoder", "DecoderConfig", "LlamaBlock", "RMSNorm", "apply_rotary",
-           "build_model", "dtype_name", "parse_dtype", "preset_config", "rms_norm", "rotary_tables"]
+           "build_model", "decoder_with_weights", "dtype_name", "parse_dtype", "preset_config", "rms_norm", "rotary_tables"]
 
 
 class Block(nn.Module):
@@ -35,7 +35,7 @@ class Block(nn.Module):
     def __init__(self, config: DecoderConfig, layer: int = 0) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = config.heads, config.kv_heads, config.head_dim
-        self.window, self.eps = config.layer_windows[layer], config.norm_eps
+        self.window, self.eps, self.sinks = config.layer_windows[layer], config.norm_eps, config.sinks
         self.norm1 = nn.LayerNorm(config.width, eps=config.norm_eps)
         # One projection for q, k and v (as in the source document); k and v
         # get kv_heads heads each, so GQA shrinks this and the cache alike.
@@ -56,7 +56,8 @@ class Block(nn.Module):
         k = k.view(B, L, KVH, D).transpose(1, 2)  # (B, KVH, L, D)
         v = v.view(B, L, KVH, D).transpose(1, 2)
         k, v = cache.update(layer, k, v)  # (B, KVH, T, D), T = offset + L (fewer in a window's ring)
-        y = causal_attention(q, k, v, offset, self.window, cache.key_positions, cache.key_mask)  # (B, H, L, D)
+        y = causal_attention(q, k, v, offset, self.window, cache.key_positions, cache.key_mask,
+                             self.sinks)  # (B, H, L, D)
         x = x + F.linear(y.transpose(1, 2).reshape(B, L, H * D), self.out.weight, self.out.bias)
         h = F.layer_norm(x, (C,), self.norm2.weight, self.norm2.bias, self.eps)
         # GPT-2's tanh GELU: exact (erf) GELU has a fixed ~17 us per call on small
@@ -122,6 +123,7 @@ class LlamaBlock(nn.Module):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = config.heads, config.kv_heads, config.head_dim
         self.window, self.eps = config.layer_windows[layer], config.norm_eps  # this layer's window, or None
+        self.sinks = config.sinks  # with a window: the first positions every query sees too
         C, HD = config.width, config.heads * config.head_dim
         self.norm1 = RMSNorm(C)
         # q, k and v in one matmul, as gate and up below: one call instead of three (or two) per step.
@@ -140,7 +142,8 @@ class LlamaBlock(nn.Module):
         q, k = qk.transpose(1, 2).split((H, KVH), dim=1)  # (B, H, L, D), (B, KVH, L, D): k rotated before it is kept
         v = qkv[:, :, H + KVH :].transpose(1, 2)  # (B, KVH, L, D)
         k, v = cache.update(layer, k, v)  # (B, KVH, T, D), T = offset + L (fewer in a window's ring)
-        y = causal_attention(q, k, v, offset, self.window, cache.key_positions, cache.key_mask)  # (B, H, L, D)
+        y = causal_attention(q, k, v, offset, self.window, cache.key_positions, cache.key_mask,
+                             self.sinks)  # (B, H, L, D)
         x = x + F.linear(y.transpose(1, 2).reshape(B, L, H * D), self.out.weight)
         gate, up = F.linear(rms_norm(x, self.norm2.weight, self.eps), self.gate_up.weight).chunk(2, dim=-1)  # (B, L, I)
         return x + F.linear(F.silu(gate) * up, self.down.weight)
@@ -224,6 +227,19 @@ def check_token_ids(ids: Tensor, config: DecoderConfig) -> tuple[int, int]:
 def token_range_message(ids: Tensor, config: DecoderConfig) -> str:
     low, high = int(ids.min()), int(ids.max())
     return f"token ids must be in [0, {config.vocab_size - 1}] for vocab_size {config.vocab_size}, got min {low} and max {high}"
+
+
+def decoder_with_weights(config: DecoderConfig, weights: dict[str, Tensor]) -> Decoder:
+    """A Decoder of `config` holding `weights` (a state dict; the tensors themselves, not copies) in eval mode:
+    a trained model's, or another config's of the same shapes (a window added). Nothing is initialised at random
+    first: the modules are built on the meta device and the rotary tables computed afterwards."""
+    with torch.device("meta"):
+        model = Decoder(config)
+    model.load_state_dict(weights, strict=True, assign=True)
+    if config.family != "gpt2":
+        model.cos, model.sin = (table.to(config.dtype) for table in rotary_tables(config))
+    model.eval().requires_grad_(False)
+    return model
 
 
 def build_model(config: DecoderConfig | None = None, seed: int = 0) -> Decoder:

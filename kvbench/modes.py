@@ -69,6 +69,7 @@ class ModeSpec:
     exact: bool = True  # held to the dtype's tolerance; a lossy mode to its drift limits instead
     drift_limits: Mapping | None = None  # a lossy mode's limits (kvbench.kinds.DRIFT_METRICS) on any family...
     family_drift_limits: Mapping = field(default_factory=dict)  # ...unless its family has its own
+    trained_drift_limits: Mapping | None = None  # ...or on a trained model's weights, where they differ (drift.md)
     bytes: Callable[..., int] | None = float_bytes
     options: tuple[str, ...] = ()  # the cache options it takes, by keyword
     requires_window: bool = False  # the model must have a sliding window (DecoderConfig(window=W))
@@ -90,9 +91,12 @@ class ModeSpec:
         """Lossy, or keeps fewer positions than it was given: the report sets bytes beside drift and time."""
         return not self.exact or not self.keeps_every_position
 
-    def limits_for(self, config) -> dict | None:
-        """The drift limits a lossy mode is judged by on a model of `config` (a family may drift more)."""
+    def limits_for(self, config, trained: bool = False) -> dict | None:
+        """The drift limits a lossy mode is judged by on a model of `config` (a family may drift more), with
+        trained weights (kvbench.gguf) its trained limits where it has them."""
         limits = self.family_drift_limits.get(config.family, self.drift_limits)
+        if trained and self.trained_drift_limits is not None:
+            limits = self.trained_drift_limits
         return None if limits is None else dict(limits)
 
     def require(self, config) -> None:
@@ -221,7 +225,7 @@ def option_modes(modes: list[str]) -> list[str]:
 def spec_of_cache(name: str, factory: type) -> ModeSpec:
     """A plugin kind's spec from its Cache subclass: the spec of the registered kind it extends (its formula,
     options, requirements, asv model), with what its own class sets: `exact`, `drift_limits`,
-    `family_drift_limits`, an `expected_bytes` classmethod."""
+    `family_drift_limits`, `trained_drift_limits`, an `expected_bytes` classmethod."""
     registered: dict[type, ModeSpec] = {}
     for found in _specs.values():  # a class's first spec: static, not static-compiled, which steps it otherwise
         if found.cache is not None and found.source in (KVBENCH, PLUGIN):
@@ -237,6 +241,8 @@ def spec_of_cache(name: str, factory: type) -> ModeSpec:
         fields["exact"] = own["exact"]
     if "drift_limits" in own or "family_drift_limits" in own:
         fields.update(drift_limits=own.get("drift_limits"), family_drift_limits=own.get("family_drift_limits") or {})
+    if "trained_drift_limits" in own:
+        fields["trained_drift_limits"] = own["trained_drift_limits"]
     if "expected_bytes" in own:
         fields["bytes"] = factory.expected_bytes
     return replace(base, **fields)
@@ -260,13 +266,20 @@ INT4_LIMITS = MappingProxyType({"max_abs_diff": 5e-2, "kl_mean": 1e-5, "kl_max":
 # llama family, worst seen as above: |diff| 0.13, KL mean 3.7e-4, KL max 8.7e-4, top-1 0.969 (2 in 64).
 INT4_FAMILY_LIMITS = MappingProxyType({"llama": MappingProxyType(
     {"max_abs_diff": 1.0, "kl_mean": 4e-3, "kl_max": 1e-2, "top1_agreement": 0.9})})
-QUANTIZED = {8: (INT8_LIMITS, INT8_FAMILY_LIMITS), 4: (INT4_LIMITS, INT4_FAMILY_LIMITS)}
+# Trained weights (SmolLM2-135M on corpus text, G=R=16, 4 x 128 tokens, results/real/quality-quantized.json):
+# int8 worst |diff| 0.275, KL max 1.4e-3, KL mean 1.7e-5, top-1 0.998; int4 worst |diff| 3.0, KL max 0.82,
+# KL mean 5.2e-3, top-1 0.971. About 3x, top-1 with room for one flip in 50.
+INT8_TRAINED_LIMITS = MappingProxyType({"max_abs_diff": 1.0, "kl_mean": 5e-5, "kl_max": 5e-3, "top1_agreement": 0.98})
+INT4_TRAINED_LIMITS = MappingProxyType({"max_abs_diff": 10.0, "kl_mean": 2e-2, "kl_max": 3.0, "top1_agreement": 0.9})
+QUANTIZED = {8: (INT8_LIMITS, INT8_FAMILY_LIMITS, INT8_TRAINED_LIMITS),
+             4: (INT4_LIMITS, INT4_FAMILY_LIMITS, INT4_TRAINED_LIMITS)}
 ASV_WINDOW = 32  # asv times the window kind on a model that attends to the last 32 positions
 
 
 def quantized(name: str, source: str, bits: int, **fields) -> ModeSpec:
-    limits, family_limits = QUANTIZED[bits]
+    limits, family_limits, trained_limits = QUANTIZED[bits]
     return ModeSpec(name, source, exact=False, drift_limits=limits, family_drift_limits=family_limits,
+                    trained_drift_limits=trained_limits,
                     bits=bits, options=QUANTIZED_OPTIONS, **fields)
 
 

@@ -22,7 +22,7 @@ from itertools import islice
 import torch
 from torch import Tensor
 
-from kvbench.decode import FULL, drain, judge_logits, steps, tolerances
+from kvbench.decode import FULL, drain, is_trained, judge_logits, model_tolerances, steps
 from kvbench.kinds import CONTEXT_TIMED_STEPS, CONTEXT_WARMUP_STEPS
 from kvbench.model import Decoder
 
@@ -35,11 +35,11 @@ def request_logits(model: Decoder, ids: Tensor, mode: str, prompt: int, options:
 def check_request(model: Decoder, ids: Tensor, modes: list[str], prompt: int,
                   options: dict | None = None) -> dict[str, dict]:
     """Every mode's request against full's, token by token: {mode: check dict}, as the loop gate gives."""
-    atol, rtol = tolerances(model.config.dtype, model.config.layers)
+    atol, rtol = model_tolerances(model)
     reference = request_logits(model, ids, FULL, prompt)
     # the reference is full's own logits: judging full against them needs no second run
     return {mode: judge_logits(mode, reference if mode == FULL else request_logits(model, ids, mode, prompt, options),
-                               reference, atol, rtol, model.config).to_dict() for mode in modes}
+                               reference, atol, rtol, model.config, is_trained(model)).to_dict() for mode in modes}
 
 
 def step_durations(stepping: Iterator, count: int | None = None) -> list[float]:

@@ -6,7 +6,7 @@ import torch
 from kvbench.attention import causal_attention, causal_mask
 
 
-def reference_attention(q, k, v, offset, window=None, key_positions=None):
+def reference_attention(q, k, v, offset, window=None, key_positions=None, sinks=0):
     """Explicit scores, softmax and a mask from absolute positions, one head at a time."""
     B, H, L, D = q.shape
     group = H // k.shape[1]
@@ -17,7 +17,8 @@ def reference_attention(q, k, v, offset, window=None, key_positions=None):
         scores = q[:, h] @ kh.transpose(-1, -2) / math.sqrt(D)
         for i in range(L):
             query = offset + i
-            hidden = (positions > query) | ((positions <= query - window) if window else torch.zeros_like(positions, dtype=torch.bool))
+            slid = (positions <= query - window) & (positions >= sinks) if window else torch.zeros_like(positions, dtype=torch.bool)
+            hidden = (positions > query) | slid
             scores[:, i, hidden] = float("-inf")
         out[:, h] = scores.softmax(-1) @ vh
     return out
@@ -108,6 +109,34 @@ def test_the_last_w_keys_in_any_order_need_no_mask_for_one_query():
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
+# --- attention sinks beside a window (StreamingLLM) ---------------------------------------------
+
+
+@pytest.mark.parametrize("offset, length, window, sinks", [
+    (0, 12, 3, 2), (9, 1, 3, 2), (9, 1, 3, 4), (7, 5, 3, 1), (2, 6, 4, 4), (20, 3, 5, 30), (1, 1, 3, 2),
+])
+def test_sinks_keep_the_first_positions_visible_beside_the_window(offset, length, window, sinks):
+    generator = torch.Generator().manual_seed(offset * 100 + length * 10 + window + sinks)
+    q = torch.randn(2, 4, length, 8, generator=generator)
+    k = torch.randn(2, 2, offset + length, 8, generator=generator)
+    v = torch.randn(2, 2, offset + length, 8, generator=generator)
+    expected = reference_attention(q, k, v, offset, window, sinks=sinks)
+    torch.testing.assert_close(causal_attention(q, k, v, offset, window, sinks=sinks), expected, atol=1e-5, rtol=1e-5)
+    if offset + length > window + sinks:  # the sinks change what the queries see
+        assert not torch.allclose(expected, reference_attention(q, k, v, offset, window), atol=1e-3)
+
+
+def test_sinks_with_a_ring_in_slot_order_and_their_positions():
+    generator = torch.Generator().manual_seed(5)
+    window, sinks, offset = 4, 2, 11
+    q = torch.randn(1, 4, 1, 8, generator=generator)
+    k = torch.randn(1, 4, offset + 1, 8, generator=generator)
+    v = torch.randn(1, 4, offset + 1, 8, generator=generator)
+    kept = torch.tensor([0, 1, 10, 11, 8, 9])  # the sinks, then the ring of 4 in slot order
+    got = causal_attention(q, k[:, :, kept], v[:, :, kept], offset, window, key_positions=kept, sinks=sinks)
+    torch.testing.assert_close(got, reference_attention(q, k, v, offset, window, sinks=sinks), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("length", [2, 3])
 @pytest.mark.parametrize("heads, kv_heads", [(4, 4), (4, 2)])
 def test_several_queries_at_offset_one_see_the_first_key(length, heads, kv_heads):
@@ -149,3 +178,25 @@ def test_grouped_heads_are_told_by_head_counts_whatever_the_batch_and_key_count(
     v = torch.randn(4, 2, 4, 8, generator=generator)
     torch.testing.assert_close(causal_attention(q, k, v, offset), reference_attention(q, k, v, offset),
                                atol=1e-5, rtol=1e-5)
+
+
+def test_a_key_mask_gives_each_sequence_its_own_visible_keys():
+    """A batch of requests at their own lengths, padded to the longest (kvbench.cache.batch): each sequence's
+    newest query sees its own keys and none of the padding. Batch, heads and keys are all 4 with 2 KV heads,
+    so only the head counts can say the attention is grouped."""
+    generator = torch.Generator().manual_seed(3)
+    q = torch.randn(4, 4, 1, 8, generator=generator)
+    k = torch.randn(4, 2, 4, 8, generator=generator)
+    v = torch.randn(4, 2, 4, 8, generator=generator)
+    lengths = [4, 1, 3, 2]  # the keys each sequence holds; the rest of its row is padding
+    key_mask = torch.tensor([[slot < n for slot in range(4)] for n in lengths]).view(4, 1, 1, 4)
+    attended = causal_attention(q, k, v, offset=0, key_mask=key_mask)
+    for row, n in enumerate(lengths):
+        alone = reference_attention(q[row : row + 1], k[row : row + 1, :, :n], v[row : row + 1, :, :n], offset=n - 1)
+        torch.testing.assert_close(attended[row : row + 1], alone, atol=1e-5, rtol=1e-5)
+
+
+def test_a_key_mask_refuses_a_window():
+    q, k = torch.zeros(1, 4, 1, 8), torch.zeros(1, 4, 2, 8)
+    with pytest.raises(ValueError, match="needs full attention, got window 2"):
+        causal_attention(q, k, k, offset=1, window=2, key_mask=torch.ones(1, 1, 1, 2, dtype=torch.bool))

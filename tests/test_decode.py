@@ -448,6 +448,26 @@ def test_a_mode_that_raises_is_a_failed_check_that_cannot_be_timed(tiny_model, m
     assert not decode_module.timeable(None)
 
 
+
+@pytest.mark.parametrize("signal", [KeyboardInterrupt, MemoryError])
+def test_an_interrupt_or_exhausted_memory_in_the_gate_is_not_a_failed_check(tiny_model, monkeypatch, signal):
+    """Ctrl-C and a MemoryError stop the run (it saves what it has): they say nothing about the kind."""
+    class InterruptedCache(ConcatCache):
+        def update(self, layer, k, v):
+            raise signal()
+
+    monkeypatch.setitem(KINDS, "concat", InterruptedCache)
+    with pytest.raises(signal):
+        run_gate(tiny_model, token_ids(tiny_model.config, 1, 4), [4], ["static", "concat"])
+
+
+def test_a_lossy_kind_with_no_finite_step_has_no_kl_to_report():
+    reference = torch.zeros(1, 3, 4)
+    candidate = torch.full((1, 3, 4), float("nan"))
+    drift = compare_drift("quantized-int8", candidate, reference, {"max_abs_diff": 1.0}, 1e-5, 1e-5)
+    assert (drift.passed, drift.failure, drift.non_finite) == (False, NOT_FINITE, 12)
+    assert (drift.kl_mean, drift.kl_max) == (0.0, 0.0)
+
 def test_equivalence_and_drift_are_frozen_and_say_whether_they_are_exact():
     reference = torch.zeros(1, 2, 3)
     exact = compare_logits("static", reference, reference, 1e-5, 1e-5)

@@ -110,3 +110,55 @@ def test_alternating_windows_change_the_logits_beyond_w_and_only_there():
     torch.testing.assert_close(a[:, :8], b[:, :8], atol=1e-5, rtol=1e-5)
     assert not torch.allclose(a[:, 8:], b[:, 8:], atol=1e-3, rtol=1e-3)
     assert not torch.allclose(a[:, 8:], c[:, 8:], atol=1e-3, rtol=1e-3)  # half the layers is not all of them
+
+
+# --- attention sinks (StreamingLLM): the first K positions kept beside the last W -------------------
+
+SINKS = dataclasses.replace(CONFIG, sinks=3)
+
+
+def test_sinks_need_a_window():
+    with pytest.raises(ValueError, match="sinks 4 are kept beside a sliding window.*got window=None"):
+        DecoderConfig(sinks=4)
+
+
+def test_a_ring_with_sinks_holds_the_first_k_and_the_last_w_positions():
+    cache = WindowCache(SINKS, capacity=64)
+    assert cache.layer_slots == [11]
+    assert cache.ring_positions(2).tolist() == [0, 1]
+    assert cache.ring_positions(11).tolist() == list(range(11))
+    assert cache.ring_positions(13).tolist() == [0, 1, 2, 11, 12, 5, 6, 7, 8, 9, 10]
+    assert sorted(cache.ring_positions(100).tolist()) == [0, 1, 2, *range(92, 100)]
+    assert expected_bytes("window", SINKS, 1, 100) == expected_cache_bytes(SINKS, 1, 11)
+
+
+@pytest.mark.parametrize("preset", ["seed", "gemma-tiny"])
+@pytest.mark.parametrize("length", [11, 12, 40])
+def test_sinks_are_exact_against_the_full_prefix_masked_the_same_way(preset, length):
+    config = preset_config(preset, window=8, sinks=3, max_length=256)
+    checks = check_equivalence(build_model(config, seed=0), token_ids(config, 2, length),
+                               ["full", "concat", "static", "paged", "window"])
+    assert all(check.passed and check.exact for check in checks.values()), checks
+
+
+def test_sinks_in_chunks_equal_one_token_a_step():
+    model = build_model(SINKS, seed=0)
+    ids = token_ids(SINKS, 2, 40)
+    with torch.inference_mode():
+        full = model(ids)[0]
+        cache = make_cache("window", SINKS, batch=2, capacity=40)
+        pieces = []
+        for start, end in ((0, 2), (2, 13), (13, 14), (14, 30), (30, 40)):
+            logits, cache = model(ids[:, start:end], cache)
+            pieces.append(logits)
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=1e-5, rtol=1e-5)
+    assert sorted(cache.ring_positions(40).tolist()) == [0, 1, 2, *range(32, 40)]
+
+
+def test_sinks_change_the_logits_once_the_window_slides():
+    with_sinks, without = build_model(SINKS, seed=0), build_model(CONFIG, seed=0)
+    ids = token_ids(CONFIG, 1, 14)
+    with torch.inference_mode():
+        a, b = with_sinks(ids)[0], without(ids)[0]
+    torch.testing.assert_close(a[:, :8], b[:, :8], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(a[:, 8:], b[:, 8:], atol=1e-3, rtol=1e-3)

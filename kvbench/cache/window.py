@@ -11,6 +11,12 @@ attends to the ring before it plus the chunk, with the mask built from absolute
 positions, then keeps the chunk's last W positions. Keys arrive rotated (the llama
 family's RoPE is applied before update), so a slot holds its position's rotated key
 whatever slot it lands in. Bytes stay at W positions per sliding layer, whatever the length.
+
+With K attention sinks (``DecoderConfig(window=W, sinks=K)``, StreamingLLM) a sliding layer
+keeps K + W slots: positions 0..K-1 in slots 0..K-1 for good, and the ring of W slots after
+them for the positions from K on (position p >= K in slot K + (p - K) % W). Once the ring
+wraps, a step's keys are no longer contiguous, so the cache hands their positions to the
+attention, which keeps the sinks visible.
 """
 
 from __future__ import annotations
@@ -30,8 +36,10 @@ class WindowCache(Cache):
         if config.window is None:
             raise ValueError("the window kind needs a model with a sliding window: expected DecoderConfig(window=W), "
                              "got window=None")
-        # Slots per layer: the window on a sliding layer, every position on the others.
-        self.layer_slots = [min(window or self.capacity, self.capacity) for window in config.layer_windows]
+        # Slots per layer: the window and the sinks on a sliding layer, every position on the others.
+        self.layer_sinks = [config.sinks if window else 0 for window in config.layer_windows]
+        self.layer_slots = [min(window + config.sinks if window else self.capacity, self.capacity)
+                            for window in config.layer_windows]
         self.slots = min(self.layer_slots)
         shapes = [(batch, config.kv_heads, slots, config.head_dim) for slots in self.layer_slots]
         self._keys = [torch.zeros(shape, dtype=config.dtype) for shape in shapes]
@@ -41,29 +49,44 @@ class WindowCache(Cache):
 
     def ring_positions(self, length: int, layer: int | None = None) -> Tensor:
         """Absolute position held by each valid slot of a layer (the first sliding one by default) when
-        `length` positions were appended."""
-        size = self.slots if layer is None else self.layer_slots[layer]
-        slots = torch.arange(min(length, size))
-        return length - 1 - (length - 1 - slots) % size
+        `length` positions were appended: the sinks', then the ring's."""
+        layer = self.layer_slots.index(self.slots) if layer is None else layer
+        sinks, size = self.layer_sinks[layer], self.layer_slots[layer] - self.layer_sinks[layer]
+        ring = length - sinks  # positions from the sinks on
+        if ring <= 0:
+            return torch.arange(length)
+        slots = torch.arange(min(ring, size))
+        return torch.cat((torch.arange(sinks), sinks + ring - 1 - (ring - 1 - slots) % size))
+
+    def slot_of(self, positions: Tensor | int, layer: int):
+        """The slot of each position on a layer: its own below the sinks' count, the ring's after."""
+        sinks, size = self.layer_sinks[layer], self.layer_slots[layer] - self.layer_sinks[layer]
+        if isinstance(positions, int):
+            return positions if positions < sinks else sinks + (positions - sinks) % size
+        return torch.where(positions < sinks, positions, sinks + (positions - sinks) % size)
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         start, new, size = self.length, k.shape[-2], self.layer_slots[layer]
         keys, values = self._keys[layer], self._values[layer]
+        sinks = self.layer_sinks[layer]
         if new == 1:  # the decode step
-            slot = start % size
+            slot = self.slot_of(start, layer)
             if start >= size:  # overwrites a visible position: keep it until commit (a free slot is invisible)
                 self._overwritten.append((layer, slot, keys.narrow(2, slot, 1).clone(), values.narrow(2, slot, 1).clone()))
             keys.narrow(2, slot, 1).copy_(k)
             values.narrow(2, slot, 1).copy_(v)
-            self.key_positions = None
+            # Every slot is visible; but with sinks a wrapped ring's keys are not contiguous: say where they are.
+            self.key_positions = self.ring_positions(start + 1, layer) if sinks and start >= size else None
             valid = min(start + 1, size)
             return keys.narrow(2, 0, valid), values.narrow(2, 0, valid)
         before = min(start, size)
         positions = torch.cat((self.ring_positions(start, layer), torch.arange(start, start + new)))
         all_keys = torch.cat((keys.narrow(2, 0, before), k), dim=2)  # (B, KVH, before + new, D)
         all_values = torch.cat((values.narrow(2, 0, before), v), dim=2)
-        kept = torch.arange(max(start, start + new - size), start + new)  # the chunk's last W positions
-        slots = kept % size
+        end = start + new
+        kept = torch.cat((torch.arange(start, max(start, min(sinks, end))),  # the chunk's sinks, its last W positions
+                          torch.arange(min(end, max(start, sinks, end - (size - sinks))), end)))
+        slots = self.slot_of(kept, layer)
         self._overwritten.append((layer, slots, keys.index_select(2, slots), values.index_select(2, slots)))
         keys.index_copy_(2, slots, k[:, :, kept - start])
         values.index_copy_(2, slots, v[:, :, kept - start])

@@ -29,7 +29,7 @@ def config_from_args(args: argparse.Namespace) -> PlainConfig:
     """The preset with the fields the options override, checked without torch."""
     fields = {"width": args.width, "heads": args.heads, "kv_heads": args.kv_heads, "layers": args.layers,
               "vocab_size": args.vocab_size, "max_length": args.max_length, "dtype": args.dtype,
-              "window": args.window, "window_pattern": args.window_pattern}
+              "window": args.window, "window_pattern": args.window_pattern, "sinks": getattr(args, "sinks", None)}
     return PlainConfig.from_preset(args.preset, **{name: value for name, value in fields.items() if value is not None})
 
 

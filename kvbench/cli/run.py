@@ -35,24 +35,28 @@ def cmd_run(args: argparse.Namespace) -> int:
     after = args.workload.get("warmup_steps", 0) + args.workload.get("timed_steps", 0)  # a contexts run's steps
     check_fits_in_memory(config, protocol, [n + after for n in args.lengths], args.modes, args.preset)
     from kvbench import benchmark, capture, workloads
-    from kvbench.model import build_model
 
     in_effect = {"threads_in_effect": timing.set_threads(protocol.threads),  # before any torch work
                  "cpu_in_effect": timing.pin_cpu(protocol.cpu)}
     environment = capture.collect_environment()  # first, so that no interrupt can cost it
-    config = DecoderConfig.from_dict(config.to_dict())
-    model = build_model(config, seed=protocol.seed)
+    workload = workloads.workload_from(**args.workload)
+    model, ids, tokenizer, sections = load_model(args, config, protocol, workload)
     stderr = Console(stderr=True)
     with ProgressBar(stderr, disabled=args.no_progress) as on_progress:
         outcome = benchmark.run_benchmark(model, args.lengths, args.modes, protocol, on_progress=on_progress,
-                                          options=args.cache_options, workload=workloads.workload_from(**args.workload))
+                                          options=args.cache_options, workload=workload, ids=ids)
+    if args.quality is not None and not outcome.interrupted:  # after the timing, which it must not disturb
+        from kvbench import corpus, quality
+
+        text = corpus.corpus_ids(tokenizer, 1, args.quality * QUALITY_CHUNKS)
+        sections["quality"] = quality.measure(model, text, args.modes, tokenizer, args.cache_options, QUALITY_CHUNKS)
     with args.signals.deferred():  # from here on a signal is only counted: the record is saved first
         if outcome.interrupted and not (outcome.checks or outcome.repetitions):
             raise args.signals.first or KeyboardInterrupt()  # nothing was completed: nothing to save
         result = record.record_from_run(
-            outcome, command=["kvbench", *args.argv], preset=args.preset, config=config, lengths=args.lengths,
+            outcome, command=["kvbench", *args.argv], preset=args.model_name, config=config, lengths=args.lengths,
             modes=args.modes, protocol=protocol, in_effect=in_effect, environment=environment, plugins=args.plugins,
-            cache_options=args.cache_options, workload=args.workload,
+            cache_options=args.cache_options, workload=args.workload, sections=sections,
         )
         path = save_record(result, output, args.force)
     console, view = stdout_console(), record.RecordView(result, str(path))
@@ -71,6 +75,20 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 130
     return 1 if failed else 0
 
+def load_model(args: argparse.Namespace, config: PlainConfig, protocol: Protocol, workload):
+    """(model, ids, tokenizer, record sections): random weights from the seed (ids drawn later, tokenizer
+    None), or a GGUF file's weights with token ids from the corpus through its tokenizer."""
+    if args.real_model is None:
+        from kvbench.model import build_model
+
+        return build_model(DecoderConfig.from_dict(config.to_dict()), seed=protocol.seed), None, None, {}
+    from kvbench import corpus, gguf
+
+    positions = max(workload.positions(n) for n in [*args.lengths, protocol.per_step_length or 1])
+    model, ids, tokenizer, described = gguf.load(args.real_model, config, protocol.batch, positions)
+    return model, ids, tokenizer, {"model": described, "token_ids": {"source": "corpus", **corpus.describe()}}
+
+
 
 def settings(args: argparse.Namespace) -> tuple[PlainConfig, Protocol]:
     args.plugins = [plugins.load_plugin(path) for path in args.plugin]  # before the modes are checked
@@ -78,7 +96,7 @@ def settings(args: argparse.Namespace) -> tuple[PlainConfig, Protocol]:
         modes.check_modes(args.modes)  # the shipped modes and those the plugins registered
     except ValueError as error:
         raise CliError(f"--modes: {error}") from None
-    config = config_from_args(args)
+    config = model_config(args)
     for mode in args.modes:
         try:
             modes.spec(mode).require(config)  # an hf-* mode imports transformers here, only to check its version
@@ -107,6 +125,40 @@ def settings(args: argparse.Namespace) -> tuple[PlainConfig, Protocol]:
     except ValueError as error:
         raise CliError(str(error)) from None
     return config, protocol
+
+
+QUALITY_CHUNKS = 4  # runs of --quality tokens each: the perplexity difference's interval is over them
+SHAPE_OPTIONS = ("width", "heads", "kv_heads", "layers", "vocab_size")  # what a GGUF file fixes
+
+
+def model_config(args: argparse.Namespace) -> PlainConfig:
+    """The preset's config with the options' overrides, or a GGUF file's (--model, --gguf), read and checked
+    before anything is measured: args.real_model is the file read (or None) and args.model_name the record's name."""
+    args.real_model, args.model_name = None, args.preset
+    if args.model is None and args.gguf is None:
+        if args.quality is not None:
+            raise CliError("--quality measures a trained model on text: it needs --model or --gguf")
+        return config_from_args(args)
+    given = (["--model"] if args.model else []) + (["--gguf"] if args.gguf else [])
+    given += [f"--{name.replace('_', '-')}" for name in SHAPE_OPTIONS if getattr(args, name) is not None]
+    if args.preset != "seed":
+        given.append("--preset")
+    if len(given) > 1:
+        raise CliError(f"{given[0]} fixes the model's shapes: it cannot be combined with {', '.join(given[1:])}")
+    from kvbench import gguf
+
+    try:
+        path = gguf.packaged_path(args.model) if args.model else args.gguf
+        args.real_model = gguf.read_gguf(path)
+        overrides = {"dtype": args.dtype, "window": args.window, "window_pattern": args.window_pattern,
+                     "sinks": args.sinks, "max_length": args.max_length}
+        config = args.real_model.plain_config(**{name: value for name, value in overrides.items() if value is not None})
+    except ValueError as error:
+        raise CliError(f"{given[0]}: {error}") from None
+    args.model_name = args.model or "gguf"
+    if args.quality is not None and args.quality * QUALITY_CHUNKS > 40000:
+        raise CliError(f"--quality {args.quality}: {QUALITY_CHUNKS} runs of it exceed the corpus's 40,000 tokens")
+    return config
 
 
 def workload_settings(args: argparse.Namespace, config: PlainConfig) -> None:

@@ -196,6 +196,28 @@ def machine_sections() -> dict:
     return {"machine_probe": probe, "limits": limits, "compile_seconds": compiled}
 
 
+def real_model_sections() -> dict:
+    """A real model's run (since 2026-12-03): the GGUF file its weights came from, where its token ids came from,
+    and what the lossy kinds did to its text (kvbench.quality)."""
+    sha = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
+    model = {"type": "object", "required": ["source", "path", "size", "sha256", "architecture", "quantization",
+                                            "dequantized_to"],
+             "properties": {"source": {"const": "gguf"}, "path": {"type": "string"}, "size": _positive, "sha256": sha,
+                            "architecture": {"type": "string"}, "name": {"type": ["string", "null"]},
+                            "quantization": {"type": "object", "minProperties": 1, "additionalProperties": _positive},
+                            "dequantized_to": {"enum": sorted(DTYPE_NAMES)},
+                            "weights_from": {"enum": ["cache", "dequantized"]},
+                            "build_seconds": {"type": "number", "minimum": 0},
+                            "tokenize_seconds": {"type": "number", "minimum": 0}}}
+    token_ids = {"type": "object", "required": ["source"],
+                 "properties": {"source": {"enum": ["corpus", "random"]}, "sha256": sha, "name": {"type": "string"}}}
+    quality = {"type": "object", "required": ["tokens", "chunks", "modes"],
+               "properties": {"tokens": _positive, "chunks": _positive, "modes": {"type": "array", "items": {
+                   "type": "object", "required": ["mode", "perplexity", "nll_mean"],
+                   "properties": {"mode": _mode, "perplexity": {"type": "number", "exclusiveMinimum": 0}}}}}}
+    return {"model": model, "token_ids": token_ids, "quality": quality}
+
+
 def estimation_schema() -> dict:
     """summary.estimation: the clock and estimator each length's speedups were computed with, and why."""
     return {  # absent in records written before 2026-12-01 (wall time everywhere)
@@ -239,7 +261,7 @@ def _schema_v2() -> dict:
             "required": ["factor", "low_freq_factor", "high_freq_factor", "original_max_length"],
             "properties": {"factor": _number, "low_freq_factor": _number, "high_freq_factor": _number,
                            "original_max_length": _positive}}]},
-        "qkv_bias": {"type": "boolean"}, "tie_embeddings": {"type": "boolean"}})
+        "qkv_bias": {"type": "boolean"}, "tie_embeddings": {"type": "boolean"}, "sinks": _count})
     schema["properties"]["run"]["properties"]["control"] = {"type": ["string", "null"], "pattern": MODE_NAME}
     schema["properties"]["run"]["properties"]["cache_options"] = {
         "type": "object", "propertyNames": {"pattern": MODE_NAME}, "additionalProperties": {"type": "object"}}
@@ -262,6 +284,7 @@ def _schema_v2() -> dict:
                                      **{name: {"type": [kind, "null"], "minimum": 0} for name, kind in TELEMETRY.items()}})
     schema["properties"]["sampling"] = sampling_schema()
     schema["properties"].update(machine_sections())
+    schema["properties"].update(real_model_sections())
     summary = schema["properties"]["summary"]
     summary["required"] += ["estimator", "interval", "controls"]
     summary["properties"]["baseline"] = _mode

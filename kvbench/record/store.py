@@ -25,9 +25,10 @@ def build_record(
     *, command: list[str], config: dict, run: dict, protocol: dict, environment: dict,
     checks: list[dict], repetitions: list[dict], memory: list[dict], status: str = "complete",
     per_step: list[dict] | None = None, sampling: dict | None = None, machine_probe: dict | None = None,
-    limits: dict | None = None, compile_seconds: dict | None = None,
+    limits: dict | None = None, compile_seconds: dict | None = None, sections: dict | None = None,
 ) -> dict:
-    """A validated schema-2 record. Without `sampling`, every length ran the fixed protocol."""
+    """A validated schema-2 record. Without `sampling`, every length ran the fixed protocol. `sections`: the
+    optional ones a run adds (a real model's `model` and `token_ids`, its `quality` on text)."""
     record = {
         "schema": SCHEMA,
         "status": status,
@@ -55,6 +56,7 @@ def build_record(
         record["limits"] = limits
     if compile_seconds:
         record["compile_seconds"] = compile_seconds
+    record.update(sections or {})
     validate_record(record)
     return record
 
@@ -95,7 +97,7 @@ def load_record(path: Path | str) -> dict:
 
 def record_from_run(outcome, *, command: list[str], preset: str, config, lengths: list[int], modes: list[str],
                     protocol, in_effect: dict, environment: dict, plugins: list[dict] = (),
-                    cache_options: dict | None = None, workload: dict | None = None) -> dict:
+                    cache_options: dict | None = None, workload: dict | None = None, sections: dict | None = None) -> dict:
     """The record of one run: its settings (a DecoderConfig and a timing.Protocol) beside its outcome
     (a benchmark.RunOutcome); `in_effect`: the threads and CPUs that took effect."""
     sampling = outcome.sampling
@@ -106,7 +108,7 @@ def record_from_run(outcome, *, command: list[str], preset: str, config, lengths
         protocol=protocol.describe(in_effect), environment=environment, checks=outcome.checks,
         repetitions=outcome.repetitions, memory=outcome.memory, per_step=outcome.per_step,
         status="incomplete" if outcome.interrupted else "complete", machine_probe=outcome.machine_probe,
-        limits=outcome.limits, compile_seconds=outcome.compile_seconds,
+        limits=outcome.limits, compile_seconds=outcome.compile_seconds, sections=sections,
         sampling={"lengths": [state.to_dict() for length, state in sampling.lengths.items() if length in lengths],
                   "telemetry": {"unavailable": sampling.telemetry_unavailable,
                                 "per_sample_seconds": sampling.telemetry_seconds,

@@ -17,6 +17,7 @@ from kvbench.config import PlainConfig
 from kvbench.kinds import expected_cache_bytes
 from kvbench.modes import changes_representation
 from kvbench.record import RecordView
+from kvbench.report.quality import model_sentence, quality_note, quality_rows
 from kvbench.report.latency import (
     ContextRow,
     context_rows,
@@ -165,6 +166,9 @@ class Report:
     context_steps: list[ContextRow] = field(default_factory=list)  # a contexts run's steady and first steps
     context_note: str | None = None
     tradeoffs: list[Tradeoff] = field(default_factory=list)
+    quality: list = field(default_factory=list)  # QualityRow: what each mode did to a real model's text
+    quality_note: str | None = None
+    model_note: str | None = None  # a real model's weights and text
 
     @property
     def complete(self) -> bool:
@@ -325,6 +329,7 @@ def build_report(view: RecordView, seed: int = stats.SEED, resamples: int = stat
     report.peers = peer_rows(view)
     report.context_steps = context_rows(view)
     report.context_note = context_sentence(view) if report.context_steps else None
+    report.quality, report.quality_note, report.model_note = quality_rows(view), quality_note(view), model_sentence(view)
     report.latency_note = latency_sentence(report.latency, view.baseline, timer_sentence(view)) if report.latency else None
     return report
 

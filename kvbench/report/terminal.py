@@ -25,7 +25,7 @@ from kvbench.report.compare import (
     summary_line,
 )
 from kvbench.report.differences import CRITICAL, INFORMATIONAL, NOTABLE
-from kvbench.report.format import format_bytes, render_plain, rich_escape
+from kvbench.report.format import as_sentence, format_bytes, render_plain, rich_escape
 from kvbench.report.latency import (
     CONTEXT_COLUMNS,
     context_cells,
@@ -38,6 +38,7 @@ from kvbench.report.latency import (
     peer_cells,
 )
 from kvbench.report.model import MARKS, Report, Row, clock_note, environment_line
+from kvbench.report.quality import QUALITY_COLUMNS, quality_cells
 
 STYLES = {"failed": "bold red", "invalid": "red", "noisy": "yellow", "unchecked": "yellow"}
 MARK_STYLES = {"failed": "bold red", "noisy": "yellow", "partial": "magenta", "trend": "yellow", "disturbed": "yellow"}
@@ -112,6 +113,7 @@ def quick_renderables(report: Report) -> list:
     if report.context_steps:
         out += [contexts_table(report), rich_escape(report.context_note)]
     out.append(quick_table(report))
+    out += quality_renderables(report)
     if report.peers:
         out += [peers_table(report), rich_escape(PEER_NOTE)]
     if report.sampling:
@@ -138,12 +140,30 @@ def sampling_table(report: Report) -> Table:
     return table
 
 
+def quality_renderables(report: Report) -> list:
+    """What each mode did to a real model's text: the table, then each mode's greedy sample."""
+    if not report.quality:
+        return []
+    table = Table(title="quality on text", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in QUALITY_COLUMNS:
+        table.add_column(name, justify="left" if name in ("mode", "greedy departs at") else "right", no_wrap=True)
+    for row in report.quality:
+        table.add_row(*(rich_escape(text) for text in quality_cells(row)))
+    out: list = [table, rich_escape(as_sentence(report.quality_note))]
+    for row in report.quality:
+        out.append(Text(f"  {row.label}: {row.sample!r}"))
+    return out
+
+
 def report_renderables(report: Report) -> list:
     out: list = []
     status = "" if report.complete else " [bold yellow](INCOMPLETE: interrupted run)[/]"
     out.append(f"[bold]{rich_escape(report.title)}[/]{status}")
     out.append(f"record {rich_escape(report.source)} · created {rich_escape(report.created_utc)}")
     out.append(rich_escape(environment_line(report.environment)))
+    if report.model_note:
+        out.append(rich_escape(as_sentence(report.model_note)))
+    out += quality_renderables(report)
     if report.latency:
         out += [latency_table(report), rich_escape(report.latency_note)]
     if report.context_steps:

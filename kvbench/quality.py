@@ -1,0 +1,146 @@
+"""What a lossy cache does to text: perplexity, KL, top-1 agreement, where greedy text departs, and the text.
+
+Every figure is against the full path of the same weights with nothing evicted or quantized
+(for the window kind: the same model without its window), on the corpus (kvbench.corpus):
+
+- teacher-forced over `chunks` runs of `tokens` consecutive corpus tokens, each mode fed one token
+  a step as in a decode loop (the window kind excepted: it equals the full prefix masked the same
+  way, which the gate checks at every run, so its logits come from that path in one pass per chunk,
+  a hundred times cheaper on a 135M model): the mean next-token NLL (its exponential, the perplexity), its
+  difference from full's with a 95% t interval over the chunks, KL(P_full || P_mode) and top-1
+  agreement; for the window kind also the perplexity of the positions past the window only, where
+  the window has evicted something (StreamingLLM's comparison, with and without sinks);
+- greedy generation from the first `prompt` tokens of the first chunk: the first step at which the
+  mode's token departs from full's, and the text each generated (the record keeps it, the report
+  shows it: people would rather read what the cache did to the text than a KL figure).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+from torch import Tensor
+
+from kvbench.decode import FULL, decode, steps
+from kvbench.model import Decoder, decoder_with_weights
+from kvbench.modes import spec
+
+
+def evicts(mode: str) -> bool:
+    """A kind that keeps only a window's positions: measured on the windowed model, against full's unwindowed."""
+    return not spec(mode).keeps_every_position
+
+
+def variant(model: Decoder, **fields) -> Decoder:
+    """The same weights under another config (a window and sinks, or none): no copy of a tensor."""
+    if all(getattr(model.config, name) == value for name, value in fields.items()):
+        return model
+    sibling = decoder_with_weights(dataclasses.replace(model.config, **fields), model.state_dict())
+    if hasattr(model, "gate_tolerance"):
+        sibling.gate_tolerance = model.gate_tolerance
+    return sibling
+
+
+def step_logits(model: Decoder, ids: Tensor, mode: str, options: dict | None) -> Tensor:
+    """(B, T, V) next-token logits at every position, one token a step (full: one forward, the same rows)."""
+    if not spec(mode).keeps_state:  # full's rows are one forward's: nothing carried from step to step
+        with torch.inference_mode():
+            return model(ids)[0].float()
+    return decode(model, ids, mode, keep_logits=True, options=options).float()
+
+
+def token_nll(logits: Tensor, ids: Tensor) -> Tensor:
+    """(B, T - 1) NLL of each next token: logits at t predict ids at t + 1."""
+    return torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")
+
+
+def interval(values: list[float]) -> dict:
+    """Mean and its 95% t interval over chunks (a single chunk has none)."""
+    from scipy import stats
+
+    n, mean = len(values), sum(values) / len(values)
+    if n < 2:
+        return {"mean": mean, "low": None, "high": None}
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
+    return {"mean": mean, "low": mean - half, "high": mean + half}
+
+
+def greedy(model: Decoder, prompt: Tensor, mode: str, generate: int, options: dict | None) -> list[int]:
+    """`generate` greedy tokens after `prompt` (1, P): each step's choice is written into the ids the steps read
+    next (decode.steps reads them lazily), so every mode runs its own cache as in a request."""
+    ids = torch.cat((prompt, torch.zeros(1, generate - 1, dtype=prompt.dtype)), dim=1)
+    chosen = []
+    with torch.inference_mode():
+        for step, (logits, _) in enumerate(steps(model, ids, mode, prompt.shape[1], options=options)):
+            chosen.append(int(logits[0].argmax()))
+            if step < generate - 1:
+                ids[0, prompt.shape[1] + step] = chosen[-1]
+    return chosen
+
+
+def first_departure(tokens: list[int], reference: list[int]) -> int | None:
+    return next((step for step, (a, b) in enumerate(zip(tokens, reference)) if a != b), None)
+
+
+def compare_chunk(reference: Tensor, candidate: Tensor, ids: Tensor, beyond: int | None) -> dict:
+    """One chunk's figures for one mode: mean NLL (all positions, and past `beyond`), KL and top-1 against full's."""
+    truth, guess = torch.log_softmax(reference, dim=-1), torch.log_softmax(candidate, dim=-1)
+    kl = (truth.exp() * (truth - guess)).sum(dim=-1)
+    nll = token_nll(candidate, ids)
+    found = {"nll": float(nll.mean()), "kl": float(kl.mean()), "kl_max": float(kl.max()),
+             "max_abs_diff": float((candidate - reference).abs().max()),
+             "top1": float((reference.argmax(-1) == candidate.argmax(-1)).double().mean())}
+    if beyond is not None and nll.shape[1] > beyond:
+        found["nll_beyond"] = float(nll[:, beyond:].mean())
+    return found
+
+
+def measure(model: Decoder, ids: Tensor, modes: list[str], tokenizer, options: dict | None = None,
+            chunks: int = 4, prompt: int = 32, generate: int = 48) -> dict:
+    """The quality section of a record: `ids` (1, chunks * tokens) of the corpus, cut into `chunks` runs.
+
+    `model` carries the run's config: a window kind is measured with its window and sinks, and beside
+    it without sinks when it has some; the reference is the same weights with no window."""
+    full_model = variant(model, window=None, window_pattern=None, sinks=0)
+    runs = [(mode, model if evicts(mode) else full_model) for mode in modes if spec(mode).keeps_state]
+    if model.config.sinks:  # a windowed kind beside itself without sinks: what the sinks buy
+        runs = [run for mode, chosen in runs
+                for run in ([(mode, variant(model, sinks=0)), (mode, chosen)] if evicts(mode) else [(mode, chosen)])]
+    pieces = ids.view(chunks, -1)
+    references = [step_logits(full_model, piece[None], FULL, options) for piece in pieces]
+    full_tokens = greedy(full_model, pieces[0, :prompt][None], "concat", generate, options)  # concat: full, exactly
+    rows = [summarise(FULL, full_model, [compare_chunk(r, r, p[None], model.config.window)
+                                         for r, p in zip(references, pieces)], None, full_tokens, full_tokens, tokenizer)]
+    for mode, chosen in runs:
+        beyond = chosen.config.window if evicts(mode) else None
+        path = FULL if evicts(mode) else mode  # the windowed model's full prefix: the window kind's logits
+        found = [compare_chunk(r, step_logits(chosen, p[None], path, options), p[None], beyond)
+                 for r, p in zip(references, pieces)]
+        tokens = greedy(chosen, pieces[0, :prompt][None], mode, generate, options)
+        rows.append(summarise(mode, chosen, found, rows[0]["chunks"], tokens, full_tokens, tokenizer))
+    return {"tokens": pieces.shape[1], "chunks": chunks, "prompt": prompt, "generate": generate,
+            "prompt_text": tokenizer.decode(pieces[0, :prompt].tolist()), "options": dict(options or {}),
+            "modes": rows}
+
+
+def summarise(mode: str, model: Decoder, found: list[dict], full: list[dict] | None, tokens: list[int],
+              full_tokens: list[int], tokenizer) -> dict:
+    nll = interval([chunk["nll"] for chunk in found])
+    row = {"mode": mode, "nll_mean": nll["mean"], "perplexity": math.exp(nll["mean"]),
+           "kl_mean": sum(c["kl"] for c in found) / len(found), "kl_max": max(c["kl_max"] for c in found),
+           "max_abs_diff": max(c["max_abs_diff"] for c in found),
+           "top1_agreement": sum(c["top1"] for c in found) / len(found),
+           "greedy_departure": first_departure(tokens, full_tokens), "sample": tokenizer.decode(tokens),
+           "chunks": found}
+    if evicts(mode):
+        row.update(window=model.config.window, sinks=model.config.sinks)
+    if full is not None:
+        row["nll_difference"] = interval([c["nll"] - f["nll"] for c, f in zip(found, full)])
+        if all("nll_beyond" in c for c in found):
+            beyond = [c["nll_beyond"] for c in found]
+            row["perplexity_beyond_window"] = math.exp(sum(beyond) / len(beyond))
+            row["full_perplexity_beyond_window"] = math.exp(sum(f["nll_beyond"] for f in full) / len(full))
+    return row

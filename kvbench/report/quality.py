@@ -1,0 +1,81 @@
+"""A real model's sections of a report: which weights and text were measured, and what each mode did to the text.
+
+Read from the record's `model`, `token_ids` and `quality` sections (kvbench.quality wrote the
+last); every layout renders the same rows and sentences.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvbench.record import RecordView
+
+QUALITY_COLUMNS = ["mode", "perplexity", "Δ NLL vs full (95% CI)", "beyond window (full's)", "KL", "top-1",
+                   "greedy departs at"]
+QUALITY_SENTENCE = ("Teacher-forced on the corpus, each mode one token a step, against full's logits of the same "
+                    "weights (for a window: without it): perplexity = exp(mean next-token NLL); Δ NLL = the mode's "
+                    "mean NLL minus full's, 95% t interval over the chunks; KL(P_full || P_mode) per token, nats; "
+                    "top-1 = share of positions whose most likely token agrees; greedy departs at = the first "
+                    "generated token that differs from full's greedy text (none: the whole sample agrees)")
+
+
+@dataclass(frozen=True)
+class QualityRow:
+    label: str
+    perplexity: float
+    nll_difference: dict | None
+    beyond: tuple[float, float] | None  # the window's perplexity past W, and full's over the same positions
+    kl: float
+    top1: float
+    departure: int | None
+    sample: str
+
+
+def label_of(entry: dict) -> str:
+    if "window" in entry:  # a windowed kind's row names its window and sinks
+        return f"window W={entry['window']} K={entry['sinks']}"
+    return entry["mode"]
+
+
+def quality_rows(view: RecordView) -> list[QualityRow]:
+    quality = view.record.get("quality")
+    if not quality:
+        return []
+    return [QualityRow(label=label_of(entry), perplexity=entry["perplexity"], nll_difference=entry.get("nll_difference"),
+                       beyond=(entry["perplexity_beyond_window"], entry["full_perplexity_beyond_window"])
+                       if "perplexity_beyond_window" in entry else None,
+                       kl=entry["kl_mean"], top1=entry["top1_agreement"], departure=entry["greedy_departure"],
+                       sample=entry["sample"]) for entry in quality["modes"]]
+
+
+def quality_cells(row: QualityRow) -> list[str]:
+    difference = row.nll_difference
+    if difference is None:
+        delta = "baseline"
+    elif difference["low"] is None:
+        delta = f"{difference['mean']:+.4f}"
+    else:
+        delta = f"{difference['mean']:+.4f} [{difference['low']:+.4f}, {difference['high']:+.4f}]"
+    beyond = f"{row.beyond[0]:.2f} ({row.beyond[1]:.2f})" if row.beyond else ""
+    departs = "none" if row.departure is None else f"token {row.departure}"
+    return [row.label, f"{row.perplexity:.3f}", delta, beyond, f"{row.kl:.2e}", f"{row.top1:.3f}", departs]
+
+
+def quality_note(view: RecordView) -> str | None:
+    quality = view.record.get("quality")
+    if not quality:
+        return None
+    return (f"{QUALITY_SENTENCE}. {quality['chunks']} chunks of {quality['tokens']} tokens; greedy text: "
+            f"{quality['generate']} tokens after the corpus's first {quality['prompt']}")
+
+
+def model_sentence(view: RecordView) -> str | None:
+    """Which weights and which text: the record's account of the GGUF file and the corpus."""
+    model, tokens = view.record.get("model"), view.record.get("token_ids")
+    if not model:
+        return None
+    types = ", ".join(f"{name} ({count})" for name, count in model["quantization"].items())
+    text = f"token ids from the corpus {tokens['name']} (sha256 {tokens['sha256'][:12]}…)" if tokens else ""
+    return (f"Weights: {model.get('name') or model['path']}, {model['architecture']} GGUF {model['path']} "
+            f"({model['size']:,} bytes, sha256 {model['sha256'][:12]}…), tensor types {types}, dequantized to "
+            f"{model['dequantized_to']} (not the original float weights); {text}")

@@ -1,0 +1,90 @@
+"""What a lossy cache does to text (kvbench.quality), on a tiny llama-family model: the figures are checked
+against their definitions computed here by hand, and the report renders them from a record."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kvbench import quality
+from kvbench.model import build_model, preset_config
+from kvbench.record import RecordView, validate_record
+from kvbench.report import markdown, terminal
+from kvbench.report.model import build_report
+
+CONFIG = preset_config("llama-tiny", vocab_size=96, max_length=256, rope_scaling=None, window=12, sinks=2)
+OPTIONS = {"quantized-int4": {"group_size": 4, "residual": 4}}
+
+
+class Digits:
+    """A stand-in tokenizer: ids as text."""
+
+    def decode(self, ids):
+        return " ".join(str(i) for i in ids)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_model(CONFIG, seed=1)
+
+
+@pytest.fixture(scope="module")
+def ids():
+    return torch.randint(0, CONFIG.vocab_size, (1, 3 * 30), generator=torch.Generator().manual_seed(2))
+
+
+@pytest.fixture(scope="module")
+def measured(model, ids):
+    return quality.measure(model, ids, ["full", "quantized-int4", "window"], Digits(), OPTIONS, chunks=3, prompt=6,
+                           generate=8)
+
+
+def test_full_perplexity_is_the_exponential_of_its_mean_next_token_nll(model, ids, measured):
+    unwindowed = quality.variant(model, window=None, window_pattern=None, sinks=0)
+    with torch.inference_mode():
+        nll = [torch.nn.functional.cross_entropy(unwindowed(piece[None])[0][0, :-1], piece[1:]) for piece in ids.view(3, -1)]
+    full = measured["modes"][0]
+    assert full["mode"] == "full" and full["kl_mean"] == 0 and full["top1_agreement"] == 1
+    assert full["perplexity"] == pytest.approx(math.exp(sum(float(n) for n in nll) / 3), rel=1e-5)
+    assert full["greedy_departure"] is None
+
+
+def test_greedy_text_is_the_argmax_chain_of_the_full_prefix(model, ids, measured):
+    unwindowed = quality.variant(model, window=None, window_pattern=None, sinks=0)
+    chain = ids[:, :6].clone()
+    with torch.inference_mode():
+        for _ in range(8):
+            chain = torch.cat((chain, unwindowed(chain)[0][:, -1:].argmax(-1)), dim=1)
+    assert measured["modes"][0]["sample"] == Digits().decode(chain[0, 6:].tolist())
+
+
+def test_lossy_modes_are_measured_against_full_with_an_interval(measured):
+    rows = {(row["mode"], row.get("sinks")): row for row in measured["modes"]}
+    assert set(rows) == {("full", None), ("quantized-int4", None), ("window", 0), ("window", 2)}
+    int4 = rows[("quantized-int4", None)]
+    assert 0 < int4["kl_mean"] < 1 and int4["nll_difference"]["low"] <= int4["nll_difference"]["mean"] <= \
+        int4["nll_difference"]["high"]
+    for sinks in (0, 2):  # the window's perplexity past W, beside full's over the same positions
+        window = rows[("window", sinks)]
+        assert window["window"] == 12 and window["kl_mean"] > 0
+        assert window["full_perplexity_beyond_window"] > 0 and window["perplexity_beyond_window"] > 0
+    assert rows[("window", 0)]["kl_mean"] != rows[("window", 2)]["kl_mean"]
+
+
+def test_first_departure():
+    assert quality.first_departure([1, 2, 3], [1, 2, 3]) is None
+    assert quality.first_departure([1, 5, 3], [1, 2, 4]) == 1
+
+
+def test_the_report_shows_the_quality_table_and_the_samples(make_record, measured):
+    record = make_record({("full", 8): [1.0, 1.1, 1.2], ("concat", 8): [0.5, 0.6, 0.5]})
+    record["quality"] = measured
+    validate_record(record)
+    report = build_report(RecordView(record, "r.json"))
+    text = terminal.render_report(report)
+    assert "quality on text" in text and "window W=12 K=2" in text and "greedy departs at" in text
+    assert measured["modes"][1]["sample"][:20] in text
+    page = markdown.render_report(report)
+    assert "| quantized-int4 |" in page and f"{measured['modes'][0]['perplexity']:.3f}" in page
