@@ -7,6 +7,7 @@ completed so far kept and the outcome marked interrupted.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -39,38 +40,48 @@ class RunOutcome:
     compile_seconds: dict | None = None  # compiled mode -> first calls of its compiled functions, compile included
 
 
+@dataclass(frozen=True)
+class Progress:
+    """Where a run is, for a progress display: `done` of `total` in one stage (counted, or seconds when `unit` is
+    "s"), and `estimate`, the seconds the stage should take, when a measurement made before it says so."""
+
+    stage: str
+    done: float
+    total: float
+    unit: str = ""
+    estimate: float | None = None
+
+
 def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol: Protocol = Protocol(),
-                  on_progress: Callable[[str, int, int], None] | None = None,
+                  on_progress: Callable[[Progress], None] | None = None,
                   options: dict | None = None, workload=None, ids=None) -> RunOutcome:
     """The machine probe, the gate, bytes and peak memory, the timed rotations, the profile, the probe again.
 
     `options` maps a kind to the keyword arguments its caches are made with; `workload` (kvbench.workloads)
     says what one sample times: a whole loop per length (default), one request, or one step at a context.
+    `on_progress` hears where the run is, with estimates of the long stages: the gate's full-prefix reference
+    (from two forwards timed before it) and the timed rotations (from the gate's own timings).
     `ids` (B, >= every length's positions): the token ids to consume (a real model's text) instead of
     random ones drawn from the protocol's seed.
     """
     modes = check_modes(modes)
     workload = workload or Loop()
-    progress = on_progress or (lambda stage, done, total: None)
+    progress = on_progress or (lambda event: None)
     outcome = RunOutcome(control=control_mode(protocol.control, modes))
     try:
-        progress("machine probe", 0, 1)
+        progress(Progress("machine probe", 0, 1))
         calls = machine.workloads()
         outcome.machine_probe = {"workloads": dict(machine.WORKLOADS), "repeats": machine.REPEATS,
                                  "start": machine.probe_phase(calls)}
+        progress(Progress("machine probe", 1, 1))
         if workload.name != "loop":  # a step's distance to the machine's limit needs the limit
-            progress("machine limits", 0, 1)
+            progress(Progress("machine limits", 0, 1))
             outcome.limits = machine_limits(model, workload, lengths, protocol)
         longest = given_ids(ids, model, protocol, max(workload.positions(n) for n in lengths))
-        progress("reference", 0, 1)
-        gate = gate_and_measure(workload, model, longest, lengths, modes, options, outcome, progress)
+        gate, rotations = gate_and_measure(workload, model, longest, lengths, modes, options, outcome, progress)
         loops = timed_loops(workload, model, longest, lengths, modes, gate, outcome.control, options)
         planned = protocol.repeats * sum(len(by_mode) for by_mode in loops.values())
-
-        def keep(kept: Sample) -> None:
-            outcome.repetitions.append(kept.to_dict())
-            progress("time", len(outcome.repetitions), max(planned, len(outcome.repetitions)))
-
+        keep = timed_progress(protocol, planned, protocol.repeats * sum(rotations.values()), outcome, progress)
         if hasattr(workload, "timer_seconds"):  # what timing every step on its own costs each step
             outcome.sampling.step_timer_seconds = workload.timer_seconds()
         sample(loops, protocol, on_sample=keep, state=outcome.sampling, watch=workload.watch(protocol, FULL),
@@ -84,8 +95,9 @@ def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol
                  "seconds": per_step_seconds(model, profiled, mode, protocol.warmup, options)}
                 for mode in modes if all(timeable(gate[(mode, length)]) for length in lengths)
             ]
-        progress("machine probe", 0, 1)
+        progress(Progress("machine probe", 0, 1))
         outcome.machine_probe["end"] = machine.probe_phase(calls)
+        progress(Progress("machine probe", 1, 1))
     except KeyboardInterrupt:
         outcome.interrupted = True
     if any(spec(mode).compiled for mode in modes):
@@ -95,20 +107,85 @@ def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol
     return outcome
 
 
+def timed_progress(protocol: Protocol, planned: int, least: float, outcome: RunOutcome,
+                   progress: Callable[[Progress], None]) -> Callable[[Sample], None]:
+    """Say the timing has begun, with `least`, the seconds its minimum rotations should take (warm-up aside);
+    return what keeps each sample and moves the bar: a count of samples under a fixed count of rotations; until
+    precise, the budget's seconds (the most the rotations can take, or the minimum beyond it)."""
+    budget = None if protocol.precision is None else max(protocol.max_seconds, least)
+    progress(Progress("time", 0, planned, estimate=least) if budget is None else Progress("time", 0, budget, "s", least))
+
+    def keep(kept: Sample) -> None:
+        outcome.repetitions.append(kept.to_dict())
+        if budget is None:
+            progress(Progress("time", len(outcome.repetitions), planned, estimate=least))
+        else:
+            progress(Progress("time", min(kept.started + kept.seconds, budget), budget, "s", least))
+
+    return keep
+
+
 def gate_and_measure(workload, model: Decoder, longest, lengths: list[int], modes: list[str], options: dict | None,
-                     outcome: RunOutcome, progress) -> dict[tuple[str, int], dict]:
-    """Every (mode, length) checked against full, and the bytes and peak memory of those that passed, into
-    `outcome`: one length at a time, so that an interrupt keeps the lengths already checked."""
+                     outcome: RunOutcome, progress: Callable[[Progress], None]) -> tuple[dict, dict[int, float]]:
+    """Every mode's check and memory entry, kept in `outcome` one length at a time (an interrupt keeps the lengths
+    already checked); returns the checks by (mode, length) and the seconds one rotation should take per length,
+    from the gate's timings: each check ran its mode's work once, as one sample will."""
+    forward = forward_seconds(model, longest)
+    spans = workload.reference_spans(lengths)
+    progress(Progress("reference", 0, 1, estimate=sum(span_seconds(forward, *span) for span in spans)))
+    full_loops: dict[int, float] = {}  # the loop's full at each length: its reference ran once, at the longest
+    if hasattr(workload, "compute_reference"):
+        begun = time.perf_counter()
+        workload.compute_reference(model, longest)
+        scale = (time.perf_counter() - begun) / max(span_seconds(forward, *spans[0]), 1e-12)
+        full_loops = {n: scale * span_seconds(forward, 1, n) for n in lengths if FULL in modes}
+        progress(Progress("reference", 1, 1))
     gate: dict[tuple[str, int], dict] = {}
+    rotations: dict[int, float] = {}
     for length in lengths:
+        begun = time.perf_counter()
         gate.update(checked(workload, model, longest, length, modes, options))
+        checked_modes = [mode for mode in modes if timeable(gate[(mode, length)])]
+        rotations[length] = rotation_seconds(time.perf_counter() - begun, full_loops.get(length, 0.0),
+                                             len(checked_modes), outcome.control in checked_modes)
         for mode in modes:
             outcome.checks.append(gate[(mode, length)])
             if timeable(gate[(mode, length)]):
                 outcome.memory.append({"mode": mode, "length": length,
                                        **workload.memory(model, longest, length, mode, options)})
-            progress("check", len(outcome.checks), len(lengths) * len(modes))
-    return gate
+            progress(Progress("check", len(outcome.checks), len(lengths) * len(modes)))
+    progress(Progress("reference", 1, 1))  # a request's or a context's reference runs within each length's gate
+    return gate, rotations
+
+
+def forward_seconds(model: Decoder, ids) -> tuple[float, float, int]:
+    """(seconds of a full-prefix forward of 1 token, of all T positions of `ids`, T): the ends of the line that
+    estimates how long the full-prefix path runs (span_seconds)."""
+    import torch
+
+    found = []
+    with torch.inference_mode():
+        for end in (1, 1, ids.shape[1]):  # the first call pays first-use costs: timed again
+            begun = time.perf_counter()
+            model(ids[:, :end])
+            found.append(time.perf_counter() - begun)
+    return found[1], found[2], ids.shape[1]
+
+
+def span_seconds(forward: tuple[float, float, int], first: int, last: int) -> float:
+    """Seconds of the full-prefix forwards of every prefix from `first` to `last` tokens, a forward's cost taken
+    on the line through the two that forward_seconds measured (attention's quadratic share bends the true
+    cost below that line between them: an estimate on the long side)."""
+    one, whole, positions = forward
+    per_token = max(whole - one, 0.0) / max(positions - 1, 1)
+    count = last - first + 1
+    return count * one + per_token * (count * (first + last) / 2 - count)
+
+
+def rotation_seconds(gate: float, full_loop: float, checked_modes: int, with_control: bool) -> float:
+    """One rotation's seconds at a length from its gate: every checked mode ran its work once (a loop's full did
+    not: `full_loop` adds it), and the A/A control runs one more mode's, counted as an average one's."""
+    return (gate + full_loop) * (1 + with_control / max(checked_modes, 1))
 
 
 def given_ids(ids, model: Decoder, protocol: Protocol, positions: int):

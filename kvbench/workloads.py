@@ -42,9 +42,18 @@ class Loop:
         """Token ids a cell of this length consumes."""
         return length
 
+    def reference_spans(self, lengths: list[int]) -> list[tuple[int, int]]:
+        """(first, last) prefix lengths of the forwards the gate's full-prefix reference runs: one loop, the longest."""
+        return [(1, max(lengths))]
+
+    def compute_reference(self, model: Decoder, ids: Tensor) -> None:
+        """The full-prefix logits at every step of the longest length, which every length's gate reads:
+        step t depends only on ids[:, :t + 1]."""
+        self.reference = decode_full(model, ids, keep_logits=True)
+
     def gate(self, model: Decoder, ids: Tensor, length: int, modes: list[str], options: dict | None) -> dict:
-        if self.reference is None:  # once, at the longest length: step t depends only on ids[:, :t + 1]
-            self.reference = decode_full(model, ids, keep_logits=True)
+        if self.reference is None:
+            self.compute_reference(model, ids)
         checks = run_gate(model, ids, [length], modes, reference=self.reference, options=options)
         return {mode: checks[(mode, length)] for mode in modes}
 
@@ -96,6 +105,10 @@ class Request:
     def positions(self, length: int) -> int:
         return length
 
+    def reference_spans(self, lengths: list[int]) -> list[tuple[int, int]]:
+        """The full-prefix request each length's gate runs: the prompt's prefill, then a forward per position."""
+        return [(self.prompt, length) for length in lengths]
+
     def gate(self, model: Decoder, ids: Tensor, length: int, modes: list[str], options: dict | None) -> dict:
         checks = requests.check_request(model, ids[:, :length], modes, self.prompt, options)
         return {mode: {**check, "length": length} for mode, check in checks.items()}
@@ -146,6 +159,10 @@ class Contexts:
 
     def positions(self, length: int) -> int:
         return length + self.warmup_steps + self.timed_steps
+
+    def reference_spans(self, lengths: list[int]) -> list[tuple[int, int]]:
+        """The full-prefix path each context's gate runs: the context's prefill, then its warm-up and timed steps."""
+        return [(context, self.positions(context)) for context in lengths]
 
     def gate(self, model: Decoder, ids: Tensor, length: int, modes: list[str], options: dict | None) -> dict:
         checks = requests.check_context(model, ids, modes, length, options, self.warmup_steps, self.timed_steps)

@@ -108,12 +108,25 @@ def test_no_command_is_one_line_exit_2(capsys):
         (["run", "--preset", "llama-mni"], "run: argument --preset: invalid choice: 'llama-mni'; did you mean 'llama-mini'?"),
         (["run", "--lenghts", "4"], "unrecognized arguments: --lenghts 4; did you mean '--lengths'?"),
         (["budget", "--dtype", "flot16"], "did you mean 'float16'?"),
+        (["run", "--modes", "full,statc", "--no-progress"], "--modes: unknown mode 'statc': expected one of"),
+        (["run", "--modes", "full,statc", "--no-progress"], "'hf-static-compiled']; did you mean 'static'?"),
+        (["run", "--trace", "chat", "--modes", "pagd"], "a serving run takes kinds ['static', 'paged', "
+                                                          "'quantized-int8', 'quantized-int4']; did you mean 'paged'?"),
     ],
 )
 def test_a_typo_names_the_closest_choice_and_the_prefix_is_said_once(capsys, argv, expected):
     code, _, err = run_main(capsys, *argv)
     assert_one_line_error(code, err, expected)
     assert err.count("kvbench") == 1  # "kvbench: error:" and no second "kvbench run:"
+
+
+def test_run_help_names_the_default_modes_and_the_rerun_interval(capsys):
+    with pytest.raises(SystemExit):
+        run_main(capsys, "run", "--help")
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: full,concat,static,paged; a serving run's: static,paged)" in text
+    assert "all modes" not in text and "95% rerun interval of every speedup" in text
+    assert "speedup's 95% rerun interval (default: 0.05)" in text and "95% interval" not in text
 
 
 def test_a_word_close_to_nothing_gets_no_suggestion(capsys):

@@ -6,7 +6,7 @@ signals. Where a signal must land in one particular phase, the child sends it to
 from inside that phase (a one-line wrapper around the library function that starts the
 phase), so the test never depends on how fast this machine is.
 
-The promise under test (README, "When things go wrong"): a bad input ends with exit status
+The promise under test (docs/cli.md, "When things go wrong"): a bad input ends with exit status
 2 and one line naming the problem, before any measurement; SIGINT and SIGTERM end a run
 with everything completed saved and marked incomplete (130 / 143); nothing that is not a
 regular file is ever replaced; no temporary file is left behind; every message tells the

@@ -260,9 +260,11 @@ def test_differing_workloads_and_incomplete_records_are_stated():
     old = synthetic_record(scaling_seconds())
     partial = {key: values[:2] for key, values in scaling_seconds().items()}
     new = synthetic_record(partial, status="incomplete", repeats=7, config={**old["config"], "width": 64})
-    notes = " | ".join(compare_records(old, new).notes)
+    result = compare_records(old, new)
+    notes = " | ".join(result.notes)
     assert "NEW is INCOMPLETE" in notes
-    assert "different workloads" in notes
+    assert "OLD and NEW timed different work (config.width 32 -> 64)" in notes
+    assert {cell.verdict for cell in result.cells} == {compare.NOT_COMPARABLE} and result.regressions == []
 
 
 @pytest.mark.parametrize("factor, alpha, message", [
@@ -387,29 +389,49 @@ def test_request_runs_of_different_shapes_compare_no_latency_and_say_so():
 
     result = compare_records(request_record(), request_record(prompt=20, generate=5, seed=3))  # both hold 24
     assert result.latency == []
-    assert any("different requests" in note for note in result.notes)
+    assert any("timed different work (run.workload.generate" in note for note in result.notes)
+    assert {cell.verdict for cell in result.cells} == {compare.NOT_COMPARABLE}
 
 
 # --- across machines ----------------------------------------------------------------------------
 
 
-def test_records_from_two_machines_compare_ratios_only_and_call_no_raw_time_slower(tmp_path, capsys):
-    """Another machine, 40% slower at everything, and a static cache 20% costlier relative to full there:
-    raw times are not comparable; the ratio to each run's own full is, and it shows the static change."""
+def test_records_from_two_cpus_get_no_verdict_on_seconds_nor_on_speedups(tmp_path, capsys):
+    """Another CPU, 40% slower at everything, where a static cache costs 20% more relative to full: raw times
+    measure the machines, and a speedup's size legitimately differs between CPUs, so no cell is called slower
+    or faster, --fail-on-regression exits 0, and both outputs point at --across-machines."""
     base = scaling_seconds(modes=("full", "concat", "static"), seed=1, repeats=15)
     old = synthetic_record(base)
     slower = {key: [s * 1.4 * (1.2 if key[0] == "static" else 1.0) for s in values] for key, values in base.items()}
-    new = synthetic_record(slower, environment=changed_environment(**{"os.hostname": "bench-2", "cpu.brand": "Other"}))
+    new = synthetic_record(slower, environment=changed_environment(**{"cpu.brand": "Other"}))
     result = compare_records(old, new)
-    assert any("ran on different machines (os.hostname bench-1 -> bench-2; cpu.brand Test CPU 9000 -> Other)" in note
-               for note in result.notes)
-    full = [c for c in result.cells if c.mode == "full"]
-    assert all(c.verdict == compare.NOT_COMPARABLE and c.time.ratio == pytest.approx(1.4) for c in full)
+    assert result.not_comparable == "OLD and NEW ran on different machines (cpu.brand Test CPU 9000 -> Other)"
+    assert {c.verdict for c in result.cells} == {compare.NOT_COMPARABLE} and result.regressions == []
     static = [c for c in result.cells if c.mode == "static"]
-    assert all(c.judged_by == "vs full" and c.relative.ratio == pytest.approx(1.2) and c.verdict == compare.SLOWER
-               for c in static)
-    assert all(c.verdict == compare.WITHIN_NOISE for c in result.cells if c.mode == "concat")
-    assert "not comparable" in compare.summary_line(result) and len(result.regressions) == len(static)
+    assert all(c.relative.ratio == pytest.approx(1.2) and c.relative.verdict == compare.SLOWER for c in static)
+    assert any("--across-machines" in note for note in result.notes)
+    assert compare.summary_line(result) == ("12 cells lined up, none judged: OLD and NEW ran on different machines "
+                                            "(cpu.brand Test CPU 9000 -> Other).")
+    paths = [str(write(tmp_path, name, record)) for name, record in (("old.json", old), ("new.json", new))]
+    assert main(["compare", *paths, "--fail-on-regression"]) == 0
+    captured = capsys.readouterr()
+    rows = [line for line in captured.out.splitlines() if "ok 1.0e-07 → ok 1.0e-07" in line]
+    assert len(rows) == 12 and all("not comparable" in row and "slower" not in row and "faster" not in row
+                                   for row in rows)
+    assert "judged by time" not in captured.out  # no verdict, so no word on what would have decided it
+    assert "--across-machines" in captured.out
+    assert captured.err == ("kvbench: no regression check: OLD and NEW ran on different machines (cpu.brand "
+                            "Test CPU 9000 -> Other), so no cell is slower or faster; `kvbench compare "
+                            "--across-machines OLD NEW` lines up each run's speedups with their rerun intervals\n")
+
+
+def test_another_hostname_on_the_same_cpu_is_the_same_machine():
+    """Two containers or CI runners of one type: other names, one CPU; their runs compare and are judged."""
+    base = scaling_seconds(modes=("full", "static"), seed=1, repeats=15)
+    slower = {key: [s * (1.3 if key[0] == "static" else 1.0) for s in values] for key, values in base.items()}
+    result = compare_records(synthetic_record(base),
+                             synthetic_record(slower, environment=changed_environment(**{"os.hostname": "runner-7"})))
+    assert result.not_comparable is None and {c.verdict for c in result.cells if c.mode == "static"} == {compare.SLOWER}
 
 
 def test_across_machines_lines_every_records_speedups_up_per_cell(tmp_path, capsys):
@@ -511,8 +533,11 @@ def test_records_of_different_work_are_refused_not_judged(capsys, old, new, firs
 
 def test_force_lines_different_work_up_with_its_note(capsys):
     old, new = (str(RESULTS / name) for name in DIFFERENT_WORK[2][:2])  # both timed the loop at length 64
-    assert main(["compare", old, new, "--force"]) == 0
-    assert "the records ran different workloads (config differs)" in capsys.readouterr().out
+    assert main(["compare", old, new, "--force", "--fail-on-regression"]) == 0
+    captured = capsys.readouterr()
+    assert "timed different work (config.family gpt2 -> llama" in captured.out
+    assert "cells lined up, none judged: OLD and NEW timed different work (config.family" in captured.out
+    assert captured.err.startswith("kvbench: no regression check: OLD and NEW timed different work (config.family")
 
 
 def test_across_machines_refuses_different_work_among_any_of_its_records(capsys):
@@ -534,3 +559,22 @@ def test_records_of_the_same_work_on_other_lengths_or_threads_still_compare():
     assert work_differences(RecordView(old), RecordView(new)) == []
     new["run"]["batch"] = 2
     assert [d.key for d in work_differences(RecordView(old), RecordView(new))] == ["run.batch"]
+
+
+def test_the_reference_record_from_another_cpu_against_a_fresh_run_here_exits_0_with_no_verdict(tmp_path, capsys):
+    """The acceptance of 'verdicts only between comparable runs': results/reference.json as a machine with another
+    CPU took it (the capture's cpu fields changed), compared with a fresh run on this machine."""
+    reference = json.loads((RESULTS / "reference.json").read_text())
+    reference["environment"]["cpu"].update(brand="Intel(R) Xeon(R) Platinum 8375C", vendor="GenuineIntel")
+    old = write(tmp_path, "reference-intel.json", reference)
+    new = tmp_path / "fresh.json"
+    assert main(["run", "--lengths", "16,32", "--repeats", "3", "--no-progress", "--output", str(new)]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(old), str(new), "--fail-on-regression"]) == 0
+    captured = capsys.readouterr()
+    rows = [line for line in captured.out.splitlines() if " → ok " in line]  # a table row: its checks old → new
+    assert len(rows) == 8 and all("not comparable" in row for row in rows)
+    assert not any("slower" in row or "faster" in row for row in rows) and "8 cells lined up, none judged" in captured.out
+    assert "different machines (cpu.brand AMD EPYC -> " not in captured.out  # OLD is the Intel one
+    assert f"cpu.brand Intel(R) Xeon(R) Platinum 8375C -> {json.loads(new.read_text())['environment']['cpu']['brand']}" \
+        in captured.err and "--across-machines" in captured.err and "--across-machines" in captured.out

@@ -160,6 +160,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         console = stdout_console()
         for item in terminal.compare_renderables(comparison):
             console.print(item)
+    if args.fail_on_regression and comparison.not_comparable:  # a machine change is no regression of the code
+        print(f"kvbench: no regression check: {comparison.not_comparable}, so no cell is slower or faster; "
+              f"{comparison.instead}", file=sys.stderr)
     if args.fail_on_regression and comparison.regressions:
         worst = max(comparison.regressions, key=lambda cell: cell.judged.ratio)
         judged = worst.judged

@@ -210,13 +210,13 @@ def add_sampling_options(parser: argparse.ArgumentParser) -> None:
     """How many rotations a run times: the fixed protocol, or until a precision within a budget."""
     sampling = parser.add_argument_group(
         "sampling (whole rotations of every mode, in rounds over the lengths)",
-        "By default each length runs at least --min-repeats rotations, then more until the 95% interval of every "
+        "By default each length runs at least --min-repeats rotations, then more until the 95% rerun interval of every "
         "speedup is within --precision, or --max-repeats or --max-seconds is reached. --repeats N runs exactly N "
         "rotations per length instead: the source document's fixed protocol.")
     sampling.add_argument("--repeats", type=integer(1, MAX_REPEATS), metavar="N",
                           help="exactly N rotations per length (the fixed protocol; no precision target)")
     sampling.add_argument("--precision", type=fraction, metavar="REL",
-                          help=f"target relative half-width of every speedup's 95%% interval "
+                          help=f"target relative half-width of every speedup's 95%% rerun interval "
                                f"(default: {Protocol.precision})")
     sampling.add_argument("--min-repeats", type=integer(1, MAX_REPEATS), metavar="N",
                           help=f"rotations per length before the precision is checked (default: {Protocol.repeats})")
@@ -254,7 +254,8 @@ def add_run_parser(commands) -> None:
     run.add_argument("--modes", type=mode_list, default=list(DEFAULT_MODES), metavar="M,M,...",
                      help=f"modes among {','.join(MODES)}, transformers' caches on the same weights "
                           f"({','.join(HF_MODES)}: llama family, hf extra) and the kinds of --plugin files "
-                          "(window needs --window)")
+                          f"(window needs --window) (default: {','.join(DEFAULT_MODES)}; a serving run's: "
+                          "static,paged)")
     run.add_argument("--plugin", type=Path, action="append", default=[], metavar="FILE.py",
                      help="a Python file registering cache kinds of your own (kvbench.cache.register_kind); repeatable")
     add_sampling_options(run)

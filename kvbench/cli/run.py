@@ -6,7 +6,6 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from rich.console import Console
@@ -14,7 +13,8 @@ from rich.markup import escape
 
 from kvbench import kinds, memory, modes, plugins, record, timing
 from kvbench.cli.commands import check_output, config_from_args
-from kvbench.cli.parser import CliError
+from kvbench.cli.parser import CliError, did_you_mean
+from kvbench.cli.progress import ProgressBar
 from kvbench.config import DecoderConfig, PlainConfig
 from kvbench.report import model as report_model
 from kvbench.report import terminal
@@ -42,7 +42,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     workload = workloads.workload_from(**args.workload)
     model, ids, tokenizer, sections = load_model(args, config, protocol, workload)
     stderr = Console(stderr=True)
-    with ProgressBar(stderr, disabled=args.no_progress) as on_progress:
+    with ProgressBar(stderr, disabled=args.no_progress, protocol=protocol) as on_progress:
         outcome = benchmark.run_benchmark(model, args.lengths, args.modes, protocol, on_progress=on_progress,
                                           options=args.cache_options, workload=workload, ids=ids)
     if args.quality is not None and not outcome.interrupted:  # after the timing, which it must not disturb
@@ -95,7 +95,8 @@ def settings(args: argparse.Namespace) -> tuple[PlainConfig, Protocol]:
     try:
         modes.check_modes(args.modes)  # the shipped modes and those the plugins registered
     except ValueError as error:
-        raise CliError(f"--modes: {error}") from None
+        unknown = [mode for mode in args.modes if mode not in modes.names()]
+        raise CliError(f"--modes: {error}" + (did_you_mean(unknown[0], modes.names()) if unknown else "")) from None
     config = model_config(args)
     for mode in args.modes:
         try:
@@ -248,42 +249,3 @@ def failure_sentence(check: dict) -> str:
     return (f"{where} diverges from full-prefix logits at position {check['first_divergent_position']} "
             f"(max |diff| {check['max_abs_diff']:.3g} > atol {check['atol']:g} + rtol {check['rtol']:g}); "
             "its timings are not a valid speedup")
-
-
-class ProgressBar:
-    """A rich progress bar on stderr, fed by run_benchmark's (stage, done, total) events.
-
-    It is redrawn only from those events, which come between samples, at most REFRESH_SECONDS
-    apart: rich's own refresh thread would take the interpreter lock in the middle of timed
-    loops (it put a third of a run's samples off CPU by more than 2%)."""
-
-    REFRESH_SECONDS = 0.25
-
-    def __init__(self, console, disabled: bool) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self.progress = None if disabled else Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            console=console, transient=True, auto_refresh=False,
-        )
-        self.tasks: dict[str, int] = {}
-        self.drawn = 0.0
-
-    def __enter__(self):
-        if self.progress is None:
-            return None
-        self.progress.__enter__()
-        return self.update
-
-    def update(self, stage: str, done: int, total: int) -> None:
-        if stage not in self.tasks:
-            self.tasks[stage] = self.progress.add_task(stage, total=total)
-        self.progress.update(self.tasks[stage], completed=done, total=total)
-        now = time.monotonic()
-        if now - self.drawn >= self.REFRESH_SECONDS or done == total:
-            self.progress.refresh()
-            self.drawn = now
-
-    def __exit__(self, *exc) -> None:
-        if self.progress is not None:
-            self.progress.__exit__(*exc)

@@ -10,7 +10,7 @@ from pathlib import Path
 from kvbench import admission, files, memory, record, timing, trace
 from kvbench.cli.commands import check_output, cmd_report, config_from_args
 from kvbench.cli.options import fraction
-from kvbench.cli.parser import CliError
+from kvbench.cli.parser import CliError, did_you_mean
 from kvbench.cli.serving_options import DEFAULT_KINDS, DEFAULT_REPEATS, DEFAULT_BUDGET_REQUESTS
 from kvbench.modes import DEFAULT_MODES
 from kvbench.report.format import format_bytes, stdout_console
@@ -73,7 +73,8 @@ def check_serving(args: argparse.Namespace):
     kinds = list(DEFAULT_KINDS) if args.modes == list(DEFAULT_MODES) else list(args.modes)
     unknown = [kind for kind in kinds if kind not in admission.SERVING_KINDS]
     if unknown:
-        raise CliError(f"--modes {unknown[0]}: a serving run takes kinds {list(admission.SERVING_KINDS)}")
+        raise CliError(f"--modes {unknown[0]}: a serving run takes kinds {list(admission.SERVING_KINDS)}"
+                       f"{did_you_mean(unknown[0], admission.SERVING_KINDS)}")
     if config.window is not None:
         raise CliError("--trace: a serving run needs full attention; the preset or --window slides a window")
     if args.share_prefix and "paged" not in kinds:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 
 from kvbench import latency, stats
 from kvbench.record import RecordView
-from kvbench.report.differences import RANKS, Difference, config_diff, environment_diff
+from kvbench.report.differences import RANKS, Difference, config_diff, environment_diff, work_differences, work_text
 from kvbench.report.format import check_text, ms
 from kvbench.report.probe import MachineChange, machine_change, machine_identity_differences, machine_notes
 from kvbench.report.verdicts import (
@@ -50,6 +50,9 @@ __all__ = ["ALPHA", "FACTOR", "FASTER", "POWER", "RANKS", "NOT_COMPARABLE", "SLO
            "machine_change", "relative_to"]
 
 
+NOT_JUDGED = "not judged"  # judged_by of every cell of two runs that are not comparable (two CPUs, different work)
+
+
 @dataclass(frozen=True)
 class CellChange:
     mode: str
@@ -64,7 +67,7 @@ class CellChange:
     old_check: dict | None
     new_check: dict | None
     notes: tuple[str, ...]
-    judged_by: str = "time"  # "vs full", "vs machine", "on CPU time" or "time": which change decides the verdict
+    judged_by: str = "time"  # "vs full", "vs machine", "on CPU time", "time" (which change decides the verdict) or NOT_JUDGED
     adjusted: Change | None = None  # (full) its time held against the machine probe's, or its CPU time's change
     cpu_time: Change | None = None  # the change of the thread's CPU time, when either run was contended here
 
@@ -78,7 +81,7 @@ class CellChange:
 
     @property
     def verdict(self) -> str:
-        return NOT_COMPARABLE if self.judged_by == "across machines" else self.judged.verdict
+        return NOT_COMPARABLE if self.judged_by == NOT_JUDGED else self.judged.verdict
 
     @property
     def label(self) -> str:
@@ -104,7 +107,7 @@ class LatencyChange:
 
     @property
     def verdict(self) -> str:
-        return NOT_COMPARABLE if self.judged_by == "across machines" else self.judged.verdict
+        return NOT_COMPARABLE if self.judged_by == NOT_JUDGED else self.judged.verdict
 
     @property
     def label(self) -> str:
@@ -126,6 +129,8 @@ class Comparison:
     notes: list[str] = field(default_factory=list)
     machine: MachineChange | None = None  # None unless both records carry a machine probe
     latency: list[LatencyChange] = field(default_factory=list)  # two request runs of the same shape
+    not_comparable: str | None = None  # why no cell has a verdict (two machines, different work), in words
+    instead: str = ""  # what to run instead, when not comparable
 
     @property
     def regressions(self) -> list:
@@ -207,7 +212,8 @@ def compare_records(old: RecordView, new: RecordView, *, factor: float = FACTOR,
     skipped += [f"{m}@{n} only in NEW" for m, n in new.cells() if (mapping.get(m, m), n) not in old_cells]
     cells = [compare_cell(old, new, old_mode, mode, length, factor, alpha) for (old_mode, _), (mode, length) in pairs]
     machine = machine_change(old, new, factor=factor, alpha=alpha)
-    cells = judge(cells, new.baseline, machine, factor=factor, alpha=alpha)
+    reason = not_comparable_reason(old, new)
+    cells = not_comparable(cells) if reason else judge(cells, new.baseline, machine, factor=factor, alpha=alpha)
     comparison = Comparison(
         old_source=old.source, new_source=new.source, old_status=old.status, new_status=new.status,
         environment=environment_diff(old.environment, new.environment), config=config_diff(old, new), cells=cells,
@@ -216,22 +222,35 @@ def compare_records(old: RecordView, new: RecordView, *, factor: float = FACTOR,
     for label, view in (("OLD", old), ("NEW", new)):
         if not view.complete:
             comparison.notes.append(f"{label} is INCOMPLETE (interrupted run): only its completed repetitions are compared")
-    if any(d.key.startswith("config.") or d.key in ("run.batch", "run.seed", "run.threads") for d in comparison.config):
-        comparison.notes.append("the records ran different workloads (config differs): ratios compare different work")
+    if any(d.key in ("run.seed", "run.threads") for d in comparison.config):
+        comparison.notes.append("the records ran with another seed or thread count: the same work, but their times "
+                                "may differ for that reason too")
     comparison.latency = latency_changes(old, new, mapping, factor=factor, alpha=alpha)
+    if reason:
+        comparison.not_comparable, comparison.instead, note = reason
+        comparison.notes.append(note)
+        comparison.latency = not_comparable(comparison.latency)
+    across = bool(machine_identity_differences(old, new))
+    if across or not reason:  # different work on one machine: what the probe says explains no verdict
+        comparison.notes.extend(machine_notes(machine, cells, new.baseline, across))
+    return comparison
+
+
+def not_comparable_reason(old: RecordView, new: RecordView) -> tuple[str, str, str] | None:
+    """(why, what to run instead, the note) when no verdict between the two records means anything: they ran
+    on different CPUs, or timed different work (what `kvbench compare` refuses unless --force)."""
     across = machine_identity_differences(old, new)
     if across:
-        comparison.notes.append(f"OLD and NEW ran on different machines ({'; '.join(across)}): raw seconds are not "
-                                f"comparable, so every time-judged verdict is '{NOT_COMPARABLE}'; each cached mode is "
-                                f"compared by its cost relative to its own run's {new.baseline}")
-        comparison.cells = cells = across_machines(cells)
-        comparison.latency = across_machines(comparison.latency)
-    comparison.notes.extend(machine_notes(machine, cells, new.baseline, bool(across)))
-    shapes = [view.run.get("workload") or {"kind": "loop"} for view in (old, new)]
-    if shapes[0] != shapes[1]:
-        comparison.notes.append(f"the records ran different requests or workloads ({shapes[0]} and {shapes[1]}): "
-                                "their cells compare different work, and no TTFT or TPOT is compared")
-    return comparison
+        why = f"OLD and NEW ran on different machines ({'; '.join(across)})"
+        instead = "`kvbench compare --across-machines OLD NEW` lines up each run's speedups with their rerun intervals"
+        return why, instead, (f"{why}: raw seconds measure the machines, and a speedup's size legitimately differs "
+                              f"between CPUs, so every verdict is '{NOT_COMPARABLE}'; {instead}")
+    work = work_differences(old, new)
+    if work:
+        why = f"OLD and NEW timed different work ({work_text(work)})"
+        return why, "compare records of the same model, workload and batch", (
+            f"{why}: their cells are lined up, but every verdict is '{NOT_COMPARABLE}'")
+    return None
 
 
 def latency_changes(old: RecordView, new: RecordView, mapping: dict[str, str], *, factor: float,
@@ -264,10 +283,11 @@ def latency_changes(old: RecordView, new: RecordView, mapping: dict[str, str], *
     return [replace(c, judged_by="vs full") if c.relative is not None and c.figure not in moved else c for c in found]
 
 
-def across_machines(cells: list) -> list:
-    """Between two machines a ratio measured within each run still compares; a raw time never does."""
-    return [replace(cell, judged_by="vs full") if cell.relative is not None
-            else replace(cell, judged_by="across machines") for cell in cells]
+def not_comparable(cells: list) -> list:
+    """Every cell of two runs that are not comparable (two machines, or different work): its ratios stay visible,
+    its verdict is NOT_COMPARABLE. Between two CPUs not even a speedup is judged: the cache's gain depends on the
+    CPU (its caches, its vector units), so a different size there is no regression of the code."""
+    return [replace(cell, judged_by=NOT_JUDGED) for cell in cells]
 
 
 def judge(cells: list[CellChange], baseline: str, machine: MachineChange | None = None, *,
@@ -327,8 +347,8 @@ def cell_texts(cell: CellChange) -> list[str]:
     """The plain texts of one compared cell, in the order of COMPARE_HEADER (notes last)."""
     return [str(cell.length), cell.mode, f"{cell.old_samples}/{cell.new_samples}", ms(cell.old_median),
             ms(cell.new_median), *_change_texts(cell.time), *_change_texts(cell.relative),
-            f"{cell.verdict} ({cell.judged_by})" if cell.relative is not None or cell.judged_by != "time"
-            else cell.verdict,
+            f"{cell.verdict} ({cell.judged_by})" if cell.judged_by != NOT_JUDGED and (
+                cell.relative is not None or cell.judged_by != "time") else cell.verdict,
             f"{check_text(cell.old_check)} → {check_text(cell.new_check)}", "; ".join(cell.notes)]
 
 
@@ -338,7 +358,7 @@ LATENCY_HEADER = ("mode", "figure", "old ms", "new ms", "new/old [95% CI]", "MDE
 
 def latency_texts(c: LatencyChange) -> list[str]:
     """The plain texts of one compared TTFT or TPOT, in the order of LATENCY_HEADER."""
-    verdict = f"{c.verdict} ({c.judged_by})" if c.relative is not None else c.verdict
+    verdict = f"{c.verdict} ({c.judged_by})" if c.relative is not None and c.judged_by != NOT_JUDGED else c.verdict
     return [c.mode, c.figure.upper(), ms(c.old_median), ms(c.new_median), *_change_texts(c.time),
             *_change_texts(c.relative), verdict]
 
@@ -350,6 +370,8 @@ CHECK_COLUMN = COMPARE_HEADER.index("max |Δ| old → new")
 
 
 def summary_line(c: Comparison) -> str:
+    if c.not_comparable:
+        return f"{len(c.cells)} cells lined up, none judged: {c.not_comparable}."
     counts = ", ".join(f"{c.count(v)} {v}" for v in VERDICTS + ((NOT_COMPARABLE,) if c.count(NOT_COMPARABLE) else ()))
     return (f"{len(c.cells)} cells compared: {counts}. A cached mode is judged by its cost relative to full "
             f"(unless full itself changed more than the machine did), full by its time (against the machine "

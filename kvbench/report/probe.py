@@ -91,7 +91,9 @@ def machine_notes(machine: MachineChange | None, cells: list, baseline: str,
     return notes
 
 
-IDENTITY = (("os", "hostname"), ("cpu", "brand"), ("cpu", "arch"), ("system", "logical_cores"))  # what names a machine
+# The facts that make two machines for a comparison: the CPU. Not the hostname: two containers or CI runners
+# of one type have different names and the same CPU, and their runs compare.
+IDENTITY = (("cpu", "brand"), ("cpu", "arch"), ("system", "logical_cores"))
 
 
 def machine_identity_differences(old: RecordView, new: RecordView) -> list[str]:

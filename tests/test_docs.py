@@ -1,0 +1,127 @@
+"""The docs agree with what kvbench does: the generated blocks are what `make report` writes now, the README
+stays short, and what it and docs/cli.md promise about paths holds."""
+
+import importlib.util
+import re
+import shlex
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kvbench.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+MAX_README_LINES = 300  # hand-written; the generated blocks are not counted
+GENERATED = re.compile(r"<!-- kvbench (?P<name>[\w-]+): begin .*?<!-- kvbench (?P=name): end -->", re.S)
+GENERATED_FILES = ("README.md", "docs/models.md", "docs/results.svg")
+MAKE_VARIABLES = {"$(BIN)/kvbench": "kvbench", "$(BIN)/python": "python"}
+
+
+def report_recipe() -> list[list[str]]:
+    """The commands of the Makefile's `report` target, its variables filled in from the Makefile itself."""
+    makefile = (ROOT / "Makefile").read_text()
+    variables = {f"$({name})": value.split("#")[0].strip()
+                 for name, value in re.findall(r"^(\w+) \?= (.*)$", makefile, re.M)}
+    recipe = re.search(r"^report: .*\n((?:\t.*\n)+)", makefile, re.M).group(1)
+    commands = []
+    for line in recipe.splitlines():
+        line = line.strip().split(" > ")[0]
+        for name, value in {**MAKE_VARIABLES, **variables}.items():
+            line = line.replace(name, value)
+        commands.append(shlex.split(line))
+    return commands
+
+
+def run_report_recipe(into: Path, monkeypatch) -> None:
+    """What `make report` does, with every file it writes redirected under `into` (copies of the committed
+    ones, at the same relative paths, so that links and record paths read the same)."""
+    for name in GENERATED_FILES:
+        (into / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, into / name)
+    monkeypatch.chdir(ROOT)  # the records are read from the repository, by the paths the Makefile gives
+    spec = importlib.util.spec_from_file_location("layout_targets", ROOT / "scripts" / "layout_targets.py")
+    layout_targets = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(layout_targets)
+    for command in report_recipe():
+        argv = [str(into / arg) if arg in GENERATED_FILES else arg for arg in command]
+        if argv[0] == "kvbench":
+            assert main(argv[1:]) == 0, command
+        else:
+            assert argv[:2] == ["python", "scripts/layout_targets.py"], f"make report runs {command}: test it here"
+            assert layout_targets.main(argv[2:]) == 0, command
+
+
+def test_the_make_report_recipe_is_what_this_test_runs():
+    assert report_recipe() == [
+        ["kvbench", "report", "results/reference.json", "--format", "markdown", "--plot", "docs/results.svg",
+         "--into", "README.md", "--force"],
+        ["python", "scripts/layout_targets.py", "--into", "README.md"],
+        ["kvbench", "report", "results/llama/llama-tiny.json", "--format", "markdown", "--into", "docs/models.md",
+         "--force"],
+    ]
+
+
+def test_every_generated_block_is_what_make_report_writes_now(tmp_path, monkeypatch, capsys):
+    run_report_recipe(tmp_path, monkeypatch)
+    stale = [name for name in GENERATED_FILES if (tmp_path / name).read_bytes() != (ROOT / name).read_bytes()]
+    assert stale == [], f"{', '.join(stale)}: stale generated blocks; run `make report` and commit the result"
+
+
+def hand_written(text: str) -> list[str]:
+    return GENERATED.sub("", text).splitlines()
+
+
+def test_the_readme_stays_short_for_users():
+    text = README.read_text()
+    assert {match["name"] for match in GENERATED.finditer(text)} == {"report", "layouts"}
+    lines = hand_written(text)
+    assert len(lines) <= MAX_README_LINES, (f"README.md has {len(lines)} hand-written lines, at most "
+                                            f"{MAX_README_LINES}: move reference material to docs/")
+    headings = [line for line in lines if line.startswith("## ")]
+    for topic in ("Quick start", "Results", "Reading the results", "Limitations"):
+        assert any(topic in heading for heading in headings), topic
+
+
+def test_hand_written_lines_leave_the_generated_blocks_out():
+    text = "a\n<!-- kvbench report: begin (x) -->\nrow\nrow\n<!-- kvbench report: end -->\nb\n"
+    assert hand_written(text) == ["a", "", "b"]
+
+
+def test_the_readme_says_how_to_reach_kvbench_after_make_bench():
+    """`make bench` installs kvbench into .venv, not on the PATH: the README's next commands say so."""
+    text = README.read_text()
+    quick_start = text.split("## Quick start")[1].split("\n## ")[0]
+    assert ".venv/bin/kvbench" in quick_start and ". .venv/bin/activate" in quick_start
+    commands = [line for block in re.findall(r"```console\n(.*?)```", quick_start, re.S) for line in block.splitlines()]
+    assert commands[:2] == [line for line in commands if line.startswith("make ")]  # make bench, make test
+    assert commands[2].startswith(". .venv/bin/activate")  # before the first bare `kvbench`
+    assert all(line.startswith("kvbench ") for line in commands[3:]) and len(commands) > 3
+    assert (ROOT / "pyproject.toml").read_text().count('kvbench = "kvbench.__main__:main"') == 1
+
+
+def test_missing_output_folders_are_created_as_the_docs_say(tmp_path, capsys):
+    """The decision: an --output in a missing folder is created (at the write), never refused; a path under a
+    regular file still is. README.md and docs/cli.md say the same."""
+    assert "Output folders that do not exist yet are created" in README.read_text()
+    assert "Missing folders are created" in (ROOT / "docs" / "cli.md").read_text()
+    output = tmp_path / "runs" / "today" / "run.json"
+    assert main(["run", "--lengths", "4", "--modes", "full,static", "--repeats", "1", "--warmup", "0",
+                 "--no-progress", "--output", str(output)]) == 0
+    assert output.is_file()
+    report = tmp_path / "reports" / "run.md"
+    assert main(["report", str(output), "--format", "markdown", "--output", str(report)]) == 0
+    assert report.read_text().startswith("**kvbench")
+    (tmp_path / "file").write_text("")
+    capsys.readouterr()
+    assert main(["report", str(output), "--output", str(tmp_path / "file" / "run.md")]) == 2
+    assert "not a directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["README.md", "docs/cli.md"])
+def test_the_docs_name_the_interval_as_docs_statistics_does(name):
+    """One name for the interval beside a speedup: the 95% rerun interval (docs/statistics.md)."""
+    text = GENERATED.sub("", (ROOT / name).read_text())
+    assert "rerun interval" in text
+    assert "bootstrap" not in text.lower()
