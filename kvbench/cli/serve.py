@@ -137,7 +137,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
               "config": config.to_dict(), "trace": served.to_dict(), "kinds": kinds, "settings": settings,
               "budget": {"bytes": budget, "given": args.kv_budget, "reserve": args.reserve, "minimum": minimum},
               "protocol": protocol.describe(in_effect), "environment": environment, "checks": outcome["checks"],
-              "control": outcome["control"], "outputs": outputs_of(outcome.get("continuations")), "samples": [kept.to_dict() for kept in outcome["sampling"].samples],
+              "control": outcome["control"], "outputs": outputs_of(outcome.get("continuations"), kinds), "samples": [kept.to_dict() for kept in outcome["sampling"].samples],
               "sampling": {length: state.to_dict() for length, state in outcome["sampling"].lengths.items()}}
     path = files.write_json_atomic(result, output, args.force)
     print_serving(result)
@@ -150,8 +150,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def outputs_of(continuations: dict | None) -> dict:
+def outputs_of(continuations: dict | None, kinds: list[str]) -> dict:
     """What the requests' output ids were: random, or (with the peer) the full path's greedy continuation."""
+    if continuations is None and admission.PEER in kinds:  # interrupted before serve() handed them back
+        return {"source": "the full path's greedy continuation of each prompt (kvbench.peer); not kept: interrupted"}
     if continuations is None:
         return {"source": "random ids seeded by (seed, request)"}
     return {"source": "the full path's greedy continuation of each prompt (kvbench.peer)",
