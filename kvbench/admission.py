@@ -22,7 +22,8 @@ from kvbench.modes import KVBENCH, names, spec
 
 QUANTIZED_BITS = {name: spec(name).bits for name in names(KVBENCH) if spec(name).bits}  # quantized kinds, from their specs
 
-SERVING_KINDS = ("static", "paged", "quantized-int8", "quantized-int4")
+PEER = "hf-continuous"  # transformers' continuous batching over its own paged cache (kvbench.peer)
+SERVING_KINDS = ("static", "paged", "quantized-int8", "quantized-int4", PEER)
 RESERVE_POLICIES = ("request", "max-length")
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default block size
 UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
@@ -91,7 +92,7 @@ def minimum_budget(kind: str, config, trace, policy: str = "request", block_size
     with a shared prefix, plus the prefix's blocks, which the pool keeps while a request may fork them)."""
     if kind not in SERVING_KINDS:
         raise ValueError(f"a serving kind is one of {list(SERVING_KINDS)}, got {kind!r}")
-    if kind == "paged":
+    if kind in ("paged", PEER):  # the peer's pages are blocks of block_size positions in every layer
         held = blocks_for(trace.prefix, block_size) if share_prefix else 0  # the prefix holder's blocks
         largest = max(blocks_for(request.positions, block_size) for request in trace.requests)
         return (held + largest) * block_bytes(config, block_size)

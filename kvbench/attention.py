@@ -62,7 +62,12 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, offset: int, window: int |
     if key_mask is not None:
         if window is not None:
             raise ValueError(f"a batch of requests at their own lengths needs full attention, got window {window}")
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, enable_gqa=q.shape[1] != k.shape[1])
+        B, H, L, D = q.shape
+        KVH = k.shape[1]
+        if L == 1 and H != KVH:  # decode rows: fold the query heads onto their shared KV head, as one_query does
+            folded = q.reshape(B, KVH, H // KVH, D)
+            return F.scaled_dot_product_attention(folded, k, v, attn_mask=key_mask).view(B, H, 1, D)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, enable_gqa=H != KVH)
     length, key_length = q.shape[-2], k.shape[-2]
     grouped = q.shape[1] != k.shape[1]
     if key_positions is None:  # contiguous keys: check them, drop what no query sees, take a shortcut if one fits

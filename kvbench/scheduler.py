@@ -9,9 +9,13 @@ Each iteration:
   3. waiting requests are admitted in order while the budget allows (kvbench.admission: static
      and quantized reserve their capacity, paged needs the blocks of its prompt); the first that
      does not fit stops admission (first come, first served);
-  4. one forward over every running request: the admitted ones' prefills batched in one model
-     call (padded to the longest), every other request's next token in another, each row at its
-     own positions (kvbench.cache.batch);
+  4. one forward over every running request: every request whose prompt is in its cache decodes its
+     next token, all of them in one batched call (each row at its own positions, kvbench.cache.batch);
+     requests still prefilling take chunks of their prompts, one call each, in admission order,
+     within a per-iteration token budget (max_batched_tokens, counting one per decoding row: chunked
+     prefill as Sarathi and vLLM schedule it, so a long prompt never stalls every running request's
+     next token for its whole length; None prefills every admitted prompt whole). A chunk that ends
+     its prompt emits the request's first token;
   5. a request that emitted its last token, or that its client cancelled, releases its cache in
      this same iteration.
 Tokens are teacher-forced: request r's ids are fixed (TokenSource), so batching, padding and
@@ -37,10 +41,11 @@ from kvbench.trace import Trace, TraceRequest
 
 class TokenSource:
     """Every request's ids (1, prompt + output - 1), seeded by (seed, request): the shared prefix, when a
-    request has one, is the same ids for all."""
+    request has one, is the same ids for all. With `continuations` (request id -> output ids: the greedy
+    continuation a generating peer produces, kvbench.peer), the outputs are those instead of random ids."""
 
-    def __init__(self, vocab_size: int, seed: int, prefix: int) -> None:
-        self.vocab_size, self.seed = vocab_size, seed
+    def __init__(self, vocab_size: int, seed: int, prefix: int, continuations: dict[int, list[int]] | None = None) -> None:
+        self.vocab_size, self.seed, self.continuations = vocab_size, seed, continuations
         self.prefix = self._draw(prefix, -1) if prefix else None  # key -1: no request's id
 
     def _draw(self, length: int, key: int) -> Tensor:
@@ -49,7 +54,15 @@ class TokenSource:
 
     def ids(self, request: TraceRequest) -> Tensor:
         own = self._draw(request.positions - request.prefix, request.id + 1)
-        return torch.cat((self.prefix[:, : request.prefix], own), dim=1) if request.prefix else own
+        ids = torch.cat((self.prefix[:, : request.prefix], own), dim=1) if request.prefix else own
+        if self.continuations is not None:
+            outputs = torch.tensor(self.continuations[request.id][: request.output - 1], dtype=torch.long)
+            ids = torch.cat((ids[:, : request.prompt], outputs.view(1, -1)), dim=1)
+        return ids
+
+    def prompt(self, request: TraceRequest) -> Tensor:
+        """Its prompt ids (1, prompt), the same with or without continuations."""
+        return self.ids(request)[:, : request.prompt]
 
 
 @dataclass
@@ -63,6 +76,7 @@ class Live:
     emitted: int = 0
     admitted: float | None = None  # when it was first admitted
     token_times: list[float] = field(default_factory=list)
+    token_cpu_times: list[float] = field(default_factory=list)  # the same on the replay thread's CPU time
     preemptions: int = 0
     reserved: int = 0  # bytes a reserving kind set aside for it
     logits: list[Tensor] | None = None
@@ -73,8 +87,14 @@ class Live:
         """Positions its cache must hold for the next token's logits."""
         return self.spec.prompt + self.emitted
 
+    @property
+    def pending(self) -> int:
+        """Tokens still to feed before its next token: 1 when decoding, the rest of its prompt while prefilling."""
+        return self.feed - self.cache.length
+
     def outcome(self) -> dict:
         return {"id": self.spec.id, "arrival": self.arrival, "admitted": self.admitted, "token_times": self.token_times,
+                "token_cpu_times": self.token_cpu_times,
                 "finished": self.finished, "cancelled": self.spec.cancel_after is not None,
                 "preemptions": self.preemptions}
 
@@ -138,8 +158,9 @@ class PagedLedger(Ledger):
         return admission.blocks_for(live.feed, size)
 
     def growth_fits(self, rows: list[Live]) -> bool:
-        """Whether every row's next token fits; if so, those blocks are promised to it before any admission."""
-        needed = sum(live.cache.blocks_needed(1) for live in rows)
+        """Whether every row's next token fits (the rest of its prompt, while it prefills in chunks); if so,
+        those blocks are promised to it before any admission."""
+        needed = sum(live.cache.blocks_needed(live.pending) for live in rows)
         self.promised = needed if needed <= self.pool.free_blocks else 0
         return needed <= self.pool.free_blocks
 
@@ -183,13 +204,15 @@ class PagedLedger(Ledger):
         """used: token states stored (a shared block once), reserved: blocks held, saved: token states the
         requests hold beyond those stored (what sharing spared)."""
         size, per_position = self.pool.block_size, admission.bytes_per_position(self.config)
+        logical = sum(live.cache.length for live in running) * per_position
+        if self.holder is None:  # no block is shared: each holds its own positions (and this runs every iteration)
+            return {"used": logical, "reserved": self.held_bytes(), "saved": 0, "free_blocks": self.pool.free_blocks}
         filled: dict[int, int] = {}
         caches = [live.cache for live in running] + ([self.holder] if self.holder is not None else [])
         for cache in caches:
             for index, block in enumerate(cache.block_table[0].tolist()):
                 filled[block] = max(filled.get(block, 0), min(size, cache.length - index * size))
         used = sum(filled.values()) * per_position
-        logical = sum(live.cache.length for live in running) * per_position
         return {"used": used, "reserved": self.held_bytes(), "saved": max(0, logical - used), "free_blocks": self.pool.free_blocks}
 
     def close(self) -> None:
@@ -210,9 +233,12 @@ class Scheduler:
     """Replays one trace on one kind; `run()` returns every request's outcome and every iteration's memory."""
 
     def __init__(self, model: Decoder, trace: Trace, ledger: Ledger, source: TokenSource,
-                 keep_logits: bool = False) -> None:
+                 keep_logits: bool = False, max_batched_tokens: int | None = None) -> None:
+        if max_batched_tokens is not None and (isinstance(max_batched_tokens, bool) or not isinstance(
+                max_batched_tokens, int) or max_batched_tokens < 1):
+            raise ValueError(f"max_batched_tokens must be a positive integer or None, got {max_batched_tokens!r}")
         self.model, self.trace, self.ledger, self.source = model, trace, ledger, source
-        self.keep_logits = keep_logits
+        self.keep_logits, self.max_batched_tokens = keep_logits, max_batched_tokens
         self.lives = [Live(spec, source.ids(spec), spec.arrival) for spec in trace.requests]
         self.waiting: deque[Live] = deque()
         self.running: list[Live] = []
@@ -227,7 +253,7 @@ class Scheduler:
         return time.perf_counter() - self.start + self.skew
 
     def run(self) -> dict:
-        self.start = time.perf_counter()
+        self.start, self.cpu_start = time.perf_counter(), time.thread_time()
         with torch.inference_mode():
             try:
                 while self.pending or self.waiting or self.running:
@@ -247,25 +273,39 @@ class Scheduler:
             self.waiting.append(self.pending.popleft())
         preempted = self.make_room()
         admitted = self.admit(now)
-        decoding = [live for live in self.running if live not in admitted]
         begun = self.now()
-        prefill_tokens = self.ledger.prepare(admitted, self.source)
-        prefill_tokens += sum(live.feed - live.cache.length for live in admitted)  # a forked prefix is held already
+        prefill_tokens = self.ledger.prepare(admitted, self.source)  # a shared prefix's holder, prefilled once
+        decoding = [live for live in self.running if live.pending == 1]
+        chunks = self.chunks([live for live in self.running if live.pending > 1], len(decoding))
+        prefill_tokens += sum(count for _, count in chunks)
         stepped = []
-        for live in admitted:  # one call each: a prompt is already many rows, and padding prompts wastes work
-            stepped += self.forward([live], lambda live: live.feed - live.cache.length)
+        for live, count in chunks:  # one call each: a prompt is already many rows, and padding prompts wastes work
+            stepped += self.forward([live], [count])
         prefilled = self.now()
-        stepped += self.forward(decoding, lambda live: 1)
+        stepped += self.forward(decoding, [1] * len(decoding))
         seconds = {"prefill_seconds": round(prefilled - begun, 6), "decode_seconds": round(self.now() - prefilled, 6),
-                   "prefill_tokens": prefill_tokens}
+                   "prefill_tokens": prefill_tokens, "decoded": len(decoding)}
         memory = self.ledger.snapshot(self.running)
         freed, ended = self.retire(stepped)
-        if not stepped and self.waiting:
+        if not (chunks or decoding) and self.waiting:
             raise ValueError(f"request {self.waiting[0].spec.id} cannot be admitted even alone: the KV budget "
                              f"{self.ledger.budget} bytes is below its minimum (kvbench.admission.minimum_budget)")
         self.iterations.append({"time": round(self.now(), 6), "running": len(stepped), "waiting": len(self.waiting),
                                 "admitted": len(admitted), "preempted": preempted, "ended": ended,
                                 "freed": freed, **memory, "reserved_after": self.ledger.held_bytes(), **seconds})
+
+    def chunks(self, prefilling: list[Live], decoding: int) -> list[tuple[Live, int]]:
+        """(request, tokens) of this iteration's prefill chunks, in admission order: what the token budget
+        leaves after one token per decoding row (without a budget, every prompt whole)."""
+        if self.max_batched_tokens is None:
+            return [(live, live.pending) for live in prefilling]
+        left, chunks = self.max_batched_tokens - decoding, []
+        for live in prefilling:
+            if left <= 0:
+                break
+            chunks.append((live, min(live.pending, left)))
+            left -= chunks[-1][1]
+        return chunks
 
     def make_room(self) -> int:
         """Preempt the newest running requests until every other one's next token fits."""
@@ -288,25 +328,31 @@ class Scheduler:
             self.running.append(live)
         return admitted
 
-    def forward(self, rows: list[Live], new) -> list[Live]:
-        """One model call over `rows`, each taking new(row) tokens from where its cache stands."""
+    def forward(self, rows: list[Live], counts: list[int]) -> list[Live]:
+        """One model call over `rows`, each taking its count of tokens from where its cache stands; returns the
+        rows that emitted a token (a prefill chunk that does not end its prompt emits none)."""
         if not rows:
             return []
-        counts = [new(live) for live in rows]
         width = max(counts)
         ids = torch.zeros(len(rows), width, dtype=torch.long)  # padding: token 0, never written to a cache
+        ending = [live.pending == count for live, count in zip(rows, counts)]
         for b, (live, count) in enumerate(zip(rows, counts)):
             start = live.cache.length
             ids[b, :count] = live.ids[0, start : start + count]
         logits, _ = self.model(ids, BatchedCache([live.cache for live in rows], counts))
-        stamp = self.now()
-        for b, (live, count) in enumerate(zip(rows, counts)):
+        stamp, cpu = self.now(), time.thread_time() - self.cpu_start
+        emitted = []
+        for b, (live, count, ends) in enumerate(zip(rows, counts, ending)):
+            if not ends:
+                continue
             if self.keep_logits:
                 live.logits = live.logits if live.logits is not None else []
                 live.logits.append(logits[b, count - 1].clone())
             live.emitted += 1
             live.token_times.append(stamp)
-        return rows
+            live.token_cpu_times.append(cpu)
+            emitted.append(live)
+        return emitted
 
     def retire(self, stepped: list[Live]) -> tuple[int, int]:
         """Release every request that emitted its last token or was cancelled, in this iteration."""

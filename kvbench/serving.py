@@ -16,6 +16,7 @@ import torch
 from kvbench import stats
 from kvbench.decode import judge_logits, tolerances
 from kvbench.model import Decoder
+from kvbench.peer import PEER, PeerReplay, greedy_continuations, peer_gate
 from kvbench.sampling import Sampling, sample
 from kvbench.scheduler import Scheduler, TokenSource, make_ledger
 from kvbench.serving_figures import replay_figures
@@ -27,14 +28,17 @@ class Replay:
     the timed region (a server starts with its memory); `detail()` hands over what the replay recorded."""
 
     def __init__(self, model: Decoder, trace: Trace, kind: str, budget: int, settings: dict,
-                 keep_logits: bool = False) -> None:
+                 keep_logits: bool = False, continuations: dict[int, list[int]] | None = None) -> None:
         self.model, self.trace, self.kind, self.budget, self.settings = model, trace, kind, budget, settings
-        self.keep_logits, self.scheduler, self.last = keep_logits, None, {}
+        self.keep_logits, self.scheduler, self.last, self.continuations = keep_logits, None, {}, continuations
 
     def prepare(self) -> None:
-        ledger = make_ledger(self.model, self.kind, self.budget, **self.settings)
-        source = TokenSource(self.model.config.vocab_size, self.trace.seed, self.trace.prefix)
-        self.scheduler = Scheduler(self.model, self.trace, ledger, source, self.keep_logits)
+        """The kind's settings hold its ledger's options and the scheduler's token budget (max_batched_tokens)."""
+        options = dict(self.settings)
+        tokens = options.pop("max_batched_tokens", None)
+        ledger = make_ledger(self.model, self.kind, self.budget, **options)
+        source = TokenSource(self.model.config.vocab_size, self.trace.seed, self.trace.prefix, self.continuations)
+        self.scheduler = Scheduler(self.model, self.trace, ledger, source, self.keep_logits, tokens)
 
     def __call__(self) -> None:
         self.last = self.scheduler.run()
@@ -43,10 +47,11 @@ class Replay:
         return {"replay": self.last}
 
 
-def gate(model: Decoder, trace: Trace, kind: str, budget: int, settings: dict) -> dict:
+def gate(model: Decoder, trace: Trace, kind: str, budget: int, settings: dict,
+         continuations: dict[int, list[int]] | None = None) -> dict:
     """Every request's logits through the scheduler against its own full path: the kind's check, with the
     worst request's figures and where the first failing one failed."""
-    replay = Replay(model, trace, kind, budget, settings, keep_logits=True)
+    replay = Replay(model, trace, kind, budget, settings, keep_logits=True, continuations=continuations)
     replay.prepare()
     replay()
     atol, rtol = tolerances(model.config.dtype, model.config.layers)
@@ -72,18 +77,33 @@ def serve(model: Decoder, trace: Trace, kinds: list[str], budget: int, settings:
     """The gate of every kind, then the sampled replays: {"checks", "control", "sampling"} (samples keep their
     replays). Pass `checks` and `state` to keep what was done when an interrupt ends the run early."""
     checks = checks if checks is not None else {}
-    for kind in kinds:
-        checks[kind] = gate(model, trace, kind, budget, settings[kind])
-    runnable = [kind for kind in kinds if checks[kind]["passed"]]
-    if not runnable:  # nothing may be timed as if it were correct
-        return {"checks": checks, "control": None, "sampling": state if state is not None else Sampling()}
-    loops = {kind: Replay(model, trace, kind, budget, settings[kind]) for kind in runnable}
-    control = control_mode(protocol.control, runnable)
-    if control is not None:
-        loops["control"] = Replay(model, trace, control, budget, settings[control])
-    sampled = sample({0: loops}, protocol, baseline=runnable[0], on_sample=on_sample, state=state,
-                     watch=lambda samples, length: makespan_half_widths(samples, runnable[0], protocol.between_run))
-    return {"checks": checks, "control": control, "sampling": sampled}
+    continuations, prompts = None, TokenSource(model.config.vocab_size, trace.seed, trace.prefix).prompt
+    if PEER in kinds:  # a greedy peer: every kind's outputs become the full path's greedy continuation
+        continuations = greedy_continuations(model, trace, prompts)
+
+    peer = PeerReplay(model, trace, budget, settings[PEER], prompts) if PEER in kinds else None
+
+    def replay(kind: str):
+        return peer if kind == PEER else Replay(model, trace, kind, budget, settings[kind], continuations=continuations)
+
+    try:
+        for kind in kinds:
+            checks[kind] = (peer_gate(peer, continuations) if kind == PEER
+                            else gate(model, trace, kind, budget, settings[kind], continuations))
+        runnable = [kind for kind in kinds if checks[kind]["passed"]]
+        if not runnable:  # nothing may be timed as if it were correct
+            return {"checks": checks, "control": None, "sampling": state if state is not None else Sampling(),
+                    "continuations": continuations}
+        loops = {kind: replay(kind) for kind in runnable}
+        control = control_mode(protocol.control, [kind for kind in runnable if kind != PEER])  # kvbench's own kinds
+        if control is not None:
+            loops["control"] = replay(control)
+        sampled = sample({0: loops}, protocol, baseline=runnable[0], on_sample=on_sample, state=state,
+                         watch=lambda samples, length: makespan_half_widths(samples, runnable[0], protocol.between_run))
+    finally:
+        if peer is not None:
+            peer.close()
+    return {"checks": checks, "control": control, "sampling": sampled, "continuations": continuations}
 
 
 def makespan_half_widths(samples, baseline: str, between_run: float) -> dict[str, float]:

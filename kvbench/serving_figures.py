@@ -5,7 +5,9 @@ Per request, kvbench.latency's definitions: TTFT = first token - arrival, ITL = 
 tokens, TPOT = (last - first) / (tokens - 1), E2E = last token - arrival; and queueing = first
 admission - arrival. Percentiles (p50, p90, p99) are over the requests of the replay (ITL over
 every gap of every request, as vLLM pools them). Output tokens/s and requests/s are over the
-makespan (replay start, every arrival at or after it, to the last token). Memory is weighted by
+makespan (replay start, every arrival at or after it, to the last token). The same replay on its thread's
+CPU time (which leaves out the waits for other processes on a shared machine, as kvbench.estimation
+does for loops): output tokens per CPU second and TPOT on that clock (tpot_cpu). Memory is weighted by
 time over iterations: used (token states stored, a shared block once), reserved (held for
 requests: a reserving kind's capacities, a pool's held blocks), waste = 1 - used / reserved, and
 saved (token states the requests hold beyond those stored: what prefix sharing spared).
@@ -56,11 +58,22 @@ def replay_figures(outcome: dict) -> dict:
     requests, iterations = outcome["requests"], outcome["iterations"]
     makespan = max(r["token_times"][-1] for r in requests)
     tokens = sum(len(r["token_times"]) for r in requests)
-    used, reserved = time_weighted(iterations, "used"), time_weighted(iterations, "reserved")
-    return {
+    timing = {
         "makespan": makespan, "output_tokens": tokens, "output_tokens_per_second": tokens / makespan,
         "requests_per_second": len(requests) / makespan,
         **{name: percentiles(values) for name, values in request_latencies(outcome).items()},
+    }
+    if all(r.get("token_cpu_times") for r in requests):  # kvbench's scheduler: its thread's CPU time too
+        cpu_makespan = max(r["token_cpu_times"][-1] for r in requests)
+        steps = [(r["token_cpu_times"][-1] - r["token_cpu_times"][0]) / (len(r["token_cpu_times"]) - 1)
+                 for r in requests if len(r["token_cpu_times"]) > 1]
+        timing.update(cpu_makespan=cpu_makespan, output_tokens_per_cpu_second=tokens / cpu_makespan,
+                      tpot_cpu=percentiles(steps))
+    if not iterations:  # a peer that schedules itself (kvbench.peer) records tokens, not iterations or memory
+        return timing
+    used, reserved = time_weighted(iterations, "used"), time_weighted(iterations, "reserved")
+    return {
+        **timing,
         "max_concurrency": max(it["running"] for it in iterations),
         "mean_concurrency": time_weighted(iterations, "running"),
         "preemptions": sum(it["preempted"] for it in iterations), "iterations": len(iterations),

@@ -35,10 +35,10 @@ def trace_of(lengths="uniform:3-20,2-12", requests=6, arrivals="all", seed=0, **
     return make_trace(spec, seed, 96)
 
 
-def replay(model, trace, kind, budget, keep_logits=True, **options):
+def replay(model, trace, kind, budget, keep_logits=True, max_batched_tokens=None, **options):
     ledger = make_ledger(model, kind, budget, **options)
     scheduler = Scheduler(model, trace, ledger, TokenSource(model.config.vocab_size, trace.seed, trace.prefix),
-                          keep_logits)
+                          keep_logits, max_batched_tokens)
     return scheduler, ledger, scheduler.run()
 
 
@@ -130,6 +130,28 @@ def test_sharing_a_prefix_saves_exactly_n_minus_one_copies():
     assert ledger.pool.free_blocks == ledger.pool.num_blocks
 
 
+@pytest.mark.parametrize("kind", ["static", "paged"])
+def test_chunked_prefill_keeps_every_iteration_within_its_token_budget(kind):
+    model = MODELS["llama"]
+    trace = trace_of("uniform:20-40,3-8", requests=5)
+    budget = admission.minimum_budget(kind, model.config, trace, block_size=4) * 5  # every request at once
+    scheduler, ledger, outcome = replay(model, trace, kind, budget, max_batched_tokens=8,
+                                        **({"block_size": 4} if kind == "paged" else {}))
+    for it in outcome["iterations"]:
+        assert it["prefill_tokens"] + it["decoded"] <= max(8, it["decoded"]), it  # decodes first, chunks the rest
+    fed = sum(it["prefill_tokens"] + it["decoded"] for it in outcome["iterations"])
+    assert fed == sum(r.positions for r in trace.requests)  # every position once: no preemption at this budget
+    assert sum(it["preempted"] for it in outcome["iterations"]) == 0
+    assert max(len(r["token_times"]) for r in outcome["requests"]) == max(r.emits for r in trace.requests)
+    for live in scheduler.lives:  # a prompt of 20-40 took several chunks, and the logits are still its own
+        reference = model(live.ids)[0][0, live.spec.prompt - 1 : live.spec.prompt - 1 + live.emitted]
+        torch.testing.assert_close(torch.stack(live.logits), reference, atol=1e-5, rtol=1e-5)
+    unchunked = replay(model, trace, kind, budget, keep_logits=False, **({"block_size": 4} if kind == "paged" else {}))
+    assert max(it["prefill_tokens"] for it in unchunked[2]["iterations"]) >= 20  # without a budget: whole prompts
+    if kind == "paged":
+        assert ledger.pool.free_blocks == ledger.pool.num_blocks
+
+
 def test_a_cancelled_request_frees_its_blocks_in_the_same_iteration():
     model = MODELS["gpt2"]
     trace = trace_of("fixed:6,12", requests=3, cancel_fraction=1.0, cancel_after=3)
@@ -157,8 +179,9 @@ def test_a_block_another_request_holds_is_never_freed():
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), requests=st.integers(1, 6), arrivals=st.sampled_from(["all", "poisson:200",
        "closed:2"]), kind=st.sampled_from(["static", "paged", "paged-shared"]), slack=st.floats(1.0, 3.0),
-       cancel=st.floats(0, 1), prefix=st.sampled_from([0, 4, 9]))
-def test_any_trace_keeps_the_gate_and_leaves_the_pool_whole(seed, requests, arrivals, kind, slack, cancel, prefix):
+       cancel=st.floats(0, 1), prefix=st.sampled_from([0, 4, 9]), tokens=st.sampled_from([None, 1, 3, 8]))
+def test_any_trace_keeps_the_gate_and_leaves_the_pool_whole(seed, requests, arrivals, kind, slack, cancel, prefix,
+                                                            tokens):
     model = MODELS["gpt2"]
     share = kind == "paged-shared"
     trace = trace_of("uniform:1-12,2-9", requests, arrivals, seed, cancel_fraction=cancel, cancel_after=1,
@@ -166,7 +189,7 @@ def test_any_trace_keeps_the_gate_and_leaves_the_pool_whole(seed, requests, arri
     kind = kind.removesuffix("-shared")
     options = {"block_size": 4, "share_prefix": share} if kind == "paged" else {}
     budget = int(admission.minimum_budget(kind, model.config, trace, block_size=4, share_prefix=share) * slack)
-    scheduler, ledger, outcome = replay(model, trace, kind, budget, **options)
+    scheduler, ledger, outcome = replay(model, trace, kind, budget, max_batched_tokens=tokens, **options)
     for live in scheduler.lives:
         assert live.emitted == live.spec.emits and live.cache is None
         reference = model(live.ids)[0][0, live.spec.prompt - 1 : live.spec.prompt - 1 + live.emitted]
@@ -191,6 +214,7 @@ def run_main(capsys, *argv):
     (["--requests", "0"], "expected an integer in [1"),
     (["--cancel", "0.5:0"], "cancel after must be a positive integer"),
     (["--modes", "concat"], "a serving run takes kinds"),
+    (["--max-batched-tokens", "0"], "expected an integer in [1"),
     (["--modes", "static", "--share-prefix"], "--share-prefix forks paged blocks"),
 ])
 def test_bad_serving_input_is_one_line_exit_2(capsys, tmp_path, args, fragment):
@@ -219,7 +243,11 @@ def test_a_serving_run_end_to_end_and_its_report(capsys, tmp_path):
     assert data["schema"] == "kvbench.serving/1" and len(data["trace"]["requests"]) == 4
     assert sorted({s["mode"] for s in data["samples"]}) == ["control", "paged", "static"]
     assert all(len(s["replay"]["iterations"]) > 0 for s in data["samples"])
-    assert "output tok/s" in out and "A/A control" in out
+    assert "output tok/s" in out and "A/A control" in out and "on the replay thread's CPU time, paged / static" in out
+    for sample in data["samples"]:  # every token also stamped on the replay thread's CPU clock, never ahead of wall
+        for request in sample["replay"]["requests"]:
+            cpu, wall = request["token_cpu_times"], request["token_times"]
+            assert len(cpu) == len(wall) and cpu == sorted(cpu) and cpu[-1] <= wall[-1] + 1e-3
     code, out, err = run_main(capsys, "report", record, "--plot", plot)
     assert code == 0 and "p99 TPOT x static" in out and plot.read_bytes().startswith(b"\x89PNG")
     code, _, err = run_main(capsys, "run", "--trace", record, "--repeats", "1", "--output", tmp_path / "again.json")
@@ -229,6 +257,7 @@ def test_a_serving_run_end_to_end_and_its_report(capsys, tmp_path):
 
 def synthetic_replay(scale, reserved, used):
     requests = [{"id": i, "arrival": 0.0, "admitted": 0.0, "token_times": [scale * (i + 1), scale * (i + 2)],
+                 "token_cpu_times": [scale * (i + 1) / 2, scale * (i + 2) / 2],
                  "finished": scale * (i + 2), "cancelled": False, "preemptions": 0} for i in range(3)]
     iterations = [{"time": scale * t, "running": 2, "waiting": 0, "admitted": 0, "preempted": 0, "ended": 0,
                    "freed": 0, "used": used, "reserved": reserved, "saved": 0, "reserved_after": reserved}
@@ -250,6 +279,8 @@ def test_the_summary_reads_ratios_the_right_way_round():
     assert summary["kinds"]["static"]["waste"]["median"] == pytest.approx(0.4)
     assert summary["kinds"]["paged"]["waste"]["median"] == pytest.approx(0.03)
     assert summary["kinds"]["paged"]["output_tokens_per_second"]["median"] == pytest.approx(6 / (0.5 * 4 * 1.01))
+    assert summary["ratios"]["paged"]["throughput_cpu"]["ratio"] == pytest.approx(2.0)  # the same on CPU time
+    assert summary["ratios"]["paged"]["tpot_p99_cpu"]["ratio"] == pytest.approx(0.5)
 
 
 def test_a_kind_that_fails_the_gate_is_recorded_and_not_timed(capsys, tmp_path, monkeypatch):
@@ -266,3 +297,14 @@ def test_a_kind_that_fails_the_gate_is_recorded_and_not_timed(capsys, tmp_path, 
     data = json.loads(record.read_text())
     assert code == 1 and "EQUIVALENCE FAILED: paged" in out
     assert data["checks"]["paged"]["passed"] is False and data["samples"] == []
+
+
+@pytest.mark.parametrize("command", [["compare", "{record}", "{record}"], ["show", "{record}"],
+                                     ["export", "--format", "bmf", "--output", "{out}", "{record}"]])
+def test_commands_that_read_loop_records_refuse_a_serving_record_in_one_line(capsys, tmp_path, command):
+    record = tmp_path / "serving.json"
+    record.write_text(json.dumps({"schema": "kvbench.serving/1"}))
+    code, _, err = run_main(capsys, *[part.format(record=record, out=tmp_path / "out.json") for part in command])
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "a serving record ('kvbench.serving/1'): this command reads 'kvbench.record/2'" in err
+    assert "`kvbench report` reads serving records" in err and not (tmp_path / "out.json").exists()

@@ -45,11 +45,26 @@ def serving_settings(args: argparse.Namespace, config, kinds: list[str]) -> dict
     options = {"group_size": args.quant_group, "residual": args.quant_residual}
     settings = {}
     for kind in kinds:
-        if kind == "paged":
+        if kind in ("paged", admission.PEER):  # the peer's pages: block_size positions, shared only if asked
             settings[kind] = {"block_size": args.block_size, "share_prefix": args.share_prefix}
         else:
             settings[kind] = {"policy": args.reserve, **({"options": options} if kind.startswith("quantized") else {})}
+        settings[kind]["max_batched_tokens"] = args.max_batched_tokens  # the scheduler's, the same for every kind
     return settings
+
+
+def check_peer(config, served: trace.Trace) -> None:
+    """The peer runs transformers' model of the same weights: the llama family, the pinned transformers, and
+    arrivals it can be handed in order (all, poisson)."""
+    from kvbench import hf
+
+    try:
+        hf.hf_architecture(config)
+        hf.require_transformers()
+    except ValueError as error:
+        raise CliError(f"--modes {admission.PEER}: {error}") from None
+    if served.arrivals == "closed":
+        raise CliError(f"--modes {admission.PEER}: the peer replays arrivals all or poisson, got closed-loop clients")
 
 
 def check_serving(args: argparse.Namespace):
@@ -65,6 +80,8 @@ def check_serving(args: argparse.Namespace):
     if args.share_prefix and "paged" not in kinds:
         raise CliError("--share-prefix forks paged blocks: add paged to --modes")
     served = load_trace(args, config)
+    if admission.PEER in kinds:
+        check_peer(config, served)
     settings = serving_settings(args, config, kinds)
     minimum = {kind: admission.minimum_budget(kind, config, served, args.reserve, args.block_size,
                                               settings[kind].get("options"), args.share_prefix) for kind in kinds}
@@ -87,7 +104,7 @@ def check_serving(args: argparse.Namespace):
                                    max_repeats=args.max_repeats or 1001, order=args.order, cpu=args.cpu,
                                    control=args.control, warmup=0, seed=args.seed, threads=args.threads,
                                    between_run=args.between_run)
-        timing.control_mode(protocol.control, kinds)
+        timing.control_mode(protocol.control, [kind for kind in kinds if kind != admission.PEER])
     except ValueError as error:
         raise CliError(str(error)) from None
     return config, kinds, served, budget, settings, protocol, minimum
@@ -120,7 +137,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
               "config": config.to_dict(), "trace": served.to_dict(), "kinds": kinds, "settings": settings,
               "budget": {"bytes": budget, "given": args.kv_budget, "reserve": args.reserve, "minimum": minimum},
               "protocol": protocol.describe(in_effect), "environment": environment, "checks": outcome["checks"],
-              "control": outcome["control"], "samples": [kept.to_dict() for kept in outcome["sampling"].samples],
+              "control": outcome["control"], "outputs": outputs_of(outcome.get("continuations"), kinds), "samples": [kept.to_dict() for kept in outcome["sampling"].samples],
               "sampling": {length: state.to_dict() for length, state in outcome["sampling"].lengths.items()}}
     path = files.write_json_atomic(result, output, args.force)
     print_serving(result)
@@ -133,12 +150,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def outputs_of(continuations: dict | None, kinds: list[str]) -> dict:
+    """What the requests' output ids were: random, or (with the peer) the full path's greedy continuation."""
+    if continuations is None and admission.PEER in kinds:  # interrupted before serve() handed them back
+        return {"source": "the full path's greedy continuation of each prompt (kvbench.peer); not kept: interrupted"}
+    if continuations is None:
+        return {"source": "random ids seeded by (seed, request)"}
+    return {"source": "the full path's greedy continuation of each prompt (kvbench.peer)",
+            "ids": {str(request): ids for request, ids in continuations.items()}}
+
+
 def print_serving(result: dict) -> None:
     from kvbench.report import serving as serving_report
 
     console, summary = stdout_console(), serving_report.summarise(result)
     console.print(serving_report.serving_table(result, summary))
     console.print(serving_report.latency_table(summary))
+    for line in serving_report.cpu_sentences(summary):
+        console.print(line)
     sentence = serving_report.control_sentence(summary)
     if sentence:
         console.print(sentence)

@@ -13,6 +13,14 @@ DEFAULT_KINDS = ("static", "paged")
 DEFAULT_REQUESTS = 16
 DEFAULT_REPEATS = 3
 DEFAULT_BUDGET_REQUESTS = 4  # no --kv-budget: what static ("request") needs for its 4 largest requests at once
+DEFAULT_BATCHED_TOKENS = 512  # vLLM's default token budget when chunked prefill is on (vllm-project/vllm#4580)
+
+
+def token_budget(text: str) -> int | None:
+    """--max-batched-tokens: a positive integer, or 'none' (every admitted prompt prefilled whole)."""
+    if text.lower() == "none":
+        return None
+    return integer(1, 1 << 20)(text)
 
 
 def share(text: str) -> float:
@@ -44,4 +52,7 @@ def add_serving_options(run: argparse.ArgumentParser) -> None:
                        help="static and quantized reserve prompt + output - 1 positions (request) or max_length")
     group.add_argument("--block-size", type=integer(1, 4096), default=admission.DEFAULT_BLOCK_SIZE,
                        help="paged: positions per block")
+    group.add_argument("--max-batched-tokens", type=token_budget, default=DEFAULT_BATCHED_TOKENS, metavar="N|none",
+                       help="tokens per iteration: one per decoding request, the rest prompt chunks (chunked "
+                       f"prefill); 'none' prefills every admitted prompt whole (default {DEFAULT_BATCHED_TOKENS})")
     group.add_argument("--save-trace", type=Path, metavar="FILE.json", help="also write the trace alone here")

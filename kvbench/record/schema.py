@@ -314,6 +314,9 @@ def validate_record(record: object, source: str = "record") -> dict:
         if isinstance(found, str) and found.startswith(SCHEMA_NAME + "/"):
             raise RecordError(f"{source}: unsupported schema version {found!r}; this kvbench reads "
                               f"{' and '.join(map(repr, READABLE))}")
+        if found == "kvbench.serving/1":  # a serving run's record (kvbench.cli.serve): its own tables and plot
+            raise RecordError(f"{source}: a serving record ('kvbench.serving/1'): this command reads {SCHEMA!r} "
+                              "records; `kvbench report` reads serving records")
         raise RecordError(f"{source}: not a kvbench record: expected schema {SCHEMA!r}, got {found!r}")
     non_finite = first_non_finite(record)
     if non_finite is not None:

@@ -55,7 +55,7 @@ def paired(found: dict[str, dict[int, dict]], numerator: str, denominator: str, 
 SUMMARISED = ("output_tokens_per_second", "requests_per_second", "ttft.p50", "ttft.p99", "tpot.p50", "tpot.p99",
               "itl.p99", "e2e.p99", "queueing.p99", "max_concurrency", "mean_concurrency", "preemptions",
               "used_bytes", "reserved_bytes", "waste", "saved_bytes_max", "prefill_seconds", "decode_seconds",
-              "prefill_tokens")
+              "prefill_tokens", "output_tokens_per_cpu_second", "tpot_cpu.p50", "tpot_cpu.p99")
 
 
 def summarise(record: dict) -> dict:
@@ -71,11 +71,15 @@ def summarise(record: dict) -> dict:
     for kind in kinds[1:]:
         summary["ratios"][kind] = {
             "throughput": paired(found, kind, baseline, "output_tokens_per_second", between_run),
-            "tpot_p99": paired(found, kind, baseline, "tpot.p99", between_run)}
+            "tpot_p99": paired(found, kind, baseline, "tpot.p99", between_run),
+            "throughput_cpu": paired(found, kind, baseline, "output_tokens_per_cpu_second", between_run),
+            "tpot_p99_cpu": paired(found, kind, baseline, "tpot_cpu.p99", between_run)}
     control = record.get("control")
     if control and CONTROL in found:
         summary["control"] = {"kind": control, "throughput": paired(found, CONTROL, control,
-                                                                     "output_tokens_per_second", between_run)}
+                                                                     "output_tokens_per_second", between_run),
+                              "throughput_cpu": paired(found, CONTROL, control, "output_tokens_per_cpu_second",
+                                                       between_run)}
     summary["baseline"] = baseline
     return summary
 
@@ -101,6 +105,12 @@ def serving_table(record: dict, summary: dict) -> Table:
         table.add_column(name, justify="left" if name in ("kind", "gate") else "right")
     for kind, figures in summary["kinds"].items():
         check = record["checks"].get(kind, {"passed": False})
+        if "max_concurrency" not in figures:  # a peer that schedules itself: tokens and times, no iterations
+            table.add_row(rich_escape(kind), "pass" if check["passed"] else "FAIL",
+                          _interval(figures.get("output_tokens_per_second"), digits=".4g"),
+                          _ratio(summary["ratios"].get(kind, {}).get("throughput")),
+                          f"{figures['requests_per_second']['median']:.2f}", *["-"] * 8)
+            continue
         table.add_row(rich_escape(kind), "pass" if check["passed"] else "FAIL",
                       _interval(figures.get("output_tokens_per_second"), digits=".4g"),
                       _ratio(summary["ratios"].get(kind, {}).get("throughput")),
@@ -128,13 +138,26 @@ def latency_table(summary: dict) -> Table:
     return table
 
 
+def cpu_sentences(summary: dict) -> list[str]:
+    """Each kind's throughput and p99 TPOT ratios on the replay thread's CPU time (no waits for other processes)."""
+    lines = []
+    for kind, ratios in summary["ratios"].items():
+        if ratios.get("throughput_cpu") and ratios.get("tpot_p99_cpu"):
+            lines.append(f"on the replay thread's CPU time, {kind} / {summary['baseline']}: output throughput "
+                         f"{_ratio(ratios['throughput_cpu']).replace(chr(10), ' ')}, p99 TPOT "
+                         f"{_ratio(ratios['tpot_p99_cpu']).replace(chr(10), ' ')}")
+    return lines
+
+
 def control_sentence(summary: dict) -> str | None:
     control = summary["control"]
     if not control or not control["throughput"]:
         return None
     found = control["throughput"]
+    cpu = control.get("throughput_cpu")
+    on_cpu = f"; on CPU time {cpu['ratio']:.3f} [{cpu['low']:.3f}, {cpu['high']:.3f}]" if cpu else ""
     return (f"A/A control ({control['kind']} replayed twice per rotation): throughput ratio {found['ratio']:.3f} "
-            f"[{found['low']:.3f}, {found['high']:.3f}], the run's noise floor")
+            f"[{found['low']:.3f}, {found['high']:.3f}]{on_cpu}, the run's noise floor")
 
 
 def memory_plot(record: dict, suffix: str = ".png") -> bytes:
@@ -147,7 +170,8 @@ def memory_plot(record: dict, suffix: str = ".png") -> bytes:
 
     first = {}
     for kind in record["kinds"]:  # in the run's order of kinds, whatever order the rotation ran them in
-        first.update({kind: kept["replay"]["iterations"] for kept in record["samples"][::-1] if kept["mode"] == kind})
+        first.update({kind: kept["replay"]["iterations"] for kept in record["samples"][::-1]
+                      if kept["mode"] == kind and kept["replay"]["iterations"]})  # a peer records no memory
     with rc_context(RC):
         figure = Figure(figsize=(4.2 * max(1, len(first)), 3.2), dpi=DPI, layout="constrained")
         FigureCanvasAgg(figure)
