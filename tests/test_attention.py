@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from kvbench.attention import causal_attention, causal_mask
+from kvbench.attention import causal_attention, causal_mask, visibility
 
 
 def reference_attention(q, k, v, offset, window=None, key_positions=None, sinks=0):
@@ -214,3 +214,11 @@ def test_a_key_mask_refuses_a_window():
     q, k = torch.zeros(1, 4, 1, 8), torch.zeros(1, 4, 2, 8)
     with pytest.raises(ValueError, match="needs full attention, got window 2"):
         causal_attention(q, k, k, offset=1, window=2, key_mask=torch.ones(1, 1, 1, 2, dtype=torch.bool))
+
+
+def test_visibility_keeps_no_sink_unless_asked():
+    queries, keys = torch.arange(3, 5), torch.arange(5)
+    assert visibility(queries, keys, window=2).tolist() == [[False, False, True, True, False],
+                                                             [False, False, False, True, True]]
+    assert visibility(queries, keys, window=2, sinks=1).tolist() == [[True, False, True, True, False],
+                                                                      [True, False, False, True, True]]
