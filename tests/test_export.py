@@ -645,7 +645,8 @@ COMMITTED_WORK = committed_work()
 @pytest.mark.parametrize("relative", COMMITTED_WORK)
 def test_every_committed_request_and_contexts_record_exports_the_reports_figures(relative):
     """Every committed request record's cells carry the TTFT and TPOT its summary (what the report prints) holds;
-    a contexts record from before the timed window exports what one sample covers, and no figure it lacks."""
+    a contexts record carries its steady and first steps, or, from before the timed window, exports what one
+    sample covers and no figure it lacks."""
     record = RecordView.load(ROOT / relative)
     bmf = export_document([record], "bmf")
     jsonschema.validate(bmf, schema("bmf.schema.json"))
@@ -653,10 +654,17 @@ def test_every_committed_request_and_contexts_record_exports_the_reports_figures
     jsonschema.validate(actions, schema("github-action-benchmark.schema.json"))
     conbench = export_document([record], "conbench", {"repository": REPOSITORY})
     kind = record.run["workload"]["kind"]
-    if kind == "contexts":
-        assert "timed_steps" not in record.run["workload"]
+    if kind == "contexts" and "timed_steps" not in record.run["workload"]:
         assert all(r["info"]["sample"].startswith("one decode step after the context's prefill") for r in conbench)
         assert not any("figure" in r["tags"] for r in conbench)
+        return
+    if kind == "contexts":  # with the timed window: its steady step and first step, as the raw steps give them
+        for mode, length in record.cells():
+            for figure, ((median, low, high), _) in contexts_truth(record, mode, length).items():
+                (result,) = [r for r in conbench if (r["tags"]["mode"], int(r["tags"]["length"]),
+                                                     r["tags"].get("figure")) == (mode, length, figure)]
+                assert (result["info"][f"{figure}_s"], result["info"][f"{figure}_low_s"],
+                        result["info"][f"{figure}_high_s"]) == pytest.approx((median, low, high))
         return
     summary = {entry["mode"]: entry for entry in record.record["summary"]["latency"]}
     prompt, generate = record.run["workload"]["prompt"], record.run["workload"]["generate"]
