@@ -237,3 +237,13 @@ def test_a_fresh_contexts_run_divides_its_timed_window_into_steps(tmp_path, monk
     assert max(len(line) for line in text.splitlines()) <= 80 and "ms/step" in text and "µs/token" not in text
     assert "steps at a context" in text and "marks" in text
     assert_whole(report, text)
+
+
+def test_the_peers_table_of_a_contexts_run_is_keyed_by_context_in_every_layout():
+    report = build_report(RecordView.load(ROOT / "results/latency/llama-mini-contexts-steady.json"))
+    assert report.peers
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(terminal.peers_table(report, 200))
+    assert console.export_text().splitlines()[2].split()[:2] == ["context", "kvbench"]
+    assert "| context | kvbench | transformers |" in markdown.render_report(report)
+    assert ">context</th>" in html.render_report(report, {})

@@ -14,7 +14,7 @@ from kvbench.report.latency import (
     context_cells,
     LATENCY_COLUMNS,
     LIMIT_COLUMNS,
-    PEER_COLUMNS,
+    peer_columns,
     PEER_NOTE,
     latency_cells,
     limit_cells,
@@ -146,7 +146,8 @@ def _latency_section(report: Report) -> list[str]:
                   f'<p class="legend">{escape_html(as_sentence(report.limits_note))}</p>']
     if report.peers:
         parts += ["<h2>Against transformers' caches on the same weights</h2>",
-                  _plain_table(PEER_COLUMNS, [peer_cells(row) for row in report.peers], ("kvbench", "transformers")),
+                  _plain_table(peer_columns(bool(report.context_steps)), [peer_cells(row) for row in report.peers],
+                               ("kvbench", "transformers")),
                   f'<p class="legend">{escape_html(as_sentence(PEER_NOTE))}</p>']
     return parts
 

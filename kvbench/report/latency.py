@@ -297,6 +297,11 @@ def peer_rows(view: RecordView) -> list[PeerRow]:
 PEER_COLUMNS = ("length", "kvbench", "transformers", "kvbench / transformers", RERUN_INTERVAL, "pairs")
 
 
+def peer_columns(contexts: bool) -> tuple[str, ...]:
+    """The peers table's columns: its rows are keyed by context in a contexts run, by length in a loop."""
+    return ("context", *PEER_COLUMNS[1:]) if contexts else PEER_COLUMNS
+
+
 def peer_cells(row: PeerRow) -> list[str]:
     if not row.valid:
         return [str(row.length), row.mode, row.peer, "invalid", "", str(row.ratio.pairs)]

@@ -25,7 +25,7 @@ from kvbench.report.latency import (
     context_cells,
     LATENCY_COLUMNS,
     LIMIT_COLUMNS,
-    PEER_COLUMNS,
+    peer_columns,
     PEER_NOTE,
     latency_cells,
     limit_cells,
@@ -74,8 +74,9 @@ def workload_sections(report: Report) -> list[str]:
                                                 for row in report.limits], left=("mode", "step"))
         lines += ["", escape_markdown(as_sentence(report.limits_note)), ""]
     if report.peers:
-        lines += markdown_table(PEER_COLUMNS, [[escape_markdown(text) for text in peer_cells(row)]
-                                               for row in report.peers], left=("kvbench", "transformers"))
+        lines += markdown_table(peer_columns(bool(report.context_steps)),
+                                [[escape_markdown(text) for text in peer_cells(row)] for row in report.peers],
+                                left=("kvbench", "transformers"))
         lines += ["", escape_markdown(as_sentence(PEER_NOTE)), ""]
     return lines
 

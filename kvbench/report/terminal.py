@@ -35,7 +35,7 @@ from kvbench.report.latency import (
     LATENCY_COLUMNS,
     LATENCY_COMPACT,
     LIMIT_COLUMNS,
-    PEER_COLUMNS,
+    peer_columns,
     PEER_NOTE,
     latency_cells,
     latency_compact_cells,
@@ -167,7 +167,8 @@ def contexts_table(report: Report, width: int | None = None) -> Table:
 
 
 def peers_table(report: Report, width: int | None = None) -> Table:
-    return plain_table("against transformers' caches, same weights, same rotations", PEER_COLUMNS,
+    return plain_table("against transformers' caches, same weights, same rotations",
+                       peer_columns(bool(report.context_steps)),
                        ("kvbench", "transformers"), [peer_cells(row) for row in report.peers], width,
                        ("pairs", RERUN_INTERVAL))
 
