@@ -92,14 +92,8 @@ def vocabulary(size: int) -> tuple[list[str], list[int]]:
     return tokens + [f"t{index}" for index in range(fillers)], types + [TOKEN_TYPES["normal"]] * fillers
 
 
-def write_gguf(model, path: Path | str, name: str = "kvbench") -> Path:
-    """kvbench's model as an F32 GGUF of architecture llama that llama.cpp loads and runs."""
-    gguf = require_gguf()
-    config, path = model.config, Path(path)
-    tensors = gguf_tensors(model)
-    writer = gguf.GGUFWriter(str(path), arch="llama")
-    writer.add_name(name)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+def add_shapes(writer, config) -> None:
+    """The llama family's shape metadata of `config`, which a GGUF reader builds the model from."""
     writer.add_context_length(config.max_length)
     writer.add_embedding_length(config.width)
     writer.add_block_count(config.layers)
@@ -112,6 +106,17 @@ def write_gguf(model, path: Path | str, name: str = "kvbench") -> Path:
     writer.add_rope_freq_base(config.rope_theta)
     writer.add_layer_norm_rms_eps(config.norm_eps)
     writer.add_vocab_size(config.vocab_size)
+
+
+def write_gguf(model, path: Path | str, name: str = "kvbench") -> Path:
+    """kvbench's model as an F32 GGUF of architecture llama that llama.cpp loads and runs."""
+    gguf = require_gguf()
+    config, path = model.config, Path(path)
+    tensors = gguf_tensors(model)
+    writer = gguf.GGUFWriter(str(path), arch="llama")
+    writer.add_name(name)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    add_shapes(writer, config)
     tokens, types = vocabulary(config.vocab_size)
     writer.add_tokenizer_model("llama")
     writer.add_token_list(tokens)

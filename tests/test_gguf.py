@@ -16,6 +16,7 @@ import torch
 from kvbench import gguf as kvgguf
 from kvbench.cli import main
 from kvbench.decode import token_ids
+from kvbench.gguf_writer import add_shapes, gguf_tensors
 from kvbench.model import build_model, preset_config
 
 gguf = pytest.importorskip("gguf", reason="reading GGUF files needs the gguf extra (make venv installs it)")
@@ -24,40 +25,16 @@ np = pytest.importorskip("numpy")
 CONFIG = preset_config("llama-tiny", vocab_size=64, max_length=128, rope_scaling=None)
 
 
-def permute(weight, heads: int):
-    """llama.cpp's convert_hf_to_gguf permutation of q and k rows (its LlamaModel.permute)."""
-    return weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
-
-
 def write_gguf(path, model, architecture: str = "llama", tensors: dict | None = None, skip: tuple = ()):
-    """`model`'s weights as llama.cpp names and lays them out; `tensors` replaces or adds raw ones."""
+    """`model`'s weights as llama.cpp names and lays them out (kvbench.gguf_writer's tensors, with this file's
+    metadata); `tensors` replaces or adds raw ones."""
     config = model.config
     writer = gguf.GGUFWriter(str(path), architecture)
     writer.add_name("kvbench test model")
-    writer.add_context_length(config.max_length)
-    writer.add_embedding_length(config.width)
-    writer.add_block_count(config.layers)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.heads)
-    writer.add_head_count_kv(config.kv_heads)
-    writer.add_key_length(config.head_dim)
-    writer.add_value_length(config.head_dim)
-    writer.add_layer_norm_rms_eps(config.norm_eps)
-    writer.add_rope_freq_base(config.rope_theta)
+    add_shapes(writer, config)
     writer.add_tokenizer_model("gpt2")
     writer.add_token_list([f"t{i}" for i in range(config.vocab_size)])
-    HD, KVD, I = config.heads * config.head_dim, config.kv_heads * config.head_dim, config.intermediate_size
-    arrays = {"token_embd.weight": model.token.weight, "output_norm.weight": model.final.weight}
-    if model.head is not None:
-        arrays["output.weight"] = model.head.weight
-    for index, block in enumerate(model.blocks):
-        q, k, v = block.qkv.weight.split((HD, KVD, KVD))
-        gate, up = block.gate_up.weight.split((I, I))
-        layer = {"attn_norm.weight": block.norm1.weight, "attn_q.weight": permute(q.numpy(), config.heads),
-                 "attn_k.weight": permute(k.numpy(), config.kv_heads), "attn_v.weight": v,
-                 "attn_output.weight": block.out.weight, "ffn_norm.weight": block.norm2.weight,
-                 "ffn_gate.weight": gate, "ffn_up.weight": up, "ffn_down.weight": block.down.weight}
-        arrays.update({f"blk.{index}.{name}": value for name, value in layer.items()})
+    arrays = dict(gguf_tensors(model))  # the names, layout and q/k permutation llama.cpp uses
     arrays.update(tensors or {})
     for name, value in arrays.items():
         if name in skip:
