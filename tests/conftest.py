@@ -36,6 +36,18 @@ def model_for(tiny_model, windowed_model):
     return lambda mode: windowed_model if mode == "window" else tiny_model
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch thread for a module's tests, as kvbench runs: on a shared 2-core machine more threads make small
+    calls 10x slower. Modules opt in with `pytestmark = pytest.mark.usefixtures("one_torch_thread")`."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture
 def make_record():
     """make_record({(mode, length): [seconds, ...]}, failed={(mode, length)}, status=...) -> record dict."""

@@ -20,12 +20,7 @@ LLAMA = preset_config("llama-tiny", vocab_size=128, max_length=96)
 MODEL = build_model(LLAMA, seed=0)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def small_trace(requests=4, **more):

@@ -20,13 +20,7 @@ from kvbench.trace import make_trace, parse_arrivals, parse_lengths
 LLAMA = preset_config("llama-tiny", vocab_size=128, max_length=96)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One torch thread, as kvbench runs: on a shared 2-core machine more threads make small calls 10x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 MODELS = {"gpt2": build_model(DecoderConfig(max_length=96), seed=0), "llama": build_model(LLAMA, seed=0)}
 
 
