@@ -84,20 +84,27 @@ class Counters:
             if descriptor is not None:
                 os.close(descriptor)
 
-    def read(self, machine_wide: bool = True) -> Reading:
-        """The counters now; with `machine_wide` False, steal and throttling as of the last full reading."""
-        cpu_ns = time.thread_time_ns()
+    def read(self, machine_wide: bool = True, opening: bool = False) -> Reading:
+        """The counters now; with `machine_wide` False, steal and throttling as of the last full reading.
+
+        The thread's CPU clock is read last in an `opening` reading and first otherwise, so that the
+        CPU time of a sample never includes the cost of reading the other counters, which the wall
+        clock between the two readings does not see either.
+        """
+        cpu_ns = None if opening else time.thread_time_ns()
         usage = resource.getrusage(self._rusage) if self._rusage is not None else None
         if machine_wide or self._machine is None:
             self._machine = (_steal(self._stat), _throttled(self._cgroup))
+        cpu = self._getcpu() if self._getcpu is not None else None
+        runqueue_ns = _schedstat_wait(self._schedstat)
         return Reading(
-            cpu_ns=cpu_ns,
+            cpu_ns=time.thread_time_ns() if opening else cpu_ns,
             voluntary=usage.ru_nvcsw if usage else None,
             involuntary=usage.ru_nivcsw if usage else None,
-            runqueue_ns=_schedstat_wait(self._schedstat),
+            runqueue_ns=runqueue_ns,
             steal_ticks=self._machine[0],
             throttled_ns=self._machine[1],
-            cpu=self._getcpu() if self._getcpu is not None else None,
+            cpu=cpu,
         )
 
     def difference(self, start: Reading, end: Reading) -> dict:

@@ -265,7 +265,7 @@ def time_call(run: Callable[[], object]) -> float:
 def time_observed(run: Callable[[], object], counters: Counters) -> tuple[float, dict]:
     """Seconds for one call and what the telemetry saw during it (read outside the timed region)."""
     with collector_paused():
-        before = counters.read(machine_wide=False)  # the last sample's end stands for the costly counters
+        before = counters.read(machine_wide=False, opening=True)  # the last sample's end stands for the costly counters
         start = time.perf_counter_ns()
         run()
         elapsed = time.perf_counter_ns() - start

@@ -150,8 +150,21 @@ def test_time_observed_reads_the_telemetry_around_the_call():
         counters.close()
     assert set(telemetry) == set(FIELDS)
     assert 0 < seconds < 1
-    if telemetry["cpu_seconds"] is not None:  # thread CPU time of a busy loop: most of its wall time
-        assert 0 < telemetry["cpu_seconds"] <= seconds * 1.05 + 1e-4
+    # Thread CPU time of a busy loop is most of its wall time. The bound is loose above because the
+    # thread's CPU clock and perf_counter are different clocks on a VM: over a 4 ms call they
+    # disagreed by up to 2.8% on a quiet machine and 8% under load, with the readings themselves
+    # (about 6 us) kept outside both windows.
+    assert seconds * 0.3 < telemetry["cpu_seconds"] <= seconds * 1.25 + 1e-4
+
+
+def test_time_observed_counts_only_this_threads_cpu_time():
+    counters = Counters()
+    try:
+        seconds, telemetry = time_observed(lambda: time.sleep(0.02), counters)
+    finally:
+        counters.close()
+    assert seconds >= 0.02
+    assert telemetry["cpu_seconds"] < seconds * 0.25  # asleep: the wall clock runs, the thread's does not
 
 
 # -- threads --------------------------------------------------------------------------------
