@@ -15,7 +15,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import tomllib
 from dataclasses import dataclass
+from pathlib import Path
 
 DTYPE_NAMES = ("bfloat16", "float16", "float32", "float64")
 ELEMENT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}
@@ -260,58 +262,9 @@ class DecoderConfig(PlainConfig):
         return parse_dtype(name)
 
 
-LLAMA3_SCALING = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_length": 8192}
-TINY_SCALING = {**LLAMA3_SCALING, "original_max_length": 1024}  # within the tiny presets' max_length, as published
-
-# Presets are data: a name and the fields it overrides. The published ones copy their model's
-# config.json on the Hugging Face hub (docs/models.md names each and says what kvbench leaves out);
-# the scaled-down ones keep their family's features at a size that runs in about a minute on 2 cores.
-PRESETS: dict[str, dict] = {
-    "seed": {},
-    "medium": {"width": 256, "heads": 8, "layers": 4, "max_length": 4096},
-    # meta-llama/Llama-3.2-1B
-    "llama-3.2-1b": {"family": "llama", "vocab_size": 128256, "width": 2048, "intermediate_size": 8192, "layers": 16,
-                     "heads": 32, "kv_heads": 8, "head_dim": 64, "max_length": 131072, "norm_eps": 1e-5,
-                     "rope_theta": 500000.0, "rope_scaling": {"factor": 32.0, **LLAMA3_SCALING}, "tie_embeddings": True},
-    # meta-llama/Llama-3.1-8B
-    "llama-3.1-8b": {"family": "llama", "vocab_size": 128256, "width": 4096, "intermediate_size": 14336, "layers": 32,
-                     "heads": 32, "kv_heads": 8, "head_dim": 128, "max_length": 131072, "norm_eps": 1e-5,
-                     "rope_theta": 500000.0, "rope_scaling": {"factor": 8.0, **LLAMA3_SCALING}},
-    # Qwen/Qwen2.5-0.5B (use_sliding_window is false: no window)
-    "qwen2.5-0.5b": {"family": "llama", "vocab_size": 151936, "width": 896, "intermediate_size": 4864, "layers": 24,
-                     "heads": 14, "kv_heads": 2, "head_dim": 64, "max_length": 32768, "norm_eps": 1e-6,
-                     "rope_theta": 1000000.0, "qkv_bias": True, "tie_embeddings": True},
-    # Qwen/Qwen2.5-7B
-    "qwen2.5-7b": {"family": "llama", "vocab_size": 152064, "width": 3584, "intermediate_size": 18944, "layers": 28,
-                   "heads": 28, "kv_heads": 4, "head_dim": 128, "max_length": 131072, "norm_eps": 1e-6,
-                   "rope_theta": 1000000.0, "qkv_bias": True},
-    # mistralai/Mistral-7B-v0.1 (a 4096-position window on every layer)
-    "mistral-7b": {"family": "llama", "vocab_size": 32000, "width": 4096, "intermediate_size": 14336, "layers": 32,
-                   "heads": 32, "kv_heads": 8, "head_dim": 128, "max_length": 32768, "norm_eps": 1e-5,
-                   "rope_theta": 10000.0, "window": 4096},
-    # google/gemma-2-2b: its attention and cache shapes (windows on every other layer); not its soft-capping,
-    # (1 + w) norms, scaled embeddings, extra norms or GeGLU (docs/models.md)
-    "gemma-2-2b": {"family": "llama", "vocab_size": 256000, "width": 2304, "intermediate_size": 9216, "layers": 26,
-                   "heads": 8, "kv_heads": 4, "head_dim": 256, "max_length": 8192, "norm_eps": 1e-6,
-                   "rope_theta": 10000.0, "window": 4096, "window_pattern": "alternating", "tie_embeddings": True},
-    # Scaled down, same features: Llama 3's scaling and tied head, Qwen2's q/k/v biases, Mistral's window on
-    # every layer, Gemma-2's alternating windows and a head width that is not width / heads.
-    "llama-tiny": {"family": "llama", "vocab_size": 256, "width": 64, "intermediate_size": 192, "layers": 2,
-                   "heads": 4, "kv_heads": 2, "head_dim": 16, "max_length": 2048, "norm_eps": 1e-5,
-                   "rope_theta": 500000.0, "rope_scaling": {"factor": 32.0, **TINY_SCALING}, "tie_embeddings": True},
-    "llama-mini": {"family": "llama", "vocab_size": 1024, "width": 256, "intermediate_size": 512, "layers": 4,
-                   "heads": 8, "kv_heads": 2, "head_dim": 32, "max_length": 4096, "norm_eps": 1e-5,
-                   "rope_theta": 500000.0, "rope_scaling": {"factor": 8.0, **TINY_SCALING}},
-    "qwen-tiny": {"family": "llama", "vocab_size": 256, "width": 64, "intermediate_size": 160, "layers": 2,
-                  "heads": 4, "kv_heads": 1, "head_dim": 16, "max_length": 2048, "norm_eps": 1e-6,
-                  "rope_theta": 1000000.0, "qkv_bias": True, "tie_embeddings": True},
-    "mistral-tiny": {"family": "llama", "vocab_size": 256, "width": 64, "intermediate_size": 224, "layers": 2,
-                     "heads": 4, "kv_heads": 2, "head_dim": 16, "max_length": 2048, "norm_eps": 1e-5,
-                     "rope_theta": 10000.0, "window": 64},
-    "gemma-tiny": {"family": "llama", "vocab_size": 256, "width": 72, "intermediate_size": 288, "layers": 4,
-                   "heads": 4, "kv_heads": 2, "head_dim": 16, "max_length": 2048, "norm_eps": 1e-6,
-                   "rope_theta": 10000.0, "window": 64, "window_pattern": "alternating", "tie_embeddings": True},
-}
+# Presets are data: a name and the fields it overrides, with each published model's source beside it.
+PRESETS_PATH = Path(__file__).parent / "data" / "presets.toml"
+PRESETS: dict[str, dict] = tomllib.loads(PRESETS_PATH.read_text(encoding="utf-8"))
 
 
 def preset_config(name: str, **overrides) -> DecoderConfig:
