@@ -14,20 +14,18 @@ directions).
 
 from __future__ import annotations
 
-import argparse
 import copy
 import sys
 from pathlib import Path
 
 import torch
 
-from kvbench import capture, requests
 from kvbench.config import DecoderConfig
-from kvbench.decode import decode_cached, decode_full, token_ids
-from kvbench.files import check_output, write_json_atomic
+from kvbench.decode import decode_cached, decode_full, steps, token_ids
 from kvbench.model import build_model
-from kvbench.record import utc_now
 from kvbench.timing import set_threads
+
+from study import parse_study, save_study, study_parser
 
 OUTPUT = Path("results/limit/bf16-error.json")
 
@@ -63,9 +61,10 @@ def measure(preset: str, contexts: list[int], loop: int) -> dict:
             cell = ids[:, : context + 1]
             truth = twin(cell)[0][:, -1:]
             full = model(cell)[0][:, -1:]
-            step = requests.ContextStep(model, cell, "static", context)
-            step.prepare()
-            static = step()[:, None]
+            stepping = steps(model, cell, "static", prompt=context)
+            next(stepping)  # the prefill of the context
+            static = next(stepping)[0][:, None]  # the first step after it, at position `context`
+            stepping.close()
             found["contexts"][str(context)] = {
                 "reference_std": float(truth.std()), "reference_max_abs": float(truth.abs().max()),
                 "full": errors(full, truth), "static": errors(static, truth),
@@ -80,19 +79,13 @@ def measure(preset: str, contexts: list[int], loop: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", nargs="+", default=["llama-mini", "qwen2.5-0.5b"])
+    parser = study_parser(__doc__, OUTPUT, preset=["llama-mini", "qwen2.5-0.5b"])
     parser.add_argument("--contexts", type=int, nargs="+", default=[256, 1024])
     parser.add_argument("--loop", type=int, default=32, help="positions of a decode loop to check (0: none)")
-    parser.add_argument("--output", type=Path, default=OUTPUT)
-    parser.add_argument("--force", action="store_true")
-    args = parser.parse_args(argv)
-    check_output(args.output, args.force)
+    args = parse_study(parser, argv)
     threads = set_threads(1)
     results = [measure(preset, args.contexts, args.loop) for preset in args.preset]
-    write_json_atomic({"kind": "bf16-error", "created": utc_now(), "command": sys.argv, "threads": threads,
-                       "environment": capture.collect_environment(), "results": results}, args.output, args.force)
-    print(args.output)
+    save_study("bf16-error", args, threads, results=results)
     return 0
 
 

@@ -11,7 +11,6 @@ its 95% order-statistic interval; writes every sample.
 
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
 import sys
@@ -20,15 +19,14 @@ from pathlib import Path
 
 import torch
 
-from kvbench import capture
 from kvbench.cache import make_cache
 from kvbench.config import preset_config
 from kvbench.decode import compare_logits, token_ids, tolerances
-from kvbench.files import check_output, write_json_atomic
 from kvbench.model import build_model
-from kvbench.record import utc_now
 from kvbench.stats import median_interval
 from kvbench.timing import set_threads
+
+from study import parse_study, save_study, study_parser
 
 OUTPUT = Path("results/limit/bf16-prefill.json")
 
@@ -39,14 +37,10 @@ def prefill(model, ids):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="llama-mini")
+    parser = study_parser(__doc__, OUTPUT)
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--rotations", type=int, default=20)
-    parser.add_argument("--output", type=Path, default=OUTPUT)
-    parser.add_argument("--force", action="store_true")
-    args = parser.parse_args(argv)
-    check_output(args.output, args.force)
+    args = parse_study(parser, argv)
     threads = set_threads(1)
     models = {"float32": build_model(preset_config(args.preset), seed=0)}
     models["bfloat16"] = build_model(preset_config(args.preset, dtype=torch.bfloat16), seed=0)
@@ -76,9 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     for clock, ratio in ratios.items():
         print(f"TTFT bf16/f32 ({clock}): {ratio['median']:.3f} [{ratio['low']:.3f}, {ratio['high']:.3f}]; medians ms "
               + ", ".join(f"{name} {1e3 * statistics.median(s[clock]):.2f}" for name, s in samples.items()))
-    write_json_atomic({"kind": "bf16-prefill", "created": utc_now(), "command": sys.argv, "threads": threads,
-                       "preset": args.preset, "prompt": args.prompt, "check": check, "ratios": ratios,
-                       "samples": samples, "environment": capture.collect_environment()}, args.output, args.force)
+    save_study("bf16-prefill", args, threads, prompt=args.prompt, check=check, ratios=ratios, samples=samples)
     return 0
 
 

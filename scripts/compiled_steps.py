@@ -12,7 +12,6 @@ its 95% order-statistic interval. Compile happens before the first rotation and 
 
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
 import sys
@@ -21,15 +20,15 @@ from pathlib import Path
 
 import torch
 
-from kvbench import capture, compiled, hf
+from kvbench import compiled, hf
 from kvbench.cache import StaticCache
 from kvbench.config import preset_config
 from kvbench.decode import token_ids
-from kvbench.files import check_output, write_json_atomic
 from kvbench.latency import median_with_interval
 from kvbench.model import build_model
-from kvbench.record import utc_now
 from kvbench.timing import set_threads
+
+from study import parse_study, save_study, study_parser
 
 OUTPUT = Path("results/limit/compiled-steps.json")
 MODES = ("static", "static-compiled", "hf-static-compiled")
@@ -117,17 +116,13 @@ def measure(model, context: int, args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="llama-mini")
+    parser = study_parser(__doc__, OUTPUT)
     parser.add_argument("--contexts", type=int, nargs="+", default=[256, 1024])
     parser.add_argument("--modes", nargs="+", default=list(MODES))
     parser.add_argument("--rotations", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--steps", type=int, default=16)
-    parser.add_argument("--output", type=Path, default=OUTPUT)
-    parser.add_argument("--force", action="store_true")
-    args = parser.parse_args(argv)
-    check_output(args.output, args.force)
+    args = parse_study(parser, argv)
     threads = set_threads(1)
     model = build_model(preset_config(args.preset), seed=0)
     results = [measure(model, context, args) for context in args.contexts]
@@ -139,11 +134,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"(CPU time; wall {by_clock['wall']['median']:.3f})")
         print(f"c={result['context']} median step ms (cpu): "
               + ", ".join(f"{m} {v['cpu']:.3f}" for m, v in result["median_step_ms"].items()))
-    write_json_atomic({"kind": "compiled-steps", "created": utc_now(), "command": sys.argv, "threads": threads,
-                       "preset": args.preset, "steps": args.steps, "warmup": args.warmup,
-                       "compile_seconds": compiled.compile_seconds, "environment": capture.collect_environment(),
-                       "results": results}, args.output, args.force)
-    print(args.output)
+    save_study("compiled-steps", args, threads, steps=args.steps, warmup=args.warmup,
+               compile_seconds=compiled.compile_seconds, results=results)
     return 0
 
 
