@@ -92,20 +92,17 @@ def vocabulary(size: int) -> tuple[list[str], list[int]]:
     return tokens + [f"t{index}" for index in range(fillers)], types + [TOKEN_TYPES["normal"]] * fillers
 
 
+# GGUF's llama shape keys (the writer's add_<key> methods) and the config field each is read from.
+SHAPE_FIELDS = (("context_length", "max_length"), ("embedding_length", "width"), ("block_count", "layers"),
+                ("feed_forward_length", "intermediate_size"), ("head_count", "heads"), ("head_count_kv", "kv_heads"),
+                ("key_length", "head_dim"), ("value_length", "head_dim"), ("rope_dimension_count", "head_dim"),
+                ("rope_freq_base", "rope_theta"), ("layer_norm_rms_eps", "norm_eps"), ("vocab_size", "vocab_size"))
+
+
 def add_shapes(writer, config) -> None:
     """The llama family's shape metadata of `config`, which a GGUF reader builds the model from."""
-    writer.add_context_length(config.max_length)
-    writer.add_embedding_length(config.width)
-    writer.add_block_count(config.layers)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.heads)
-    writer.add_head_count_kv(config.kv_heads)
-    writer.add_key_length(config.head_dim)
-    writer.add_value_length(config.head_dim)
-    writer.add_rope_dimension_count(config.head_dim)
-    writer.add_rope_freq_base(config.rope_theta)
-    writer.add_layer_norm_rms_eps(config.norm_eps)
-    writer.add_vocab_size(config.vocab_size)
+    for key, field in SHAPE_FIELDS:
+        getattr(writer, f"add_{key}")(getattr(config, field))
 
 
 def write_gguf(model, path: Path | str, name: str = "kvbench") -> Path:
