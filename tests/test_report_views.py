@@ -13,10 +13,10 @@ from rich.console import Console
 
 from kvbench.cli import main
 from kvbench.record import RecordView
-from kvbench.report import columns, html, markdown, terminal
+from kvbench.report.record import columns, html, markdown, terminal
 from kvbench.report.format import as_sentence, ms
-from kvbench.report.model import build_report
-from kvbench.report.precision import TOO_WIDE, stop_text
+from kvbench.report.record.model import build_report
+from kvbench.report.record.precision import TOO_WIDE, stop_text
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = "results/reference.json"  # a loop on wall time; every length reached ±5%

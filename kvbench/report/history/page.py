@@ -24,9 +24,9 @@ import math
 
 from markupsafe import Markup
 
-from kvbench.report.compare import FASTER, SLOWER
+from kvbench.report.comparison.compare import FASTER, SLOWER
 from kvbench.report.format import escape_html
-from kvbench.report.history import Chart, EnvironmentMark, History, Point, Step
+from kvbench.report.history.charts import Chart, EnvironmentMark, History, Point, Step
 
 WIDTH, HEIGHT = 760, 260
 LEFT, RIGHT, TOP, BOTTOM = 70, 20, 20, 50

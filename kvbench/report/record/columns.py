@@ -14,8 +14,8 @@ from typing import Callable
 
 from kvbench import stats
 from kvbench.report.format import RERUN_INTERVAL, check_text, check_word, format_bytes, ms, ratio
-from kvbench.report.model import MARKS, Noise, Profile, Report, Row
-from kvbench.report.precision import CLOCK_TEXTS, LengthRow, length_label, stop_text
+from kvbench.report.record.model import MARKS, Noise, Profile, Report, Row
+from kvbench.report.record.precision import CLOCK_TEXTS, LengthRow, length_label, stop_text
 from kvbench.stats import PowerFit
 
 

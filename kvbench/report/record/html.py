@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import base64
 
-from kvbench.report import columns
+from kvbench.report.record import columns
 from kvbench.report.format import as_sentence, escape_html, format_bytes
-from kvbench.report.latency import (
+from kvbench.report.record.latency import (
     CONTEXT_COLUMNS,
     context_cells,
     LATENCY_COLUMNS,
@@ -20,9 +20,9 @@ from kvbench.report.latency import (
     limit_cells,
     peer_cells,
 )
-from kvbench.report.model import MARKS, Report, Row, environment_line
-from kvbench.report.precision import CLOCK_TEXTS
-from kvbench.report.plots import caption
+from kvbench.report.record.model import MARKS, Report, Row, environment_line
+from kvbench.report.record.precision import CLOCK_TEXTS
+from kvbench.report.record.plots import caption
 
 CSS = """
 body { font: 15px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: #1d1d1f;

@@ -29,7 +29,7 @@ class LatencyRow:
     ratios: dict  # "ttft" / "tpot" -> {"ratio", "low", "high", "pairs"}: the baseline's figure / this mode's
     check: dict | None
     valid: bool
-    marks: tuple[str, ...] = ()  # its cell's marks (kvbench.report.model.MARKS), set by the report
+    marks: tuple[str, ...] = ()  # its cell's marks (kvbench.report.record.model.MARKS), set by the report
 
 
 def latency_rows(view: RecordView) -> list[LatencyRow]:
@@ -178,7 +178,7 @@ class ContextRow:
     figures: dict  # kvbench.latency.context_latency: "step", "first_step", "samples"
     check: dict | None
     valid: bool
-    marks: tuple[str, ...] = ()  # its cell's marks (kvbench.report.model.MARKS), set by the report
+    marks: tuple[str, ...] = ()  # its cell's marks (kvbench.report.record.model.MARKS), set by the report
 
 
 def context_rows(view: RecordView) -> list[ContextRow]:

@@ -18,10 +18,10 @@ from kvbench.config import PlainConfig
 from kvbench.kinds import expected_cache_bytes
 from kvbench.modes import changes_representation
 from kvbench.record import RecordView, cell_statistics
-from kvbench.report import precision
-from kvbench.report.precision import LengthRow, clock_note, sampling_rows, title_of
-from kvbench.report.quality import model_sentence, quality_note, quality_rows
-from kvbench.report.latency import (
+from kvbench.report.record import precision
+from kvbench.report.record.precision import LengthRow, clock_note, sampling_rows, title_of
+from kvbench.report.record.quality import model_sentence, quality_note, quality_rows
+from kvbench.report.record.latency import (
     ContextRow,
     context_rows,
     context_sentence,
@@ -184,7 +184,7 @@ class Report:
     context_steps: list[ContextRow] = field(default_factory=list)  # a contexts run's steady and first steps
     context_note: str | None = None
     tradeoffs: list[Tradeoff] = field(default_factory=list)
-    verdict: str | None = None  # the run's verdict line (kvbench.report.precision.verdict)
+    verdict: str | None = None  # the run's verdict line (kvbench.report.record.precision.verdict)
     quality: list = field(default_factory=list)  # QualityRow: what each mode did to a real model's text
     quality_note: str | None = None
     model_note: str | None = None  # a real model's weights and text
@@ -376,7 +376,7 @@ def build_report(view: RecordView, seed: int = stats.SEED, resamples: int = stat
 
 
 def contention_sentence(view: RecordView, report: Report) -> str | None:
-    """Why the run fell short of its precision, in words (kvbench.report.precision); None when it did not."""
+    """Why the run fell short of its precision, in words (kvbench.report.record.precision); None when it did not."""
     return precision.contention_sentence(view, report.sampling)
 
 

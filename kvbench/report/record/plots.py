@@ -22,7 +22,7 @@ from matplotlib.legend import Legend
 from matplotlib.ticker import FuncFormatter, LogFormatter, NullFormatter
 from matplotlib.transforms import Bbox
 
-from kvbench.report.model import Report
+from kvbench.report.record.model import Report
 
 PLOT_FORMATS = {".png": "image/png", ".svg": "image/svg+xml"}
 DPI = 110

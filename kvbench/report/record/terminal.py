@@ -1,4 +1,4 @@
-"""Terminal layouts (rich): the quick table of `run`/`show`, the report, the comparison, the budget.
+"""Terminal layouts (rich) of one record: the quick table of `run`/`show`, and the report.
 
 Every text that comes from a record or a file name is escaped before rich sees it, so
 a mode name cannot smuggle markup into the terminal.
@@ -13,23 +13,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from kvbench.report import columns, machines
-from kvbench.report.compare import (
-    CHECK_COLUMN,
-    COMPARE_HEADER,
-    FASTER,
-    LATENCY_HEADER,
-    SLOWER,
-    VERDICT_COLUMN,
-    WITHIN_NOISE,
-    Comparison,
-    cell_texts,
-    latency_texts,
-    summary_line,
-)
-from kvbench.report.differences import CRITICAL, INFORMATIONAL, NOTABLE
-from kvbench.report.format import RERUN_INTERVAL, as_sentence, format_bytes, render_plain, rich_escape
-from kvbench.report.latency import (
+from kvbench.report.format import RERUN_INTERVAL, as_sentence, render_plain, rich_escape
+from kvbench.report.record import columns
+from kvbench.report.record.latency import (
     CONTEXT_COLUMNS,
     context_cells,
     LATENCY_COLUMNS,
@@ -42,9 +28,9 @@ from kvbench.report.latency import (
     limit_cells,
     peer_cells,
 )
-from kvbench.report.model import MARKS, Report, Row, environment_line
-from kvbench.report.precision import CLOCK_TEXTS, clock_note, length_label, stop_text
-from kvbench.report.quality import QUALITY_COLUMNS, quality_cells
+from kvbench.report.record.model import MARKS, Report, Row, environment_line
+from kvbench.report.record.precision import CLOCK_TEXTS, clock_note, length_label, stop_text
+from kvbench.report.record.quality import QUALITY_COLUMNS, quality_cells
 
 STYLES = {"failed": "bold red", "invalid": "red", "noisy": "yellow", "unchecked": "yellow"}
 MARK_STYLES = {"failed": "bold red", "noisy": "yellow", "partial": "magenta", "trend": "yellow", "disturbed": "yellow"}
@@ -292,129 +278,3 @@ def render_report(report: Report, width: int = 150, wide: bool = True) -> str:
     renderables = report_renderables(report, width, wide)
     tables = [natural_width(item) for item in renderables if isinstance(item, Table)]
     return render_plain(renderables, max([width, *tables]) if wide else width)
-
-
-RANK_STYLES = {CRITICAL: "bold red", NOTABLE: "yellow", INFORMATIONAL: "dim"}
-VERDICT_STYLES = {SLOWER: "bold red", FASTER: "bold green", WITHIN_NOISE: "dim"}
-
-
-def _differences_table(title: str, diffs) -> Table | str:
-    if not diffs:
-        return f"{title}: identical"
-    critical = sum(d.rank == CRITICAL for d in diffs)
-    table = Table(title=f"{title} differences ({critical} critical, {len(diffs)} in all), ranked by how much "
-                        "they can move a timing", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for name in ("rank", "key", "OLD", "NEW"):
-        table.add_column(name, overflow="fold")
-    for d in diffs:
-        table.add_row(f"[{RANK_STYLES[d.rank]}]{d.rank}[/]", rich_escape(d.key), rich_escape(d.old), rich_escape(d.new))
-    return table
-
-
-def compare_renderables(c: Comparison) -> list:
-    out: list = [f"[bold]kvbench compare[/]  OLD {rich_escape(c.old_source)} ({c.old_status})  →  "
-                 f"NEW {rich_escape(c.new_source)} ({c.new_status})"]
-    out.append(_differences_table("environment", c.environment))
-    out.append(_differences_table("run settings", c.config))
-    if c.skipped:
-        out.append(f"[yellow]skipped (not in both records): {rich_escape(', '.join(c.skipped))}[/]")
-    for note in c.notes:
-        out.append(f"[yellow]note: {rich_escape(note)}[/]")
-
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    for name in COMPARE_HEADER[:-1]:  # notes go below the table
-        table.add_column(name, justify="left" if name in ("mode", "verdict", "max |Δ| old → new") else "right",
-                         no_wrap=True)
-    previous = None
-    for cell in c.cells:
-        texts = [rich_escape(t) for t in cell_texts(cell)][:-1]  # notes go below the table
-        texts[0] = texts[0] if cell.length != previous else ""
-        if cell.verdict in VERDICT_STYLES:
-            texts[VERDICT_COLUMN] = f"[{VERDICT_STYLES[cell.verdict]}]{texts[VERDICT_COLUMN]}[/]"
-        if cell.new_check is not None and not cell.new_check["passed"]:
-            texts[CHECK_COLUMN] = f"[bold red]{texts[CHECK_COLUMN]}[/]"
-        table.add_row(*texts)
-        previous = cell.length
-    out.append(table)
-    for cell in c.cells:
-        if cell.notes:
-            out.append(f"  {rich_escape(cell.mode)} at {cell.length}: " + rich_escape("; ".join(cell.notes)))
-    if c.latency:
-        latency = Table(title="what a client sees: TTFT and TPOT, NEW / OLD", title_justify="left",
-                        box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-        for name in LATENCY_HEADER:
-            latency.add_column(name, justify="left" if name in ("mode", "figure", "verdict") else "right", no_wrap=True)
-        for change in c.latency:
-            texts = [rich_escape(t) for t in latency_texts(change)]
-            if change.verdict in VERDICT_STYLES:
-                texts[-1] = f"[{VERDICT_STYLES[change.verdict]}]{texts[-1]}[/]"
-            latency.add_row(*texts)
-        out.append(latency)
-    out.append(summary_line(c))
-    out.append(COMPARE_LEGEND)
-    return out
-
-
-COMPARE_LEGEND = ("time new/old: median seconds NEW / OLD; vs full new/old: OLD speedup / NEW speedup, the cost "
-                  "relative to the full-prefix path measured in the same rotations (above 1: NEW is slower); "
-                  "95% CI from both runs' intervals; MDE: the smallest change these records detect with 80% power")
-
-
-def render_comparison(c: Comparison, width: int = 170) -> str:
-    return render_plain(compare_renderables(c), width)
-
-
-def budget_renderables(result) -> list:
-    """`kvbench budget`: bytes per token, then how many requests fit in each layout."""
-    table = Table(title=f"{result.tokens} tokens per request, {format_bytes(result.kv_memory_bytes)} for KV caches",
-                  title_justify="left")
-    for name in ("layout", "bytes per request", "wasted per request", "requests that fit"):
-        table.add_column(name, justify="left" if name == "layout" else "right")
-    exact = "exact (no slack; a sliding layer keeps W)" if result.sliding_layers and not result.quantize else \
-        "exact (no slack)"
-    table.add_row(exact, format_bytes(result.request_bytes), "0 B", f"{result.exact_requests:,}")
-    table.add_row(f"contiguous ({result.max_length} positions)", format_bytes(result.contiguous_request_bytes),
-                  format_bytes(result.contiguous_request_bytes - result.request_bytes),
-                  f"{result.contiguous_requests:,}")
-    if result.paged_request_bytes is not None:
-        every = ", every position" if result.sliding_layers else ""
-        table.add_row(f"paged ({result.block_size}-position blocks{every})", format_bytes(result.paged_request_bytes),
-                      format_bytes(result.paged_waste_bytes), f"{result.paged_requests:,}")
-    representation = result.quantize or result.dtype
-    out: list = []
-    if result.preset is not None:
-        out.append(f"{result.preset}: {result.parameters / 1e9:.2f}B parameters, weights {format_bytes(result.weights_bytes)} "
-                   f"in {result.dtype} ({result.weights_bytes:,} bytes), taken off {format_bytes(result.memory_bytes)}")
-    out.append(f"bytes per token: {result.bytes_per_token:,.0f} ({representation}: {result.assumptions})")
-    if result.quantize or result.sliding_layers:
-        out.append(f"{result.request_bytes / result.full_precision_bytes:.2f} of the {result.dtype} cache keeping "
-                   f"every position ({format_bytes(result.full_precision_bytes)} per request, "
-                   f"{result.full_precision_bytes / result.tokens:,.0f} bytes per token)")
-    out.append(table)
-    out.append("Counts key/value storage" + (" and the weights" if result.preset else "")
-               + ": activations and allocator slack need --reserved.")
-    return out
-
-
-def across_renderables(views: list) -> list:
-    """`kvbench compare --across-machines`: each cached cell's speedup on every machine."""
-    labels, cells, differences = machines.across(views)
-    out: list = [f"[bold]kvbench compare --across-machines[/]: {len(views)} records"]
-    for index, (label, view) in enumerate(zip(labels, views)):
-        out.append(f"  [{index + 1}] {rich_escape(label)}: {rich_escape(view.source)}")
-    for index, found in enumerate(differences, start=2):
-        if found:
-            out.append(f"[yellow]environment of [{index}] against [1]: {rich_escape('; '.join(found))}[/]")
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    for name in machines.header(labels):
-        table.add_column(rich_escape(name), justify="left" if name in ("mode", "intervals") else "right")
-    for cell in cells:
-        table.add_row(*(rich_escape(text) for text in machines.cell_texts(cell, labels)))
-    out += [table, MACHINES_LEGEND]
-    return out
-
-
-MACHINES_LEGEND = ("each speedup is its own run's full-prefix time over the cached time, measured in the same rotations, "
-                   "with its 95% rerun interval; raw seconds from different machines are not compared. spread: max / "
-                   "min - 1; intervals: overlap when one value lies in all of them (these records cannot tell the "
-                   "machines apart), apart when not")
