@@ -298,12 +298,12 @@ def test_a_request_report_shows_what_a_client_sees_in_every_layout():
     assert {row.what for row in report.limits} == {"prefill 16", "decode @ 20 (TPOT)"}
     assert set(plots.drawn_panels(report)) == {"context", "roofline"}
     markdown_text = markdown.render_report(report)
-    assert "| static | 15 | 2.00 \\[2.00, 2.01\\] | 0.250 \\[0.250, 0.251\\] |" in markdown_text
+    assert "| static | 15 | 2.00 [2.00, 2.01] | 0.250 [0.250, 0.251] |" in markdown_text
     assert "TPOT = (E2E - TTFT) / (N - 1)" in markdown_text and "| static | decode @ 20 (TPOT) |" in markdown_text
     text = terminal.render_report(report)
     assert "request: 16 prompt tokens, 9 generated" in text and "against the machine's limits" in text
     page = html.render_report(report, plots.render_panels(report))
-    assert "What a client sees: one request" in page and page.count("data:image/png") == 2
+    assert "What a client sees, one request: 16 prompt tokens" in page and page.count("data:image/png") == 2
 
 
 # -- kvbench's caches against transformers' on the same weights ------------------------------

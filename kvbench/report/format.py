@@ -11,13 +11,24 @@ import io
 import os
 import unicodedata
 
+from markupsafe import Markup
 from rich.console import Console
 from rich.markup import escape as escape_rich_markup
 
-RERUN_INTERVAL = "95% rerun interval"  # docs/statistics.md's name for the interval beside every speedup: the only one
+__all__ = ["BEGIN_MARKER", "END_MARKER", "Html", "as_sentence", "capitalised", "check_text", "check_word", "escape_html",
+           "escape_markdown", "format_bytes", "interval_name", "markdown_table", "ms", "ratio", "render_plain", "rich_escape", "splice",
+           "stdout_console", "visible"]
 
-__all__ = ["RERUN_INTERVAL", "as_sentence", "check_text", "check_word", "escape_html", "escape_markdown", "format_bytes", "markdown_table", "ms",
-           "ratio", "render_plain", "rich_escape", "stdout_console", "visible"]
+
+INTERVAL_NAMES = {"rerun": "rerun interval", "confidence": "confidence interval",
+                  "within": "within-run confidence interval", "percentile": "percentile bootstrap interval"}
+
+
+def interval_name(interval: str, confidence: float = 0.95) -> str:
+    """An interval method a record names (kvbench.stats.INTERVALS, or a schema-1 record's percentile bootstrap) in
+    docs/statistics.md's words, at its level: every caption and header that names an interval takes it from here."""
+    kind = interval.split()[0] if interval else ""
+    return f"{confidence:.0%} {INTERVAL_NAMES.get(kind, interval)}"
 
 
 def format_bytes(count: int | float | None) -> str:
@@ -73,9 +84,14 @@ def limits_text(limits: dict) -> str:
     return ", ".join(f"{names.get(name, name)} {value:g}" for name, value in limits.items())
 
 
+def capitalised(text: str) -> str:
+    """A phrase (as the terminal prints it) as a heading: its first letter upper case."""
+    return text[:1].upper() + text[1:]
+
+
 def as_sentence(text: str) -> str:
     """A phrase (as the terminal prints it) as a sentence: capitalised, with a full stop."""
-    return text[:1].upper() + text[1:] + "."
+    return capitalised(text) + "."
 
 
 def visible(text: object) -> str:
@@ -103,6 +119,18 @@ def escape_markdown(text: object) -> str:
 
 def escape_html(text: object) -> str:
     return html.escape(visible(text), quote=True)
+
+
+class Html(Markup):
+    """Markup that escapes everything else: a str formatted into it, joined with it or added to it is
+    escaped (control characters shown as escapes, as escape_html does). Every HTML page kvbench writes is
+    built of it, so text from a record or a file cannot become markup."""
+
+    __slots__ = ()
+
+    @classmethod
+    def escape(cls, text: object) -> "Html":
+        return cls(text.__html__()) if hasattr(text, "__html__") else cls(escape_html(text))
 
 
 def markdown_table(header: tuple[str, ...] | list[str], rows: list[list[str]],

@@ -1,28 +1,19 @@
-"""The HTML layout: one self-contained page (inline CSS, images as data: URIs, no scripts, no URL).
+"""The HTML layout of one record's report: one self-contained page (inline CSS, images as data: URIs,
+no scripts, no URL), kvbench.report.record.sections each rendered by one table renderer.
 
-Every text that comes from a record is escaped; the table's semantic styles become CSS classes.
+The page is built as `Html` (kvbench.report.format), markup that escapes whatever is formatted into it
+or joined with it, so no text from a record can become an element; its Content-Security-Policy loads
+nothing and runs no script. The sections' semantic styles become CSS classes.
 """
 
 from __future__ import annotations
 
 import base64
 
-from kvbench.report.record import columns
-from kvbench.report.format import as_sentence, escape_html, format_bytes
-from kvbench.report.record.latency import (
-    CONTEXT_COLUMNS,
-    context_cells,
-    LATENCY_COLUMNS,
-    LIMIT_COLUMNS,
-    peer_columns,
-    PEER_NOTE,
-    latency_cells,
-    limit_cells,
-    peer_cells,
-)
-from kvbench.report.record.model import MARKS, Report, Row, environment_line
-from kvbench.report.record.precision import CLOCK_TEXTS
+from kvbench.report.format import Html, as_sentence, capitalised, format_bytes
+from kvbench.report.record.model import MARKS, Report, environment_line
 from kvbench.report.record.plots import caption
+from kvbench.report.record.sections import Cell, Column, Section, sections
 
 CSS = """
 body { font: 15px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: #1d1d1f;
@@ -45,8 +36,7 @@ figure { margin: 0; } figure img { width: 100%; height: auto; border: 1px solid 
 figcaption { color: #444; font-size: 13px; }
 code { background: #f4f4f6; padding: 0 3px; }
 """
-
-
+POLICY = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"  # loads nothing, runs no script
 CLASSES = {"failed": "failed", "invalid": "failed", "noisy": "noisy"}
 
 
@@ -54,173 +44,87 @@ def data_uri(content: bytes, mime: str) -> str:
     return f"data:{mime};base64,{base64.b64encode(content).decode('ascii')}"
 
 
-def _fact(key: str, value: object) -> str:
+def fact_text(key: str, value: object) -> str:
     if value is None:
         return "—"
     return format_bytes(value) if key.endswith("_bytes") and isinstance(value, int) else str(value)
 
 
-def _td(content: str, classes: list[str]) -> str:
-    return f'<td class="{" ".join(classes)}">{content}</td>' if classes else f"<td>{content}</td>"
+def mark_symbols(names: tuple[str, ...]) -> Html:
+    return Html(" ").join(Html('<span class="mark-{name}" title="{meaning}">{symbol}</span>').format(
+        name=name, meaning=MARKS[name][1], symbol=MARKS[name][0]) for name in names)
 
 
-def _row_cell(column: columns.Column, row: Row, first: bool) -> str:
-    style = column.style(row)
-    if style == "marks":
-        content = " ".join(f'<span class="mark-{m}" title="{escape_html(MARKS[m][1])}">{escape_html(MARKS[m][0])}'
-                           "</span>" for m in row.marks)
-    elif column.name == "length" and not first:
-        content = ""
-    else:
-        content = escape_html(column.text(row))
-    classes = (["l"] if column.left else []) + ([CLASSES[style]] if style in CLASSES else [])
-    return _td(content, classes)
+def cell_html(column: Column, cell: Cell, blank: bool = False) -> Html:
+    classes = (["l"] if column.left else []) + ([CLASSES[cell.style]] if cell.style in CLASSES else [])
+    content = Html() if blank else mark_symbols(cell.marks) if cell.marks else cell.text
+    if classes:
+        return Html('<td class="{}">{}</td>').format(" ".join(classes), content)
+    return Html("<td>{}</td>").format(content)
 
 
-def _table(header: list[str], body: list[str], left: tuple[str, ...]) -> str:
-    out = ['<div class="scroll"><table><thead><tr>']
-    out += [f'<th class="l">{escape_html(name)}</th>' if name in left else f"<th>{escape_html(name)}</th>"
-            for name in header]
-    out.append("</tr></thead><tbody>")
-    out += body
-    out.append("</tbody></table></div>")
-    return "".join(out)
+def table_html(section: Section) -> Html:
+    """The section's table; a grouped section marks where its first cell changes and prints it only there."""
+    head = Html("").join(Html('<th class="l">{}</th>' if column.left else "<th>{}</th>").format(column.name)
+                         for column in section.columns)
+    body, previous = [], None
+    for row in section.rows:
+        first = section.grouped and row[0].text != previous
+        cells = Html("").join(cell_html(column, cell, section.grouped and not first and index == 0)
+                              for index, (column, cell) in enumerate(zip(section.columns, row)))
+        body.append(Html('<tr class="first">{}</tr>' if first else "<tr>{}</tr>").format(cells))
+        previous = row[0].text
+    return Html('<div class="scroll"><table><thead><tr>{}</tr></thead><tbody>{}</tbody></table></div>').format(
+        head, Html("").join(body))
 
 
-def _rows_table(report: Report, clock: str) -> str:
-    """The timing table of the lengths on one clock; its time columns' headers name it."""
-    shown, body, previous = columns.row_columns(report, clock, "document"), [], None
-    for row in report.rows:
-        if row.clock != clock:
-            continue
-        first = row.length != previous
-        body.append(('<tr class="first">' if first else "<tr>")
-                    + "".join(_row_cell(column, row, first) for column in shown) + "</tr>")
-        previous = row.length
-    return _table([c.name for c in shown], body, tuple(c.name for c in shown if c.left))
-
-
-def _plain_table(header: tuple[str, ...], rows: list[list[str]], left: tuple[str, ...]) -> str:
-    body = ["<tr>" + "".join(_td(escape_html(text), ["l"] if name in left else [])
-                             for name, text in zip(header, row)) + "</tr>" for row in rows]
-    return _table(list(header), body, left)
+def section_html(section: Section, skip_warnings: int = 0) -> list[Html]:
+    """Any section: its title as a heading, its table, its note as a sentence, its items as a list, the marks it
+    explains, its warnings (the first `skip_warnings` already said by the page's banner)."""
+    parts = [Html("<h2>{}</h2>").format(capitalised(section.title))] if section.title else []
+    if section.columns:
+        parts.append(table_html(section))
+    if section.note:
+        parts.append(Html('<p class="legend">{}</p>').format(as_sentence(section.note)))
+    if section.items:
+        parts.append(Html("<ul>{}</ul>").format(Html("").join(Html("<li>{}</li>").format(item) for item in section.items)))
+    if section.marks:
+        parts.append(Html('<p class="legend">{}</p>').format(Html("<br>").join(
+            Html("{} {}").format(mark_symbols((name,)), MARKS[name][1]) for name in section.marks)))
+    parts += [Html('<p class="note"><strong>Note:</strong> {}</p>').format(warning)
+              for warning in section.warnings[skip_warnings:]]
+    return parts
 
 
 def render_report(report: Report, images: dict[str, tuple[bytes, str]]) -> str:
     """One self-contained page: inline CSS, images as data: URIs, no scripts, no external URL."""
-    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-             f"<title>{escape_html(report.title)}</title><style>{CSS}</style></head><body>",
-             f"<h1>{escape_html(report.title)}</h1>",
-             f'<p class="meta">record <code>{escape_html(report.source)}</code> · created '
-             f"{escape_html(report.created_utc)}</p>",
-             f'<p class="meta">{escape_html(environment_line(report.environment))}</p>']
+    parts = [Html('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+                  '<meta http-equiv="Content-Security-Policy" content="{policy}">\n'
+                  "<title>{title}</title><style>{css}</style></head><body>\n<h1>{title}</h1>").format(
+                 policy=POLICY, title=report.title, css=Html(CSS)),
+             Html('<p class="meta">record <code>{}</code> · created {}</p>').format(report.source, report.created_utc),
+             Html('<p class="meta">{}</p>').format(environment_line(report.environment))]
     if report.verdict:
-        parts.append(f'<p class="verdict"><strong>{escape_html(as_sentence(report.verdict))}</strong></p>')
-    parts += _latency_section(report) + _timings_section(report) + _sampling_section(report) + _tradeoff_section(report)
-    parts += _fit_section(report) + _profile_section(report) + _plots_section(images, report)
-    parts.append("<h2>Environment</h2>")
-    facts = [[key, _fact(key, value)] for key, value in report.environment.items()]
-    parts.append(_plain_table(("key", "value"), facts, ("key", "value")))
-    parts.append(f'<p class="meta">command: <code>{escape_html(" ".join(report.command))}</code></p>')
-    parts.append("</body></html>")
-    return "\n".join(parts) + "\n"
-
-
-def _latency_section(report: Report) -> list[str]:
-    parts = []
-    if report.latency:
-        parts += ["<h2>What a client sees: one request</h2>",
-                  _plain_table((*LATENCY_COLUMNS, "marks"),
-                               [[*latency_cells(row), columns.marks_of(row)] for row in report.latency],
-                               ("mode", "equivalence", "marks")),
-                  f'<p class="legend">{escape_html(as_sentence(report.latency_note))}</p>']
-    if report.context_steps:
-        parts += ["<h2>Steps at a context</h2>",
-                  _plain_table((*CONTEXT_COLUMNS, "marks"),
-                               [[*context_cells(row), columns.marks_of(row)] for row in report.context_steps],
-                               ("mode", "equivalence", "marks")),
-                  f'<p class="legend">{escape_html(as_sentence(report.context_note))}</p>']
-    if report.limits:
-        parts += ["<h2>Against the machine's limits</h2>",
-                  _plain_table(LIMIT_COLUMNS, [limit_cells(row) for row in report.limits], ("mode", "step")),
-                  f'<p class="legend">{escape_html(as_sentence(report.limits_note))}</p>']
-    if report.peers:
-        parts += ["<h2>Against transformers' caches on the same weights</h2>",
-                  _plain_table(peer_columns(bool(report.context_steps)), [peer_cells(row) for row in report.peers],
-                               ("kvbench", "transformers")),
-                  f'<p class="legend">{escape_html(as_sentence(PEER_NOTE))}</p>']
-    return parts
-
-
-def _timings_section(report: Report) -> list[str]:
-    parts = []
+        parts.append(Html('<p class="verdict"><strong>{}</strong></p>').format(as_sentence(report.verdict)))
     if not report.complete:
-        parts.append('<div class="banner">INCOMPLETE record: the run was interrupted; only the completed '
-                     'repetitions are reported (cells marked †).</div>')
-    legend = [f'<span class="mark-{m}">{escape_html(MARKS[m][0])}</span> {escape_html(MARKS[m][1])}'
-              for m in report.marks_used()]
-    if report.kind != "request":  # a request's figures are its latency table's
-        parts.append("<h2>Timings and speedups</h2>")
-        for clock in report.clocks():
-            if len(report.clocks()) > 1:
-                parts.append(f"<h3>Times and speedups on {escape_html(CLOCK_TEXTS[clock])}</h3>")
-            parts.append(_rows_table(report, clock))
-        legend.insert(0, escape_html(as_sentence(columns.speedup_legend(report))))
-    if legend:
-        parts.append(f'<p class="legend">{"<br>".join(legend)}</p>')
-    for note in report.notes[0 if report.complete else 1:]:  # the banner already says INCOMPLETE
-        parts.append(f'<p class="note"><strong>Note:</strong> {escape_html(note)}</p>')
-    return parts
+        parts.append(Html('<div class="banner">INCOMPLETE record: the run was interrupted; only the completed '
+                          "repetitions are reported (cells marked †).</div>"))
+    for section in sections(report):
+        parts += section_html(section, skip_warnings=0 if report.complete else 1)
+    parts += plots_html(images, report)
+    facts = [(key, fact_text(key, value)) for key, value in report.environment.items()]
+    parts += section_html(Section("environment", "environment", (Column("key", True), Column("value", True)),
+                                  tuple((Cell(key), Cell(value)) for key, value in facts)))
+    parts.append(Html('<p class="meta">command: <code>{}</code></p>').format(" ".join(report.command)))
+    parts.append(Html("</body></html>"))
+    return str(Html("\n").join(parts)) + "\n"
 
 
-def _sampling_section(report: Report) -> list[str]:
-    parts = []
-    if report.sampling:
-        parts.append("<h2>Sampling and noise</h2>")
-        parts.append(_plain_table(columns.sampling_columns(report),
-                                  [columns.sampling_cells(row, report.workload) for row in report.sampling], ("stopped",)))
-        parts.append(f'<p class="legend">{escape_html(columns.sampling_sentence(report))}.</p>')
-    if report.noise is not None:
-        parts.append(f'<p class="legend">{escape_html(columns.noise_sentence(report.noise))}.</p>')
-    return parts
-
-
-def _tradeoff_section(report: Report) -> list[str]:
-    if not report.tradeoffs:
-        return []
-    return ["<h2>Trade-off: bytes, drift, time</h2>",
-            _plain_table(columns.TRADEOFF_COLUMNS, [columns.tradeoff_cells(entry) for entry in report.tradeoffs], ("mode", "judged")),
-            f'<p class="legend">{escape_html(columns.TRADEOFF_SENTENCE)}</p>']
-
-
-def _fit_section(report: Report) -> list[str]:
-    if not report.fits:  # fewer than three lengths: no slope worth a table
-        return []
-    return ["<h2>Scaling fit: time ≈ a · T<sup>b</sup></h2>",
-            _plain_table(columns.FIT_COLUMNS, [[mode, *columns.fit_cells(fit)] for mode, fit in report.fits.items()], ("mode",)),
-            '<p class="legend">Least squares on log(median time) against log(length). A full-prefix loop '
-            "grows like T² to T³, a cached loop like T to T²; fixed overhead at short lengths pulls b down, "
-            "so the slope between the two longest lengths shows where the growth is heading.</p>"]
-
-
-def _profile_section(report: Report) -> list[str]:
-    if report.profile is None and report.kind != "loop":
-        return []
-    if report.profile is None:
-        return ["<h2>Per-step profile</h2>", '<p class="note">No per-step profile in this record; '
-                "<code>kvbench run --per-step LENGTH</code> records one.</p>"]
-    head, *rest = columns.profile_sentences(report.profile, report.baseline)
-    return ["<h2>Per-step profile</h2>", f"<p>{escape_html(head[0].upper() + head[1:])}</p><ul>",
-            *(f"<li>{escape_html(line.strip())}</li>" for line in rest), "</ul>"]
-
-
-def _plots_section(images: dict[str, tuple[bytes, str]], report: Report) -> list[str]:
+def plots_html(images: dict[str, tuple[bytes, str]], report: Report) -> list[Html]:
+    """The plots, where the layout places them: after the sections, each with its caption."""
     if not images:
         return []
-    parts = ['<h2>Plots</h2><div class="grid">']
-    for name, (content, mime) in images.items():
-        text = caption(name, report)
-        parts.append(f'<figure><img src="{data_uri(content, mime)}" alt="{escape_html(text or name)}">'
-                     f"<figcaption>{escape_html(text)}</figcaption></figure>")
-    parts.append("</div>")
-    return parts
+    figures = [Html('<figure><img src="{uri}" alt="{alt}"><figcaption>{text}</figcaption></figure>').format(
+        uri=data_uri(content, mime), alt=caption(name, report) or name, text=caption(name, report))
+        for name, (content, mime) in images.items()]
+    return [Html('<h2>Plots</h2><div class="grid">{}</div>').format(Html("").join(figures))]
