@@ -14,10 +14,10 @@ from rich.console import Console
 from kvbench.cli import main
 from kvbench.record import RecordView
 from kvbench.report.record import columns, html, markdown, terminal
-from kvbench.report.format import as_sentence, ms
+from kvbench.report.format import as_sentence, capitalised, escape_html, escape_markdown, ms
 from kvbench.report.record.model import build_report
 from kvbench.report.record.precision import TOO_WIDE, stop_text
-from kvbench.report.record.sections import peers_section
+from kvbench.report.record.sections import peers_section, sections
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = "results/reference.json"  # a loop on wall time; every length reached ±5%
@@ -268,3 +268,30 @@ def test_the_peers_table_of_a_contexts_run_is_keyed_by_context_in_every_layout()
     assert console.export_text().splitlines()[2].split()[:2] == ["context", "kvbench"]
     assert "| context | kvbench | transformers |" in markdown.render_report(report)
     assert ">context</th>" in html.render_report(report, {})
+
+
+# -- one list of sections, rendered by every layout -----------------------------------------------------------------
+
+@pytest.mark.parametrize("name", [*RECORDS, "results/real/quality-window.json",
+                                  "results/latency/llama-mini-contexts-steady.json"])
+def test_every_layout_renders_every_section_of_the_one_list(name):
+    """Each section's title, columns, note and items, from sections(report), in the terminal, markdown and HTML,
+    in the list's order: no layout keeps a list of its own."""
+    report = report_of(name)
+    found = sections(report)
+    text, md, page = terminal.render_report(report), markdown.render_report(report), html.render_report(report, {})
+    assert any(s.columns for s in found) and ("timings" in {s.name for s in found}) == (report.kind != "request")
+    places = {"terminal": [], "markdown": [], "html": []}
+    for section in found:
+        if section.title:
+            places["terminal"].append(text.index(section.title))
+            places["markdown"].append(md.index(f"**{escape_markdown(capitalised(section.title))}**"))
+            places["html"].append(page.index(f"<h2>{escape_html(capitalised(section.title))}</h2>"))
+        if section.columns:
+            assert "| " + " | ".join(section.names) + " |" in md
+            assert all(f">{escape_html(column)}</th>" in page for column in section.names)
+        if section.note:
+            assert escape_markdown(as_sentence(section.note)) in md and escape_html(as_sentence(section.note)) in page
+        for item in section.items:
+            assert f"- {escape_markdown(item)}" in md and f"<li>{escape_html(item)}</li>" in page
+    assert all(where == sorted(where) for where in places.values()), places

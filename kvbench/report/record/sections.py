@@ -8,6 +8,7 @@ and notes are phrases, as the terminal prints them; markdown and HTML make sente
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from kvbench.report.record import columns
@@ -77,8 +78,7 @@ def table(name: str, title: str, names: tuple[str, ...], rows: list[list[str]], 
 def with_marks(section: Section, marked: list) -> Section:
     """A section with a marks column: each row's marks (kvbench.report.record.model.MARKS) in its last cell."""
     rows = tuple((*cells, Cell(columns.marks_of(row), marks=row.marks)) for cells, row in zip(section.rows, marked))
-    return Section(section.name, section.title, (*section.columns, Column("marks", left=True)), rows, section.note,
-                   narrow=section.narrow)
+    return dataclasses.replace(section, columns=(*section.columns, Column("marks", left=True)), rows=rows)
 
 
 def timing_section(report: Report, clock: str, layout: str = "document", title: str | None = None) -> Section:
