@@ -1,10 +1,11 @@
-"""The tables' columns: a name, an alignment, a text and a style per row, defined once.
+"""The tables' texts, defined once: the timing table's columns (a name, an alignment, a text and a
+style per row) in each width's layout, and the cells and sentences of the sampling, trade-off and
+fit tables and of the legend.
 
 A column's ``text`` is plain text (``from_record`` when it carries a record's own strings,
-which layouts escape); its ``style`` names what the cell means ("failed",
-"invalid", "noisy", "marks"), and each renderer turns that into its own markup (rich
-styles, markdown emphasis, CSS classes). The layouts differ only in which columns they
-list.
+which markdown escapes); its ``style`` names what the cell means ("failed", "invalid", "noisy",
+"marks"). kvbench.report.record.sections turns these into sections, which each layout renders
+with its own markup (rich styles, markdown emphasis, CSS classes).
 """
 
 from __future__ import annotations
