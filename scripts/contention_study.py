@@ -40,7 +40,7 @@ from antagonist import contended
 from kvbench import stats
 from kvbench.files import write_json_atomic
 from kvbench.record import RecordView
-from kvbench.report.compare import FASTER, SLOWER, change
+from kvbench.report.comparison.compare import FASTER, SLOWER, change
 from kvbench.telemetry import disturbances
 
 TARGET = 0.05  # every speedup within ±5%

@@ -25,8 +25,8 @@ from antagonist import contended
 
 from kvbench.files import write_bytes_atomic
 from kvbench.record import RecordView
-from kvbench.report import markdown
-from kvbench.report.compare import SLOWER, compare_records
+from kvbench.report.comparison import markdown
+from kvbench.report.comparison.compare import SLOWER, compare_records
 
 ROOT = Path(__file__).resolve().parents[1]
 GRID = ["--lengths", "64,256", "--modes", "full,concat,static", "--cpu", "0", "--no-progress"]

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from kvbench import stats
 from kvbench.record import RecordView
-from kvbench.report.compare import VERDICTS, compare_records
+from kvbench.report.comparison.compare import VERDICTS, compare_records
 from kvbench.telemetry import tally
 
 VARIANTS = {  # name -> kvbench run options; every run also uses --repeats ROTATIONS and the default grid

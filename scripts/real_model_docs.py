@@ -13,9 +13,8 @@ from pathlib import Path
 
 from kvbench.files import read_regular_file, write_bytes_atomic
 from kvbench.record import RecordView, load_record
-from kvbench.report.format import as_sentence, escape_markdown, markdown_table
-from kvbench.report.markdown import splice
-from kvbench.report.quality import QUALITY_COLUMNS, model_sentence, quality_cells, quality_note, quality_rows
+from kvbench.report.format import as_sentence, escape_markdown, markdown_table, splice
+from kvbench.report.record.quality import QUALITY_COLUMNS, model_sentence, quality_cells, quality_note, quality_rows
 
 
 def block(path: Path) -> str:

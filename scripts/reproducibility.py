@@ -35,7 +35,7 @@ from antagonist import CONDITIONS, contended
 from kvbench import stats
 from kvbench.files import write_json_atomic
 from kvbench.record import RecordView
-from kvbench.report.compare import FASTER, SLOWER, compare_records
+from kvbench.report.comparison.compare import FASTER, SLOWER, compare_records
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = ROOT / "tests" / "plugins" / "slowed.py"

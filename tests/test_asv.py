@@ -440,7 +440,7 @@ def test_asv_show_prints_samples_beside_the_capture(existing):
 @pytest.mark.slow
 def test_history_judges_the_slowed_commit_slower_on_its_machine(existing, tmp_path):
     """kvbench history over the same asv results: the cached modes' step on m1 is slower by kvbench's rules."""
-    from kvbench.report.history import build_history
+    from kvbench.report.history.charts import build_history
 
     repo = existing["repo"]
     page = tmp_path / "history.html"

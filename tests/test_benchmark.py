@@ -225,7 +225,7 @@ def test_a_contexts_record_from_before_the_timed_window_loads_and_reports_its_co
     from pathlib import Path
 
     from kvbench.record import RecordView, load_record
-    from kvbench.report.model import build_report
+    from kvbench.report.record.model import build_report
 
     path = Path(__file__).resolve().parents[1] / "results/latency/llama-mini-contexts.json"
     view = RecordView(load_record(path), str(path))

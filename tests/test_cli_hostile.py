@@ -484,7 +484,7 @@ def test_a_record_that_means_something_impossible_is_rejected(tmp_path, sound_re
 
 def test_every_renderer_escapes_what_a_record_carries():
     """Defence in depth: the schema refuses such names, and the layouts would not interpret them anyway."""
-    from kvbench.report import html, markdown, model, terminal
+    from kvbench.report.record import html, markdown, model, terminal
     from kvbench.report.format import render_plain
     from kvbench.stats import RatioEstimate
 

@@ -26,9 +26,9 @@ import pytest
 
 from kvbench.asvtools import capture_path_for_result
 from kvbench.cli import main
-from kvbench.report.compare import FASTER, SLOWER, VERDICTS, WITHIN_NOISE
-from kvbench.report.history import build_history
-from kvbench.report.historypage import render_page
+from kvbench.report.comparison.compare import FASTER, SLOWER, VERDICTS, WITHIN_NOISE
+from kvbench.report.history.charts import build_history
+from kvbench.report.history.page import render_page
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = ROOT / "results" / "history" / "asv"
@@ -404,7 +404,7 @@ document.body.dataset.touching = touching.join(",") || "none";
 
 def measured(page_text: str) -> str:
     """The page with MEASURE allowed by its CSP and run after the page's own script."""
-    from kvbench.report.historypage import SCRIPT, content_security_policy, script_hash
+    from kvbench.report.history.page import SCRIPT, content_security_policy, script_hash
 
     policy = content_security_policy(SCRIPT)
     assert policy in page_text
@@ -416,7 +416,7 @@ def measured(page_text: str) -> str:
                                               ".ci/run installs it)")
 def test_chromium_lays_out_no_unit_label_on_the_ticks(tmp_path, proxy):
     """Long tick labels (bytes: 2.495e+08) beside the unit label, as Chromium lays them out."""
-    from kvbench.report.history import Chart, Point
+    from kvbench.report.history.charts import Chart, Point
 
     history = build_history(COMMITTED)
     machine, (first, second) = history.machines[0], (c.hash for c in history.commits)

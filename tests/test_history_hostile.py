@@ -23,9 +23,9 @@ from test_history import CHROMIUM, COMMITTED, SPEEDUP, TIME, chromium, proxy, re
 from kvbench import files
 from kvbench.asvtools import capture_path_for_result
 from kvbench.cli import main
-from kvbench.report import historypage
-from kvbench.report.history import build_history
-from kvbench.report.historypage import SCRIPT, render_page
+from kvbench.report.history import page as historypage
+from kvbench.report.history.charts import build_history
+from kvbench.report.history.page import SCRIPT, render_page
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMIT = "<script>alert(1)</script>"  # its first 8 characters, exactly "<script>", label the axis

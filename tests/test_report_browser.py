@@ -17,7 +17,7 @@ from test_history import (  # noqa: F401 - proxy is a fixture
 )
 
 from kvbench.cli import main
-from kvbench.report.plots import COLORS
+from kvbench.report.record.plots import COLORS
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "results" / "reference.json"

@@ -1,4 +1,4 @@
-"""kvbench.report.compare and `kvbench compare`: ranked environment diff, per-cell verdicts, exit codes."""
+"""kvbench.report.comparison.compare and `kvbench compare`: ranked environment diff, per-cell verdicts, exit codes."""
 
 import copy
 import json
@@ -10,7 +10,7 @@ from records import noisy as jitter
 
 from kvbench.cli import main
 from kvbench.record import RecordView, write_record
-from kvbench.report import compare
+from kvbench.report.comparison import compare
 
 
 def changed_environment(**changes):
@@ -554,7 +554,7 @@ def test_records_of_the_same_work_on_other_lengths_or_threads_still_compare():
     old = synthetic_record(scaling_seconds())
     new = synthetic_record(scaling_seconds(lengths=(16, 32), seed=1))
     new["run"].update(threads=2, seed=7, repeats=9)  # the same work on another thread count, seed and sample size
-    from kvbench.report.differences import work_differences
+    from kvbench.report.comparison.differences import work_differences
 
     assert work_differences(RecordView(old), RecordView(new)) == []
     new["run"]["batch"] = 2

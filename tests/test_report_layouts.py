@@ -13,8 +13,9 @@ from kvbench import stats
 from kvbench.cli import main
 from kvbench.config import preset_config
 from kvbench.record import write_record
-from kvbench.report import html, markdown, plots, terminal
-from kvbench.report.model import build_report
+from kvbench.report.format import BEGIN_MARKER, END_MARKER, splice
+from kvbench.report.record import html, markdown, plots, terminal
+from kvbench.report.record.model import build_report
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -128,12 +129,12 @@ def test_incomplete_record_is_marked_in_every_layout(tmp_path, capsys):
 
 
 def test_splice_replaces_only_the_marked_block():
-    doc = f"# Title\n\nintro\n\n{markdown.BEGIN_MARKER}\nold table\n{markdown.END_MARKER}\n\nafter\n"
-    out = markdown.splice(doc, "new table\n", "README.md")
-    assert out == f"# Title\n\nintro\n\n{markdown.BEGIN_MARKER}\nnew table\n{markdown.END_MARKER}\n\nafter\n"
-    assert markdown.splice(out, "new table\n", "README.md") == out  # idempotent
+    doc = f"# Title\n\nintro\n\n{BEGIN_MARKER}\nold table\n{END_MARKER}\n\nafter\n"
+    out = splice(doc, "new table\n", "README.md")
+    assert out == f"# Title\n\nintro\n\n{BEGIN_MARKER}\nnew table\n{END_MARKER}\n\nafter\n"
+    assert splice(out, "new table\n", "README.md") == out  # idempotent
     with pytest.raises(ValueError, match="README.md: expected the markers"):
-        markdown.splice("no markers", "x", "README.md")
+        splice("no markers", "x", "README.md")
 
 
 # --- html ------------------------------------------------------------------------------------------
@@ -209,13 +210,13 @@ def test_plot_files_and_overwrite_protection(record_file, tmp_path, capsys):
 
 def test_into_splices_the_markdown_block_with_a_relative_image_link(record_file, tmp_path, capsys):
     readme = tmp_path / "README.md"
-    readme.write_text(f"# kvbench\n\n{markdown.BEGIN_MARKER}\nstale\n{markdown.END_MARKER}\n\nmore\n")
+    readme.write_text(f"# kvbench\n\n{BEGIN_MARKER}\nstale\n{END_MARKER}\n\nmore\n")
     readme.chmod(0o640)
     plot = tmp_path / "docs" / "results.svg"
     argv = ["report", str(record_file), "--format", "markdown", "--plot", str(plot), "--into", str(readme), "--force"]
     assert main(argv) == 0
     text = readme.read_text()
-    assert "stale" not in text and text.endswith(f"{markdown.END_MARKER}\n\nmore\n")
+    assert "stale" not in text and text.endswith(f"{END_MARKER}\n\nmore\n")
     assert "](docs/results.svg)" in text and plot.exists()
     assert readme.stat().st_mode & 0o777 == 0o640  # the atomic rewrite keeps the file's mode
     assert main(["report", str(record_file), "--into", str(readme)]) == 2
@@ -297,12 +298,12 @@ def test_a_request_report_shows_what_a_client_sees_in_every_layout():
     assert {row.what for row in report.limits} == {"prefill 16", "decode @ 20 (TPOT)"}
     assert set(plots.drawn_panels(report)) == {"context", "roofline"}
     markdown_text = markdown.render_report(report)
-    assert "| static | 15 | 2.00 \\[2.00, 2.01\\] | 0.250 \\[0.250, 0.251\\] |" in markdown_text
+    assert "| static | 15 | 2.00 [2.00, 2.01] | 0.250 [0.250, 0.251] |" in markdown_text
     assert "TPOT = (E2E - TTFT) / (N - 1)" in markdown_text and "| static | decode @ 20 (TPOT) |" in markdown_text
     text = terminal.render_report(report)
     assert "request: 16 prompt tokens, 9 generated" in text and "against the machine's limits" in text
     page = html.render_report(report, plots.render_panels(report))
-    assert "What a client sees: one request" in page and page.count("data:image/png") == 2
+    assert "What a client sees, one request: 16 prompt tokens" in page and page.count("data:image/png") == 2
 
 
 # -- kvbench's caches against transformers' on the same weights ------------------------------
@@ -323,7 +324,7 @@ def peers_record():
 
 
 def test_the_fastest_exact_kind_is_set_against_each_transformers_cache_paired_by_rotation():
-    from kvbench.report.latency import peer_rows
+    from kvbench.report.record.latency import peer_rows
 
     rows = peer_rows(view(peers_record()))
     assert [(r.length, r.mode, r.peer) for r in rows] == [(16, "static", "hf-dynamic"), (16, "static", "hf-static"),

@@ -1,4 +1,4 @@
-"""kvbench.report.plots from the figure objects: intervals drawn where the tables have them, legends clear of
+"""kvbench.report.record.plots from the figure objects: intervals drawn where the tables have them, legends clear of
 the data, captions naming the interval the record used."""
 
 import re
@@ -9,8 +9,8 @@ from matplotlib.container import ErrorbarContainer
 from matplotlib.figure import Figure
 from records import LIMITS, request_record, scaling_seconds, synthetic_record, view
 
-from kvbench.report import html, plots
-from kvbench.report.model import build_report
+from kvbench.report.record import html, plots
+from kvbench.report.record.model import build_report
 
 
 def loop_report(lengths=(16, 32, 64, 128)):

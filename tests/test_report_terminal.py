@@ -1,4 +1,4 @@
-"""kvbench.report.terminal's quick table (run, show) and the rows behind it, from hand-built records."""
+"""kvbench.report.record.terminal's quick table (run, show) and the rows behind it, from hand-built records."""
 
 import dataclasses
 import io
@@ -10,8 +10,8 @@ from rich.console import Console
 
 from kvbench.cli import main
 from kvbench.report.format import format_bytes, render_plain
-from kvbench.report.model import MARKS, build_report
-from kvbench.report.terminal import quick_table, report_renderables
+from kvbench.report.record.model import MARKS, build_report
+from kvbench.report.record.terminal import quick_table, report_renderables
 
 SECONDS = {("full", 4): [1.0, 2.0, 3.0, 4.0], ("concat", 4): [0.5, 0.25, 1.0, 0.75],
            ("full", 8): [4.0, 4.0, 8.0, 6.0], ("concat", 8): [2.0, 1.0, 1.5, 3.0]}
@@ -142,7 +142,7 @@ def budget_record(steal_share: float, wait_share: float):
     (0.02, 0.0, "the samples disagreed more than this machine's counters explain (1% of the machine's CPU time"),
 ])
 def test_a_run_that_ran_out_of_time_says_why_in_words(steal, wait, opening):
-    from kvbench.report.model import contention_sentence
+    from kvbench.report.record.model import contention_sentence
 
     record = view(budget_record(steal, wait))
     sentence = contention_sentence(record, build_report(record))
@@ -152,7 +152,7 @@ def test_a_run_that_ran_out_of_time_says_why_in_words(steal, wait, opening):
 
 
 def test_a_run_that_reached_its_precision_says_nothing_of_contention():
-    from kvbench.report.model import contention_sentence
+    from kvbench.report.record.model import contention_sentence
 
     record = budget_record(0.3, 0.3)
     record["sampling"]["lengths"][0].update(stop="precise", half_width=0.04)

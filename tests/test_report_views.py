@@ -13,10 +13,11 @@ from rich.console import Console
 
 from kvbench.cli import main
 from kvbench.record import RecordView
-from kvbench.report import columns, html, markdown, terminal
-from kvbench.report.format import as_sentence, ms
-from kvbench.report.model import build_report
-from kvbench.report.precision import TOO_WIDE, stop_text
+from kvbench.report.record import columns, html, markdown, terminal
+from kvbench.report.format import as_sentence, capitalised, escape_html, escape_markdown, ms
+from kvbench.report.record.model import build_report
+from kvbench.report.record.precision import TOO_WIDE, stop_text
+from kvbench.report.record.sections import peers_section, sections
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = "results/reference.json"  # a loop on wall time; every length reached ±5%
@@ -118,7 +119,8 @@ def test_a_record_with_two_clocks_gets_one_table_for_each():
     report = report_of(MIXED)
     assert report.clocks() == ["wall", "cpu"]
     md = markdown.render_report(report)
-    wall, cpu = md.index("Times and speedups on wall:"), md.index("Times and speedups on CPU time:")
+    wall = md.index("**Length 16, 32, 64, 128, 256: times and speedups on wall**")
+    cpu = md.index("**Length 512: times and speedups on CPU time**")
     assert wall < cpu and "| 512 |" not in md[wall:cpu] and "| 512 |" in md[cpu:]
     text = printed(terminal.quick_renderables(report, 100), 100)
     assert "length 16, 32, 64, 128, 256: times and speedups on wall" in text
@@ -208,8 +210,27 @@ def test_the_interval_has_one_name(name):
     for text in (printed(terminal.quick_renderables(report, 200), 200), terminal.render_report(report),
                  markdown.render_report(report), page):
         assert "95% rerun interval" in text
-        assert "bootstrap" not in text and "95% CI" not in text and "confidence interval" not in text
+        assert "bootstrap" not in text and "95% CI" not in text
+        # the A/A control's interval is from the run's samples alone (docs/statistics.md): named so, and only there
+        assert "confidence interval" not in text.replace("A/A 95% within-run confidence interval", "")
     assert "are the 95% rerun interval" in page
+
+
+@pytest.mark.parametrize("interval, name", [("confidence", "95% confidence interval"),
+                                            ("within", "95% within-run confidence interval")])
+def test_every_caption_names_the_interval_the_record_used(interval, name):
+    """The timing table's header, the legend, the plot's caption and the peers' header say the record's interval."""
+    record = json.loads((ROOT / "results/latency/llama-mini-contexts-steady.json").read_text())
+    record["summary"]["interval"] = interval
+    report = build_report(RecordView(record, "rec.json"))
+    assert report.peers and report.interval_name == name
+    page = html.render_report(report, {"speedup": (b"\x89PNG", "image/png")})
+    for text in (terminal.render_report(report), markdown.render_report(report), page):
+        assert "rerun interval" not in text and "bootstrap" not in text
+        assert text.count(name) >= 3  # the speedups' column, the peers' column and the legend (the page: its plot)
+    assert f"are the {name}" in page
+    del record["summary"]["between_run"]  # no allowance recorded: the A/A control shares the speedups' interval
+    assert f"A/A {name}" in markdown.render_report(build_report(RecordView(record, "rec.json")))
 
 
 def test_a_fresh_contexts_run_divides_its_timed_window_into_steps(tmp_path, monkeypatch, capsys):
@@ -243,7 +264,34 @@ def test_the_peers_table_of_a_contexts_run_is_keyed_by_context_in_every_layout()
     report = build_report(RecordView.load(ROOT / "results/latency/llama-mini-contexts-steady.json"))
     assert report.peers
     console = Console(width=200, record=True, file=io.StringIO())
-    console.print(terminal.peers_table(report, 200))
+    console.print(terminal.section_renderables(peers_section(report), 200)[0])
     assert console.export_text().splitlines()[2].split()[:2] == ["context", "kvbench"]
     assert "| context | kvbench | transformers |" in markdown.render_report(report)
     assert ">context</th>" in html.render_report(report, {})
+
+
+# -- one list of sections, rendered by every layout -----------------------------------------------------------------
+
+@pytest.mark.parametrize("name", [*RECORDS, "results/real/quality-window.json",
+                                  "results/latency/llama-mini-contexts-steady.json"])
+def test_every_layout_renders_every_section_of_the_one_list(name):
+    """Each section's title, columns, note and items, from sections(report), in the terminal, markdown and HTML,
+    in the list's order: no layout keeps a list of its own."""
+    report = report_of(name)
+    found = sections(report)
+    text, md, page = terminal.render_report(report), markdown.render_report(report), html.render_report(report, {})
+    assert any(s.columns for s in found) and ("timings" in {s.name for s in found}) == (report.kind != "request")
+    places = {"terminal": [], "markdown": [], "html": []}
+    for section in found:
+        if section.title:
+            places["terminal"].append(text.index(section.title))
+            places["markdown"].append(md.index(f"**{escape_markdown(capitalised(section.title))}**"))
+            places["html"].append(page.index(f"<h2>{escape_html(capitalised(section.title))}</h2>"))
+        if section.columns:
+            assert "| " + " | ".join(section.names) + " |" in md
+            assert all(f">{escape_html(column)}</th>" in page for column in section.names)
+        if section.note:
+            assert escape_markdown(as_sentence(section.note)) in md and escape_html(as_sentence(section.note)) in page
+        for item in section.items:
+            assert f"- {escape_markdown(item)}" in md and f"<li>{escape_html(item)}</li>" in page
+    assert all(where == sorted(where) for where in places.values()), places

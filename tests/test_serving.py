@@ -260,7 +260,7 @@ def synthetic_replay(scale, reserved, used):
 
 
 def test_the_summary_reads_ratios_the_right_way_round():
-    from kvbench.report.serving import summarise
+    from kvbench.report.record.serving import summarise
 
     samples = [{"mode": mode, "repetition": r, "replay": synthetic_replay(scale * (1 + 0.01 * r), 1000, used)}
                for r in range(3) for mode, scale, used in (("static", 1.0, 600), ("paged", 0.5, 970),

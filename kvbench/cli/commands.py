@@ -20,9 +20,13 @@ from kvbench.cli.parser import CliError
 from kvbench.config import PlainConfig
 from kvbench.files import write_bytes_atomic
 from kvbench.record import RecordView
-from kvbench.report import compare, markdown, model, terminal
-from kvbench.report.differences import work_differences, work_text
-from kvbench.report.format import stdout_console
+from kvbench.report.budget import budget_renderables
+from kvbench.report.comparison import compare
+from kvbench.report.comparison import markdown as comparison_markdown
+from kvbench.report.comparison import terminal as comparison_terminal
+from kvbench.report.comparison.differences import work_differences, work_text
+from kvbench.report.format import splice, stdout_console
+from kvbench.report.record import markdown, model, terminal
 
 
 def config_from_args(args: argparse.Namespace) -> PlainConfig:
@@ -83,7 +87,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     check_report_options(args)
     report = model.build_report(load_view(args.record))
     if args.plot is not None:
-        from kvbench.report import plots
+        from kvbench.report.record import plots
 
         write_bytes_atomic(args.plot, plots.render_overview(report, args.plot.suffix.lower()), args.force)
     if args.format == "text":
@@ -99,12 +103,12 @@ def cmd_report(args: argparse.Namespace) -> int:
         image = os.path.relpath(args.plot.resolve(), anchor.resolve()) if args.plot is not None else None
         content = markdown.render_report(report, image=image and Path(image).as_posix())
         if args.into is not None:
-            content = markdown.splice(files.read_regular_file(args.into, "markdown file").decode(), content,
+            content = splice(files.read_regular_file(args.into, "markdown file").decode(), content,
                                       str(args.into))
             write_bytes_atomic(args.into, content.encode(), force=True)
             return 0
     else:
-        from kvbench.report import html, plots
+        from kvbench.report.record import html, plots
 
         content = html.render_report(report, plots.render_panels(report))
     if args.output is None:
@@ -142,10 +146,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
         for view in views[1:]:
             check_same_work(views[0], view, args.force)
         if args.format == "markdown":
-            sys.stdout.write(markdown.render_across(views))
+            sys.stdout.write(comparison_markdown.render_across(views))
         else:
             console = stdout_console()
-            for item in terminal.across_renderables(views):
+            for item in comparison_terminal.across_renderables(views):
                 console.print(item)
         return 0
     mapping = dict(args.pair)
@@ -155,10 +159,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     check_same_work(old, new, args.force)
     comparison = compare.compare_records(old, new, factor=args.factor, alpha=args.alpha, mapping=mapping)
     if args.format == "markdown":
-        sys.stdout.write(markdown.render_comparison(comparison))
+        sys.stdout.write(comparison_markdown.render_comparison(comparison))
     else:
         console = stdout_console()
-        for item in terminal.compare_renderables(comparison):
+        for item in comparison_terminal.compare_renderables(comparison):
             console.print(item)
     if args.fail_on_regression and comparison.not_comparable:  # a machine change is no regression of the code
         print(f"kvbench: no regression check: {comparison.not_comparable}, so no cell is slower or faster; "
@@ -188,7 +192,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    from kvbench.report import history, historypage
+    from kvbench.report.history import charts as history
+    from kvbench.report.history import page as historypage
 
     check_comparison_options(args)
     check_output(args.output, args.force)
@@ -233,7 +238,7 @@ def cmd_budget(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_dict(), indent=2))
         return 0
     console = stdout_console()
-    for item in terminal.budget_renderables(result):
+    for item in budget_renderables(result):
         console.print(item)
     return 0
 
@@ -250,7 +255,7 @@ def cmd_asv_machine(args: argparse.Namespace) -> int:
 
 
 def cmd_asv_show(args: argparse.Namespace) -> int:
-    from kvbench.report import asvresult
+    from kvbench.report.history import asvresult
 
     print(asvresult.show_result(args.result))
     return 0

@@ -1,7 +1,7 @@
 """The command line's surface: the parser, its option groups and argument types, one error type.
 
 Every default comes from where it is defined once (the protocol's from
-kvbench.timing.Protocol, the comparison's from kvbench.report.compare), and `--help`
+kvbench.timing.Protocol, the comparison's from kvbench.report.comparison.compare), and `--help`
 shows it. Argument types reject a value with one line naming what was given.
 """
 
@@ -22,7 +22,7 @@ from kvbench.export import FORMATS as EXPORT_FORMATS
 from kvbench.gguf import PACKAGED
 from kvbench.kinds import GROUP_SIZE, KIND_NAME, RESIDUAL
 from kvbench.modes import DEFAULT_MODES, HF_MODES, MODES
-from kvbench.report.compare import ALPHA, FACTOR
+from kvbench.report.comparison.compare import ALPHA, FACTOR
 from kvbench.timing import DEFAULT_LENGTHS, ORDERS, Protocol
 
 REPORT_FORMATS = ("text", "markdown", "html")

@@ -16,8 +16,8 @@ from kvbench.cli.commands import check_output, config_from_args
 from kvbench.cli.parser import CliError, did_you_mean
 from kvbench.cli.progress import ProgressBar
 from kvbench.config import DecoderConfig, PlainConfig
-from kvbench.report import model as report_model
-from kvbench.report import terminal
+from kvbench.report.record import model as report_model
+from kvbench.report.record import terminal
 from kvbench.report.format import format_bytes, stdout_console
 from kvbench.timing import Protocol
 

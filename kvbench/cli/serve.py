@@ -161,7 +161,7 @@ def outputs_of(continuations: dict | None, kinds: list[str]) -> dict:
 
 
 def print_serving(result: dict) -> None:
-    from kvbench.report import serving as serving_report
+    from kvbench.report.record import serving as serving_report
 
     console, summary = stdout_console(), serving_report.summarise(result)
     console.print(serving_report.serving_table(result, summary))
@@ -191,7 +191,7 @@ def cmd_report_any(args: argparse.Namespace) -> int:
 
 
 def cmd_report_serving(args: argparse.Namespace) -> int:
-    from kvbench.report import serving as serving_report
+    from kvbench.report.record import serving as serving_report
 
     result = files.read_json(args.record, "record")
     if args.plot is not None:

@@ -3,7 +3,7 @@
 Each timed cell of a record becomes a `Cell`: its raw seconds in the order they ran (what one
 sample covers depends on the workload: a whole loop, a whole request, a context's timed steps),
 its median with a 95% rerun interval, and for a cached mode the speedup over the baseline with
-the record's own rerun interval (kvbench.report.model.row_speedup, as `kvbench report` prints it).
+the record's own rerun interval (kvbench.report.record.model.row_speedup, as `kvbench report` prints it).
 Both intervals say where an identical rerun's number would fall. A request or contexts cell also
 carries the figures the report shows for it (kvbench.export.figures: TTFT, TPOT, ITL percentiles;
 the steady-state and the first step), each with its per-sample values. The machine and the commit
@@ -19,7 +19,7 @@ from kvbench import stats
 from kvbench.config import PRESETS, PlainConfig
 from kvbench.export.figures import Figure, figure_facts, figures_by_cell, sample_meaning
 from kvbench.record import RecordView
-from kvbench.report.model import row_speedup
+from kvbench.report.record.model import row_speedup
 from kvbench.stats import RatioEstimate
 from kvbench.timing import Protocol
 

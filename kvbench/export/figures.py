@@ -3,7 +3,7 @@
 A request run's TTFT and TPOT (medians over its requests, each with the order-statistic interval
 of a median) and its ITL percentiles (pooled over every step of every request, no interval); a
 contexts run's steady-state step and its first step after the prefill (medians over samples, with
-the same interval). Nothing is computed here: the numbers are kvbench.report.latency's rows, which
+the same interval). Nothing is computed here: the numbers are kvbench.report.record.latency's rows, which
 read kvbench.latency, and each figure's per-sample values come from kvbench.latency's per-sample
 functions, so an exported TTFT is the report's TTFT.
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from kvbench import latency
 from kvbench.record import RecordView
-from kvbench.report.latency import context_rows, latency_rows
+from kvbench.report.record.latency import context_rows, latency_rows
 
 MEDIAN_INTERVAL = ("95% order-statistic interval of the median over the samples (kvbench.stats.median_interval), "
                    "as `kvbench report` prints it")

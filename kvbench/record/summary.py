@@ -93,7 +93,7 @@ def summarize(repetitions: list[dict], checks: list[dict], baseline: str = "full
     summary = {"baseline": baseline, "cells": cells, "speedups": speedups}
     if estimator is not None:
         summary.update(estimator=estimator, interval=interval,
-                       controls=control_ratios(samples, control, estimator, "within" if between_run else interval,
+                       controls=control_ratios(samples, control, estimator, control_interval(interval, between_run),
                                                on_clock))
         if between_run is not None:
             summary["between_run"] = dict(between_run)
@@ -121,6 +121,13 @@ def request_latency(repetitions: list[dict], baseline: str, batch: int, between_
                                              "pairs": estimate.pairs}
         out.append(entry)
     return out
+
+
+def control_interval(interval: str, between_run: dict | None) -> str:
+    """The A/A control's interval: from this run's samples alone ("within") when the run records what varies
+    between runs, since the allowance is the same for every run and says nothing of this one's noise; else the
+    speedups' own. The writer and every reader ask here."""
+    return "within" if between_run else interval
 
 
 def control_ratios(samples: dict, control: str | None, estimator: str, interval: str, on_clock=None) -> list[dict]:

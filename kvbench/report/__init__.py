@@ -1,8 +1,12 @@
 """Everything kvbench shows is generated from records: tables, reports, plots, comparisons.
 
-Modules, bottom up: ``format`` (numbers, bytes, checks, escaping), ``model`` (the rows
-and the report built from a record), ``columns`` (the tables' columns), ``compare``
-(two records side by side), then one module per layout: ``terminal``, ``markdown``,
-``html``, ``plots``; ``asvfile`` reads asv's result files as records are read (every field checked),
-``asvresult`` shows one beside its capture, ``history`` and ``historypage`` chart them across commits.
+One subpackage per product, over ``format`` (numbers, bytes, checks, escaping, markdown
+tables, consoles), which every product shares:
+
+- ``record``: the report of one run: its model, its sections as data, and one module per
+  layout (``terminal``, ``markdown``, ``html``, ``plots``); a serving record's tables too.
+- ``comparison``: two records side by side (``compare``), their environments' differences,
+  the machine probe, several machines at once, and the comparison's layouts.
+- ``history``: asv's result files read as records are read (``asvfile``), one shown beside
+  its capture (``asvresult``), and charted across commits (``charts``, ``page``).
 """

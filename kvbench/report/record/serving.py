@@ -166,7 +166,7 @@ def memory_plot(record: dict, suffix: str = ".png") -> bytes:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from kvbench.report.plots import DPI, RC, color
+    from kvbench.report.record.plots import DPI, RC, color
 
     first = {}
     for kind in record["kinds"]:  # in the run's order of kinds, whatever order the rotation ran them in

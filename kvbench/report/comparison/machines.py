@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvbench.record import RecordView
-from kvbench.report.differences import environment_diff
+from kvbench.report.comparison.differences import environment_diff
 
 
 @dataclass(frozen=True)

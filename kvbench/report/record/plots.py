@@ -22,7 +22,7 @@ from matplotlib.legend import Legend
 from matplotlib.ticker import FuncFormatter, LogFormatter, NullFormatter
 from matplotlib.transforms import Bbox
 
-from kvbench.report.model import Report
+from kvbench.report.record.model import Report
 
 PLOT_FORMATS = {".png": "image/png", ".svg": "image/svg+xml"}
 DPI = 110
@@ -67,16 +67,6 @@ def _plain_numbers(axis) -> None:
 
 def _lengths(report: Report) -> list[int]:
     return sorted({row.length for row in report.rows})
-
-
-INTERVAL_NAMES = {"rerun": "rerun interval", "confidence": "confidence interval",
-                  "within": "within-run confidence interval", "percentile": "percentile bootstrap interval"}
-
-
-def interval_name(report: Report) -> str:
-    """The speedup interval the record used, in docs/statistics.md's words: "95% rerun interval"."""
-    kind = report.interval.split()[0] if report.interval else ""
-    return f"{report.confidence:.0%} {INTERVAL_NAMES.get(kind, report.interval)}"
 
 
 def _iqr_bars(rows, scale: float) -> list[list[float]]:
@@ -172,7 +162,7 @@ def panel_speedup(ax: Axes, report: Report) -> None:
     ax.set_title(f"Speedup vs {'context' if report.workload['kind'] == 'contexts' else 'length'} "
                  f"({report.baseline} / cached)")
     if drawn:
-        place_legend(ax, title=f"bars: {interval_name(report)}")
+        place_legend(ax, title=f"bars: {report.interval_name}")
     else:
         ax.text(0.5, 0.5, f"no {report.baseline!r} baseline: no speedups", transform=ax.transAxes, ha="center")
 
@@ -352,7 +342,7 @@ def render_panels(report: Report, suffix: str = ".png") -> dict[str, tuple[bytes
 
 def caption(name: str, report: Report) -> str:
     """What a panel shows, its intervals named as the record names them."""
-    interval = interval_name(report)
+    interval = report.interval_name
     captions = {
         "time": "Total time of one decode loop against length, log-log; bars are the interquartile range, "
                 "dashed lines the fitted a·T^b.",

@@ -1,6 +1,6 @@
 """The machine in a comparison: the machine probe of two records (kvbench.machine's fixed
 calls, timed at each run's ends) compared, what it says about the comparison in words, and
-which facts of a capture name a machine. kvbench.report.compare judges `full` against it.
+which facts of a capture name a machine. kvbench.report.comparison.compare judges `full` against it.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from kvbench import stats
 from kvbench.record import RecordView
-from kvbench.report.verdicts import WITHIN_NOISE, Change, change, judged_change
+from kvbench.report.comparison.verdicts import WITHIN_NOISE, Change, change, judged_change
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from kvbench import latency, stats
 from kvbench.config import PlainConfig
 from kvbench.modes import TRANSFORMERS, expected_bytes, source_of
 from kvbench.record import RecordView
-from kvbench.report.format import RERUN_INTERVAL, check_text, check_word, format_bytes, ms
+from kvbench.report.format import check_text, check_word, format_bytes, ms
 from kvbench.stats import RatioEstimate
 
 
@@ -29,7 +29,7 @@ class LatencyRow:
     ratios: dict  # "ttft" / "tpot" -> {"ratio", "low", "high", "pairs"}: the baseline's figure / this mode's
     check: dict | None
     valid: bool
-    marks: tuple[str, ...] = ()  # its cell's marks (kvbench.report.model.MARKS), set by the report
+    marks: tuple[str, ...] = ()  # its cell's marks (kvbench.report.record.model.MARKS), set by the report
 
 
 def latency_rows(view: RecordView) -> list[LatencyRow]:
@@ -178,7 +178,7 @@ class ContextRow:
     figures: dict  # kvbench.latency.context_latency: "step", "first_step", "samples"
     check: dict | None
     valid: bool
-    marks: tuple[str, ...] = ()  # its cell's marks (kvbench.report.model.MARKS), set by the report
+    marks: tuple[str, ...] = ()  # its cell's marks (kvbench.report.record.model.MARKS), set by the report
 
 
 def context_rows(view: RecordView) -> list[ContextRow]:
@@ -270,8 +270,8 @@ class PeerRow:
 
 def peer_rows(view: RecordView) -> list[PeerRow]:
     """Per length, kvbench's fastest exact cached kind over each exact transformers cache the run timed:
-    per-token time as a ratio (below 1, kvbench's step is faster), paired by rotation. Empty without an
-    hf-* mode, and for a request run (its latency table compares TPOT per mode)."""
+    per-token time as a ratio (below 1, kvbench's step is faster), paired by rotation, with the record's interval.
+    Empty without an hf-* mode, and for a request run (its latency table compares TPOT per mode)."""
     if (view.run.get("workload") or {}).get("kind") == "request":
         return []
     exact = lambda mode, length: (view.check(mode, length) or {}).get("exact", True)  # noqa: E731
@@ -286,7 +286,7 @@ def peer_rows(view: RecordView) -> list[PeerRow]:
         fastest = min(ours, key=lambda mode: view.summary(mode, length)["median"])
         for peer in peers:
             estimate = stats.speedup(view.speedup_samples(fastest, length), view.speedup_samples(peer, length),
-                                     estimator=view.estimation(length)["estimator"],
+                                     estimator=view.estimation(length)["estimator"], interval=view.interval,
                                      between_run=view.recorded_between_run, key=("peer", fastest, peer, length))
             if estimate is not None:
                 rows.append(PeerRow(length, fastest, peer, estimate,
@@ -294,12 +294,10 @@ def peer_rows(view: RecordView) -> list[PeerRow]:
     return rows
 
 
-PEER_COLUMNS = ("length", "kvbench", "transformers", "kvbench / transformers", RERUN_INTERVAL, "pairs")
-
-
-def peer_columns(contexts: bool) -> tuple[str, ...]:
-    """The peers table's columns: its rows are keyed by context in a contexts run, by length in a loop."""
-    return ("context", *PEER_COLUMNS[1:]) if contexts else PEER_COLUMNS
+def peer_columns(contexts: bool, interval: str) -> tuple[str, ...]:
+    """The peers table's columns: its rows are keyed by context in a contexts run, by length in a loop; `interval`
+    names the record's interval, which the ratios carry (kvbench.report.record.model.interval_name)."""
+    return ("context" if contexts else "length", "kvbench", "transformers", "kvbench / transformers", interval, "pairs")
 
 
 def peer_cells(row: PeerRow) -> list[str]:
@@ -310,5 +308,5 @@ def peer_cells(row: PeerRow) -> list[str]:
 
 
 PEER_NOTE = ("kvbench / transformers = median over rotations of kvbench's step (or loop) time over transformers' on the "
-             "same weights, each pair from one rotation, with its rerun interval; below 1 kvbench is faster. kvbench's "
+             "same weights, each pair from one rotation, with the run's interval; below 1 kvbench is faster. kvbench's "
              "side is its fastest exact kind at that length")

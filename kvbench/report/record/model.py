@@ -1,10 +1,11 @@
 """The report model: one pass over a record, computing everything a layout shows.
 
 `build_report` turns a :class:`~kvbench.record.RecordView` into a `Report`: one `Row`
-per measured (length, mode) cell with its spread, its speedup over the baseline with its
-95% interval, its bytes, check and marks, its times on the clock of its speedup; a scaling fit
-per mode (three lengths or more); the per-step profile. `kvbench run`'s table, `kvbench show` and `kvbench report` all lay out these
-rows; statistics come from kvbench.stats.
+per measured (length, mode) cell with its spread, its speedup over the baseline with the
+interval the record's run used (named by `interval_name`), its bytes, check and marks, its
+times on the clock of its speedup; a scaling fit per mode (three lengths or more); the per-step
+profile. kvbench.report.record.sections arranges it for `kvbench run`'s table, `kvbench show`
+and `kvbench report`; statistics come from kvbench.stats.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from kvbench.config import PlainConfig
 from kvbench.kinds import expected_cache_bytes
 from kvbench.modes import changes_representation
 from kvbench.record import RecordView, cell_statistics
-from kvbench.report import precision
-from kvbench.report.precision import LengthRow, clock_note, sampling_rows, title_of
-from kvbench.report.quality import model_sentence, quality_note, quality_rows
-from kvbench.report.latency import (
+from kvbench.record.summary import control_interval
+from kvbench.report.format import interval_name
+from kvbench.report.record import precision
+from kvbench.report.record.precision import LengthRow, clock_note, sampling_rows, title_of
+from kvbench.report.record.quality import model_sentence, quality_note, quality_rows
+from kvbench.report.record.latency import (
     ContextRow,
     context_rows,
     context_sentence,
@@ -169,7 +172,8 @@ class Report:
     notes: list[str] = field(default_factory=list)
     confidence: float = stats.CONFIDENCE
     estimator: str = "ratio-of-medians"  # schema-1 records: the ratio of medians with a paired bootstrap
-    interval: str = "percentile bootstrap"
+    interval: str = "percentile bootstrap"  # the speedups' interval: kvbench.stats.INTERVALS, or schema 1's
+    control_interval: str = "percentile bootstrap"  # the A/A control's (kvbench.record.summary.control_interval)
     between_run: float = 0.0  # the speedup intervals' allowance for variation between runs
     sampling: list[LengthRow] = field(default_factory=list)
     control: str | None = None
@@ -184,7 +188,7 @@ class Report:
     context_steps: list[ContextRow] = field(default_factory=list)  # a contexts run's steady and first steps
     context_note: str | None = None
     tradeoffs: list[Tradeoff] = field(default_factory=list)
-    verdict: str | None = None  # the run's verdict line (kvbench.report.precision.verdict)
+    verdict: str | None = None  # the run's verdict line (kvbench.report.record.precision.verdict)
     quality: list = field(default_factory=list)  # QualityRow: what each mode did to a real model's text
     quality_note: str | None = None
     model_note: str | None = None  # a real model's weights and text
@@ -208,6 +212,11 @@ class Report:
 
     def rows_of(self, mode: str) -> list[Row]:
         return [row for row in self.rows if row.mode == mode]
+
+    @property
+    def interval_name(self) -> str:
+        """The speedups' interval as the record names it: "95% rerun interval"."""
+        return interval_name(self.interval, self.confidence)
 
     def marks_used(self) -> list[str]:
         return [name for name in MARKS if any(name in row.marks for row in self.rows)]
@@ -354,6 +363,7 @@ def build_report(view: RecordView, seed: int = stats.SEED, resamples: int = stat
                             "per-rotation ratios, which covers less than 95% (50% with 2, 94% with 5)")
     if view.estimator is not None:
         report.estimator, report.interval, report.between_run = view.estimator, view.interval, view.recorded_between_run
+        report.control_interval = control_interval(view.interval, view.record["summary"].get("between_run"))
         noisy = {row.length for row in rows if "noisy" in row.marks}
         report.sampling, report.control, report.noise = sampling_rows(view, noisy), view.control, noise_summary(view)
         report.verdict = precision.verdict(view, report.sampling)
@@ -376,7 +386,7 @@ def build_report(view: RecordView, seed: int = stats.SEED, resamples: int = stat
 
 
 def contention_sentence(view: RecordView, report: Report) -> str | None:
-    """Why the run fell short of its precision, in words (kvbench.report.precision); None when it did not."""
+    """Why the run fell short of its precision, in words (kvbench.report.record.precision); None when it did not."""
     return precision.contention_sentence(view, report.sampling)
 
 

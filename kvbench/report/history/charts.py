@@ -1,7 +1,7 @@
 """The history model: asv's results across commits, per machine, judged by kvbench's rules.
 
 `build_history(results_dir)` reads every result file under ``<results_dir>/<machine>/`` as kvbench reads
-records (kvbench.report.asvfile: regular files of bounded size, every field checked) and the kvbench capture
+records (kvbench.report.history.asvfile: regular files of bounded size, every field checked) and the kvbench capture
 beside each (kvbench.asvtools), and
 returns one `Chart` per benchmark and parameter combination: one series per machine, a point per
 commit with its 95% confidence interval, and a `Step` between consecutive commits of a machine
@@ -28,9 +28,9 @@ from pathlib import Path
 
 from kvbench import stats
 from kvbench.asvtools import ASV_METADATA_FILES, AsvToolError, capture_path_for_result, load_capture
-from kvbench.report.asvfile import AsvResult, Checker, benchmark_metadata, load_result
-from kvbench.report.compare import ALPHA, FACTOR, Change, change
-from kvbench.report.differences import INFORMATIONAL, Difference, environment_diff
+from kvbench.report.history.asvfile import AsvResult, Checker, benchmark_metadata, load_result
+from kvbench.report.comparison.compare import ALPHA, FACTOR, Change, change
+from kvbench.report.comparison.differences import INFORMATIONAL, Difference, environment_diff
 from kvbench.stats import RatioEstimate
 
 SPEEDUP_BENCHMARK = "track_speedup"

@@ -1,10 +1,11 @@
-"""The tables' columns: a name, an alignment, a text and a style per row, defined once.
+"""The tables' texts, defined once: the timing table's columns (a name, an alignment, a text and a
+style per row) in each width's layout, and the cells and sentences of the sampling, trade-off and
+fit tables and of the legend.
 
 A column's ``text`` is plain text (``from_record`` when it carries a record's own strings,
-which layouts escape); its ``style`` names what the cell means ("failed",
-"invalid", "noisy", "marks"), and each renderer turns that into its own markup (rich
-styles, markdown emphasis, CSS classes). The layouts differ only in which columns they
-list.
+which markdown escapes); its ``style`` names what the cell means ("failed", "invalid", "noisy",
+"marks"). kvbench.report.record.sections turns these into sections, which each layout renders
+with its own markup (rich styles, markdown emphasis, CSS classes).
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from kvbench import stats
-from kvbench.report.format import RERUN_INTERVAL, check_text, check_word, format_bytes, ms, ratio
-from kvbench.report.model import MARKS, Noise, Profile, Report, Row
-from kvbench.report.precision import CLOCK_TEXTS, LengthRow, length_label, stop_text
+from kvbench.report.format import check_text, check_word, format_bytes, interval_name, ms, ratio
+from kvbench.report.record.model import MARKS, Noise, Profile, Report, Row
+from kvbench.report.record.precision import CLOCK_TEXTS, LengthRow, length_label, stop_text
 from kvbench.stats import PowerFit
 
 
@@ -28,12 +29,7 @@ class Column:
     from_record: bool = False  # the text carries a record's own strings: layouts must escape it
 
 
-LEGACY_INTERVAL = "95% interval"  # schema-1 records: a bootstrap over their repetitions, said in the legend
 CLOCK_HEADS = {"wall": "wall", "cpu": "CPU"}  # a time column's header names its clock
-
-
-def interval_name(report: Report) -> str:
-    return RERUN_INTERVAL if report.interval.startswith("rerun") else LEGACY_INTERVAL
 
 
 def speedup_text(row: Row) -> str:
@@ -93,8 +89,6 @@ def marks_of(row) -> str:
     return " ".join(MARKS[name][0] for name in row.marks)
 
 
-marks_text = marks_of
-
 
 def _check_style(row: Row) -> str | None:
     if row.check is None:
@@ -114,7 +108,7 @@ MODE = Column("mode", lambda row: row.mode, left=True, from_record=True)
 EQUIVALENCE = Column("equivalence", lambda row: check_text(row.check), left=True, style=_check_style,
                      from_record=True)
 GATE = Column("gate", lambda row: check_word(row.check), left=True, style=_check_style)  # its numbers: --wide
-MARKS_COLUMN = Column("marks", marks_text, left=True, style=lambda row: "marks")
+MARKS_COLUMN = Column("marks", marks_of, left=True, style=lambda row: "marks")
 N = Column("n", repetitions_text)
 SPEEDUP = Column("speedup", speedup_text, style=_invalid)
 PRECISION = Column("±", precision_text)
@@ -157,7 +151,7 @@ def row_columns(report: Report, clock: str, layout: str) -> tuple[Column, ...]:
     if layout == "standard":
         return (key, MODE, N, median, spread, *wall, unit, SPEEDUP, PRECISION, Column("KV bytes", bytes_pair), GATE,
                 MARKS_COLUMN)
-    interval = Column(interval_name(report), interval_text, style=_invalid)
+    interval = Column(report.interval_name, interval_text, style=_invalid)
     if layout == "wide":
         return (key, MODE, N, median, quartiles, spread, *wall, unit, SPEEDUP, PRECISION, interval,
                 Column("KV bytes", bytes_pair), EQUIVALENCE, MARKS_COLUMN)
@@ -166,13 +160,11 @@ def row_columns(report: Report, clock: str, layout: str) -> tuple[Column, ...]:
             EQUIVALENCE, MARKS_COLUMN)
 
 
-SAMPLING_COLUMNS = ("length", "rotations", "stopped", "widest ±", "A/A ratio", f"A/A {RERUN_INTERVAL}", "A/A ±",
-                    "clock")
-
-
 def sampling_columns(report: Report) -> tuple[str, ...]:
-    """The sampling table's header: its rows are keyed as the run's workload keys them."""
-    return ({"request": "request", "contexts": "context"}.get(report.kind, "length"), *SAMPLING_COLUMNS[1:])
+    """The sampling table's header: its rows are keyed as the run's workload keys them, and the A/A control's
+    interval is named as the record computed it."""
+    return ({"request": "request", "contexts": "context"}.get(report.kind, "length"), "rotations", "stopped",
+            "widest ±", "A/A ratio", f"A/A {interval_name(report.control_interval, report.confidence)}", "A/A ±", "clock")
 
 
 def sampling_cells(row: LengthRow, workload: dict | None = None) -> list[str]:
@@ -186,14 +178,14 @@ def sampling_cells(row: LengthRow, workload: dict | None = None) -> list[str]:
 def speedup_legend(report: Report) -> str:
     """What the speedup and its interval are, in one sentence."""
     if report.estimator == "ratio-of-medians" and report.interval == "percentile bootstrap":
-        return (f"speedup = median {report.baseline} / median mode; {LEGACY_INTERVAL} (this record predates the rerun "
-                f"interval): percentile bootstrap over repetition indices (pairs from the same rotation kept "
-                f"together), {stats.RESAMPLES:,} resamples, seed {stats.SEED}")
+        return (f"speedup = median {report.baseline} / median mode; {report.interval_name} (this record predates the "
+                f"rerun interval) over repetition indices (pairs from the same rotation kept together), "
+                f"{stats.RESAMPLES:,} resamples, seed {stats.SEED}")
     what = stats.ESTIMATORS.get(report.estimator, report.estimator)
     allowance = f" combined with {report.between_run:.1%} variation between runs" if report.between_run else ""
-    interval = (f"{RERUN_INTERVAL}: where an identical rerun's speedup falls (this run's order-statistic interval "
+    interval = (f"{report.interval_name}: where an identical rerun's speedup falls (this run's order-statistic interval "
                 f"of the median{allowance}, widened by √2)") if report.interval.startswith("rerun") else \
-        f"{LEGACY_INTERVAL}: {report.interval}"
+        f"{report.interval_name}: {stats.INTERVALS.get(report.interval, report.interval)}"
     return f"speedup = {what}; {interval}; ± = its relative half-width"
 
 
@@ -259,6 +251,9 @@ def tradeoff_cells(entry) -> list[str]:
             f"{entry.per_token * 1e6:.1f}", f"{entry.speedup.ratio:.2f}x" if entry.speedup else "-"]
 
 
-TRADEOFF_SENTENCE = ("Trade-off: bytes kept (of the float formula at that length), how far the logits drift from the "
-                     "full prefix (KL of next-token distributions, top-1 agreement), and time per token. An exact kind "
-                     "is judged by the tolerance; a lossy kind by its own limits, never called exact.")
+TRADEOFF_SENTENCE = ("bytes kept (of the float formula at that length), how far the logits drift from the full prefix "
+                     "(KL of next-token distributions, top-1 agreement), and time per token. An exact kind is judged by "
+                     "the tolerance; a lossy kind by its own limits, never called exact")
+FIT_SENTENCE = ("least squares on log(median time) against log(length). A full-prefix loop grows like T² to T³, a "
+                "cached loop like T to T²; fixed overhead at short lengths pulls b down, so the slope between the two "
+                "longest lengths shows where the growth is heading")

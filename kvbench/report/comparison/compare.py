@@ -26,10 +26,10 @@ from dataclasses import dataclass, field, replace
 
 from kvbench import latency, stats
 from kvbench.record import RecordView
-from kvbench.report.differences import RANKS, Difference, config_diff, environment_diff, work_differences, work_text
+from kvbench.report.comparison.differences import RANKS, Difference, config_diff, environment_diff, work_differences, work_text
 from kvbench.report.format import check_text, ms
-from kvbench.report.probe import MachineChange, machine_change, machine_identity_differences, machine_notes
-from kvbench.report.verdicts import (
+from kvbench.report.comparison.probe import MachineChange, machine_change, machine_identity_differences, machine_notes
+from kvbench.report.comparison.verdicts import (
     ALPHA,
     FACTOR,
     FASTER,

@@ -22,11 +22,9 @@ import datetime
 import hashlib
 import math
 
-from markupsafe import Markup
-
-from kvbench.report.compare import FASTER, SLOWER
-from kvbench.report.format import escape_html
-from kvbench.report.history import Chart, EnvironmentMark, History, Point, Step
+from kvbench.report.comparison.compare import FASTER, SLOWER
+from kvbench.report.format import Html
+from kvbench.report.history.charts import Chart, EnvironmentMark, History, Point, Step
 
 WIDTH, HEIGHT = 760, 260
 LEFT, RIGHT, TOP, BOTTOM = 70, 20, 20, 50
@@ -49,17 +47,6 @@ document.getElementById("filter").addEventListener("input", function (event) {
 });
 document.body.dataset.ready = "yes";
 """
-
-
-class Html(Markup):
-    """Markup that escapes everything else: a str formatted into it, joined with it or added to it is
-    escaped (control characters shown as escapes, as kvbench.report.format.escape_html does)."""
-
-    __slots__ = ()
-
-    @classmethod
-    def escape(cls, text: object) -> "Html":
-        return cls(text.__html__()) if hasattr(text, "__html__") else cls(escape_html(text))
 
 
 def script_hash(script: str) -> str:
