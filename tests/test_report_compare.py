@@ -85,6 +85,7 @@ def test_config_diff_ranks_workload_changes_critical_and_statistics_notable():
 
 def test_a_record_from_before_workloads_timed_the_loop_like_a_record_that_says_so():
     old = synthetic_record(scaling_seconds(repeats=5))
+    old["schema"] = "kvbench.record/2"  # written before the workload was: upgraded on reading
     old["run"].pop("workload", None)
     loop = synthetic_record(scaling_seconds(repeats=5))
     loop["run"]["workload"] = {"kind": "loop"}

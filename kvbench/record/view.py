@@ -9,6 +9,7 @@ from kvbench.config import PlainConfig
 from kvbench.record.entries import CellKey, Repetition, Workload
 from kvbench.record.store import load_record
 from kvbench.record.summary import by_cell, samples_by_cell
+from kvbench.record.upgrade import upgrade
 
 
 class RecordView:
@@ -23,6 +24,7 @@ class RecordView:
     """
 
     def __init__(self, record: dict, source: str = "record") -> None:
+        record = upgrade(record)  # an older record handed over unvalidated: the one shape all the same
         self.record = record
         self.source = source
         self.status: str = record["status"]
