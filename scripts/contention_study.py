@@ -143,7 +143,9 @@ class Run:
     @classmethod
     def from_record(cls, path: Path) -> Run:
         view = RecordView.load(path)
-        return cls(path.name, view.lengths, view.modes, view.record["repetitions"])
+        samples = [{"mode": rep.mode, "length": rep.length, "repetition": rep.repetition, "seconds": rep.seconds,
+                    "started": rep.started, **rep.telemetry} for rep in view.every_repetition()]
+        return cls(path.name, view.lengths, view.modes, samples)
 
     @classmethod
     def from_best_of(cls, path: Path) -> Run:

@@ -151,8 +151,8 @@ def byte_parts_rows(records: dict[str, RecordView]) -> list[list[str]]:
         config, length = PlainConfig.from_dict(view.config), view.lengths[-1]
         float_bytes = view.memory("static", length)["measured_bytes"]
         for mode in ("quantized-int8", "quantized-int4"):
-            options = view.run.get("cache_options", {}).get(mode, {})
-            parts = quantized_cache_parts(config, view.run["batch"], length, spec(mode).bits, **options)
+            options = view.cache_options(mode)
+            parts = quantized_cache_parts(config, view.batch, length, spec(mode).bits, **options)
             measured = view.memory(mode, length)["measured_bytes"]
             rows.append([f"{view.run['preset']} (D={config.head_dim}), T={length}", mode,
                          *(f"{parts[part] / float_bytes:.3f}" for part in ("codes", "key_scales", "value_scales",

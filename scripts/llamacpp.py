@@ -240,13 +240,13 @@ def kvbench_figures(path: Path, contexts: tuple[int, ...]) -> dict:
     from kvbench.record import RecordView
 
     view = RecordView.load(path)
-    workload, limits = view.run["workload"], view.record["limits"]
+    workload, limits = view.workload, view.limits
     figures = {"record": str(path), "triad": [entry["triad"] for entry in limits.get("rounds", [])],
                "weight_bytes": limits["weight_bytes_per_step"], "steps": {}, "cache_bytes": {}}
     for context in contexts:
         figures["steps"][str(context)] = {mode: {
-            "wall": [latency.context_figures(rep, workload["warmup_steps"])["step"] for rep in view.repetitions(mode, context)],
-            "cpu": [rep["cpu_seconds"] / workload["timed_steps"] for rep in view.repetitions(mode, context)]}
+            "wall": [latency.context_figures(rep, workload.warmup_steps)["step"] for rep in view.repetitions(mode, context)],
+            "cpu": [rep["cpu_seconds"] / workload.timed_steps for rep in view.repetitions(mode, context)]}
             for mode in view.modes}
         figures["cache_bytes"][str(context)] = view.memory("static", context)["measured_bytes"]
     return figures

@@ -62,7 +62,7 @@ def estimates(view: RecordView, estimator: str, rotations: int) -> dict[tuple[st
             mine = first(view.samples(mode, length), rotations)
             if base and mine:
                 out[(mode, length)] = stats.paired_ratio(base, mine, estimator, key=(mode, length), resamples=2000)
-        twin = view.run.get("control")
+        twin = view.control
         if twin:
             pair = stats.paired_ratio(first(view.samples(twin, length), rotations),
                                       first(view.samples("control", length), rotations), estimator,
@@ -242,9 +242,9 @@ def coverage_table(groups: dict[str, list[RecordView]], between_runs: tuple[floa
 
 
 def disturbed_share(views: list[RecordView]) -> str:
-    repetitions = [rep for view in views for rep in view.record["repetitions"]]
+    repetitions = [rep for view in views for rep in view.every_repetition()]
     total = len(repetitions)
-    disturbed, reasons = tally((rep["seconds"], rep) for rep in repetitions)
+    disturbed, reasons = tally((rep.seconds, rep.telemetry) for rep in repetitions)
     detail = ", ".join(f"{name} {count / total:.1%}" for name, count in reasons.items())
     return f"{disturbed / total:.1%} of {total} samples disturbed ({detail or 'none'})"
 

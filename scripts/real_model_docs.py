@@ -24,9 +24,9 @@ def block(path: Path) -> str:
     lines += markdown_table(QUALITY_COLUMNS, [[escape_markdown(text) for text in quality_cells(row)] for row in rows],
                             left=("mode", "greedy departs at"))
     lines += ["", escape_markdown(as_sentence(quality_note(view))), "", "Greedy text after the prompt "
-              f"{escape_markdown(repr(view.record['quality']['prompt_text']))}:", ""]
+              f"{escape_markdown(repr(view.quality['prompt_text']))}:", ""]
     lines += [f"- {escape_markdown(row.label)}: {escape_markdown(repr(row.sample))}" for row in rows]
-    entries = view.record["quality"]["modes"]
+    entries = view.quality["modes"]
     lines += ["", "Largest drift over the chunks (what the gate's limits are set against):", ""]
     lines += markdown_table(["mode", "max abs diff", "KL max", "KL mean", "top-1"], [
         [escape_markdown(row.label), f"{entry['max_abs_diff']:.3g}", f"{entry['kl_max']:.3g}",

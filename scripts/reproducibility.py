@@ -87,7 +87,7 @@ def check_pair(a: RecordView, b: RecordView, truth: dict[int, float]) -> dict:
         agree += disagreement <= 0.10
         worst = max(worst, disagreement)
     precise = [(view.source, entry["length"], entry["stop"], entry.get("half_width")) for view in (a, b)
-               for entry in view.sampling.get("lengths", [])]
+               for entry in view.sampling["lengths"]]
     power = compare_records(a, b, mapping={"slowed": "static"})
     slowed = {cell.length: cell for cell in power.cells if cell.mode == "slowed"}
     return {

@@ -300,5 +300,5 @@ def test_commands_that_read_loop_records_refuse_a_serving_record_in_one_line(cap
     record.write_text(json.dumps({"schema": "kvbench.serving/1"}))
     code, _, err = run_main(capsys, *[part.format(record=record, out=tmp_path / "out.json") for part in command])
     assert code == 2 and len(err.splitlines()) == 1, err
-    assert "a serving record ('kvbench.serving/1'): this command reads 'kvbench.record/2'" in err
+    assert "a serving record ('kvbench.serving/1'): this command reads 'kvbench.record/3'" in err
     assert "`kvbench report` reads serving records" in err and not (tmp_path / "out.json").exists()

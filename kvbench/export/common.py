@@ -95,10 +95,10 @@ def case_name(view: RecordView) -> str:
     preset = view.run["preset"]
     base = PlainConfig.from_preset(preset).to_dict() if preset in PRESETS else {}
     changed = [f"{key}={value}" for key, value in sorted(view.config.items()) if key not in base or base[key] != value]
-    workload = view.run.get("workload") or {"kind": "loop"}
-    if workload["kind"] == "request":
-        changed += [f"prompt={workload['prompt']}", f"generate={workload['generate']}"]
-    elif workload["kind"] == "contexts":
+    workload = view.workload
+    if workload.is_request:
+        changed += [f"prompt={workload.prompt}", f"generate={workload.generate}"]
+    elif workload.kind == "contexts":
         changed.append("contexts")
     defaults = Protocol()
     for key in ("batch", "threads"):

@@ -47,13 +47,13 @@ class Figure:
 
 def sample_meaning(view: RecordView) -> str:
     """What the seconds of one sample of this record cover."""
-    workload = view.run.get("workload") or {"kind": "loop"}
-    if workload["kind"] == "request":
+    workload = view.workload
+    if workload.is_request:
         return "one whole request, end to end: its prefill and every step"
-    if workload["kind"] == "contexts" and "timed_steps" in workload:
-        return (f"the {workload['timed_steps']} timed steps after the context's prefill and "
-                f"{workload['warmup_steps']} warm-up steps")
-    if workload["kind"] == "contexts":
+    if workload.timed_window:
+        return (f"the {workload.timed_steps} timed steps after the context's prefill and "
+                f"{workload.warmup_steps} warm-up steps")
+    if workload.kind == "contexts":
         return ("one decode step after the context's prefill, its cache's release timed with it (a record from "
                 "before the timed window)")
     return "one whole decode loop"
@@ -72,7 +72,7 @@ def request_figures(view: RecordView) -> dict[str, tuple[list[Figure], dict[str,
                            MEANINGS["itl"].format(level=level))
                     for level in latency.ITL_PERCENTILES if f"itl_p{level}" in row.figures]
         repetitions = view.repetitions(row.mode, view.lengths[0])
-        per_request = [latency.request_figures(rep, view.run["batch"]) for rep in repetitions]
+        per_request = [latency.request_figures(rep, view.batch) for rep in repetitions]
         series = {name: [f[name] for f in per_request if f[name] is not None] for name in ("ttft", "tpot")}
         series["itl"] = [step for rep in repetitions for step in rep["step_seconds"]]
         out[row.mode] = (figures, {name: values for name, values in series.items() if values})
@@ -83,7 +83,7 @@ def context_figures(view: RecordView) -> dict[tuple[str, int], tuple[list[Figure
     """(mode, context) -> (its figures, their per-sample values) for a contexts run with a timed window."""
     out = {}
     for row in context_rows(view):
-        warmup = view.run["workload"]["warmup_steps"]
+        warmup = view.workload.warmup_steps
         per_sample = [latency.context_figures(rep, warmup) for rep in view.repetitions(row.mode, row.context)]
         out[(row.mode, row.context)] = ([median_figure(name, row.figures[name]) for name in ("step", "first_step")],
                                         {name: [f[name] for f in per_sample] for name in ("step", "first_step")})

@@ -32,7 +32,7 @@ def check_run(record: dict) -> str | None:
     except ValueError as error:
         return f"config: {error}"
     run = record["run"]
-    known = [*RUNNABLE, *(kind for plugin in run.get("plugins", []) for kind in plugin["kinds"])]
+    known = [*RUNNABLE, *(kind for plugin in run["plugins"] for kind in plugin["kinds"])]
     unknown = [mode for mode in run["modes"] if mode not in known]
     if unknown:
         return f"run/modes: unknown mode {unknown[0]!r}; expected modes among {known} (plugins declare theirs)"
@@ -41,14 +41,14 @@ def check_run(record: dict) -> str | None:
             hf_architecture(config)  # the rule `kvbench run` refuses such a mode by
         except ValueError as error:
             return f"run/modes: {mode} runs transformers' twin of the model, and {error}"
-    control = run.get("control")
+    control = run["control"]
     if control is not None and (control not in run["modes"] or source_of(control) == FULL_PREFIX):
         return f"run/control: the A/A control repeats a cached mode of run.modes {run['modes']}, got {control!r}"
     protocol = record["protocol"]
     for name in ("repeats", "warmup", "batch", "seed", "threads", "per_step_length"):
         if name in protocol and name in run and protocol[name] != run[name]:
             return f"protocol/{name} is {protocol[name]!r}, but run/{name} is {run[name]!r}: one run has one protocol"
-    too_long = [length for length in [*run["lengths"], run.get("per_step_length") or 0] if length > config.max_length]
+    too_long = [length for length in [*run["lengths"], run["per_step_length"] or 0] if length > config.max_length]
     if too_long:
         return f"run/lengths: length {too_long[0]} exceeds the config's max_length {config.max_length}"
     return None
@@ -137,7 +137,7 @@ def sound_drift(check: dict, where: str) -> str | None:
 
 
 def sound_memory(record: dict, entry: dict, where: str) -> str | None:
-    mode, options = entry["mode"], record["run"].get("cache_options", {}).get(entry["mode"], {})
+    mode, options = entry["mode"], record["run"]["cache_options"].get(entry["mode"], {})  # a kind without options: none
     formula = entry["expected_bytes"]  # a plugin's kind: its formula is the plugin's, unknown here
     if source_of(mode) != PLUGIN:  # transformers' caches: what was measured
         formula = expected_bytes(mode, record_config(record), record["run"]["batch"], entry["length"],
@@ -169,14 +169,12 @@ def check_memory(record: dict) -> str | None:
 
 def labels(record: dict) -> list[str]:
     """The labels timed: the run's modes, and the A/A control when there is one."""
-    control = record["run"].get("control")
+    control = record["run"]["control"]
     return [*record["run"]["modes"], *([CONTROL] if control else [])]
 
 
 def planned_rotations(record: dict) -> dict[int, int]:
     """length -> rotations every label there must have in a complete record."""
-    if "sampling" not in record:  # schema 1: the fixed protocol
-        return {length: record["run"]["repeats"] for length in record["run"]["lengths"]}
     return {entry["length"]: entry["rotations"] for entry in record["sampling"]["lengths"]}
 
 
@@ -198,7 +196,7 @@ def check_repetitions(record: dict) -> str | None:
         indices.add(index)
     if record["status"] == "complete":
         untimeable = {key for key, check in by_cell(record["checks"]).items() if "error" in check}
-        untimeable |= {(CONTROL, n) for (mode, n) in untimeable if mode == run.get("control")}
+        untimeable |= {(CONTROL, n) for (mode, n) in untimeable if mode == run["control"]}
         rotations = planned_rotations(record)
         for mode, length in sorted(expected_cells - untimeable):
             found, planned = seen.get((mode, length), 0), rotations.get(length, run["repeats"])
@@ -208,9 +206,7 @@ def check_repetitions(record: dict) -> str | None:
 
 
 def check_sampling(record: dict) -> str | None:
-    """Schema 2: one entry per length run, at least run.repeats rotations unless cut short."""
-    if "sampling" not in record:
-        return None
+    """One entry per length run, at least run.repeats rotations unless cut short."""
     run, seen = record["run"], set()
     for entry in record["sampling"]["lengths"]:
         length = entry["length"]
@@ -230,7 +226,7 @@ def check_per_step(record: dict) -> str | None:
     for entry in record.get("per_step", []):
         if entry["mode"] not in run["modes"]:
             return f"per_step entry for mode {entry['mode']!r} is outside run.modes {run['modes']}"
-        if run.get("per_step_length") is not None and entry["length"] != run["per_step_length"]:
+        if run["per_step_length"] is not None and entry["length"] != run["per_step_length"]:
             return (f"per_step entry for mode {entry['mode']!r} has length {entry['length']}, "
                     f"but run.per_step_length is {run['per_step_length']}")
         if len(entry["seconds"]) != entry["length"]:
@@ -243,20 +239,20 @@ def check_summary(record: dict) -> str | None:
     """The summary must be exactly what the repetitions and checks give: no cell more, none less."""
     summary = record["summary"]
     try:
-        recomputed = summarize(record["repetitions"], record["checks"], summary.get("baseline", "full"),
-                               record["run"].get("control"), summary.get("estimator"), summary.get("interval"),
-                               summary.get("between_run"), (summary.get("estimation") or {}).get("rule"),
-                               record["run"]["threads"], record["run"].get("workload"), record["run"]["batch"])
+        recomputed = summarize(record["repetitions"], record["checks"], summary["baseline"], record["run"]["control"],
+                               summary["estimator"], summary["interval"], summary["between_run"],
+                               (summary["estimation"] or {}).get("rule"), record["run"]["threads"],
+                               record["run"]["workload"], record["run"]["batch"])
     except ArithmeticError as error:
         return f"summary: its repetitions cannot be summarized ({error})"
     sections = [("cells", ("median", "min", "max", "q1", "q3", "repetitions", "per_token_median")),
                 ("speedups", ("speedup",))]
-    if "estimator" in summary:
+    if summary["estimator"] is not None:
         sections = [sections[0], ("speedups", ("speedup", "low", "high", "pairs")),
                     ("controls", ("ratio", "low", "high", "pairs"))]
-    if summary.get("estimation") != recomputed.get("estimation"):
-        return (f"summary/estimation is {summary.get('estimation')}, but the telemetry of its repetitions gives "
-                f"{recomputed.get('estimation')}")
+    if summary["estimation"] != recomputed["estimation"]:
+        return (f"summary/estimation is {summary['estimation']}, but the telemetry of its repetitions gives "
+                f"{recomputed['estimation']}")
     if not close(summary.get("latency"), recomputed.get("latency")):
         return (f"summary/latency is not what the repetitions give: recorded {str(summary.get('latency'))[:200]}, "
                 f"recomputed {str(recomputed.get('latency'))[:200]}")
@@ -272,8 +268,6 @@ def check_summary(record: dict) -> str | None:
             if theirs is None:
                 return f"summary has no {section[:-1]} for {where}"
             for stat in stats:
-                if stat not in theirs and stat == "per_token_median":  # optional in schema 1
-                    continue
                 if not close(theirs[stat], mine[stat]):  # a stored value of another type differs, never crashes
                     return f"summary {stat} for {where} is {theirs[stat]}, but its repetitions give {mine[stat]}"
             if "valid" in mine and theirs["valid"] != mine["valid"]:
@@ -297,7 +291,7 @@ def close(a: object, b: object) -> bool:
 def check_workload(record: dict) -> str | None:
     """A request run's repetitions each time exactly its prompt's prefill and generate - 1 steps; a contexts
     run's, its warm-up and timed steps."""
-    workload = record["run"].get("workload") or {"kind": "loop"}
+    workload = record["run"]["workload"]
     if workload["kind"] == "contexts":
         return check_context_steps(record, workload)
     if workload["kind"] != "request":

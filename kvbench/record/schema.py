@@ -16,17 +16,18 @@ from kvbench import capture, estimation
 from kvbench.config import DTYPE_NAMES, FAMILIES, PRESET_NAME, WINDOW_PATTERNS
 from kvbench.files import first_non_finite
 from kvbench.kinds import FAILURES, KIND_NAME, WORKLOADS
+from kvbench.record.entries import TELEMETRY
 from kvbench.record.meaning import MEANING_CHECKS, RecordError
+from kvbench.record.upgrade import CURRENT, upgrade
 from kvbench.sampling import STOPS
 from kvbench.stats import ESTIMATORS, INTERVALS
 
-SCHEMA = "kvbench.record/2"
+SCHEMA = CURRENT  # "kvbench.record/3"
 SCHEMA_NAME, SCHEMA_VERSION = SCHEMA.split("/")
-READABLE = ("kvbench.record/1", SCHEMA)  # version 1: fixed repetitions, no telemetry, medians-ratio speedups
+# version 1: fixed repetitions, no telemetry, medians-ratio speedups; version 2: sections added over time.
+# Both are upgraded on load (kvbench.record.upgrade), then checked as a record of this version.
+READABLE = ("kvbench.record/1", "kvbench.record/2", SCHEMA)
 MAX_SAMPLE_SECONDS = 1e6  # one decode loop of more than 11 days is not a measurement (and overflows ratios)
-TELEMETRY = {"cpu_seconds": "number", "voluntary_switches": "integer", "involuntary_switches": "integer",
-             "runqueue_seconds": "number", "steal_seconds": "number", "throttled_seconds": "number",
-             "cpu_start": "integer", "cpu_end": "integer"}
 STATUSES = ("complete", "incomplete")
 MODE_NAME = f"^{KIND_NAME.pattern}$"  # plain words: nothing a terminal, markdown or HTML would interpret
 
@@ -249,7 +250,7 @@ def sampling_schema() -> dict:
 def _schema_v2() -> dict:
     """Version 2 adds the sampling section, per-sample rounds and telemetry, speedup intervals."""
     schema = copy.deepcopy(RECORD_SCHEMA_V1)
-    schema["properties"]["schema"] = {"const": SCHEMA}
+    schema["properties"]["schema"] = {"const": "kvbench.record/2"}
     schema["required"].append("sampling")
     _number = {"type": "number", "exclusiveMinimum": 0}
     _derived = {"type": ["integer", "null"], "minimum": 1}  # null: width / heads, mlp_ratio x width
@@ -301,19 +302,54 @@ def _schema_v2() -> dict:
     return schema
 
 
-RECORD_SCHEMA = _schema_v2()
-SCHEMAS = {"kvbench.record/1": RECORD_SCHEMA_V1, SCHEMA: RECORD_SCHEMA}
+def _schema_v3() -> dict:
+    """Version 3: what version 2 left to be absent in older records is always there (kvbench.record.upgrade fills
+    it in older ones): the run's workload, control, plugins, cache options and per-step length; the summary's
+    baseline, estimator, interval, controls, between-run allowance, estimation and per-token medians. Null
+    states what an older run did not do: no interval (schema 1's ratio of medians), no between-run widening, wall
+    time everywhere, no start time or telemetry for schema 1's samples."""
+    schema = copy.deepcopy(RECORD_SCHEMA_V2)
+    properties = schema["properties"]
+    properties["schema"] = {"const": SCHEMA}
+    run = properties["run"]
+    run["required"] = [*run["required"], "workload", "control", "plugins", "cache_options", "per_step_length"]
+    summary = properties["summary"]
+    summary["required"] = [*summary["required"], "baseline", "between_run", "estimation"]
+    nullable = lambda rule: {"anyOf": [{"type": "null"}, rule]}  # noqa: E731
+    for name in ("estimator", "interval", "between_run", "estimation"):
+        summary["properties"][name] = nullable(summary["properties"][name])
+    summary["properties"]["cells"]["items"]["required"].append("per_token_median")
+    speedup = summary["properties"]["speedups"]["items"]
+    speedup["properties"] = {**speedup["properties"], "low": {"type": ["number", "null"]},
+                             "high": {"type": ["number", "null"]}, "pairs": {"type": ["integer", "null"], "minimum": 0}}
+    started = properties["repetitions"]["items"]["properties"]["started"]
+    started["type"] = ["number", "null"]
+    return schema
+
+
+RECORD_SCHEMA_V2 = _schema_v2()
+RECORD_SCHEMA = _schema_v3()
+SCHEMAS = {"kvbench.record/1": RECORD_SCHEMA_V1, "kvbench.record/2": RECORD_SCHEMA_V2, SCHEMA: RECORD_SCHEMA}
+
+
+def check_shape(record: dict, schema: str, source: str) -> None:
+    """Raise RecordError naming the first place where the record departs from that version's JSON schema."""
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(SCHEMAS[schema]).iter_errors(record))
+    if error is not None:
+        where = "/".join(str(part) for part in error.absolute_path) or "(top level)"
+        raise RecordError(f"{source}: {where}: {error.message}")
 
 
 def validate_record(record: object, source: str = "record") -> dict:
-    """Raise RecordError naming the first problem; return the record when it is sound."""
+    """Raise RecordError naming the first problem; return the record, in this version's shape, when it is sound
+    (an older record is upgraded first: kvbench.record.upgrade)."""
     if not isinstance(record, dict):
         raise RecordError(f"{source}: expected a JSON object with schema {SCHEMA!r}, got {type(record).__name__}")
     found = record.get("schema")
     if found not in READABLE:
         if isinstance(found, str) and found.startswith(SCHEMA_NAME + "/"):
             raise RecordError(f"{source}: unsupported schema version {found!r}; this kvbench reads "
-                              f"{' and '.join(map(repr, READABLE))}")
+                              f"{', '.join(map(repr, READABLE[:-1]))} and {READABLE[-1]!r}")
         if found == "kvbench.serving/1":  # a serving run's record (kvbench.cli.serve): its own tables and plot
             raise RecordError(f"{source}: a serving record ('kvbench.serving/1'): this command reads {SCHEMA!r} "
                               "records; `kvbench report` reads serving records")
@@ -321,10 +357,10 @@ def validate_record(record: object, source: str = "record") -> dict:
     non_finite = first_non_finite(record)
     if non_finite is not None:
         raise RecordError(f"{source}: {non_finite[0]}: not a finite number")
-    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(SCHEMAS[found]).iter_errors(record))
-    if error is not None:
-        where = "/".join(str(part) for part in error.absolute_path) or "(top level)"
-        raise RecordError(f"{source}: {where}: {error.message}")
+    check_shape(record, found, source)
+    if found != SCHEMA:  # an older record: upgraded, then held to this version like a record written today
+        record = upgrade(record)
+        check_shape(record, SCHEMA, f"{source} (upgraded from {found})")
     for check in MEANING_CHECKS:
         problem = check(record)
         if problem:

@@ -9,6 +9,7 @@ from kvbench import estimation, stats
 from kvbench.files import OutputExistsError, UnreadableFileError, read_json, write_json_atomic
 from kvbench.record.schema import SCHEMA, RecordError, validate_record
 from kvbench.record.summary import summarize
+from kvbench.record.upgrade import complete_run
 
 DEFAULT_RECORDS_DIR = Path("results") / "records"
 
@@ -27,23 +28,25 @@ def build_record(
     per_step: list[dict] | None = None, sampling: dict | None = None, machine_probe: dict | None = None,
     limits: dict | None = None, compile_seconds: dict | None = None, sections: dict | None = None,
 ) -> dict:
-    """A validated schema-2 record. Without `sampling`, every length ran the fixed protocol. `sections`: the
-    optional ones a run adds (a real model's `model` and `token_ids`, its `quality` on text)."""
+    """A validated record of the current schema. Without `sampling`, every length ran the fixed protocol; a run
+    that names no workload, control, plugins or cache options had none (kvbench.record.upgrade.complete_run).
+    `sections`: the optional ones a run adds (a real model's `model` and `token_ids`, its `quality` on text)."""
+    run = complete_run(run)
     record = {
         "schema": SCHEMA,
         "status": status,
         "created_utc": utc_now(),
         "command": list(command),
         "config": config,
-        "run": {"control": None, **run},
+        "run": run,
         "protocol": protocol,
         "environment": environment,
         "checks": checks,
         "repetitions": repetitions,
         "sampling": sampling or fixed_sampling(run, repetitions, status),
-        "summary": summarize(repetitions, checks, control=run.get("control"), estimator=stats.DEFAULT_ESTIMATOR,
+        "summary": summarize(repetitions, checks, control=run["control"], estimator=stats.DEFAULT_ESTIMATOR,
                              interval=stats.DEFAULT_INTERVAL, rule=estimation.RULE, threads=run["threads"],
-                             workload=run.get("workload"), batch=run["batch"],
+                             workload=run["workload"], batch=run["batch"],
                              between_run={"speedup": protocol.get("between_run", stats.BETWEEN_RUN["speedup"]),
                                           "seconds": stats.BETWEEN_RUN["seconds"]}),
         "memory": memory,
@@ -87,7 +90,8 @@ def write_record(record: dict, path: Path | str, force: bool = False) -> Path:
 
 
 def load_record(path: Path | str) -> dict:
-    """Read a record from a regular file (bounded, finite, shallow JSON) and validate it."""
+    """Read a record from a regular file (bounded, finite, shallow JSON) and validate it: an older record comes
+    back upgraded to the current schema (kvbench.record.upgrade); the file is left as it is."""
     try:
         record = read_json(path, "kvbench record")
     except UnreadableFileError as error:

@@ -11,6 +11,7 @@ import statistics
 from kvbench import estimation as clocks
 from kvbench import latency, stats
 from kvbench.modes import CONTROL
+from kvbench.record.entries import CellKey
 
 
 def cell_statistics(seconds: list[float]) -> dict:
@@ -29,17 +30,17 @@ def cell_statistics(seconds: list[float]) -> dict:
     }
 
 
-def samples_by_cell(repetitions: list[dict]) -> dict[tuple[str, int], dict[int, float]]:
+def samples_by_cell(repetitions: list[dict]) -> dict[CellKey, dict[int, float]]:
     """{(mode, length): {repetition: seconds}}, cells in the order their first sample ran."""
-    cells: dict[tuple[str, int], dict[int, float]] = {}
+    cells: dict[CellKey, dict[int, float]] = {}
     for rep in repetitions:
-        cells.setdefault((rep["mode"], rep["length"]), {})[rep["repetition"]] = rep["seconds"]
+        cells.setdefault(CellKey.of(rep), {})[rep["repetition"]] = rep["seconds"]
     return cells
 
 
-def by_cell(entries: list[dict]) -> dict[tuple[str, int], dict]:
+def by_cell(entries: list[dict]) -> dict[CellKey, dict]:
     """{(mode, length): entry} for a list of per-cell entries (checks, memory, summary cells)."""
-    return {(entry["mode"], entry["length"]): entry for entry in entries}
+    return {CellKey.of(entry): entry for entry in entries}
 
 
 def summarize(repetitions: list[dict], checks: list[dict], baseline: str = "full", control: str | None = None,
@@ -83,18 +84,18 @@ def summarize(repetitions: list[dict], checks: list[dict], baseline: str = "full
         if label == baseline or base is None:
             continue
         entry = {"mode": label, "length": length, "speedup": base["median"] / cell["median"],
-                 "valid": cell["valid"] and base["valid"]}
+                 "valid": cell["valid"] and base["valid"], "low": None, "high": None, "pairs": None}
         if estimator is not None:
             estimate = stats.speedup(on_clock(baseline, length), on_clock(label, length), estimator=estimator,
                                      interval=interval, between_run=(between_run or {}).get("speedup", 0.0),
                                      key=(label, length))
             entry.update(speedup=estimate.ratio, low=estimate.low, high=estimate.high, pairs=estimate.pairs)
         speedups.append(entry)
-    summary = {"baseline": baseline, "cells": cells, "speedups": speedups}
+    summary = {"baseline": baseline, "cells": cells, "speedups": speedups, "estimator": estimator,
+               "interval": interval, "controls": [], "between_run": None, "estimation": None}
     if estimator is not None:
-        summary.update(estimator=estimator, interval=interval,
-                       controls=control_ratios(samples, control, estimator, control_interval(interval, between_run),
-                                               on_clock))
+        summary["controls"] = control_ratios(samples, control, estimator, control_interval(interval, between_run),
+                                             on_clock)
         if between_run is not None:
             summary["between_run"] = dict(between_run)
         if rule is not None:

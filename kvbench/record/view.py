@@ -6,20 +6,25 @@ from pathlib import Path
 
 from kvbench import estimation, stats
 from kvbench.config import PlainConfig
+from kvbench.record.entries import CellKey, Repetition, Workload
 from kvbench.record.store import load_record
-from kvbench.record.summary import by_cell, samples_by_cell
+from kvbench.record.summary import by_cell, control_interval, samples_by_cell
+from kvbench.record.upgrade import upgrade
 
 
 class RecordView:
     """Read-only access to a validated record, indexed once: every reader goes through it.
 
-    Cells are (mode, length) pairs. The record's sections are attributes (status,
-    created_utc, command, config, run, protocol, environment, baseline, modes, lengths);
-    accessors return the record's own entries (do not modify them) or None where the
-    record has none for that cell.
+    The record is in the current schema (an older one was upgraded on load), so nothing here or in a
+    reader defaults a section by the record's age. Cells are (mode, length) pairs (kvbench.record.entries
+    .CellKey, equal to the plain tuple). The record's sections are attributes (status, created_utc, command,
+    config, run, protocol, environment, baseline, modes, lengths, workload, limits, machine_probe, ...);
+    accessors return the record's own entries (do not modify them) or None where the record has none for
+    that cell.
     """
 
     def __init__(self, record: dict, source: str = "record") -> None:
+        record = upgrade(record)  # an older record handed over unvalidated: the one shape all the same
         self.record = record
         self.source = source
         self.status: str = record["status"]
@@ -32,27 +37,41 @@ class RecordView:
         self.run: dict = record["run"]
         self.protocol: dict = record["protocol"]
         self.environment: dict = record["environment"]
-        self.baseline: str = record["summary"].get("baseline", "full")
+        summary = record["summary"]
+        self.baseline: str = summary["baseline"]
         self.modes: list[str] = list(self.run["modes"])
         self.lengths: list[int] = list(self.run["lengths"])
         self.planned_repeats: int = self.run["repeats"]
-        self.per_step: list[dict] = record.get("per_step") or []
-        self.control: str | None = self.run.get("control")
-        self.estimator: str | None = record["summary"].get("estimator")  # None: schema 1, ratio of medians
-        self.interval: str | None = record["summary"].get("interval")
-        self.controls: list[dict] = record["summary"].get("controls", [])
+        self.workload = Workload.from_dict(self.run["workload"])
+        self.batch: int = self.run["batch"]
+        self.threads: int = self.run["threads"]
+        self.per_step: list[dict] = record.get("per_step", [])  # a run with a profile (--per-step) has one
+        self.control: str | None = self.run["control"]
+        self.estimator: str | None = summary["estimator"]  # None: schema 1, ratio of medians
+        self.interval: str | None = summary["interval"]
+        self.controls: list[dict] = summary["controls"]
         # What varies between runs of the same code that one run cannot show; records written before it
         # was recorded get the defaults when compared (their own intervals stay as they were written).
-        self.between_run: dict = dict(record["summary"].get("between_run") or stats.BETWEEN_RUN)
-        self.recorded_between_run: float = (record["summary"].get("between_run") or {}).get("speedup", 0.0)
-        self.machine_probe: dict | None = record.get("machine_probe")  # None before 2026-12-01
-        self.sampling: dict = record.get("sampling") or {}
-        self._sampling = {entry["length"]: entry for entry in self.sampling.get("lengths", [])}
-        self._repetitions: dict[tuple[str, int], list[dict]] = {}
+        self.between_run: dict = dict(summary["between_run"] or stats.BETWEEN_RUN)
+        self.recorded_between_run: float = (summary["between_run"] or {"speedup": 0.0})["speedup"]
+        # The A/A control's interval, as the writer chose it; None for a ratio-of-medians (schema 1) record
+        self.control_interval: str | None = (control_interval(self.interval, summary["between_run"])
+                                             if self.estimator is not None else None)
+        self.machine_probe: dict | None = record.get("machine_probe")  # None: runs before 2026-12-01
+        # The machine's limits (kvbench.machine): request and contexts runs since 2026-12-01; None otherwise
+        self.limits: dict | None = record.get("limits")
+        # A real model's run (kvbench.gguf, kvbench.quality): the GGUF file, its token ids, its text's quality
+        self.model_file: dict | None = record.get("model")
+        self.token_ids: dict | None = record.get("token_ids")
+        self.quality: dict | None = record.get("quality")
+        self.sampling: dict = record["sampling"]
+        self._sampling = {entry["length"]: entry for entry in self.sampling["lengths"]}
+        self._repetitions: dict[CellKey, list[dict]] = {}
         for rep in record["repetitions"]:
-            self._repetitions.setdefault((rep["mode"], rep["length"]), []).append(rep)
+            self._repetitions.setdefault(CellKey.of(rep), []).append(rep)
         self._samples = samples_by_cell(record["repetitions"])
-        self._estimation = {entry["length"]: entry for entry in (record["summary"].get("estimation") or {}).get("lengths", [])}
+        self._latency = by_cell(summary.get("latency", []))  # request runs only
+        self._estimation = {entry["length"]: entry for entry in (summary["estimation"] or {"lengths": []})["lengths"]}
         self._clocked = {clock: estimation.series(record["repetitions"], clock)
                          for clock in {entry["clock"] for entry in self._estimation.values()} - {"wall"}}
         self._checks = by_cell(record["checks"])
@@ -64,11 +83,11 @@ class RecordView:
     def load(cls, path: Path | str) -> RecordView:
         return cls(load_record(path), str(path))
 
-    def grid(self) -> list[tuple[str, int]]:
+    def grid(self) -> list[CellKey]:
         """Every planned cell in the run's order: lengths outer, modes inner."""
-        return [(mode, length) for length in self.lengths for mode in self.modes]
+        return [CellKey(mode, length) for length in self.lengths for mode in self.modes]
 
-    def cells(self) -> list[tuple[str, int]]:
+    def cells(self) -> list[CellKey]:
         """The planned cells that have at least one repetition, in the run's order."""
         return [cell for cell in self.grid() if cell in self._samples]
 
@@ -109,8 +128,21 @@ class RecordView:
         return self._speedups.get((mode, length))
 
     def repetitions(self, mode: str, length: int) -> list[dict]:
-        """The raw repetitions of one cell (with their telemetry in schema 2), in the order run."""
+        """The raw repetitions of one cell (with their telemetry), in the order run."""
         return list(self._repetitions.get((mode, length), []))
+
+    def every_repetition(self) -> list[Repetition]:
+        """Every timed sample of the run, A/A control's included, in the record's order."""
+        return [Repetition.from_dict(rep) for rep in self.record["repetitions"]]
+
+    def latency(self, mode: str, length: int) -> dict | None:
+        """A request run's latency figures of one cell (kvbench.latency.mode_latency, with its TTFT and TPOT
+        ratios to the baseline under "ratios"); None for any other run, or a cell it never timed."""
+        return self._latency.get((mode, length))
+
+    def cache_options(self, mode: str) -> dict:
+        """The options the run gave this mode's cache (kvbench.modes): empty for a mode without any."""
+        return dict(self.run["cache_options"].get(mode, {}))
 
     def planned(self, length: int) -> int:
         """Rotations a complete run made at this length (run.repeats under the fixed protocol)."""
@@ -118,13 +150,13 @@ class RecordView:
         return entry["rotations"] if entry and entry["stop"] != "interrupted" else self.planned_repeats
 
     def length_sampling(self, length: int) -> dict | None:
-        """Schema 2: how many rotations this length ran, why it stopped, how precise it got."""
+        """How many rotations this length ran, why it stopped, how precise it got (None: a length never run)."""
         return self._sampling.get(length)
 
     def probe_seconds(self, call: str) -> list[float]:
         """Every timed call of one machine-probe call, both phases (empty without a probe)."""
-        probe = self.machine_probe or {}
-        return [s for phase in ("start", "end") for s in (probe.get(phase) or {}).get(call, [])]
+        probe = self.machine_probe or {}  # its end phase is absent when the run was cut short
+        return [s for phase in ("start", "end") for s in probe.get(phase, {}).get(call, [])]
 
     def passed(self, mode: str, length: int) -> bool:
         check = self.check(mode, length)

@@ -257,8 +257,8 @@ def latency_changes(old: RecordView, new: RecordView, mapping: dict[str, str], *
                     alpha: float) -> list[LatencyChange]:
     """Two request runs of the same prompt and length: each mode's TTFT and TPOT, NEW / OLD, judged by its
     ratio to full's unless full's own figure changed beyond its noise."""
-    shapes = [view.run.get("workload") or {} for view in (old, new)]
-    if shapes[0].get("kind") != "request" or shapes[0] != shapes[1]:
+    shapes = [view.workload for view in (old, new)]
+    if not shapes[0].is_request or shapes[0] != shapes[1]:
         return []
     length, options = new.lengths[0], {"factor": factor, "alpha": alpha}
 

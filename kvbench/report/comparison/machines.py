@@ -57,7 +57,7 @@ def across(views: list[RecordView]) -> tuple[list[str], list[CellAcross], list[l
         found = []
         for index, view in enumerate(views):
             entry = view.speedup(mode, length)
-            if entry is not None and "low" in entry:
+            if entry is not None and entry["low"] is not None:  # schema 1: no interval
                 found.append(MachineSpeedup(index, entry["speedup"], entry["low"], entry["high"], entry["valid"]))
         if len(found) >= 2:
             cells.append(CellAcross(mode, length, found))

@@ -33,18 +33,16 @@ class LatencyRow:
 
 
 def latency_rows(view: RecordView) -> list[LatencyRow]:
-    workload = view.run.get("workload") or {}
-    if workload.get("kind") != "request":
+    workload = view.workload
+    if not workload.is_request:
         return []
     rows = []
-    entries = sorted(view.record["summary"].get("latency", []),
-                     key=lambda entry: view.modes.index(entry["mode"]) if entry["mode"] in view.modes else len(view.modes))
-    for entry in entries:
-        if entry["mode"] not in view.modes:  # the A/A control is the sampling table's
+    for mode, length in view.cells():  # the run's modes in order; the A/A control is the sampling table's
+        entry = view.latency(mode, length)
+        if entry is None or mode not in view.modes:
             continue
-        mode, length = entry["mode"], entry["length"]
-        rows.append(LatencyRow(mode, workload["prompt"], workload["generate"], entry["requests"], entry,
-                               entry.get("ratios", {}), view.check(mode, length),
+        rows.append(LatencyRow(mode, workload.prompt, workload.generate, entry["requests"], entry,
+                               entry["ratios"], view.check(mode, length),
                                view.passed(mode, length) and view.passed(view.baseline, length)))
     return rows
 
@@ -93,7 +91,7 @@ def latency_compact_cells(row: LatencyRow) -> list[str]:
 
 def timer_sentence(view: RecordView) -> str:
     """What timing every step cost it, against the shortest step reported ("" when not measured)."""
-    cost = (view.sampling.get("telemetry") or {}).get("per_step_timer_seconds")
+    cost = view.sampling["telemetry"].get("per_step_timer_seconds")  # measured by request runs
     steps = [s for mode, length in view.cells() for rep in view.repetitions(mode, length) for s in rep["step_seconds"]]
     if cost is None or not steps:
         return ""
@@ -134,13 +132,13 @@ class LimitRow:
 def limit_rows(view: RecordView) -> list[LimitRow]:
     """Contexts runs: every cached mode's step at every context; request runs: every mode's prefill and
     every cached mode's average decode step (at the request's middle context)."""
-    limits, workload = view.record.get("limits"), view.run.get("workload") or {}
+    limits = view.limits
     if not limits:
         return []
-    config, batch, weights = PlainConfig.from_dict(view.config), view.run["batch"], limits["weight_bytes_per_step"]
-    roofs = (latency.bandwidth_limit(limits, view.run["threads"]), latency.compute_limit(limits))
+    config, batch, weights = PlainConfig.from_dict(view.config), view.batch, limits["weight_bytes_per_step"]
+    roofs = (latency.bandwidth_limit(limits, view.threads), latency.compute_limit(limits))
     rows = []
-    if workload.get("kind") == "contexts":
+    if view.workload.kind == "contexts":
         for mode, length in view.cells():
             memory = view.memory(mode, length)
             if mode == view.baseline or mode not in view.modes or memory is None:
@@ -155,7 +153,7 @@ def limit_rows(view: RecordView) -> list[LimitRow]:
         if row.mode != view.baseline and "tpot" in row.figures:
             middle = row.prompt + row.generate // 2
             step = latency.decode_step(weights, expected_bytes(row.mode, config, batch, middle, nominal=True,
-                                                               **view.run.get("cache_options", {}).get(row.mode, {})),
+                                                               **view.cache_options(row.mode)),
                                        config, batch, middle)
             rows.append(LimitRow(row.mode, f"decode @ {middle} (TPOT)", row.figures["tpot"]["median"], step["bytes"],
                                  step["flops"], *roofs, latency.matmul_floor(config, batch, limits)))
@@ -165,7 +163,7 @@ def limit_rows(view: RecordView) -> list[LimitRow]:
 def context_step_seconds(view: RecordView, mode: str, length: int) -> float:
     """A contexts run's per-step figure: the median steady-state step; a record from before the timed window
     holds one cold step per sample (its cache's release timed with it), shown as it was."""
-    warmup = (view.run.get("workload") or {}).get("warmup_steps")
+    warmup = view.workload.warmup_steps
     if warmup is None:
         return statistics.median(view.speedup_samples(mode, length).values())
     return latency.context_latency(view.repetitions(mode, length), warmup)["step"]["median"]
@@ -184,10 +182,9 @@ class ContextRow:
 def context_rows(view: RecordView) -> list[ContextRow]:
     """A contexts run with a timed window (every record since 2026-12-03): per context and mode, the steady-state
     step and the first step after the prefill."""
-    workload = view.run.get("workload") or {}
-    if workload.get("kind") != "contexts" or "timed_steps" not in workload:
+    if not view.workload.timed_window:
         return []
-    return [ContextRow(mode, length, latency.context_latency(view.repetitions(mode, length), workload["warmup_steps"]),
+    return [ContextRow(mode, length, latency.context_latency(view.repetitions(mode, length), view.workload.warmup_steps),
                        view.check(mode, length), view.passed(mode, length))
             for length in view.lengths for mode in view.modes if view.repetitions(mode, length)]
 
@@ -203,9 +200,9 @@ def context_cells(row: ContextRow) -> list[str]:
 
 
 def context_sentence(view: RecordView) -> str:
-    workload = view.run["workload"]
-    return (f"Per sample and context c: a fresh cache, a prefill of c tokens and {workload['warmup_steps']} warm-up "
-            f"steps, untimed, then {workload['timed_steps']} consecutive steps, each timed on its own; the cache is "
+    workload = view.workload
+    return (f"Per sample and context c: a fresh cache, a prefill of c tokens and {workload.warmup_steps} warm-up "
+            f"steps, untimed, then {workload.timed_steps} consecutive steps, each timed on its own; the cache is "
             f"released after them, untimed. step: the mean of the timed steps, the per-token cost at that context "
             f"(the speedups compare the timed windows); first step: the one right after the prefill, paid once per "
             f"prompt; medians over samples with their 95% intervals")
@@ -223,11 +220,11 @@ def limit_cells(row: LimitRow) -> list[str]:
 
 
 def limit_sentence(view: RecordView) -> str:
-    limits = view.record["limits"]
-    bandwidth, compute = latency.bandwidth_limit(limits, view.run["threads"]), latency.compute_limit(limits)
+    limits = view.limits
+    bandwidth, compute = latency.bandwidth_limit(limits, view.threads), latency.compute_limit(limits)
     when = (f"at the start of each of its {len(limits['rounds'])} rounds, beside the samples (medians)"
             if limits.get("rounds") else "once, before the samples")
-    return (f"The machine's limits, measured in this run {when}: triad {bandwidth / 1e9:.1f} GB/s on {view.run['threads']} "
+    return (f"The machine's limits, measured in this run {when}: triad {bandwidth / 1e9:.1f} GB/s on {view.threads} "
             f"thread(s) over {format_bytes(limits['buffer_bytes'])} arrays, matmul {compute / 1e9:.1f} GFLOP/s at the "
             f"model's shapes. A decode step must read every weight once ({format_bytes(limits['weight_bytes_per_step'])}"
             f", embedding rows aside) and the cache it attends to; % of bandwidth is those bytes over the step's median "
@@ -238,8 +235,7 @@ def limit_sentence(view: RecordView) -> str:
 def step_quartiles(view: RecordView) -> dict[str, list[tuple[float, float, float]]]:
     """A request run: per mode, the (first quartile, median, third quartile) over its requests of each step's
     duration (step j at context P + j)."""
-    workload = view.run.get("workload") or {}
-    if workload.get("kind") != "request":
+    if not view.workload.is_request:
         return {}
     out = {}
     for mode, length in view.cells():
@@ -272,7 +268,7 @@ def peer_rows(view: RecordView) -> list[PeerRow]:
     """Per length, kvbench's fastest exact cached kind over each exact transformers cache the run timed:
     per-token time as a ratio (below 1, kvbench's step is faster), paired by rotation, with the record's interval.
     Empty without an hf-* mode, and for a request run (its latency table compares TPOT per mode)."""
-    if (view.run.get("workload") or {}).get("kind") == "request":
+    if view.workload.is_request:
         return []
     exact = lambda mode, length: (view.check(mode, length) or {}).get("exact", True)  # noqa: E731
     rows = []

@@ -19,7 +19,6 @@ from kvbench.config import PlainConfig
 from kvbench.kinds import expected_cache_bytes
 from kvbench.modes import changes_representation
 from kvbench.record import RecordView, cell_statistics
-from kvbench.record.summary import control_interval
 from kvbench.report.format import interval_name
 from kvbench.report.record import precision
 from kvbench.report.record.precision import LengthRow, clock_note, sampling_rows, title_of
@@ -274,7 +273,7 @@ def build_rows(view: RecordView, seed: int = stats.SEED, resamples: int = stats.
                                             between_run=view.recorded_between_run, key=(mode, length))
         repetitions = view.repetitions(mode, length)
         trend = stats.trend([r["started"] for r in repetitions], [r["seconds"] for r in repetitions]) \
-            if repetitions and "started" in repetitions[0] else None
+            if repetitions and repetitions[0]["started"] is not None else None  # schema 1: no start times
         marks = [name for name, present in (
             ("failed", not view.passed(mode, length)),
             ("noisy", shown.spread > NOISY_SPREAD),  # the spread of the times shown beside the speedup
@@ -296,8 +295,7 @@ def build_rows(view: RecordView, seed: int = stats.SEED, resamples: int = stats.
 def samples_per_figure(view: RecordView) -> int:
     """What one sample's seconds divide by for the per-workload figure: a contexts run's timed steps (one step
     in records from before the timed window); 0 for a loop, whose figure is per token (the length)."""
-    workload = view.run.get("workload") or {}
-    return workload.get("timed_steps", 1) if workload.get("kind") == "contexts" else 0
+    return (view.workload.timed_steps or 1) if view.workload.kind == "contexts" else 0
 
 
 def row_speedup(view: RecordView, mode: str, length: int, seed: int, resamples: int) -> RatioEstimate | None:
@@ -341,7 +339,7 @@ def build_report(view: RecordView, seed: int = stats.SEED, resamples: int = stat
     fits = {}
     for mode in view.modes:
         mine = [row for row in rows if row.mode == mode]
-        if len(mine) >= MIN_FIT_LENGTHS and (view.run.get("workload") or {}).get("kind") != "request":
+        if len(mine) >= MIN_FIT_LENGTHS and not view.workload.is_request:
             fits[mode] = stats.fit_power_law([r.length for r in mine], [r.median for r in mine])
     measured = set(view.cells())
     report = Report(
@@ -363,16 +361,16 @@ def build_report(view: RecordView, seed: int = stats.SEED, resamples: int = stat
                             "per-rotation ratios, which covers less than 95% (50% with 2, 94% with 5)")
     if view.estimator is not None:
         report.estimator, report.interval, report.between_run = view.estimator, view.interval, view.recorded_between_run
-        report.control_interval = control_interval(view.interval, view.record["summary"].get("between_run"))
+        report.control_interval = view.control_interval
         noisy = {row.length for row in rows if "noisy" in row.marks}
         report.sampling, report.control, report.noise = sampling_rows(view, noisy), view.control, noise_summary(view)
         report.verdict = precision.verdict(view, report.sampling)
-        if clock_note(report.sampling) and (view.run.get("workload") or {}).get("kind") != "request":
+        if clock_note(report.sampling) and not view.workload.is_request:
             report.notes.append(clock_note(report.sampling))  # a request's table is wall time: TTFT, TPOT, ITL
     report.tradeoffs = tradeoffs(view, rows)
     marks = {row.mode: row.marks for row in rows}  # a request has one length: its cells' marks are its modes'
     report.latency = [dataclasses.replace(row, marks=marks.get(row.mode, ())) for row in latency_rows(view)]
-    report.workload = dict(view.run.get("workload") or {"kind": "loop"})
+    report.workload = view.workload.to_dict()
     report.limits, report.step_latency = limit_rows(view), step_quartiles(view)
     report.limits_note = limit_sentence(view) if report.limits else None
     report.peers = peer_rows(view)
@@ -402,17 +400,17 @@ def tradeoffs(view: RecordView, rows: list[Row]) -> list[Tradeoff]:
         if row.is_baseline or row.memory is None:
             continue
         out.append(Tradeoff(row.mode, row.length, row.memory["measured_bytes"],
-                            expected_cache_bytes(config, view.run["batch"], row.length), row.check, row.per_token,
+                            expected_cache_bytes(config, view.batch, row.length), row.check, row.per_token,
                             row.speedup if row.speedup_valid else None))
     return out
 
 
 def noise_summary(view: RecordView) -> Noise | None:
-    repetitions = view.record["repetitions"]
-    if not repetitions or "cpu_seconds" not in repetitions[0]:
+    repetitions = view.every_repetition()
+    if not repetitions:
         return None
-    disturbed, reasons = tally((rep["seconds"], rep) for rep in repetitions)
-    telemetry = view.sampling.get("telemetry", {})
+    disturbed, reasons = tally((rep.seconds, rep.telemetry) for rep in repetitions)
+    telemetry = view.sampling["telemetry"]
     return Noise(len(repetitions), disturbed, reasons,
-                 telemetry.get("per_sample_seconds"), min(rep["seconds"] for rep in repetitions),
+                 telemetry.get("per_sample_seconds"), min(rep.seconds for rep in repetitions),
                  telemetry.get("unavailable", {}))

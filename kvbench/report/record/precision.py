@@ -76,7 +76,7 @@ def sampling_rows(view: RecordView, noisy_lengths: set[int]) -> list[LengthRow]:
 
 
 def widest(view: RecordView) -> float | None:
-    widths = [entry["half_width"] for entry in view.sampling.get("lengths", []) if entry.get("half_width") is not None]
+    widths = [entry["half_width"] for entry in view.sampling["lengths"] if entry.get("half_width") is not None]
     return max(widths) if widths else None
 
 
@@ -121,14 +121,13 @@ def contention_sentence(view: RecordView, sampling: list[LengthRow]) -> str | No
              and (target is None or row.half_width > target)]
     if not loose:
         return None
-    repetitions = view.record["repetitions"]
-    wall = sum(rep["seconds"] for rep in repetitions) or 1.0
+    repetitions = view.every_repetition()
+    wall = sum(rep.seconds for rep in repetitions) or 1.0
     cpus = (view.environment.get("system") or {}).get("logical_cores") or 1  # steal is counted over every CPU
-    shares = [("of the machine's CPU time stolen by the hypervisor", sum(rep.get("steal_seconds") or 0.0
-                                                                          for rep in repetitions) / (wall * cpus)),
-              ("of the timed time spent waiting for a CPU", sum(rep.get("runqueue_seconds") or 0.0
-                                                                for rep in repetitions) / wall),
-              ("of the timed time throttled", sum(rep.get("throttled_seconds") or 0.0 for rep in repetitions) / wall)]
+    counted = lambda name: sum(rep.telemetry[name] or 0.0 for rep in repetitions)  # noqa: E731  None: unavailable
+    shares = [("of the machine's CPU time stolen by the hypervisor", counted("steal_seconds") / (wall * cpus)),
+              ("of the timed time spent waiting for a CPU", counted("runqueue_seconds") / wall),
+              ("of the timed time throttled", counted("throttled_seconds") / wall)]
     seen = ", ".join(f"{share:.0%} {name}" for name, share in shares if share >= 0.005)
     if sum(share for _, share in shares) >= CONTENDED_TIME:
         what = f"this machine was contended: {seen}"
@@ -138,8 +137,7 @@ def contention_sentence(view: RecordView, sampling: list[LengthRow]) -> str | No
                 "the VM, or a neighbour on the shared cache)")
     wide = max(loose, key=lambda row: row.half_width)
     stop = "--max-seconds" if any(row.stop == "budget" for row in loose) else "--max-repeats"
-    workload = view.run.get("workload") or {}
-    if workload.get("kind") == "request":  # one length: the request's
+    if view.workload.is_request:  # one length: the request's
         return (f"{what}; intervals up to ±{wide.half_width:.0%}, short of ±{target:.0%}; rerun on a quieter machine "
                 f"or raise {stop}" if target is not None else f"{what}; intervals up to ±{wide.half_width:.0%}")
     lengths = ", ".join(str(row.length) for row in loose)

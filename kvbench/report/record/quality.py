@@ -38,7 +38,7 @@ def label_of(entry: dict) -> str:
 
 
 def quality_rows(view: RecordView) -> list[QualityRow]:
-    quality = view.record.get("quality")
+    quality = view.quality
     if not quality:
         return []
     return [QualityRow(label=label_of(entry), perplexity=entry["perplexity"], nll_difference=entry.get("nll_difference"),
@@ -62,7 +62,7 @@ def quality_cells(row: QualityRow) -> list[str]:
 
 
 def quality_note(view: RecordView) -> str | None:
-    quality = view.record.get("quality")
+    quality = view.quality
     if not quality:
         return None
     return (f"{QUALITY_SENTENCE}. {quality['chunks']} chunks of {quality['tokens']} tokens; greedy text: "
@@ -71,7 +71,7 @@ def quality_note(view: RecordView) -> str | None:
 
 def model_sentence(view: RecordView) -> str | None:
     """Which weights and which text: the record's account of the GGUF file and the corpus."""
-    model, tokens = view.record.get("model"), view.record.get("token_ids")
+    model, tokens = view.model_file, view.token_ids
     if not model:
         return None
     types = ", ".join(f"{name} ({count})" for name, count in model["quantization"].items())

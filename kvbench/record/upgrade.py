@@ -1,0 +1,109 @@
+"""Older records brought to the current shape on load, in one place: a chain of pure functions.
+
+Each step takes a record of one version (already checked against that version's JSON schema)
+and returns a new dict of the next version; the input is never modified. A step fills only what
+the newer kvbench always writes and the older one did not, with the value that states what the
+older run did (never a measurement it did not make), so the upgraded record passes the current
+schema and the meaning checks like a record written today, and readers default nothing.
+
+What stays optional in the current schema is optional by workload, not by age: `per_step`
+(a run with a profile), `limits` (request and contexts runs, since 2026-12-01), `machine_probe`
+(runs since 2026-12-01), `summary.latency` (request runs), a repetition's `ttft_seconds` and
+`step_seconds`, a contexts workload's `warmup_steps` and `timed_steps` (since 2026-12-03);
+RecordView presents each as None (or empty) where a run has none.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from kvbench.record.entries import TELEMETRY
+from kvbench.record.meaning import RecordError
+
+V1, V2, V3 = "kvbench.record/1", "kvbench.record/2", "kvbench.record/3"
+
+
+def v1_to_v2(record: dict) -> dict:
+    """Schema 1 (fixed repetitions, no telemetry, speedups as ratios of medians) to schema 2's shape.
+
+    - `sampling`: what the fixed protocol did: every length ran run.repeats rotations ("fixed"), or,
+      in an incomplete record, the rotations its repetitions show ("interrupted"); no half-width, no
+      telemetry ("not recorded before schema 2").
+    - each repetition: its `round` is its repetition index (one rotation per round under the fixed
+      protocol); `started` is null (schema 1 did not record when a sample started: /3 allows null
+      for that reason alone) and every telemetry counter is null (unavailable).
+    - `summary`: `estimator`, `interval` null and `controls` empty (schema 1 estimated no interval
+      and ran no A/A control: a reader keeps reporting the ratio of medians); each speedup's `low`,
+      `high` and `pairs` null for the same reason.
+    """
+    out = copy.deepcopy(record)
+    out["schema"] = V2
+    run = out["run"]
+    complete = out["status"] == "complete"
+    seen: dict[int, int] = {}
+    for rep in out["repetitions"]:
+        seen[rep["length"]] = max(seen.get(rep["length"], 0), rep["repetition"] + 1)
+        rep.setdefault("round", rep["repetition"])
+        rep.setdefault("started", None)
+        for name in TELEMETRY:
+            rep.setdefault(name, None)
+    out["sampling"] = {
+        "lengths": [{"length": length, "rotations": run["repeats"] if complete else seen.get(length, 0),
+                     "stop": "fixed" if complete else "interrupted", "half_width": None}
+                    for length in run["lengths"] if complete or length in seen],
+        "telemetry": {"unavailable": dict.fromkeys(TELEMETRY, "not recorded before kvbench.record/2"),
+                      "per_sample_seconds": None}}
+    summary = out["summary"]
+    summary.update(estimator=None, interval=None, controls=[])
+    for speedup in summary["speedups"]:
+        speedup.update(low=None, high=None, pairs=None)
+    return out
+
+
+def v2_to_v3(record: dict) -> dict:
+    """Schema 2 (its sections added over time) to schema 3, where every section a run of today writes is there.
+
+    - run: `workload` {"kind": "loop"} (before 2026-12-01 every run was the loop), `control` null (no A/A
+      control before it), `plugins` [] and `cache_options` {} (none before them), `per_step_length` null.
+    - summary: `baseline` "full" (the only baseline before it was recorded); `between_run` and `estimation`
+      null (not recorded: the speedup intervals were not widened, and every length was estimated on wall
+      time); each cell's `per_token_median`, its median / its length (derived, as the summary is).
+    """
+    out = copy.deepcopy(record)
+    out["schema"] = V3
+    out["run"] = complete_run(out["run"])
+    summary = out["summary"]
+    summary.setdefault("baseline", "full")
+    summary.setdefault("between_run", None)
+    summary.setdefault("estimation", None)
+    for cell in summary["cells"]:
+        median = cell["median"]  # not a number: left for the summary's check to name (recomputed, it differs)
+        numeric = isinstance(median, (int, float)) and not isinstance(median, bool)
+        cell.setdefault("per_token_median", median / cell["length"] if numeric else None)
+    return out
+
+
+def complete_run(run: dict) -> dict:
+    """The run section with every key schema 3 requires: a run that names no workload ran the loop, one that
+    names no control, plugins or cache options had none (what kvbench did before it could name them)."""
+    return {"workload": {"kind": "loop"}, "control": None, "plugins": [], "cache_options": {},
+            "per_step_length": None, **run}
+
+
+STEPS = {V1: (v1_to_v2, V2), V2: (v2_to_v3, V3)}  # each version: its step and the version it gives
+CURRENT = V3
+
+
+def upgrade(record: dict) -> dict:
+    """The record in the current schema: a new dict for an older one (each step in turn), the record itself
+    for a current one (so upgrading is idempotent)."""
+    found = record.get("schema")
+    if found not in (*STEPS, CURRENT):
+        raise RecordError(f"no upgrade from schema {found!r}; expected one of {[*STEPS, CURRENT]}")
+    while found in STEPS:
+        step, found = STEPS[found]
+        record = step(record)
+    return record
+
+
+__all__ = ["CURRENT", "STEPS", "complete_run", "upgrade", "v1_to_v2", "v2_to_v3"]

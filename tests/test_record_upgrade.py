@@ -1,0 +1,190 @@
+"""kvbench.record.upgrade: committed records of every older version load as the current schema, and every
+command that reads records works on them exactly as on the same record written today."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from kvbench.cli import main
+from kvbench.record import SCHEMA, RecordError, RecordView, load_record, upgrade, write_record
+from kvbench.record.schema import READABLE
+from kvbench.record.upgrade import v1_to_v2, v2_to_v3
+
+ROOT = Path(__file__).resolve().parents[1]
+# Of each older shape one committed record: version 1 (the fixed protocol); version 2 before the workload, the
+# between-run allowance and the estimation were recorded (noise), before the workload (llama), a request with
+# limits, a contexts run from before the timed window, and one with it.
+V1 = ("results/layouts/seed.json", "results/layouts/seed-long.json", "results/layouts/medium.json")
+V2 = ("results/noise/random/run-00.json", "results/llama/llama-tiny.json", "results/latency/llama-mini-request.json",
+      "results/latency/qwen2.5-0.5b-contexts.json", "results/latency/llama-mini-contexts-steady.json")
+
+
+def raw(name: str) -> dict:
+    return json.loads((ROOT / name).read_text())
+
+
+def committed_records() -> list[str]:
+    found = []
+    for path in sorted((ROOT / "results").rglob("*.json")):
+        text = path.read_text()
+        if '"kvbench.record/' in text[:200]:
+            found.append(str(path.relative_to(ROOT)))
+    return found
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_the_committed_records_are_of_every_older_version_and_stay_as_written():
+    versions = {raw(name)["schema"] for name in committed_records()}
+    assert versions == {"kvbench.record/1", "kvbench.record/2"} and SCHEMA == "kvbench.record/3"
+    assert READABLE == ("kvbench.record/1", "kvbench.record/2", "kvbench.record/3")
+    assert {raw(name)["schema"] for name in V1} == {"kvbench.record/1"}
+    assert {raw(name)["schema"] for name in V2} == {"kvbench.record/2"}
+
+
+@pytest.mark.parametrize("name", [*V1, *V2])
+def test_an_older_record_loads_as_the_current_schema_and_its_file_is_not_rewritten(name):
+    before = (ROOT / name).read_bytes()
+    record = load_record(ROOT / name)
+    assert record["schema"] == SCHEMA
+    assert (ROOT / name).read_bytes() == before
+    original = json.loads(before)
+    # what was measured is what the file holds: the upgrade adds, it never changes a sample or a summary value
+    assert [rep["seconds"] for rep in record["repetitions"]] == [rep["seconds"] for rep in original["repetitions"]]
+    assert [c["median"] for c in record["summary"]["cells"]] == [c["median"] for c in original["summary"]["cells"]]
+    assert [s["speedup"] for s in record["summary"]["speedups"]] == \
+        [s["speedup"] for s in original["summary"]["speedups"]]
+
+
+def test_upgrading_is_pure_and_idempotent_for_every_committed_record():
+    names = committed_records()
+    assert len(names) >= 100
+    for name in names:
+        original = raw(name)
+        kept = copy.deepcopy(original)
+        once = upgrade(original)
+        assert original == kept, f"{name}: upgrading changed its input"
+        assert once["schema"] == SCHEMA and upgrade(once) is once, name
+        assert upgrade(copy.deepcopy(once)) == once, name
+
+
+def test_version_1_is_upgraded_to_what_the_fixed_protocol_did():
+    original = raw("results/layouts/seed.json")
+    record = v1_to_v2(original)
+    assert record["schema"] == "kvbench.record/2" and "sampling" not in original
+    assert record["sampling"]["lengths"] == [{"length": 64, "rotations": 15, "stop": "fixed", "half_width": None},
+                                             {"length": 1024, "rotations": 15, "stop": "fixed", "half_width": None}]
+    first = record["repetitions"][0]
+    assert first["round"] == first["repetition"] == 0 and first["started"] is None and first["cpu_seconds"] is None
+    assert record["summary"]["estimator"] is None and record["summary"]["controls"] == []
+    assert record["summary"]["speedups"][0] == {"mode": "concat", "length": 64, "speedup": 1.8816660157836036,
+                                                "valid": True, "low": None, "high": None, "pairs": None}
+    view = RecordView(load_record(ROOT / "results/layouts/seed.json"))
+    assert view.estimator is None and view.control is None and view.workload.kind == "loop"
+    assert view.planned(64) == 15 and view.recorded_between_run == 0.0
+    assert view.summary("concat", 64)["per_token_median"] == pytest.approx(view.summary("concat", 64)["median"] / 64)
+
+
+def test_version_2_is_upgraded_with_every_section_a_run_writes_today():
+    original = raw("results/noise/random/run-00.json")
+    assert not {"workload", "plugins"} & set(original["run"]) and "between_run" not in original["summary"]
+    record = v2_to_v3(original)
+    assert record["run"]["workload"] == {"kind": "loop"} and record["run"]["plugins"] == []
+    assert record["run"]["cache_options"] == {} and record["run"]["control"] == original["run"]["control"]
+    assert record["summary"]["between_run"] is None and record["summary"]["estimation"] is None
+    assert record["summary"]["baseline"] == "full"
+
+
+def test_an_incomplete_version_1_record_counts_the_rotations_it_ran():
+    original = raw("results/layouts/seed.json")
+    original["status"] = "incomplete"
+    original["repetitions"] = [rep for rep in original["repetitions"] if rep["length"] == 64 and rep["repetition"] < 4]
+    sampling = v1_to_v2(original)["sampling"]
+    assert sampling["lengths"] == [{"length": 64, "rotations": 4, "stop": "interrupted", "half_width": None}]
+
+
+def rewritten(name: str, directory: Path) -> tuple[Path, Path]:
+    """The committed file and the same record written today (upgraded, then written as schema 3), under one
+    file name in two folders, so that what a command prints of each differs by the folder alone."""
+    old, new = directory / "old" / "record.json", directory / "new" / "record.json"
+    old.parent.mkdir()
+    old.write_bytes((ROOT / name).read_bytes())
+    write_record(load_record(old), new)
+    assert json.loads(new.read_text())["schema"] == SCHEMA
+    return old, new
+
+
+@pytest.mark.parametrize("name", [V1[0], *V2[1:]])
+def test_show_and_report_read_an_older_record_as_the_same_record_written_today(name, tmp_path, capsys):
+    old, new = rewritten(name, tmp_path)
+    for argv in (["show"], ["report"], ["report", "--format", "markdown"]):
+        code_old, out_old, err_old = run(capsys, argv[0], old, *argv[1:])
+        code_new, out_new, err_new = run(capsys, argv[0], new, *argv[1:])
+        assert code_old == code_new == 0, (argv, err_old, err_new)
+        assert out_old.replace(str(old), "PATH").replace(str(old.parent), "DIR") == \
+            out_new.replace(str(new), "PATH").replace(str(new.parent), "DIR"), argv
+    view = RecordView.load(old)
+    baseline, mode = view.baseline, next(m for m in view.modes if m != view.baseline)
+    length = view.lengths[0]
+    code, out, _ = run(capsys, "show", old)
+    assert code == 0 and mode in out and baseline in out
+    if view.workload.is_request:  # its table is latency: TTFT and TPOT per mode
+        assert f"request: {view.workload.prompt} prompt tokens, {view.workload.generate} generated" in out
+    else:
+        assert f"{view.speedup(mode, length)['speedup']:.2f}" in out
+
+
+@pytest.mark.parametrize("name", [V1[0], V2[2]])
+def test_compare_an_older_record_with_a_current_one(name, tmp_path, capsys):
+    old, new = rewritten(name, tmp_path)
+    code, out, err = run(capsys, "compare", old, new)
+    assert code == 0, err
+    view = RecordView.load(new)
+    for mode in view.modes:
+        assert mode in out
+    # the same samples on both sides: no cell changed
+    assert " 0 slower, 0 faster, " in out
+
+
+def test_a_request_record_shows_its_workload_latency_and_limits_through_the_view():
+    view = RecordView.load(ROOT / "results/latency/llama-mini-request.json")
+    assert view.workload.is_request and (view.workload.prompt, view.workload.generate) == (512, 128)
+    assert view.workload.to_dict() == {"kind": "request", "prompt": 512, "generate": 128}
+    assert view.limits is not None and view.limits["weight_bytes_per_step"] > 0
+    (length,) = view.lengths
+    entry = view.latency("concat", length)
+    assert entry["mode"] == "concat" and entry["ttft"]["median"] > 0 and "ttft" in entry["ratios"]
+    assert view.latency("full", length)["ratios"] == {} and view.latency("concat", length + 1) is None
+    repetitions = view.every_repetition()
+    assert len(repetitions) == len(view.record["repetitions"])
+    assert {rep.mode for rep in repetitions} == {*view.modes, "control"}
+    assert all(len(rep.step_seconds) == 127 and rep.ttft_seconds > 0 for rep in repetitions)
+    assert repetitions[0].telemetry["cpu_seconds"] == view.record["repetitions"][0]["cpu_seconds"]
+
+
+def test_a_contexts_record_from_before_the_timed_window_has_no_step_counts():
+    before = RecordView.load(ROOT / "results/latency/qwen2.5-0.5b-contexts.json").workload
+    steady = RecordView.load(ROOT / "results/latency/llama-mini-contexts-steady.json").workload
+    assert before.kind == "contexts" and not before.timed_window and before.timed_steps is None
+    assert steady.timed_window and (steady.warmup_steps, steady.timed_steps) == (4, 16)
+
+
+def test_a_malformed_older_record_is_refused_in_one_line(tmp_path, capsys):
+    record = raw("results/layouts/seed.json")
+    record["summary"]["cells"][0]["median"] = [1, 2]
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(record))
+    with pytest.raises(RecordError, match="summary median for mode 'full' at length 64 is \\[1, 2\\]"):
+        load_record(path)
+    del record["repetitions"][0]["order"]
+    path.write_text(json.dumps(record))
+    code, _, err = run(capsys, "show", path)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "repetitions/0: 'order' is a required property" in err
