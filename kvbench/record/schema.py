@@ -18,7 +18,7 @@ from kvbench.files import first_non_finite
 from kvbench.kinds import FAILURES, KIND_NAME, WORKLOADS
 from kvbench.record.entries import TELEMETRY
 from kvbench.record.meaning import MEANING_CHECKS, RecordError
-from kvbench.record.upgrade import CURRENT, upgrade
+from kvbench.record.upgrade import CURRENT, lacks_a_later_section, upgrade
 from kvbench.sampling import STOPS
 from kvbench.stats import ESTIMATORS, INTERVALS
 
@@ -357,9 +357,11 @@ def validate_record(record: object, source: str = "record") -> dict:
     non_finite = first_non_finite(record)
     if non_finite is not None:
         raise RecordError(f"{source}: {non_finite[0]}: not a finite number")
-    check_shape(record, found, source)
-    if found != SCHEMA:  # an older record: upgraded, then held to this version like a record written today
-        record = upgrade(record)
+    if found != SCHEMA or not lacks_a_later_section(record):  # one that does is filled first, then checked
+        check_shape(record, found, source)
+    upgraded = upgrade(record)
+    if upgraded is not record:  # an older record: upgraded, then held to this version like a record written today
+        record = upgraded
         check_shape(record, SCHEMA, f"{source} (upgraded from {found})")
     for check in MEANING_CHECKS:
         problem = check(record)
