@@ -178,10 +178,7 @@ def exportable(path: Path):
     from kvbench.export.serving import serving_source
     from kvbench.report.serving_compare import read_serving
 
-    try:
-        served = read_serving(path)
-    except files.UnreadableFileError:
-        served = None  # RecordView.load says what is wrong with the file
+    served = read_serving(path)  # None for a loop record; a file that cannot be read is one line, exit 2
     return load_view(path) if served is None else serving_source(served, str(path))
 
 

@@ -206,13 +206,7 @@ def cmd_compare_any(args: argparse.Namespace) -> int:
     other records go to cmd_compare."""
     from kvbench.report import serving_compare
 
-    paths = (args.old, args.new, *args.more)
-    try:
-        served = [serving_compare.read_serving(path) for path in paths]
-    except (OSError, files.UnreadableFileError):
-        return cmd_compare(args)  # cmd_compare reads each record again and says what is wrong with it
-    except ValueError as error:  # a malformed serving record
-        raise CliError(str(error)) from None
+    served = [serving_compare.read_serving(path) for path in (args.old, args.new, *args.more)]  # or one line, exit 2
     if not any(record is not None for record in served):
         return cmd_compare(args)
     return cmd_compare_serving(args, served)
