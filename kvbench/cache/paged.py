@@ -176,8 +176,7 @@ class PagedCache(Cache):
         start = self.length
         if start + length > self._held * self.block_size or self._tail_shared:
             self._reserve_blocks(length)
-        if self._first_block is None or length > 1:
-            self._slots = self._slot_indices(start, start + length)  # (B * L,) row-major
+        self._slots = None  # the appended positions' pool slots, computed by the first update() that needs them
         super().reserve(length)
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -188,6 +187,8 @@ class PagedCache(Cache):
             keys.narrow(2, slot, 1).copy_(k)
             values.narrow(2, slot, 1).copy_(v)
         else:
+            if self._slots is None:  # once per call, for every layer: a batch of one pool never asks (cache.batch)
+                self._slots = self._slot_indices(start, start + new)  # (B * L,) row-major
             flat = (k.shape[1], -1, k.shape[-1])  # (KVH, B * L, D), row-major like the slots
             keys[0].index_copy_(1, self._slots, k.transpose(0, 1).reshape(flat))
             values[0].index_copy_(1, self._slots, v.transpose(0, 1).reshape(flat))
@@ -274,6 +275,13 @@ class PagedCache(Cache):
             return slots.narrow(2, self._first_block * self.block_size, end)
         gathered = slots[0].index_select(1, self._slot_indices(0, end))  # (KVH, B * end, D)
         return gathered.view(slots.shape[1], self.batch, end, slots.shape[-1]).transpose(0, 1)
+
+    @property
+    def table_row(self) -> list[int]:
+        """The blocks of a single sequence, in position order (the list itself: a batch reads it, never edits it)."""
+        if self.batch != 1:
+            raise ValueError(f"table_row reads one sequence's blocks, got a cache of batch {self.batch}")
+        return self._rows[0]
 
     def _slot_indices(self, start: int, end: int) -> Tensor:
         """Pool slots (block * block_size + offset) of positions start..end-1 of every row, row-major."""

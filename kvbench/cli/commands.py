@@ -177,6 +177,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def exportable(path: Path):
+    """A record as the exporters take it: a RecordView, or a serving record's Source (kvbench.export.serving)."""
+    from kvbench.export.serving import serving_source
+    from kvbench.report.serving_compare import read_serving
+
+    served = read_serving(path)  # None for a loop record; a file that cannot be read is one line, exit 2
+    return load_view(path) if served is None else serving_source(served, str(path))
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from kvbench.export import export_bytes
 
@@ -184,7 +193,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise CliError(f"--repository is conbench's github.repository; --format {args.format} has no such field")
     for record in args.records:
         check_output(args.output, args.force, reading=record)
-    views = [load_view(record) for record in args.records]
+    views = [exportable(record) for record in args.records]
     repository = args.repository or os.environ.get(REPOSITORY_VARIABLE)
     write_bytes_atomic(args.output, export_bytes(views, args.format, {"repository": repository}), args.force)
     print(f"wrote {args.output}: {args.format}, {len(views)} record(s)")

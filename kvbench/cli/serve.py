@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from kvbench import admission, files, memory, record, timing, trace
-from kvbench.cli.commands import check_output, cmd_report, config_from_args
+from kvbench.cli.commands import check_comparison_options, check_output, cmd_compare, cmd_report, config_from_args
 from kvbench.cli.options import fraction
 from kvbench.cli.parser import CliError, did_you_mean
 from kvbench.cli.serving_options import DEFAULT_KINDS, DEFAULT_REPEATS, DEFAULT_BUDGET_REQUESTS
@@ -199,3 +199,47 @@ def cmd_report_serving(args: argparse.Namespace) -> int:
     print_serving(result)
     return 0
 
+
+
+def cmd_compare_any(args: argparse.Namespace) -> int:
+    """`kvbench compare`: two serving records line their kinds' measures up (kvbench.report.serving_compare); any
+    other records go to cmd_compare."""
+    from kvbench.report import serving_compare
+
+    served = [serving_compare.read_serving(path) for path in (args.old, args.new, *args.more)]  # or one line, exit 2
+    if not any(record is not None for record in served):
+        return cmd_compare(args)
+    return cmd_compare_serving(args, served)
+
+
+def cmd_compare_serving(args: argparse.Namespace, served: list) -> int:
+    from kvbench.report import serving_compare
+
+    check_comparison_options(args)
+    if None in served:
+        other = [str(path) for path, record in zip((args.old, args.new, *args.more), served) if record is None][0]
+        raise CliError(f"{other} is not a serving record: compare a serving record with another serving record "
+                       f"({serving_compare.SERVING_SCHEMA!r})")
+    if args.more or args.across_machines:
+        raise CliError("compare of serving records takes OLD and NEW (no --across-machines)")
+    mapping = dict(args.pair)
+    old, new = served
+    problem = serving_compare.same_trace_problem(old, new)
+    if problem and not args.force:
+        raise CliError(f"{args.old} and {args.new} replayed {problem}: their measures do not compare; pass --force "
+                       "to line them up anyway")
+    comparison = serving_compare.compare_serving(old, new, str(args.old), str(args.new), factor=args.factor,
+                                                 alpha=args.alpha, mapping=mapping)
+    if args.format == "markdown":
+        sys.stdout.write(serving_compare.render_markdown(comparison))
+    else:
+        console = stdout_console()
+        for item in serving_compare.compare_renderables(comparison):
+            console.print(item)
+    if args.fail_on_regression and comparison.regressions:
+        worst = comparison.regressions[0]
+        print(f"kvbench: regression: {len(comparison.regressions)} measure(s) worse beyond their MDE and "
+              f"{args.factor:g}x; first {worst.kind} {worst.measure.key}: {worst.change.ratio:.2f}x "
+              f"[{worst.change.low:.2f}, {worst.change.high:.2f}]", file=sys.stderr)
+        return 1
+    return 0

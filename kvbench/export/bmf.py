@@ -13,6 +13,11 @@ and one benchmark per figure of a request or contexts cell, `kvbench/<case>/<mod
 that Bencher knows its unit (nanoseconds): the report's median with its 95% interval of a median, or
 an ITL percentile alone (no interval).
 
+A serving record's cell (kvbench.export.serving) adds its figures (ttft_p50 ... e2e_p99) the same way, and
+its quantities as custom measures of the cell's benchmark, named by their unit: `output-tokens-per-second`,
+`requests-per-second`, `waste-fraction` (KV memory reserved but unused, 0 to 1), `preemptions-count`, each
+the median over rotations with its 95% interval of a median.
+
 BMF has no field for samples, machines or commits: Bencher takes the testbed from `bencher run
 --testbed` and the commit from `--hash`, so one file holds one machine's records.
 """
@@ -32,6 +37,12 @@ def metric(value: float, low: float | None, high: float | None, scale: float = 1
     return {"value": finite(value * scale), "lower_value": finite(low * scale), "upper_value": finite(high * scale)}
 
 
+def measure_name(name: str, unit: str) -> str:
+    """A quantity's measure slug, naming its unit: "output-tokens-per-second", "waste-fraction"."""
+    slug = name.replace("_", "-")
+    return slug if unit.endswith("/s") else f"{slug}-{unit}"
+
+
 def document(sources: list[Source], options: dict) -> object:
     one_machine(sources, "BMF", "Bencher takes the testbed from `bencher run --testbed`, not from the file")
     out: dict[str, dict] = {}
@@ -40,6 +51,7 @@ def document(sources: list[Source], options: dict) -> object:
             measures = {LATENCY: metric(cell.median.ratio, cell.median.low, cell.median.high, NANOSECONDS)}
             if cell.speedup is not None and cell.speedup_valid:
                 measures[SPEEDUP] = metric(cell.speedup.ratio, cell.speedup.low, cell.speedup.high)
+            measures.update({measure_name(q.name, q.unit): metric(q.value, q.low, q.high) for q in cell.quantities})
             out[f"kvbench/{cell.key}"] = measures
             for figure in cell.figures:
                 out[f"kvbench/{cell.key}/{figure.name}"] = {

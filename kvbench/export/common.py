@@ -28,6 +28,21 @@ UNKNOWN_MACHINE = "unknown-machine"
 
 
 @dataclass(frozen=True)
+class Quantity:
+    """A measure of a cell that is not seconds (a serving replay's throughput, waste, preemptions), in its unit:
+    its median over samples with the 95% order-statistic interval of a median, and the per-sample values."""
+
+    name: str  # "output_tokens_per_second", "waste", "preemptions"
+    unit: str  # "tokens/s", "requests/s", "fraction", "count"
+    value: float
+    low: float
+    high: float
+    values: list[float]
+    higher_is_better: bool
+    meaning: str
+
+
+@dataclass(frozen=True)
 class Cell:
     """One timed (mode, length) cell of a record."""
 
@@ -43,6 +58,7 @@ class Cell:
     sample: str = "one whole decode loop"  # what the seconds of one sample cover
     figures: list[Figure] = field(default_factory=list)  # a request's or a contexts run's, as the report shows them
     series: dict[str, list[float]] = field(default_factory=dict)  # each figure's per-sample values, by Figure.series
+    quantities: list[Quantity] = field(default_factory=list)  # a serving replay's measures that are not seconds
 
     @property
     def key(self) -> str:
@@ -88,13 +104,18 @@ class Source:
         return self.fact("kvbench", "git_branch")
 
 
+def changed_fields(preset: str, config: dict) -> list[str]:
+    """"key=value" for every model field of `config` that differs from the preset's."""
+    base = PlainConfig.from_preset(preset).to_dict() if preset in PRESETS else {}
+    return [f"{key}={value}" for key, value in sorted(config.items()) if key not in base or base[key] != value]
+
+
 def case_name(view: RecordView) -> str:
     """The case a cell belongs to: the preset, then every model field, batch and thread count that differs from
     it, then the workload when it is not the loop (a request's prompt and generated tokens; contexts): each has a
     name of its own, so an engine never lines a request or a context's steps up with a loop's history."""
     preset = view.run["preset"]
-    base = PlainConfig.from_preset(preset).to_dict() if preset in PRESETS else {}
-    changed = [f"{key}={value}" for key, value in sorted(view.config.items()) if key not in base or base[key] != value]
+    changed = changed_fields(preset, view.config)
     workload = view.workload
     if workload.is_request:
         changed += [f"prompt={workload.prompt}", f"generate={workload.generate}"]
@@ -129,10 +150,11 @@ def source_of(view: RecordView) -> Source:
     return Source(view.source, view.created_utc, view.status, view.environment, view.protocol, cells_of(view))
 
 
-def sources_of(views: list[RecordView]) -> list[Source]:
-    """Every record's cells; ValueError when two records measured the same cell on the same machine, which
-    one document cannot hold twice."""
-    sources, seen = [source_of(view) for view in views], {}
+def sources_of(views: list[RecordView | Source]) -> list[Source]:
+    """Every record's cells (a serving record comes as its Source already: kvbench.export.serving); ValueError
+    when two records measured the same cell on the same machine, which one document cannot hold twice."""
+    sources = [view if isinstance(view, Source) else source_of(view) for view in views]
+    seen = {}
     for source in sources:
         for cell in source.cells:
             where = (source.machine, cell.key)
@@ -169,7 +191,18 @@ def cell_facts(cell: Cell, source: Source) -> dict:
                       "speedup_high": cell.speedup.high, "speedup_valid": cell.speedup_valid,
                       "speedup_estimator": cell.speedup.estimator})
     facts.update(figure_facts(cell.figures))
+    facts.update(quantity_facts(cell.quantities))
     facts.update({"machine": source.machine, "cpu": source.fact("cpu", "brand"),
                   "torch": source.fact("torch", "version"), "commit": source.commit, "dirty": source.dirty,
                   "record": source.path, "record_created_utc": source.created_utc, "record_status": source.status})
+    return facts
+
+
+def quantity_facts(quantities: list[Quantity]) -> dict:
+    """The flat facts of a cell's quantities, each key naming its unit: value, interval, meaning."""
+    facts = {}
+    for quantity in quantities:
+        facts.update({quantity.name: quantity.value, f"{quantity.name}_low": quantity.low,
+                      f"{quantity.name}_high": quantity.high, f"{quantity.name}_unit": quantity.unit,
+                      f"{quantity.name}_meaning": quantity.meaning})
     return facts

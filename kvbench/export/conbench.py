@@ -11,7 +11,10 @@ changes (Python, torch, threads, CPU capability); `machine_info` the captured ma
 A request or contexts cell adds one result per series of per-sample values its figures summarize,
 tagged `figure`: `ttft` and `tpot` (each request's, in seconds), `itl` (every step of every request,
 pooled; its p50/p90/p99 in `info`), or `step` and `first_step` (each sample's), with the report's
-median and its 95% interval of a median in `info`.
+median and its 95% interval of a median in `info`. A serving record's cell (kvbench.export.serving) adds
+one result per latency series (ttft_p50 ... e2e_p99, each rotation's, in seconds) and one per throughput,
+`output_tokens_per_second` and `requests_per_second` in `i/s` (conbench's unit for items per second), each
+rotation's value; its waste (fraction) and preemptions (count), which no conbench unit holds, are in `info`.
 """
 
 from __future__ import annotations
@@ -77,8 +80,26 @@ def github(source: Source, repository: str) -> dict:
     return out
 
 
+PER_SECOND = "i/s"  # conbench's unit for a count per second: a serving replay's tokens/s and requests/s
+
+
+def series_data(cell: Cell, series: str | None) -> tuple[list[float], str]:
+    """The values one result holds and their unit: the cell's seconds, a figure's series, or a throughput."""
+    if series is None:
+        return list(cell.seconds), UNIT
+    if series in cell.series:
+        return list(cell.series[series]), UNIT
+    (quantity,) = [q for q in cell.quantities if q.name == series]
+    return list(quantity.values), PER_SECOND
+
+
+def result_series(cell: Cell) -> tuple[str | None, ...]:
+    """Every result of a cell: its samples, each figure series, each throughput (a unit conbench has)."""
+    return (None, *cell.series, *(q.name for q in cell.quantities if q.unit.endswith("/s")))
+
+
 def result(cell: Cell, source: Source, repository: str, series: str | None = None) -> dict:
-    """The cell's samples, or with `series` one series of its figures' per-sample values, as one result."""
+    """The cell's samples, or with `series` one series of its figures' per-sample values or a throughput's."""
     run_id = uuid.uuid5(NAMESPACE, f"{source.machine}\n{source.created_utc}\n{source.path}").hex
     named = {"run_name": f"{RUN_REASON}: {source.commit}"} if source.commit else {}  # as conbench's client names it
     return {
@@ -88,8 +109,7 @@ def result(cell: Cell, source: Source, repository: str, series: str | None = Non
         "batch_id": run_id,
         "run_reason": RUN_REASON,
         "timestamp": source.created_utc.replace("Z", "+00:00"),
-        "stats": {"data": list(cell.seconds if series is None else cell.series[series]), "unit": UNIT,
-                  "iterations": 1},
+        "stats": dict(zip(("data", "unit"), series_data(cell, series)), iterations=1),
         # the tag keeps its first name, "workload": renaming it would start every conbench history afresh
         "tags": {"name": BENCHMARK_NAME, "workload": cell.case, "mode": cell.mode, "length": str(cell.length),
                  **({} if series is None else {"figure": series})},
@@ -108,4 +128,4 @@ def document(sources: list[Source], options: dict) -> object:
     if not repository.startswith(REPOSITORY_PREFIX):
         raise ValueError(f"conbench takes a repository URL starting with {REPOSITORY_PREFIX}, got {repository!r}")
     return [result(cell, source, repository, series) for source in sources for cell in source.cells
-            for series in (None, *cell.series)]
+            for series in result_series(cell)]

@@ -10,6 +10,11 @@ an ITL percentile), `extra` its meaning and the per-sample values it is the medi
 one tool, and this tool is "smaller is better", so the speedup goes in as the cost it saves, which
 is smaller-is-better too.
 
+A serving record's cell (kvbench.export.serving) adds its figures (ttft_p50 ... e2e_p99) in milliseconds as
+above, and its quantities: `.../waste` (fraction) and `.../preemptions` (count) as they are, and the
+bigger-is-better throughputs inverted, `.../output_tokens_per_second inverse` in `1/(tokens/s)` (seconds per
+token), `range` and `extra` saying so, the per-rotation values listed.
+
 The action stamps each run with the workflow's own commit and knows no machines: records from
 several machines go into one file with the machine appended to each name, and records must share
 one commit.
@@ -17,7 +22,7 @@ one commit.
 
 from __future__ import annotations
 
-from kvbench.export.common import Cell, Source, cell_facts, finite
+from kvbench.export.common import Cell, Quantity, Source, cell_facts, finite
 from kvbench.export.figures import Figure
 
 MILLISECONDS = 1e3
@@ -44,6 +49,19 @@ def figure_entry(figure: Figure, cell: Cell, suffix: str) -> dict:
     return out
 
 
+def quantity_entry(quantity: Quantity, cell: Cell, suffix: str) -> dict:
+    """A quantity as the smaller-is-better tool takes it: a bigger-is-better one inverted, and saying so."""
+    value, low, high, unit, name = quantity.value, quantity.low, quantity.high, quantity.unit, quantity.name
+    values, note = quantity.values, ""
+    if quantity.higher_is_better:
+        note = f"; inverted (this tool holds smaller-is-better values): 1 / {value:.6g} {unit}"
+        value, low, high, unit, name = 1 / value, 1 / high, 1 / low, f"1/({unit})", f"{name} inverse"
+        values = [1 / v for v in values]
+    return {"name": f"kvbench/{cell.key}/{name}{suffix}", "unit": unit, "value": finite(value),
+            "range": interval_text(low, high, unit, "95% interval of the median"),
+            "extra": f"{quantity.meaning}{note}\nsamples: {' '.join(f'{v:.6g}' for v in values)}"}
+
+
 def extra_text(cell: Cell, source: Source) -> str:
     facts = cell_facts(cell, source)
     lines = [f"{key}: {value}" for key, value in facts.items() if value is not None]
@@ -61,7 +79,8 @@ def entries(cell: Cell, source: Source, suffix: str) -> list[dict]:
         out.append({"name": f"kvbench/{cell.key} cost vs {cell.baseline}{suffix}", "unit": f"x {cell.baseline}",
                     "value": finite(cost.ratio), "range": interval_text(cost.low, cost.high, f"x {cell.baseline}"),
                     "extra": f"speedup {cell.speedup.ratio:.6g}x ({cell.baseline} / {cell.mode}); cost = 1 / speedup"})
-    return out + [figure_entry(figure, cell, suffix) for figure in cell.figures]
+    return out + [figure_entry(figure, cell, suffix) for figure in cell.figures] + \
+        [quantity_entry(quantity, cell, suffix) for quantity in cell.quantities]
 
 
 def document(sources: list[Source], options: dict) -> object:

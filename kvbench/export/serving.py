@@ -1,0 +1,75 @@
+"""A serving record (`kvbench run --trace`, schema kvbench.serving/1) as the exporters see it: one Source whose
+cells are its kinds, on the measures `kvbench compare` lines up (kvbench.report.serving_compare.MEASURES).
+
+Per kind, one cell `<case>/<kind>/<requests>`: the case names the preset, the model fields changed from it and
+the serving work (trace lengths, arrivals, KV budget, reservation policy, prefix sharing), the length is the
+trace's request count. Its samples are each rotation's replay seconds (the whole trace, first arrival to last
+token); its speedup the output throughput ratio to the record's first kind, paired by rotation with the rerun
+interval `kvbench report` prints. Its figures are the TTFT, TPOT, ITL and E2E percentiles of each replay, in
+seconds: the median over rotations with the order-statistic interval of a median, and the per-rotation values.
+Its quantities are what is not seconds: output tokens/s and requests/s, the KV waste fraction and preemptions.
+"""
+
+from __future__ import annotations
+
+from kvbench import stats
+from kvbench.export.common import Cell, Quantity, Source, changed_fields
+from kvbench.export.figures import Figure
+from kvbench.report.serving import summarise
+from kvbench.report.serving_compare import MEASURES, median_with_interval, per_rotation
+
+SAMPLE = "one whole trace replay: every request, from the first arrival to the last token"
+THROUGHPUT_RATIO = "median over rotations of output tokens/s, this kind / the first kind, paired by rotation"
+
+
+def serving_case(record: dict) -> str:
+    """The preset, its changed fields and the serving work: two records of one case replayed the same work."""
+    spec, budget = record["trace"].get("spec") or {}, record["budget"]
+    parts = [record["preset"], *changed_fields(record["preset"], record["config"]),
+             f"serving={spec.get('lengths', 'saved-trace')}", f"arrivals={record['trace'].get('arrivals')}",
+             f"budget={budget['bytes']}"]
+    if budget.get("reserve"):
+        parts.append(f"reserve={budget['reserve']}")
+    if any(setting.get("share_prefix") for setting in record.get("settings", {}).values()):
+        parts.append("share-prefix")
+    return ",".join(parts)
+
+
+def speedup_of(summary: dict, kind: str) -> stats.RatioEstimate | None:
+    found = summary["ratios"].get(kind, {}).get("throughput")
+    if not found:
+        return None
+    return stats.RatioEstimate(found["ratio"], found["low"], found["high"], found["pairs"], THROUGHPUT_RATIO,
+                               "rerun")
+
+
+def kind_cell(record: dict, kind: str, measured: dict[str, dict[int, float]], summary: dict) -> Cell:
+    seconds = [kept["seconds"] for kept in record["samples"] if kept["mode"] == kind]
+    figures, series, quantities = [], {}, []
+    for measure in MEASURES:
+        if measure.name not in measured:
+            continue
+        values = list(measured[measure.name].values())
+        median, low, high = median_with_interval(values)
+        if measure.unit == "s":
+            figures.append(Figure(measure.name, measure.name, median, low, high,
+                                  f"{measure.meaning}; median over rotations"))
+            series[measure.name] = values
+        else:
+            quantities.append(Quantity(measure.name, measure.unit, median, low, high, values,
+                                       measure.higher_is_better, f"{measure.meaning}; median over rotations"))
+    baseline, checks = record["kinds"][0], record["checks"]
+    passed = bool(checks.get(kind, {}).get("passed"))
+    median = stats.rerun_interval(stats.median_estimate(seconds, stats.BETWEEN_RUN["seconds"]))
+    return Cell(serving_case(record), kind, len(record["trace"]["requests"]), seconds, median,
+                speedup_of(summary, kind), passed and bool(checks.get(baseline, {}).get("passed")), passed,
+                baseline, SAMPLE, figures, series, quantities)
+
+
+def serving_source(record: dict, path: str) -> Source:
+    """The record's kinds as cells (kvbench.report.serving_compare.read_serving checked it)."""
+    summary, measured = summarise(record), per_rotation(record)
+    cells = [kind_cell(record, kind, measured[kind], summary) for kind in record["kinds"] if kind in measured]
+    status = "complete" if record.get("complete", True) else "incomplete"
+    return Source(str(path), record["environment"].get("timestamp_utc", ""), status, record["environment"],
+                  record["protocol"], cells)
