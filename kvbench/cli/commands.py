@@ -134,7 +134,8 @@ def check_same_work(old: RecordView, new: RecordView, force: bool) -> None:
                        "times do not compare; pass --force to line them up anyway")
 
 
-def cmd_compare(args: argparse.Namespace) -> int:
+def check_compare_arguments(args: argparse.Namespace) -> None:
+    """Options that do not fit together are refused before any record is read, whatever kind of record."""
     check_comparison_options(args)
     if args.more and not args.across_machines:
         raise CliError(f"compare takes OLD and NEW; {len(args.more)} more record(s) need --across-machines")
@@ -142,6 +143,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
         for option, given in (("--pair", args.pair), ("--fail-on-regression", args.fail_on_regression)):
             if given:
                 raise CliError(f"{option} judges NEW against OLD; --across-machines lines records up instead")
+    if len(dict(args.pair)) < len(args.pair):
+        raise CliError("--pair names a NEW mode twice")
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    check_compare_arguments(args)
+    if args.across_machines:
         views = [load_view(path) for path in (args.old, args.new, *args.more)]
         for view in views[1:]:
             check_same_work(views[0], view, args.force)
@@ -153,8 +161,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 console.print(item)
         return 0
     mapping = dict(args.pair)
-    if len(mapping) < len(args.pair):
-        raise CliError("--pair names a NEW mode twice")
     old, new = load_view(args.old), load_view(args.new)
     check_same_work(old, new, args.force)
     comparison = compare.compare_records(old, new, factor=args.factor, alpha=args.alpha, mapping=mapping)
@@ -180,7 +186,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def exportable(path: Path):
     """A record as the exporters take it: a RecordView, or a serving record's Source (kvbench.export.serving)."""
     from kvbench.export.serving import serving_source
-    from kvbench.report.serving_compare import read_serving
+    from kvbench.report.comparison.serving import read_serving
 
     served = read_serving(path)  # None for a loop record; a file that cannot be read is one line, exit 2
     return load_view(path) if served is None else serving_source(served, str(path))

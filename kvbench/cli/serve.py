@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from kvbench import admission, files, memory, record, timing, trace
-from kvbench.cli.commands import check_comparison_options, check_output, cmd_compare, cmd_report, config_from_args
+from kvbench.cli.commands import check_compare_arguments, check_output, cmd_compare, cmd_report, config_from_args
 from kvbench.cli.options import fraction
 from kvbench.cli.parser import CliError, did_you_mean
 from kvbench.cli.serving_options import DEFAULT_KINDS, DEFAULT_REPEATS, DEFAULT_BUDGET_REQUESTS
@@ -202,10 +202,11 @@ def cmd_report_serving(args: argparse.Namespace) -> int:
 
 
 def cmd_compare_any(args: argparse.Namespace) -> int:
-    """`kvbench compare`: two serving records line their kinds' measures up (kvbench.report.serving_compare); any
+    """`kvbench compare`: two serving records line their kinds' measures up (kvbench.report.comparison.serving); any
     other records go to cmd_compare."""
-    from kvbench.report import serving_compare
+    from kvbench.report.comparison import serving as serving_compare
 
+    check_compare_arguments(args)
     served = [serving_compare.read_serving(path) for path in (args.old, args.new, *args.more)]  # or one line, exit 2
     if not any(record is not None for record in served):
         return cmd_compare(args)
@@ -213,9 +214,8 @@ def cmd_compare_any(args: argparse.Namespace) -> int:
 
 
 def cmd_compare_serving(args: argparse.Namespace, served: list) -> int:
-    from kvbench.report import serving_compare
+    from kvbench.report.comparison import serving as serving_compare
 
-    check_comparison_options(args)
     if None in served:
         other = [str(path) for path, record in zip((args.old, args.new, *args.more), served) if record is None][0]
         raise CliError(f"{other} is not a serving record: compare a serving record with another serving record "

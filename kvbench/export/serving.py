@@ -1,5 +1,5 @@
 """A serving record (`kvbench run --trace`, schema kvbench.serving/1) as the exporters see it: one Source whose
-cells are its kinds, on the measures `kvbench compare` lines up (kvbench.report.serving_compare.MEASURES).
+cells are its kinds, on the measures `kvbench compare` lines up (kvbench.report.comparison.serving.MEASURES).
 
 Per kind, one cell `<case>/<kind>/<requests>`: the case names the preset, the model fields changed from it and
 the serving work (trace lengths, arrivals, KV budget, reservation policy, prefix sharing), the length is the
@@ -15,8 +15,8 @@ from __future__ import annotations
 from kvbench import stats
 from kvbench.export.common import Cell, Quantity, Source, changed_fields
 from kvbench.export.figures import Figure
-from kvbench.report.serving import summarise
-from kvbench.report.serving_compare import MEASURES, median_with_interval, per_rotation
+from kvbench.report.record.serving import summarise
+from kvbench.report.comparison.serving import MEASURES, median_with_interval, per_rotation
 
 SAMPLE = "one whole trace replay: every request, from the first arrival to the last token"
 THROUGHPUT_RATIO = "median over rotations of output tokens/s, this kind / the first kind, paired by rotation"
@@ -67,7 +67,7 @@ def kind_cell(record: dict, kind: str, measured: dict[str, dict[int, float]], su
 
 
 def serving_source(record: dict, path: str) -> Source:
-    """The record's kinds as cells (kvbench.report.serving_compare.read_serving checked it)."""
+    """The record's kinds as cells (kvbench.report.comparison.serving.read_serving checked it)."""
     summary, measured = summarise(record), per_rotation(record)
     cells = [kind_cell(record, kind, measured[kind], summary) for kind in record["kinds"] if kind in measured]
     status = "complete" if record.get("complete", True) else "incomplete"

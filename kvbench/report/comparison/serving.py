@@ -4,7 +4,7 @@ for a serving record (kvbench.export.serving). Torch-free.
 A measure is one figure of a replay (kvbench.serving_figures) taken once per rotation: per kind, its median over
 the rotations with the order-statistic interval of a median (as `kvbench report` prints it), and between two
 records NEW / OLD with the interval, minimum detectable effect and verdict every comparison uses
-(kvbench.report.verdicts), each record's interval widened by stats.BETWEEN_RUN["seconds"], how much a run-level
+(kvbench.report.comparison.verdicts), each record's interval widened by stats.BETWEEN_RUN["seconds"], how much a run-level
 median moves between runs. A measure that is zero on either side (no preemption, no waste) has no ratio: the
 comparison shows NEW - OLD instead.
 """
@@ -16,16 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvbench import files, stats
-from kvbench.report.differences import Difference, environment_diff
-from kvbench.report.serving import SERVING_SCHEMA, figures_by_mode, pick
-from kvbench.report.verdicts import FASTER, SLOWER, Change, change
+from kvbench.report.comparison.differences import Difference, environment_diff
+from kvbench.report.record.serving import SERVING_SCHEMA, figures_by_mode, pick
+from kvbench.report.comparison.verdicts import FASTER, SLOWER, Change, change
 
 
 @dataclass(frozen=True)
 class Measure:
     """One figure of a replay: its name in the figures (kvbench.serving_figures), unit and direction."""
 
-    key: str  # "output_tokens_per_second", "ttft.p99": kvbench.report.serving.pick reads it
+    key: str  # "output_tokens_per_second", "ttft.p99": kvbench.report.record.serving.pick reads it
     unit: str  # the unit of its values: "tokens/s", "requests/s", "s", "fraction", "count"
     higher_is_better: bool
     meaning: str
@@ -216,7 +216,7 @@ HEADER = ("kind", "measure", "OLD median [95% interval]", "NEW median [95% inter
           "MDE", "verdict")
 
 ABOUT = ("serving records: per kind, each measure's median over rotations [95% order-statistic interval]; NEW / OLD "
-         "[95% interval, each side widened by between-run variation], MDE and verdict (kvbench.report.verdicts)")
+         "[95% interval, each side widened by between-run variation], MDE and verdict (kvbench.report.comparison.verdicts)")
 
 
 def environment_lines(c: ServingComparison) -> list[str]:
