@@ -147,29 +147,31 @@ def check_compare_arguments(args: argparse.Namespace) -> None:
         raise CliError("--pair names a NEW mode twice")
 
 
+def print_layout(layout: str, markdown_text, renderables) -> None:
+    """A comparison in the layout asked for: `markdown_text()` to stdout, or `renderables()` on the terminal."""
+    if layout == "markdown":
+        sys.stdout.write(markdown_text())
+        return
+    console = stdout_console()
+    for item in renderables():
+        console.print(item)
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     check_compare_arguments(args)
     if args.across_machines:
         views = [load_view(path) for path in (args.old, args.new, *args.more)]
         for view in views[1:]:
             check_same_work(views[0], view, args.force)
-        if args.format == "markdown":
-            sys.stdout.write(comparison_markdown.render_across(views))
-        else:
-            console = stdout_console()
-            for item in comparison_terminal.across_renderables(views):
-                console.print(item)
+        print_layout(args.format, lambda: comparison_markdown.render_across(views),
+                     lambda: comparison_terminal.across_renderables(views))
         return 0
     mapping = dict(args.pair)
     old, new = load_view(args.old), load_view(args.new)
     check_same_work(old, new, args.force)
     comparison = compare.compare_records(old, new, factor=args.factor, alpha=args.alpha, mapping=mapping)
-    if args.format == "markdown":
-        sys.stdout.write(comparison_markdown.render_comparison(comparison))
-    else:
-        console = stdout_console()
-        for item in comparison_terminal.compare_renderables(comparison):
-            console.print(item)
+    print_layout(args.format, lambda: comparison_markdown.render_comparison(comparison),
+                 lambda: comparison_terminal.compare_renderables(comparison))
     if args.fail_on_regression and comparison.not_comparable:  # a machine change is no regression of the code
         print(f"kvbench: no regression check: {comparison.not_comparable}, so no cell is slower or faster; "
               f"{comparison.instead}", file=sys.stderr)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from kvbench import admission, files, memory, record, timing, trace
-from kvbench.cli.commands import check_compare_arguments, check_output, cmd_compare, cmd_report, config_from_args
+from kvbench.cli.commands import check_compare_arguments, print_layout, check_output, cmd_compare, cmd_report, config_from_args
 from kvbench.cli.options import fraction
 from kvbench.cli.parser import CliError, did_you_mean
 from kvbench.cli.serving_options import DEFAULT_KINDS, DEFAULT_REPEATS, DEFAULT_BUDGET_REQUESTS
@@ -230,12 +230,8 @@ def cmd_compare_serving(args: argparse.Namespace, served: list) -> int:
                        "to line them up anyway")
     comparison = serving_compare.compare_serving(old, new, str(args.old), str(args.new), factor=args.factor,
                                                  alpha=args.alpha, mapping=mapping)
-    if args.format == "markdown":
-        sys.stdout.write(serving_compare.render_markdown(comparison))
-    else:
-        console = stdout_console()
-        for item in serving_compare.compare_renderables(comparison):
-            console.print(item)
+    print_layout(args.format, lambda: serving_compare.render_markdown(comparison),
+                 lambda: serving_compare.compare_renderables(comparison))
     if args.fail_on_regression and comparison.regressions:
         worst = comparison.regressions[0]
         print(f"kvbench: regression: {len(comparison.regressions)} measure(s) worse beyond their MDE and "
