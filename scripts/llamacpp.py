@@ -17,6 +17,8 @@ rows of every layer's output and of the logits, 4 decimals) with kvbench's full 
 run --contexts` (full, static), each alternation started by the other engine, with one-thread triad measured
 (kvbench.machine) before every llama-bench call; kvbench's run measures its own every round. A share of
 bandwidth: the bytes a step reads (weights once, the cache at that context) over its time, over that triad.
+`--dtype bfloat16` runs kvbench's model in bfloat16 against a GGUF of the same rounded weights, its matrices
+BF16 (llama.cpp's converter's --outtype bf16); `verify` checks the layout on the F32 file of the same seed.
 """
 
 from __future__ import annotations
@@ -87,13 +89,17 @@ def run(command: list[str], **options) -> subprocess.CompletedProcess:
 # -- the weights ----------------------------------------------------------------------------------------
 
 
-def model_gguf(preset: str = PRESET, seed: int = 0, root: Path | None = None) -> tuple[object, Path]:
-    """kvbench's model and its GGUF, kept beside the build (written once per preset and seed, atomically)."""
+GGUF_TYPES = {"float32": "f32", "bfloat16": "bf16"}  # kvbench's dtype -> the GGUF's matrices (kvbench.gguf_writer)
+
+
+def model_gguf(preset: str = PRESET, seed: int = 0, root: Path | None = None,
+               dtype: str = "float32") -> tuple[object, Path]:
+    """kvbench's model and its GGUF, kept beside the build (written once per preset, seed and dtype, atomically)."""
     from kvbench import gguf_writer
     from kvbench.model import build_model, preset_config
 
-    model = build_model(preset_config(preset), seed=seed)
-    path = (root or cache_root()) / "gguf" / f"{preset}-seed{seed}-f32.gguf"
+    model = build_model(preset_config(preset, dtype=dtype), seed=seed)
+    path = (root or cache_root()) / "gguf" / f"{preset}-seed{seed}-{GGUF_TYPES[dtype]}.gguf"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(path.name + ".partial")
@@ -228,9 +234,11 @@ def bandwidth_now(repeats: int = 3) -> dict[str, float]:
     return {kernel: measured[kernel]["1"]["median"] for kernel in ("copy", "triad")}
 
 
-def kvbench_run(output: Path, preset: str, contexts: tuple[int, ...], modes: str, repeats: int) -> None:
+def kvbench_run(output: Path, preset: str, contexts: tuple[int, ...], modes: str, repeats: int,
+                dtype: str = "float32") -> None:
     run([sys.executable, "-m", "kvbench", "run", "--preset", preset, "--contexts", ",".join(map(str, contexts)),
-         "--modes", modes, "--repeats", str(repeats), "--threads", "1", "--no-progress", "--output", str(output)])
+         "--modes", modes, "--repeats", str(repeats), "--threads", "1", "--dtype", dtype, "--no-progress",
+         "--output", str(output)])
 
 
 def kvbench_figures(path: Path, contexts: tuple[int, ...]) -> dict:
@@ -278,7 +286,8 @@ def alternate(path: Path, out_dir: Path, arguments: argparse.Namespace) -> list[
                                   for context in contexts}
             else:
                 record = out_dir / f"kvbench-{index}.json"
-                kvbench_run(record, arguments.preset, contexts, arguments.modes, arguments.kvbench_repeats)
+                kvbench_run(record, arguments.preset, contexts, arguments.modes, arguments.kvbench_repeats,
+                            arguments.dtype)
                 entry["kvbench"] = kvbench_figures(record, contexts)
         entry["load_after"] = load_average()
         found.append(entry)
@@ -363,14 +372,15 @@ def collect(arguments: argparse.Namespace) -> dict:
         check_output(out_dir / f"kvbench-{index}.json", arguments.force)
     started, load = utc_now(), uptime()
     build()
-    model, path = model_gguf(arguments.preset)
-    checked = verify(preset=arguments.preset)
+    model, path = model_gguf(arguments.preset, dtype=arguments.dtype)
+    checked = verify(preset=arguments.preset)  # on the F32 file: a bfloat16 model holds the same weights rounded
     torch.set_num_threads(1)
     alternations = alternate(path, out_dir, arguments)
     rows = summary(alternations, contexts, model.config)
     first_run = alternations[0]["llama"][str(contexts[0])]
     record = {"schema": "kvbench.llamacpp/1", "created_utc": started, "finished_utc": utc_now(),
               "command": ["python", "scripts/llamacpp.py", *sys.argv[1:]], "preset": arguments.preset, "seed": 0,
+              "dtype": arguments.dtype,
               "llama_cpp": {"source": f"llama-cpp-python {LLAMA_CPP_PYTHON} sdist, vendor/llama.cpp",
                             "commit": first_run["build_commit"], "targets": list(TARGETS),
                             "bench": f"llama-bench -t 1 -p 0 -n {GENERATED} (and -n 1) -d C -r {arguments.repetitions}",
@@ -395,6 +405,8 @@ def parser() -> argparse.ArgumentParser:
     timing.add_argument("--contexts", type=lambda text: [int(n) for n in text.split(",")], default=list(CONTEXTS))
     timing.add_argument("--modes", default="full,static", help="kvbench run --modes")
     timing.add_argument("--preset", default=PRESET, help="a llama-family preset without a window")
+    timing.add_argument("--dtype", choices=sorted(GGUF_TYPES), default="float32",
+                        help="kvbench run --dtype, and the GGUF's matrices: F32, or BF16 as llama.cpp's converter writes")
     timing.add_argument("--output", type=Path, default=OUTPUT)
     timing.add_argument("--force", action="store_true")
     return parsed
