@@ -31,7 +31,7 @@ def steps(monkeypatch, tmp_path):
 
 def test_the_suite_times_the_compiled_modes_at_the_commands_window(steps):
     models, modes, contexts = steps.TimeStep.params
-    assert [mode for mode in modes if spec(mode).compiled] == ["static-compiled", "hf-static-compiled"]
+    assert [mode for mode in modes if spec(mode).compiled] == ["static-compiled"]
     assert modes[0] == "static" and models == ("llama-mini",) and contexts == (256,)  # asv passes indices
     window, last_step = steps.workloads()
     assert window == Contexts()  # kvbench run --contexts's gate
