@@ -17,8 +17,7 @@ rows of every layer's output and of the logits, 4 decimals) with kvbench's full 
 run --contexts` (full, static), each alternation started by the other engine, with one-thread triad measured
 (kvbench.machine) before every llama-bench call; kvbench's run measures its own every round. A share of
 bandwidth: the bytes a step reads (weights once, the cache at that context) over its time, over that triad.
-`--dtype bfloat16` runs kvbench's model in bfloat16 against a GGUF of the same rounded weights, its matrices
-BF16 (llama.cpp's converter's --outtype bf16); `verify` checks the layout on the F32 file of the same seed.
+`--dtype bfloat16`: kvbench's bfloat16 model against a GGUF of its matrices in BF16 (the converter's --outtype bf16).
 """
 
 from __future__ import annotations
@@ -89,9 +88,6 @@ def run(command: list[str], **options) -> subprocess.CompletedProcess:
 # -- the weights ----------------------------------------------------------------------------------------
 
 
-GGUF_TYPES = {"float32": "f32", "bfloat16": "bf16"}  # kvbench's dtype -> the GGUF's matrices (kvbench.gguf_writer)
-
-
 def model_gguf(preset: str = PRESET, seed: int = 0, root: Path | None = None,
                dtype: str = "float32") -> tuple[object, Path]:
     """kvbench's model and its GGUF, kept beside the build (written once per preset, seed and dtype, atomically)."""
@@ -99,7 +95,7 @@ def model_gguf(preset: str = PRESET, seed: int = 0, root: Path | None = None,
     from kvbench.model import build_model, preset_config
 
     model = build_model(preset_config(preset, dtype=dtype), seed=seed)
-    path = (root or cache_root()) / "gguf" / f"{preset}-seed{seed}-{GGUF_TYPES[dtype]}.gguf"
+    path = (root or cache_root()) / "gguf" / f"{preset}-seed{seed}-{'bf16' if dtype == 'bfloat16' else 'f32'}.gguf"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(path.name + ".partial")
@@ -172,8 +168,7 @@ def eval_callback(path: Path, prompt: str, layers: list[str], attempts: int = 10
 
 
 def verify(prompt: str = "The quick brown fox jumps over the lazy dog.", preset: str = PRESET) -> dict:
-    """llama.cpp's residual stream after every layer and its logits (llama-eval-callback, one thread) against
-    kvbench's full-prefix forward of the same token ids."""
+    """llama.cpp's residual stream after every layer and logits (llama-eval-callback) against kvbench's forward."""
     import torch
 
     model, path = model_gguf(preset)
@@ -226,19 +221,17 @@ def llama_cpu_per_token(path: Path, context: int, repetitions: int) -> dict:
 
 
 def bandwidth_now(repeats: int = 3) -> dict[str, float]:
-    """One-thread copy and triad (bytes/s, medians of `repeats`) over arrays past the last-level cache, as
-    kvbench's runs measure them (kvbench.machine)."""
+    """One-thread copy and triad (bytes/s, medians of `repeats`) past the last-level cache, as kvbench measures."""
     from kvbench import machine
 
     measured = machine.memory_bandwidth([1], machine.buffer_bytes(machine.last_level_cache_bytes()), repeats)
     return {kernel: measured[kernel]["1"]["median"] for kernel in ("copy", "triad")}
 
 
-def kvbench_run(output: Path, preset: str, contexts: tuple[int, ...], modes: str, repeats: int,
-                dtype: str = "float32") -> None:
-    run([sys.executable, "-m", "kvbench", "run", "--preset", preset, "--contexts", ",".join(map(str, contexts)),
-         "--modes", modes, "--repeats", str(repeats), "--threads", "1", "--dtype", dtype, "--no-progress",
-         "--output", str(output)])
+def kvbench_run(output: Path, arguments: argparse.Namespace) -> None:
+    run([sys.executable, "-m", "kvbench", "run", "--preset", arguments.preset, "--contexts", ",".join(map(
+        str, arguments.contexts)), "--modes", arguments.modes, "--repeats", str(arguments.kvbench_repeats),
+         "--threads", "1", "--dtype", arguments.dtype, "--no-progress", "--output", str(output)])
 
 
 def kvbench_figures(path: Path, contexts: tuple[int, ...]) -> dict:
@@ -264,13 +257,11 @@ CACHE_ELEMENT_BYTES = {"f32": 4, "f16": 2, "bf16": 2}
 
 
 def cache_bytes(config, context: int, element: str) -> int:
-    """K and V of every layer at `context` positions (llama-bench's cache is F16 by default and cannot be F32:
-    its -ctk takes no f32)."""
+    """K and V of every layer at `context` positions (llama-bench's cache is F16 by default; -ctk takes no f32)."""
     return 2 * config.layers * config.kv_heads * config.head_dim * CACHE_ELEMENT_BYTES[element] * context
 
 
-def load_average() -> list[float]:
-    return [round(value, 2) for value in os.getloadavg()]
+load_average = lambda: [round(value, 2) for value in os.getloadavg()]  # noqa: E731
 
 
 def alternate(path: Path, out_dir: Path, arguments: argparse.Namespace) -> list[dict]:
@@ -286,8 +277,7 @@ def alternate(path: Path, out_dir: Path, arguments: argparse.Namespace) -> list[
                                   for context in contexts}
             else:
                 record = out_dir / f"kvbench-{index}.json"
-                kvbench_run(record, arguments.preset, contexts, arguments.modes, arguments.kvbench_repeats,
-                            arguments.dtype)
+                kvbench_run(record, arguments)
                 entry["kvbench"] = kvbench_figures(record, contexts)
         entry["load_after"] = load_average()
         found.append(entry)
@@ -405,8 +395,7 @@ def parser() -> argparse.ArgumentParser:
     timing.add_argument("--contexts", type=lambda text: [int(n) for n in text.split(",")], default=list(CONTEXTS))
     timing.add_argument("--modes", default="full,static", help="kvbench run --modes")
     timing.add_argument("--preset", default=PRESET, help="a llama-family preset without a window")
-    timing.add_argument("--dtype", choices=sorted(GGUF_TYPES), default="float32",
-                        help="kvbench run --dtype, and the GGUF's matrices: F32, or BF16 as llama.cpp's converter writes")
+    timing.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="kvbench run --dtype")
     timing.add_argument("--output", type=Path, default=OUTPUT)
     timing.add_argument("--force", action="store_true")
     return parsed
