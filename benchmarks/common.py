@@ -153,9 +153,6 @@ def note_speedup(model: str, mode: str, length: int, estimate, state, clock: dic
     """Keep beside asv's number what asv cannot hold: its interval, why sampling stopped, the noise."""
     from kvbench.telemetry import disturbances  # since the commit that brought track_speedup's sampling
 
-    asvtools = _asvtools()
-    if asvtools is None or not hasattr(asvtools, "annotate_capture"):
-        return
     stopped = state.lengths[length]
     reasons: dict[str, int] = {}
     disturbed = 0  # counted here, not with telemetry.tally: the suite also runs against older commits
@@ -164,7 +161,7 @@ def note_speedup(model: str, mode: str, length: int, estimate, state, clock: dic
         disturbed += bool(found)
         for reason in found:
             reasons[reason] = reasons.get(reason, 0) + 1
-    asvtools.annotate_capture("track_speedup", f"{model}@{mode}@{length}", {  # the parameters, joined by @
+    annotate("track_speedup", f"{model}@{mode}@{length}", {  # the parameters, joined by @
         "speedup": estimate.ratio, "low": estimate.low, "high": estimate.high, "half_width": estimate.half_width,
         "estimator": estimate.estimator, "interval": estimate.interval, "rotations": stopped.rotations,
         "stop": stopped.stop, "samples": len(state.samples),
@@ -173,6 +170,13 @@ def note_speedup(model: str, mode: str, length: int, estimate, state, clock: dic
         "telemetry_per_sample_seconds": state.telemetry_seconds, "precise": stopped.stop == "precise",
         "budget": budget or {}, "estimation": clock,
     })
+
+
+def annotate(section: str, key: str, value: dict) -> None:
+    """Keep `value` under capture[section][key] beside asv's result, where the commit's kvbench can."""
+    asvtools = _asvtools()
+    if asvtools is not None and hasattr(asvtools, "annotate_capture"):
+        asvtools.annotate_capture(section, key, value)
 
 
 def _asvtools():

@@ -1,7 +1,8 @@
 """kvbench's llama-family model as a GGUF file that llama.cpp runs: the same numbers in llama.cpp's layout.
 
 The file is what llama.cpp's converter (convert_hf_to_gguf.py) would write from the same weights in
-transformers' layout: architecture llama, every tensor F32, q and k rows permuted (its LlamaModel.permute:
+transformers' layout: architecture llama, every tensor F32 (a bfloat16 model's matrices BF16, its vectors F32,
+as the converter's --outtype bf16 writes them), q and k rows permuted (its LlamaModel.permute:
 llama.cpp's rotary kernel turns adjacent channel pairs, kvbench's and transformers' turn channel i with
 i + D/2), llama 3's rotary scaling as the converter's rope_freqs tensor (each frequency's divisor). The
 vocabulary is minimal but valid for llama.cpp: SentencePiece-style (<unk>, <s>, </s>, the 256 byte tokens
@@ -106,13 +107,17 @@ def add_shapes(writer, config) -> None:
 
 
 def write_gguf(model, path: Path | str, name: str = "kvbench") -> Path:
-    """kvbench's model as an F32 GGUF of architecture llama that llama.cpp loads and runs."""
+    """kvbench's model as a GGUF of architecture llama that llama.cpp loads and runs: F32, or for a bfloat16
+    model its matrices in BF16 (the same numbers: a bfloat16 value is exact in float32 and back)."""
     gguf = require_gguf()
     config, path = model.config, Path(path)
     tensors = gguf_tensors(model)
+    bf16 = str(config.dtype).removeprefix("torch.") == "bfloat16"
+    if not bf16 and str(config.dtype).removeprefix("torch.") != "float32":
+        raise ValueError(f"a GGUF is written from a float32 or bfloat16 model, got dtype {config.dtype}")
     writer = gguf.GGUFWriter(str(path), arch="llama")
     writer.add_name(name)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_BF16 if bf16 else gguf.LlamaFileType.ALL_F32)
     add_shapes(writer, config)
     tokens, types = vocabulary(config.vocab_size)
     writer.add_tokenizer_model("llama")
@@ -125,7 +130,11 @@ def write_gguf(model, path: Path | str, name: str = "kvbench") -> Path:
     writer.add_add_bos_token(True)
     writer.add_add_space_prefix(False)
     for tensor_name, values in tensors.items():
-        writer.add_tensor(tensor_name, values)
+        if bf16 and values.ndim == 2:
+            writer.add_tensor(tensor_name, gguf.quants.quantize(values, gguf.GGMLQuantizationType.BF16),
+                              raw_dtype=gguf.GGMLQuantizationType.BF16)
+        else:
+            writer.add_tensor(tensor_name, values)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -17,6 +17,7 @@ rows of every layer's output and of the logits, 4 decimals) with kvbench's full 
 run --contexts` (full, static), each alternation started by the other engine, with one-thread triad measured
 (kvbench.machine) before every llama-bench call; kvbench's run measures its own every round. A share of
 bandwidth: the bytes a step reads (weights once, the cache at that context) over its time, over that triad.
+`--dtype bfloat16`: kvbench's bfloat16 model against a GGUF of its matrices in BF16 (the converter's --outtype bf16).
 """
 
 from __future__ import annotations
@@ -87,13 +88,14 @@ def run(command: list[str], **options) -> subprocess.CompletedProcess:
 # -- the weights ----------------------------------------------------------------------------------------
 
 
-def model_gguf(preset: str = PRESET, seed: int = 0, root: Path | None = None) -> tuple[object, Path]:
-    """kvbench's model and its GGUF, kept beside the build (written once per preset and seed, atomically)."""
+def model_gguf(preset: str = PRESET, seed: int = 0, root: Path | None = None,
+               dtype: str = "float32") -> tuple[object, Path]:
+    """kvbench's model and its GGUF, kept beside the build (written once per preset, seed and dtype, atomically)."""
     from kvbench import gguf_writer
     from kvbench.model import build_model, preset_config
 
-    model = build_model(preset_config(preset), seed=seed)
-    path = (root or cache_root()) / "gguf" / f"{preset}-seed{seed}-f32.gguf"
+    model = build_model(preset_config(preset, dtype=dtype), seed=seed)
+    path = (root or cache_root()) / "gguf" / f"{preset}-seed{seed}-{'bf16' if dtype == 'bfloat16' else 'f32'}.gguf"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(path.name + ".partial")
@@ -166,8 +168,7 @@ def eval_callback(path: Path, prompt: str, layers: list[str], attempts: int = 10
 
 
 def verify(prompt: str = "The quick brown fox jumps over the lazy dog.", preset: str = PRESET) -> dict:
-    """llama.cpp's residual stream after every layer and its logits (llama-eval-callback, one thread) against
-    kvbench's full-prefix forward of the same token ids."""
+    """llama.cpp's residual stream after every layer and logits (llama-eval-callback) against kvbench's forward."""
     import torch
 
     model, path = model_gguf(preset)
@@ -220,17 +221,17 @@ def llama_cpu_per_token(path: Path, context: int, repetitions: int) -> dict:
 
 
 def bandwidth_now(repeats: int = 3) -> dict[str, float]:
-    """One-thread copy and triad (bytes/s, medians of `repeats`) over arrays past the last-level cache, as
-    kvbench's runs measure them (kvbench.machine)."""
+    """One-thread copy and triad (bytes/s, medians of `repeats`) past the last-level cache, as kvbench measures."""
     from kvbench import machine
 
     measured = machine.memory_bandwidth([1], machine.buffer_bytes(machine.last_level_cache_bytes()), repeats)
     return {kernel: measured[kernel]["1"]["median"] for kernel in ("copy", "triad")}
 
 
-def kvbench_run(output: Path, preset: str, contexts: tuple[int, ...], modes: str, repeats: int) -> None:
-    run([sys.executable, "-m", "kvbench", "run", "--preset", preset, "--contexts", ",".join(map(str, contexts)),
-         "--modes", modes, "--repeats", str(repeats), "--threads", "1", "--no-progress", "--output", str(output)])
+def kvbench_run(output: Path, arguments: argparse.Namespace) -> None:
+    run([sys.executable, "-m", "kvbench", "run", "--preset", arguments.preset, "--contexts", ",".join(map(
+        str, arguments.contexts)), "--modes", arguments.modes, "--repeats", str(arguments.kvbench_repeats),
+         "--threads", "1", "--dtype", arguments.dtype, "--no-progress", "--output", str(output)])
 
 
 def kvbench_figures(path: Path, contexts: tuple[int, ...]) -> dict:
@@ -256,13 +257,11 @@ CACHE_ELEMENT_BYTES = {"f32": 4, "f16": 2, "bf16": 2}
 
 
 def cache_bytes(config, context: int, element: str) -> int:
-    """K and V of every layer at `context` positions (llama-bench's cache is F16 by default and cannot be F32:
-    its -ctk takes no f32)."""
+    """K and V of every layer at `context` positions (llama-bench's cache is F16 by default; -ctk takes no f32)."""
     return 2 * config.layers * config.kv_heads * config.head_dim * CACHE_ELEMENT_BYTES[element] * context
 
 
-def load_average() -> list[float]:
-    return [round(value, 2) for value in os.getloadavg()]
+load_average = lambda: [round(value, 2) for value in os.getloadavg()]  # noqa: E731
 
 
 def alternate(path: Path, out_dir: Path, arguments: argparse.Namespace) -> list[dict]:
@@ -278,7 +277,7 @@ def alternate(path: Path, out_dir: Path, arguments: argparse.Namespace) -> list[
                                   for context in contexts}
             else:
                 record = out_dir / f"kvbench-{index}.json"
-                kvbench_run(record, arguments.preset, contexts, arguments.modes, arguments.kvbench_repeats)
+                kvbench_run(record, arguments)
                 entry["kvbench"] = kvbench_figures(record, contexts)
         entry["load_after"] = load_average()
         found.append(entry)
@@ -363,14 +362,15 @@ def collect(arguments: argparse.Namespace) -> dict:
         check_output(out_dir / f"kvbench-{index}.json", arguments.force)
     started, load = utc_now(), uptime()
     build()
-    model, path = model_gguf(arguments.preset)
-    checked = verify(preset=arguments.preset)
+    model, path = model_gguf(arguments.preset, dtype=arguments.dtype)
+    checked = verify(preset=arguments.preset)  # on the F32 file: a bfloat16 model holds the same weights rounded
     torch.set_num_threads(1)
     alternations = alternate(path, out_dir, arguments)
     rows = summary(alternations, contexts, model.config)
     first_run = alternations[0]["llama"][str(contexts[0])]
     record = {"schema": "kvbench.llamacpp/1", "created_utc": started, "finished_utc": utc_now(),
               "command": ["python", "scripts/llamacpp.py", *sys.argv[1:]], "preset": arguments.preset, "seed": 0,
+              "dtype": arguments.dtype,
               "llama_cpp": {"source": f"llama-cpp-python {LLAMA_CPP_PYTHON} sdist, vendor/llama.cpp",
                             "commit": first_run["build_commit"], "targets": list(TARGETS),
                             "bench": f"llama-bench -t 1 -p 0 -n {GENERATED} (and -n 1) -d C -r {arguments.repetitions}",
@@ -395,6 +395,7 @@ def parser() -> argparse.ArgumentParser:
     timing.add_argument("--contexts", type=lambda text: [int(n) for n in text.split(",")], default=list(CONTEXTS))
     timing.add_argument("--modes", default="full,static", help="kvbench run --modes")
     timing.add_argument("--preset", default=PRESET, help="a llama-family preset without a window")
+    timing.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="kvbench run --dtype")
     timing.add_argument("--output", type=Path, default=OUTPUT)
     timing.add_argument("--force", action="store_true")
     return parsed

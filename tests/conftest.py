@@ -48,6 +48,26 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture(scope="session")
+def compiled_config():
+    """The compile-marked tests' model (tests/test_compiled.py, tests/test_asv_steps.py): one config, so inductor's
+    cache holds one program for all of them. max_length 130: the last block is cut by max_length (128 + 2), the
+    case the compiled step's spare position exists for."""
+    return preset_config("llama-tiny", vocab_size=128, max_length=130)
+
+
+@pytest.fixture(scope="module")
+def inductor_cache(request, tmp_path_factory):
+    """One inductor cache for every run of the compile-marked tests, so that only the first run pays a cold compile
+    (in this session's temporary folder when pytest runs without its cache, `-p no:cacheprovider`)."""
+    patch = pytest.MonkeyPatch()
+    cache = getattr(request.config, "cache", None)
+    folder = cache.mkdir("inductor") if cache is not None else tmp_path_factory.mktemp("inductor")
+    patch.setenv("TORCHINDUCTOR_CACHE_DIR", str(folder))
+    yield
+    patch.undo()
+
+
 @pytest.fixture
 def make_record():
     """make_record({(mode, length): [seconds, ...]}, failed={(mode, length)}, status=...) -> record dict."""

@@ -17,21 +17,8 @@ from kvbench.model import build_model
 
 
 @pytest.fixture(scope="module")
-def inductor_cache(request, tmp_path_factory):
-    """One inductor cache for every run of these tests, so that only the first run pays a cold compile (in this
-    session's temporary folder when pytest runs without its cache, `-p no:cacheprovider`)."""
-    patch = pytest.MonkeyPatch()
-    cache = getattr(request.config, "cache", None)
-    folder = cache.mkdir("inductor") if cache is not None else tmp_path_factory.mktemp("inductor")
-    patch.setenv("TORCHINDUCTOR_CACHE_DIR", str(folder))
-    yield
-    patch.undo()
-
-
-@pytest.fixture(scope="module")
-def llama():
-    # max_length 130: the last block is cut by max_length (128 + 2), the case a spare position exists for
-    return build_model(preset_config("llama-tiny", vocab_size=128, max_length=130), seed=0)
+def llama(compiled_config):
+    return build_model(compiled_config, seed=0)
 
 
 def test_spans_are_whole_blocks_within_the_buffer():
@@ -47,6 +34,7 @@ def test_static_compiled_passes_the_gate_with_one_program_for_every_step_context
     program; after the first call, any recompile raises."""
     ids = token_ids(llama.config, 1, 130)
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()  # reset() keeps them: tests/test_asv_steps.py's graph would count here
     compiled.compile_seconds.clear()
     with torch._dynamo.config.patch(error_on_recompile=False):
         first = check_equivalence(llama, ids[:, :70], ["static-compiled"])["static-compiled"]

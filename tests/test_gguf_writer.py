@@ -59,6 +59,24 @@ def test_round_trip_through_gguf_reader(tmp_path):
     np.testing.assert_array_equal(gate, model.blocks[0].gate_up.weight[:48].numpy())
 
 
+def test_a_bfloat16_model_is_written_with_bf16_matrices_of_the_same_numbers(tmp_path):
+    """As llama.cpp's converter writes --outtype bf16: matrices BF16, vectors (norms, biases, rope factors) F32;
+    every value the bfloat16 model holds, bit for bit."""
+    model = build_model(DecoderConfig.from_dict({**SCALED, "qkv_bias": True, "dtype": "bfloat16"}), seed=3)
+    fields, tensors = read(write_gguf(model, tmp_path / "tiny-bf16.gguf"))
+    assert fields["general.file_type"] == gguf.LlamaFileType.MOSTLY_BF16
+    types = {name: tensor.tensor_type.name for name, tensor in tensors.items()}
+    assert {types[name] for name in ("token_embd.weight", "output.weight", "blk.1.ffn_down.weight")} == {"BF16"}
+    assert {types[name] for name in ("blk.1.attn_norm.weight", "blk.0.attn_q.bias", "rope_freqs.weight")} == {"F32"}
+    down = tensors["blk.1.ffn_down.weight"]
+    np.testing.assert_array_equal(gguf.quants.dequantize(down.data, down.tensor_type).reshape(32, 48),
+                                  model.blocks[1].down.weight.float().numpy())
+    norm = np.asarray(tensors["blk.1.attn_norm.weight"].data)
+    np.testing.assert_array_equal(norm, model.blocks[1].norm1.weight.float().numpy())
+    with pytest.raises(ValueError, match="float32 or bfloat16 model, got dtype torch.float16"):
+        write_gguf(build_model(DecoderConfig.from_dict({**TINY, "dtype": "float16"}), seed=0), tmp_path / "refused.gguf")
+
+
 def test_permuted_rows_are_the_pairs_llama_cpp_turns():
     """llama.cpp's rotary kernel (LLAMA_ROPE_TYPE_NORM) turns channels (2i, 2i + 1) of each head by frequency i;
     kvbench turns (i, i + D/2). After the permutation the projected vector's adjacent pairs are kvbench's halves."""
