@@ -94,7 +94,9 @@ def test_a_context_beyond_the_ids_or_a_prompt_beyond_them_is_a_value_error(tiny_
 
 
 def test_a_contexts_sample_times_the_steady_steps_only_not_the_cache_its_prefill_or_its_release(tiny_model):
-    """Issue 28: a cache whose making and releasing each take 50 ms; the samples of its steps must not."""
+    """Issue 28: a cache whose making and releasing each take 200 ms; the samples of its steps must not. (A sleep
+    lasts at least its time however busy the machine, and 200 ms is far above what 5 steps of the tiny model
+    take even at a load average of 25, so the bounds separate the two cases on a shared machine.)"""
     import time
 
     from kvbench import modes
@@ -107,11 +109,11 @@ def test_a_contexts_sample_times_the_steady_steps_only_not_the_cache_its_prefill
         released = 0
 
         def __init__(self, *args, **kwargs):
-            time.sleep(0.05)
+            time.sleep(0.2)
             super().__init__(*args, **kwargs)
 
         def release(self):
-            time.sleep(0.05)
+            time.sleep(0.2)
             type(self).released += 1
 
     modes.register(modes.spec_of_cache("ponderous", Ponderous))
@@ -124,4 +126,4 @@ def test_a_contexts_sample_times_the_steady_steps_only_not_the_cache_its_prefill
     assert Ponderous.released == 4  # the warm-up sample's and each timed sample's, after each
     for kept in samples:
         steps = kept.detail["step_seconds"]
-        assert len(steps) == 7 and sum(steps[2:]) <= kept.seconds < 0.05, (kept.mode, kept.seconds)
+        assert len(steps) == 7 and sum(steps[2:]) <= kept.seconds < 0.2, (kept.mode, kept.seconds)
