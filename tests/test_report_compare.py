@@ -579,3 +579,22 @@ def test_the_reference_record_from_another_cpu_against_a_fresh_run_here_exits_0_
     assert "different machines (cpu.brand AMD EPYC -> " not in captured.out  # OLD is the Intel one
     assert f"cpu.brand Intel(R) Xeon(R) Platinum 8375C -> {json.loads(new.read_text())['environment']['cpu']['brand']}" \
         in captured.err and "--across-machines" in captured.err and "--across-machines" in captured.out
+
+
+def test_the_across_machines_legend_names_the_interval_each_record_computed(tmp_path, capsys):
+    from kvbench.report.comparison import machines
+
+    views = [RecordView(synthetic_record(scaling_seconds(seed=seed, repeats=9))) for seed in (0, 1)]
+    assert {view.interval for view in views} == {"rerun"}
+    assert "with its 95% rerun interval;" in machines.legend(views)
+    views[1].interval = "confidence"  # a record whose run computed another interval: both are named
+    assert ("with the interval its record computed (95% rerun interval; 95% confidence interval);"
+            in machines.legend(views))
+    for view in views:
+        view.interval = None  # schema 1: ratios of medians, no interval
+    assert "without an interval" in machines.legend(views) and "95%" not in machines.legend(views)
+    paths = [str(write(tmp_path, f"{name}.json", synthetic_record(scaling_seconds(seed=seed, repeats=9))))
+             for seed, name in enumerate("ab")]
+    for layout in ("text", "markdown"):
+        assert main(["compare", "--across-machines", "--format", layout, *paths]) == 0
+        assert "95% rerun interval" in " ".join(capsys.readouterr().out.split())

@@ -2,7 +2,7 @@
 
 Raw seconds from two machines measure two machines; a speedup, each run's own full-prefix
 time over its cached time measured in the same rotations, measures the code on each. So the
-view lines up every record's speedup per cell with its rerun interval, says how far apart
+view lines up every record's speedup per cell with the interval that record computed, says how far apart
 they are, and whether the intervals overlap (if they do not, the cache pays differently on
 those machines; if they do, these records cannot tell the machines apart).
 """
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from kvbench.record import RecordView
 from kvbench.report.comparison.differences import environment_diff
+from kvbench.report.format import interval_name
 
 
 @dataclass(frozen=True)
@@ -77,3 +78,18 @@ def cell_texts(cell: CellAcross, labels: list[str]) -> list[str]:
 
 def header(labels: list[str]) -> list[str]:
     return ["length", "mode", *labels, "spread", "intervals"]
+
+
+def legend(views: list[RecordView]) -> str:
+    """What the lined-up figures are, with the interval each record computed named from the record."""
+    names = list(dict.fromkeys(interval_name(view.interval) for view in views if view.interval is not None))
+    if not names:
+        with_interval = "without an interval (records of schema 1: ratios of medians)"
+    elif len(names) == 1:
+        with_interval = f"with its {names[0]}"
+    else:
+        with_interval = f"with the interval its record computed ({'; '.join(names)})"
+    return ("each speedup is its own run's full-prefix time over the cached time, measured in the same rotations, "
+            f"{with_interval}; raw seconds from different machines are not compared. spread: max / min - 1; "
+            "intervals: overlap when one value lies in all of them (these records cannot tell the machines apart), "
+            "apart when not")

@@ -61,4 +61,5 @@ def render_across(views: list) -> str:
             lines += [f"> Environment of record {index} against record 1: {escape_markdown('; '.join(found))}", ""]
     lines += markdown_table([escape_markdown(name) for name in machines.header(labels)],
                             [[escape_markdown(text) for text in machines.cell_texts(cell, labels)] for cell in cells])
+    lines += ["", escape_markdown(machines.legend(views))]
     return "\n".join(lines) + "\n"

@@ -107,11 +107,5 @@ def across_renderables(views: list) -> list:
         table.add_column(rich_escape(name), justify="left" if name in ("mode", "intervals") else "right")
     for cell in cells:
         table.add_row(*(rich_escape(text) for text in machines.cell_texts(cell, labels)))
-    out += [table, MACHINES_LEGEND]
+    out += [table, rich_escape(machines.legend(views))]
     return out
-
-
-MACHINES_LEGEND = ("each speedup is its own run's full-prefix time over the cached time, measured in the same rotations, "
-                   "with its 95% rerun interval; raw seconds from different machines are not compared. spread: max / "
-                   "min - 1; intervals: overlap when one value lies in all of them (these records cannot tell the "
-                   "machines apart), apart when not")
