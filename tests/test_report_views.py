@@ -295,3 +295,9 @@ def test_every_layout_renders_every_section_of_the_one_list(name):
         for item in section.items:
             assert f"- {escape_markdown(item)}" in md and f"<li>{escape_html(item)}</li>" in page
     assert all(where == sorted(where) for where in places.values()), places
+
+
+def test_a_heading_keeps_a_name_written_in_lower_case():
+    assert capitalised("sampling: rotations per length") == "Sampling: rotations per length"
+    assert capitalised("kvbench / transformers = median over rotations") == "kvbench / transformers = median over rotations"
+    assert capitalised("transformers' caches") == "transformers' caches" and capitalised("") == ""

@@ -84,8 +84,14 @@ def limits_text(limits: dict) -> str:
     return ", ".join(f"{names.get(name, name)} {value:g}" for name, value in limits.items())
 
 
+LOWER_CASE_NAMES = ("kvbench", "asv", "llama.cpp", "transformers", "torch")  # names written in lower case
+
+
 def capitalised(text: str) -> str:
-    """A phrase (as the terminal prints it) as a heading: its first letter upper case."""
+    """A phrase (as the terminal prints it) as a heading: its first letter upper case, unless it opens with a
+    name that is written in lower case (kvbench, transformers, ...)."""
+    if text.startswith(LOWER_CASE_NAMES) or text[:1] in ("`", "-"):
+        return text
     return text[:1].upper() + text[1:]
 
 
