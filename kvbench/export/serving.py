@@ -16,7 +16,7 @@ from kvbench import stats
 from kvbench.export.common import Cell, Quantity, Source, changed_fields
 from kvbench.export.figures import Figure
 from kvbench.report.record.serving import summarise
-from kvbench.report.comparison.serving import MEASURES, median_with_interval, per_rotation
+from kvbench.report.comparison.serving import MEASURES, median_low_high, per_rotation
 
 SAMPLE = "one whole trace replay: every request, from the first arrival to the last token"
 THROUGHPUT_RATIO = "median over rotations of output tokens/s, this kind / the first kind, paired by rotation"
@@ -50,7 +50,7 @@ def kind_cell(record: dict, kind: str, measured: dict[str, dict[int, float]], su
         if measure.name not in measured:
             continue
         values = list(measured[measure.name].values())
-        median, low, high = median_with_interval(values)
+        median, low, high = median_low_high(values)
         if measure.unit == "s":
             figures.append(Figure(measure.name, measure.name, median, low, high,
                                   f"{measure.meaning}; median over rotations"))

@@ -11,11 +11,11 @@ comparison shows NEW - OLD instead.
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 from kvbench import files, stats
+from kvbench.latency import median_with_interval
 from kvbench.report.comparison.differences import Difference, environment_diff
 from kvbench.report.record.serving import SERVING_SCHEMA, figures_by_mode, pick
 from kvbench.report.comparison.verdicts import FASTER, SLOWER, Change, change
@@ -94,10 +94,11 @@ def per_rotation(record: dict) -> dict[str, dict[str, dict[int, float]]]:
     return out
 
 
-def median_with_interval(values: list[float]) -> tuple[float, float, float]:
-    """The median over rotations and its order-statistic interval (kvbench.stats.median_interval)."""
-    low, high = stats.median_interval(values) if len(values) > 1 else (values[0], values[0])
-    return statistics.median(values), low, high
+def median_low_high(values: list[float]) -> tuple[float, float, float]:
+    """The median over rotations and its order-statistic interval (kvbench.latency.median_with_interval), as a
+    triple."""
+    found = median_with_interval(values)
+    return found["median"], found["low"], found["high"]
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,7 @@ def estimate(values: list[float]) -> stats.RatioEstimate:
 
 def measure_change(kind: str, old_kind: str, measure: Measure, old: list[float], new: list[float], factor: float,
                    alpha: float) -> MeasureChange:
-    shown = median_with_interval(old), median_with_interval(new)
+    shown = median_low_high(old), median_low_high(new)
     if min(old + new) <= 0:
         return MeasureChange(kind, old_kind, measure, *shown, None, "-")
     judged = change(estimate(old), estimate(new), factor=factor, alpha=alpha)

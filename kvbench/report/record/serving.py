@@ -5,12 +5,12 @@ throughput-latency table and the memory-over-time plot. Torch-free."""
 from __future__ import annotations
 
 import io
-import statistics
 
 from rich import box
 from rich.table import Table
 
 from kvbench import stats
+from kvbench.latency import median_with_interval
 from kvbench.report.format import format_bytes, rich_escape
 from kvbench.serving_figures import replay_figures
 
@@ -36,8 +36,7 @@ def pick(figures: dict, name: str) -> float | None:
 
 
 def median_interval(values: list[float]) -> dict:
-    low, high = stats.median_interval(values) if len(values) > 1 else (values[0], values[0])
-    return {"median": statistics.median(values), "low": low, "high": high, "n": len(values)}
+    return {**median_with_interval(values), "n": len(values)}
 
 
 def paired(found: dict[str, dict[int, dict]], numerator: str, denominator: str, name: str,
