@@ -157,17 +157,20 @@ def print_layout(layout: str, markdown_text, renderables) -> None:
         console.print(item)
 
 
-def cmd_compare(args: argparse.Namespace) -> int:
+def cmd_compare(args: argparse.Namespace, views: list[RecordView] | None = None) -> int:
+    """kvbench records side by side; `views`, the records of args.old, args.new and args.more where the caller
+    has read them already."""
     check_compare_arguments(args)
-    if args.across_machines:
+    if views is None:
         views = [load_view(path) for path in (args.old, args.new, *args.more)]
+    if args.across_machines:
         for view in views[1:]:
             check_same_work(views[0], view, args.force)
         print_layout(args.format, lambda: comparison_markdown.render_across(views),
                      lambda: comparison_terminal.across_renderables(views))
         return 0
     mapping = dict(args.pair)
-    old, new = load_view(args.old), load_view(args.new)
+    old, new = views
     check_same_work(old, new, args.force)
     comparison = compare.compare_records(old, new, factor=args.factor, alpha=args.alpha, mapping=mapping)
     print_layout(args.format, lambda: comparison_markdown.render_comparison(comparison),
@@ -188,10 +191,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def exportable(path: Path):
     """A record as the exporters take it: a RecordView, or a serving record's Source (kvbench.export.serving)."""
     from kvbench.export.serving import serving_source
-    from kvbench.report.comparison.serving import read_serving
+    from kvbench.report.comparison.serving import serving_record
 
-    served = read_serving(path)  # None for a loop record; a file that cannot be read is one line, exit 2
-    return load_view(path) if served is None else serving_source(served, str(path))
+    document = files.read_json(path, "record")  # read once; a file that cannot be read is one line, exit 2
+    served = serving_record(document, path)  # None for a kvbench record
+    return RecordView.of(document, path) if served is None else serving_source(served, str(path))
 
 
 def cmd_export(args: argparse.Namespace) -> int:

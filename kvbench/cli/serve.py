@@ -207,9 +207,11 @@ def cmd_compare_any(args: argparse.Namespace) -> int:
     from kvbench.report.comparison import serving as serving_compare
 
     check_compare_arguments(args)
-    served = [serving_compare.read_serving(path) for path in (args.old, args.new, *args.more)]  # or one line, exit 2
-    if not any(record is not None for record in served):
-        return cmd_compare(args)
+    paths = (args.old, args.new, *args.more)
+    documents = [files.read_json(path, "record") for path in paths]  # each read once, or one line, exit 2
+    served = [serving_compare.serving_record(document, path) for document, path in zip(documents, paths)]
+    if all(found is None for found in served):
+        return cmd_compare(args, [record.RecordView.of(document, path) for document, path in zip(documents, paths)])
     return cmd_compare_serving(args, served)
 
 

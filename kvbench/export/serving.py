@@ -67,7 +67,7 @@ def kind_cell(record: dict, kind: str, measured: dict[str, dict[int, float]], su
 
 
 def serving_source(record: dict, path: str) -> Source:
-    """The record's kinds as cells (kvbench.report.comparison.serving.read_serving checked it)."""
+    """The record's kinds as cells (kvbench.report.comparison.serving.serving_record checked it)."""
     summary, measured = summarise(record), per_rotation(record)
     cells = [kind_cell(record, kind, measured[kind], summary) for kind in record["kinds"] if kind in measured]
     status = "complete" if record.get("complete", True) else "incomplete"

@@ -7,6 +7,7 @@ from pathlib import Path
 from kvbench import estimation, stats
 from kvbench.config import PlainConfig
 from kvbench.record.entries import CellKey, Repetition, Workload
+from kvbench.record.schema import validate_record
 from kvbench.record.store import load_record
 from kvbench.record.summary import by_cell, control_interval, samples_by_cell
 from kvbench.record.upgrade import upgrade
@@ -82,6 +83,12 @@ class RecordView:
     @classmethod
     def load(cls, path: Path | str) -> RecordView:
         return cls(load_record(path), str(path))
+
+    @classmethod
+    def of(cls, document: object, source: Path | str) -> RecordView:
+        """A document already read from `source` (a file a caller read once to see its schema), validated as
+        `load` validates a file."""
+        return cls(validate_record(document, str(source)), str(source))
 
     def grid(self) -> list[CellKey]:
         """Every planned cell in the run's order: lengths outer, modes inner."""

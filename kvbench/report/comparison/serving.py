@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvbench import files, stats
+from kvbench import stats
 from kvbench.latency import median_with_interval
 from kvbench.report.comparison.differences import Difference, environment_diff
 from kvbench.report.record.serving import SERVING_SCHEMA, figures_by_mode, pick
@@ -53,16 +53,16 @@ MEASURES = (
 )
 
 
-def read_serving(path: Path | str) -> dict | None:
-    """The serving record at `path`, checked enough to compute its measures; None for any other JSON (a kvbench
-    record), ValueError naming what is wrong with a malformed serving record."""
-    data = files.read_json(path, "record")
-    if not isinstance(data, dict) or data.get("schema") != SERVING_SCHEMA:
+def serving_record(document: object, source: Path | str) -> dict | None:
+    """A document read from `source` as a serving record, checked enough to compute its measures; None for any
+    other JSON (a kvbench record: the caller, which read the file once, validates it as one), ValueError naming
+    what is wrong with a malformed serving record."""
+    if not isinstance(document, dict) or document.get("schema") != SERVING_SCHEMA:
         return None
-    problem = serving_problem(data)
+    problem = serving_problem(document)
     if problem:
-        raise ValueError(f"{path}: malformed serving record ({SERVING_SCHEMA!r}): {problem}")
-    return data
+        raise ValueError(f"{source}: malformed serving record ({SERVING_SCHEMA!r}): {problem}")
+    return document
 
 
 def serving_problem(record: dict) -> str | None:
