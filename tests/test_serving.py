@@ -103,6 +103,43 @@ def test_a_wrong_position_or_mask_fails_the_gate(monkeypatch, family, fault):
     assert not check["passed"] and check["failed_requests"]
 
 
+def retire_when(emits):
+    """A Scheduler.retire that releases a request once it emitted emits(spec) tokens (a scheduler miscounting)."""
+
+    def retire(self, stepped):
+        freed, ended = 0, 0
+        for live in stepped:
+            if live.emitted >= emits(live.spec):
+                self.running.remove(live)
+                freed += self.ledger.release(live)
+                live.finished, ended = live.token_times[-1], ended + 1
+        return freed, ended
+
+    return retire
+
+
+def test_a_scheduler_that_retires_every_request_one_token_early_fails_the_gate(monkeypatch):
+    trace = trace_of("fixed:5,6", requests=4)
+    monkeypatch.setattr(Scheduler, "retire", retire_when(lambda spec: spec.emits - 1))
+    check = gate(MODELS["gpt2"], trace, "static", 10**6, {})
+    assert not check["passed"]
+    assert check["failed_requests"] == [{"request": r, "position": 5, "reason": "emitted 5 tokens, the trace asks 6"}
+                                        for r in range(4)]
+    assert check["tokens_checked"] == 4 * 5  # the tokens it did emit are still compared
+
+
+def test_the_gate_counts_a_cancelled_requests_tokens_as_its_cancel_after(monkeypatch):
+    trace = trace_of("fixed:5,6", requests=3, cancel_fraction=1.0, cancel_after=2)
+    check = gate(MODELS["gpt2"], trace, "paged", 10**6, {"block_size": 4})
+    assert check["passed"] and check["tokens_checked"] == 3 * 2, check
+    monkeypatch.setattr(Scheduler, "retire", retire_when(lambda spec: spec.output))  # the client's cancel ignored
+    check = gate(MODELS["gpt2"], trace, "paged", 10**6, {"block_size": 4})
+    assert not check["passed"]
+    assert check["failed_requests"] == [{"request": r, "position": 2,
+                                         "reason": "emitted 6 tokens, the trace asks 2 (cancelled after 2)"}
+                                        for r in range(3)]
+
+
 def test_static_admits_what_its_reservations_fit_and_paged_more():
     model = MODELS["gpt2"]
     trace = trace_of("fixed:8,24", requests=12)  # 31 positions each
