@@ -7,8 +7,9 @@ Each iteration:
      running request is preempted (its cache released, its tokens kept: it recomputes later,
      vLLM's default);
   3. waiting requests are admitted in order while the budget allows (kvbench.admission: static
-     and quantized reserve their capacity, paged needs the blocks of its prompt); the first that
-     does not fit stops admission (first come, first served);
+     and quantized reserve their capacity, quantized with the full-precision window its prompt's
+     chunks will reach, paged needs the blocks of its prompt); the first that does not fit stops
+     admission (first come, first served);
   4. one forward over every running request: every request whose prompt is in its cache decodes its
      next token, all of them in one batched call (each row at its own positions, kvbench.cache.batch);
      requests still prefilling take chunks of their prompts, one call each, in admission order,
@@ -113,12 +114,15 @@ class Ledger:
     def held_bytes(self) -> int:
         return self.held
 
-    def admit(self, live: Live) -> bool:
+    def admit(self, live: Live, max_batched_tokens: int | None = None) -> bool:
+        """Set `live`'s cache aside if it fits, made for the scheduler's chunk rule (kvbench.admission.cache_options:
+        its most tokens per iteration, None for whole prompts), so its reservation is all it ever allocates."""
         capacity = admission.capacity(live.spec, self.config, self.policy)
-        need = admission.reservation(self.kind, self.config, capacity, self.options)
+        options = admission.cache_options(self.kind, live.spec, capacity, self.options, max_batched_tokens)
+        need = admission.reservation(self.kind, self.config, capacity, options)
         if self.held + need > self.budget:
             return False
-        live.cache = make_cache(self.kind, self.config, 1, capacity, **self.options)
+        live.cache = make_cache(self.kind, self.config, 1, capacity, **options)
         live.reserved, self.held = need, self.held + need
         return True
 
@@ -167,7 +171,7 @@ class PagedLedger(Ledger):
     def held_bytes(self) -> int:
         return (self.pool.num_blocks - self.pool.free_blocks) * self.pool.block_bytes
 
-    def admit(self, live: Live) -> bool:
+    def admit(self, live: Live, max_batched_tokens: int | None = None) -> bool:
         need = self._need(live)
         if need + self.promised > self.pool.free_blocks:
             return False
@@ -321,7 +325,7 @@ class Scheduler:
 
     def admit(self, now: float) -> list[Live]:
         admitted = []
-        while self.waiting and self.ledger.admit(self.waiting[0]):
+        while self.waiting and self.ledger.admit(self.waiting[0], self.max_batched_tokens):
             live = self.waiting.popleft()
             live.admitted = now if live.admitted is None else live.admitted
             admitted.append(live)

@@ -255,6 +255,18 @@ def test_bad_serving_input_is_one_line_exit_2(capsys, tmp_path, args, fragment):
     assert not (tmp_path / "r.json").exists()
 
 
+@pytest.mark.parametrize("tokens, window", [("none", 300), ("512", 300), ("64", 64 + 128 + 32 - 1)])
+def test_a_quantized_minimum_counts_the_window_its_prefill_chunks_reach(capsys, tmp_path, tokens, window):
+    """llama-mini, prompt 300: the full-precision window reaches the whole prompt when a chunk may take it whole,
+    64 + 128 + 32 - 1 positions in chunks of 64. The cache as first made (a 160-position window) is 419,840 bytes;
+    a budget below the peak is refused before any replay."""
+    minimum = 419_840 + (window - 160) * 2 * 4 * 2 * 32 * 4  # float32 keys and values, 4 layers, 2 heads of 32
+    code, _, err = run_main(capsys, "run", "--preset", "llama-mini", "--trace", "fixed:300,10", "--requests", "2",
+                            "--modes", "quantized-int8", "--max-batched-tokens", tokens, "--kv-budget", minimum - 1,
+                            "--output", tmp_path / "r.json")
+    assert code == 2 and f"below one request's minimum for quantized-int8: {minimum} bytes" in err, err
+
+
 def test_a_bad_trace_file_is_one_line_exit_2(capsys, tmp_path):
     trace = trace_of("fixed:4,3", requests=2).to_dict()
     trace["requests"][1]["cancel_after"] = 3
