@@ -85,8 +85,8 @@ def gate(model: Decoder, trace: Trace, kind: str, budget: int, settings: dict,
             elif miscounted:
                 failed.append({"request": live.spec.id, "position": compared, "reason": miscounted})
     iterations = replay.last["iterations"]
-    return {**(worst or {}), "mode": kind, "passed": not failed, "failed_requests": failed, "tokens_checked": checked,
-            "requests": len(trace.requests), "preemptions": sum(it["preempted"] for it in iterations),
+    return {**(worst or {}), "mode": kind, "passed": not failed, "failed_requests": failed,
+            "tokens_checked": checked, "requests": len(trace.requests), "preemptions": sum(it["preempted"] for it in iterations),
             "max_concurrency": max(it["running"] for it in iterations), "shared_saved": max(it["saved"] for it in iterations)}
 
 
