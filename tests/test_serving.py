@@ -183,6 +183,37 @@ def test_chunked_prefill_keeps_every_iteration_within_its_token_budget(kind):
         assert ledger.pool.free_blocks == ledger.pool.num_blocks
 
 
+def test_a_shared_prefix_is_prefilled_in_chunks_of_the_token_budget():
+    """The review's case: 2 requests of (80, 4) whose first 64 tokens are shared, 32 tokens per iteration: the holder
+    took the whole prefix beside the requests' own chunks (96 tokens in iteration 1)."""
+    model = MODELS["llama"]
+    trace = trace_of("fixed:16,4", requests=2, prefix=64)
+    _, ledger, outcome = replay(model, trace, "paged", 10**6, max_batched_tokens=32, block_size=8, share_prefix=True)
+    fed = [(it["prefill_tokens"], it["decoded"]) for it in outcome["iterations"]]
+    assert fed[:4] == [(32, 0), (32, 0), (32, 0), (0, 2)]  # the prefix in two chunks, then both own parts at once
+    assert sum(prefill for prefill, _ in fed) == 64 + 2 * 16  # the prefix once
+    assert ledger.pool.free_blocks == ledger.pool.num_blocks
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), requests=st.integers(1, 5), share=st.booleans(), prefix=st.integers(1, 40),
+       tokens=st.integers(1, 24), slack=st.floats(1.0, 3.0), arrivals=st.sampled_from(["all", "poisson:500"]))
+def test_every_iteration_keeps_its_token_budget_with_or_without_a_shared_prefix(seed, requests, share, prefix, tokens,
+                                                                              slack, arrivals):
+    model = MODELS["llama"]
+    trace = trace_of("uniform:1-20,1-6", requests, arrivals, seed, prefix=prefix, prefix_fraction=0.7)
+    budget = int(admission.minimum_budget("paged", model.config, trace, block_size=4, share_prefix=share) * slack)
+    scheduler, ledger, outcome = replay(model, trace, "paged", budget, max_batched_tokens=tokens, block_size=4,
+                                        share_prefix=share)
+    for it in outcome["iterations"]:  # decoding rows always step; prompt chunks, the prefix's too, share the rest
+        assert it["prefill_tokens"] + it["decoded"] <= max(tokens, it["decoded"]), it
+    for live in scheduler.lives:
+        assert live.emitted == live.spec.emits
+        reference = model(live.ids)[0][0, live.spec.prompt - 1 : live.spec.prompt - 1 + live.emitted]
+        torch.testing.assert_close(torch.stack(live.logits), reference, atol=1e-5, rtol=1e-5)
+    assert ledger.pool.free_blocks == ledger.pool.num_blocks
+
+
 def test_a_cancelled_request_frees_its_blocks_in_the_same_iteration():
     model = MODELS["gpt2"]
     trace = trace_of("fixed:6,12", requests=3, cancel_fraction=1.0, cancel_after=3)
