@@ -1,5 +1,5 @@
 """kvbench.admission under the scheduler: what a kind is admitted with is what its caches ever allocate, so a replay
-never holds more than its KV budget."""
+never holds more than its KV budget; and the budget's own parsing."""
 
 import pytest
 import torch
@@ -140,3 +140,29 @@ def test_a_ledger_admits_with_the_chunk_rule_it_is_given():
         ledger.release(live)
     per_position = 2 * CONFIG.layers * CONFIG.kv_heads * CONFIG.head_dim * 4  # full-precision keys and values
     assert costs[None] - costs[8] == (200 - (8 + 128 + 32 - 1)) * per_position
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("1KiB", 1024), ("3 kib", 3 * 1024), ("1.5KiB", 1536), ("2MB", 2_000_000), ("2 mb", 2_000_000),
+    ("64MiB", 64 * 2**20), ("1.5GB", 1_500_000_000), ("3gb", 3_000_000_000), ("1GiB", 2**30), ("7kB", 7000),
+    ("1e3", 1000), ("12b", 12), ("  4096  ", 4096), ("50%", 500), ("100%", 1000),
+])
+def test_parse_budget_reads_every_unit_to_the_byte(text, expected):
+    assert admission.parse_budget(text, 1000) == expected
+
+
+@pytest.mark.parametrize("text, available, fragment", [
+    ("12 parsecs", 1000, "--kv-budget must be bytes ('64MiB', '1048576') or a share of free memory ('25%'), "
+                         "got '12 parsecs'"),
+    ("5TB", 1000, "got '5TB'"),
+    ("-1MB", 1000, "got '-1MB'"),
+    ("0.5", 1000, "--kv-budget must be at least 1 byte, got '0.5'"),
+    ("0KiB", 1000, "at least 1 byte, got '0KiB'"),
+    ("0%", 1000, "a share of free memory must be in (0, 100]%"),
+    ("101%", 1000, "a share of free memory must be in (0, 100]%"),
+    ("25%", None, "and free memory is unknown here"),
+])
+def test_parse_budget_refusals_name_what_they_got(text, available, fragment):
+    with pytest.raises(ValueError) as refused:
+        admission.parse_budget(text, available)
+    assert fragment in str(refused.value)
