@@ -118,12 +118,21 @@ def test_the_window_a_chunk_rule_reaches_is_quantized_window(quantized, bits, to
         assert sized.reserved_bytes == counted
         start = 0
         for size in sizes:
-            MODEL(ids[:, start : start + size], least)
-            MODEL(ids[:, start : start + size], sized)
+            grown, _ = MODEL(ids[:, start : start + size], least)
+            allocated, _ = MODEL(ids[:, start : start + size], sized)
+            assert torch.equal(grown, allocated)  # the same arithmetic, only where the window lives differs
             start += size
             assert least.reserved_bytes <= counted and sized.reserved_bytes == counted
     if chunks:
         assert least.reserved_bytes == counted  # the bound is reached: counting less would be a lie
+
+
+@pytest.mark.parametrize("recent, capacity", [(159, 200), (201, 200), (True, 200), (8, 8 + 1)])
+def test_a_window_outside_least_and_capacity_is_refused(recent, capacity):
+    least = min(capacity, 128 + 32)
+    with pytest.raises(ValueError, match=rf"recent_positions must be an integer in \[{least}, capacity {capacity}\], "
+                                         rf"got {recent!r}"):
+        make_cache("quantized-int8", CONFIG, 1, capacity, recent_positions=recent)
 
 
 def test_a_ledger_admits_with_the_chunk_rule_it_is_given():
