@@ -84,7 +84,8 @@ def check_serving(args: argparse.Namespace):
         check_peer(config, served)
     settings = serving_settings(args, config, kinds)
     minimum = {kind: admission.minimum_budget(kind, config, served, args.reserve, args.block_size,
-                                              settings[kind].get("options"), args.share_prefix) for kind in kinds}
+                                              settings[kind].get("options"), args.share_prefix,
+                                              args.max_batched_tokens) for kind in kinds}
     if args.kv_budget is None:
         largest = sorted(served.requests, key=lambda r: r.positions)[-DEFAULT_BUDGET_REQUESTS:]
         budget = sum(admission.reservation("static", config, admission.capacity(r, config, args.reserve))
