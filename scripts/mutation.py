@@ -73,6 +73,18 @@ TARGETS = {
                    select="not follow_full_prefix and not footprint"),
     "decode": Target("kvbench/decode.py", ("tests/test_decode.py",), skip=GATE, select="not follow_full_prefix"),
     "sampling": Target("kvbench/sampling.py", ("tests/test_sampling.py",)),
+    # the scheduler has no file of its own: test_serving.py replays traces through it (the gate, budgets,
+    # sharing, cancellation) and test_admission.py watches its ledgers; the end-to-end CLI run and its report
+    # (5 s a mutant) adds nothing the direct replays do not check
+    "scheduler": Target("kvbench/scheduler.py", ("tests/test_serving.py", "tests/test_admission.py"),
+                        select="not end_to_end"),
+    # test_trace.py checks what each kind reserves and the minimum budget beside test_admission.py's ledgers
+    "admission": Target("kvbench/admission.py", ("tests/test_admission.py", "tests/test_trace.py")),
+    "batch": Target("kvbench/cache/batch.py", ("tests/test_batch.py",)),
+    "trace": Target("kvbench/trace.py", ("tests/test_trace.py",)),
+    "quality": Target("kvbench/quality.py", ("tests/test_quality.py",)),
+    "serving_figures": Target("kvbench/serving_figures.py", ("tests/test_serving_figures.py",)),
+    "latency": Target("kvbench/latency.py", ("tests/test_latency.py",)),
 }
 
 COMPARISONS = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
