@@ -17,6 +17,7 @@ def test_one_request_by_hand():
     assert figures["tpot"] == pytest.approx((0.019 - 0.010) / 3)  # vLLM: (E2E - TTFT) / (N - 1)
     assert figures["tokens_per_second"] == pytest.approx(2 * 4 / 0.019)  # batch x N tokens over E2E
     assert latency.request_figures(request(0, 0.01, []))["tpot"] is None  # one token: no TPOT
+    assert latency.request_figures(request(0, 0.010, [0.002]))["tokens_per_second"] == pytest.approx(2 / 0.012)  # batch 1
 
 
 def test_a_modes_figures_are_medians_and_its_itl_percentiles_pool_every_step():
