@@ -8,7 +8,7 @@ import pytest
 
 from kvbench import admission
 from kvbench.config import PlainConfig
-from kvbench.trace import PUBLISHED_MEANS, make_trace, parse_arrivals, parse_lengths, trace_from_dict
+from kvbench.trace import PUBLISHED_MEANS, TraceRequest, make_trace, parse_arrivals, parse_lengths, trace_from_dict
 
 CONFIG = PlainConfig.from_preset("llama-mini")
 
@@ -38,6 +38,57 @@ def test_chat_lengths_have_the_published_means():
     assert statistics.mean(r.output for r in trace.requests) == pytest.approx(mean_out, rel=0.06)
 
 
+def test_the_published_means_are_the_papers_and_the_traces_keep_them():
+    """Kwon et al., SOSP 2023, Fig. 11: ShareGPT 161.31 in and 337.99 out, Alpaca 19.31 and 58.45 (the numbers
+    themselves, so a typo in the table is caught, not carried into the expectation)."""
+    assert PUBLISHED_MEANS == {"chat": (161.31, 337.99), "alpaca": (19.31, 58.45)}
+    for lengths, (mean_in, mean_out) in (("chat", (161.31, 337.99)), ("alpaca", (19.31, 58.45))):
+        trace = make_trace(spec(lengths, requests=3000), seed=0, max_positions=CONFIG.max_length)
+        assert statistics.mean(r.prompt for r in trace.requests) == pytest.approx(mean_in, rel=0.01), lengths
+        assert statistics.mean(r.output for r in trace.requests) == pytest.approx(mean_out, rel=0.01), lengths
+
+
+def test_seed_0_draws_the_same_trace_in_every_version():
+    """The draw order is part of the seed's meaning: prefix share, output, prompt, cancellation, then the gap."""
+    trace = make_trace(spec(arrivals="poisson:5", requests=4, prefix=3, prefix_fraction=0.5, cancel_fraction=0.5,
+                            cancel_after=2), seed=0, max_positions=CONFIG.max_length)
+    assert [(r.prompt, r.output, r.arrival, r.prefix, r.cancel_after) for r in trace.requests] == [
+        (17, 3, 0.204673, 0, 2), (16, 8, 0.435612, 0, None), (8, 9, 0.780099, 3, 2), (11, 10, 1.301312, 3, None)]
+    plain = make_trace(spec(arrivals="poisson:5", requests=3), seed=0, max_positions=CONFIG.max_length)
+    assert [(r.prompt, r.output, r.arrival) for r in plain.requests] == [
+        (11, 10, 0.080143), (16, 10, 0.114047), (18, 6, 0.12094)]  # no prefix, no cancellation: no draws for them
+    assert trace.prefix == 3 and plain.prefix == 0
+
+
+def test_a_request_holds_its_prompt_and_every_output_but_the_last():
+    request = TraceRequest(0, prompt=10, output=5, arrival=0.0)
+    assert (request.positions, request.emits) == (14, 5)
+    assert TraceRequest(0, 10, 5, 0.0, cancel_after=2).emits == 2
+    assert make_trace(spec("fixed:4000,97"), seed=0, max_positions=4096).requests[0].positions == 4096  # just fits
+    with pytest.raises(ValueError, match="holds 4097 positions, beyond max_length 4096"):
+        make_trace(spec("fixed:4000,98"), seed=0, max_positions=4096)
+
+
+def test_a_cancellation_at_the_whole_output_is_no_cancellation():
+    trace = make_trace(spec("fixed:4,3", cancel_fraction=1.0, cancel_after=3), seed=0, max_positions=64)
+    assert [r.cancel_after for r in trace.requests] == [None] * 8
+    assert [r.cancel_after for r in make_trace(spec("fixed:4,4", cancel_fraction=1.0, cancel_after=3), seed=0,
+                                               max_positions=64).requests] == [3] * 8
+
+
+def test_a_drawn_trace_is_checked_against_the_model_too():
+    """Chat lengths are capped by max_positions, but a shared prefix can still carry a request past it."""
+    with pytest.raises(ValueError, match="beyond max_length 10"):
+        make_trace(spec("chat", requests=20, prefix=8), seed=0, max_positions=10)
+
+
+@pytest.mark.parametrize("text, parse", [("bogus", parse_lengths), ("fixed:4", parse_lengths), ("chat:3", parse_lengths),
+                                         ("all:5", parse_arrivals), ("poisson", parse_arrivals), ("x:1", parse_arrivals)])
+def test_bad_length_and_arrival_texts_are_refused(text, parse):
+    with pytest.raises(ValueError, match=f"got {text!r}"):
+        parse(text)
+
+
 def test_closed_loop_requests_belong_to_clients_in_turn():
     trace = make_trace(spec(arrivals="closed:3", requests=7), seed=0, max_positions=CONFIG.max_length)
     assert [r.client for r in trace.requests] == [0, 1, 2, 0, 1, 2, 0]
@@ -53,6 +104,7 @@ def test_closed_loop_requests_belong_to_clients_in_turn():
     (spec(arrivals="closed:0"), "closed-loop clients"),
     (spec("fixed:0,4"), "prompt length must be a positive integer"),
     (spec("uniform:9-3,2-4"), "low <= high"),
+    (spec("uniform:3-0,2-4"), "prompt length must be a positive integer, got 0"),  # the high end checked too
     (spec("fixed:4000,200"), "beyond max_length 4096"),
     (spec(cancel_fraction=0.5, cancel_after=0), "cancel after must be a positive integer"),
 ])
@@ -78,6 +130,10 @@ def saved(**change):
     (saved(cancel_after=10_000), "beyond its output"),
     (saved(prompt=5000), "beyond max_length"),
     (saved(prefix=10_000), "shared prefix must be in"),
+    (saved(prompt=0), "request 1 prompt must be a positive integer"),
+    (saved(cancel_after=0), "request 1 cancel_after must be a positive integer"),
+    (saved(output=4, cancel_after=4), "cancellation after 4 tokens is beyond its output of 4"),
+    ({**saved(), "requests": [{**row, "prefix": row["id"] + 1} for row in saved()["requests"]]}, "one prefix length"),
 ])
 def test_bad_trace_files_are_refused(data, fragment):
     with pytest.raises(ValueError, match=fragment):
