@@ -398,7 +398,8 @@ def test_memory_refusals_follow_the_stated_limit(capsys, tmp_path, monkeypatch):
     output = tmp_path / "rec.json"
     monkeypatch.setenv("KVBENCH_AVAILABLE_MEMORY", "64KiB")
     code, _, err = run_main(capsys, "run", "--lengths", "4", "--output", output, "--no-progress")
-    assert_one_line_error(code, err, "preset 'seed'", "but 64.0 KiB of memory is available")
+    assert_one_line_error(code, err, "preset 'seed' (86.6K parameters, 338.4 KiB of float32 weights)",
+                          "but 64.0 KiB of memory is available")
     monkeypatch.setenv("KVBENCH_AVAILABLE_MEMORY", "plenty")
     code, _, err = run_main(capsys, "run", "--lengths", "4", "--output", output, "--no-progress")
     assert_one_line_error(code, err, "KVBENCH_AVAILABLE_MEMORY: expected a size like 24GiB, 80GB or 1e9, got 'plenty'")

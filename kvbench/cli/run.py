@@ -203,7 +203,7 @@ def check_fits_in_memory(config: PlainConfig, protocol: Protocol, lengths: list[
         raise CliError(str(error)) from None
     if needed > available:
         detail = ", ".join(f"{name} {format_bytes(size)}" for name, size in parts.items())
-        raise CliError(f"preset {preset!r} ({kinds.parameter_count(config) / 1e9:.2f}B parameters, "
+        raise CliError(f"preset {preset!r} ({kinds.parameters_text(kinds.parameter_count(config))} parameters, "
                        f"{format_bytes(kinds.weight_bytes(config))} of {config.dtype} weights): the run would need "
                        f"about {format_bytes(needed)} ({detail}), but {format_bytes(available)} of memory is available")
 
