@@ -8,11 +8,18 @@ import sys
 from pathlib import Path
 
 from kvbench import admission, files, memory, record, timing, trace
-from kvbench.cli.commands import check_compare_arguments, print_layout, check_output, cmd_compare, cmd_report, config_from_args
+from kvbench.cli.commands import (
+    check_compare_arguments,
+    check_output,
+    cmd_compare,
+    cmd_report,
+    config_from_args,
+    print_layout,
+)
 from kvbench.cli.options import fraction
 from kvbench.cli.parser import CliError, did_you_mean
 from kvbench.cli.serving_options import DEFAULT_KINDS, DEFAULT_REPEATS, DEFAULT_BUDGET_REQUESTS
-from kvbench.modes import DEFAULT_MODES
+from kvbench.cli.usage import check_read
 from kvbench.report.format import format_bytes, stdout_console
 
 def cancel_spec(text: str | None) -> dict:
@@ -67,22 +74,39 @@ def check_peer(config, served: trace.Trace) -> None:
         raise CliError(f"--modes {admission.PEER}: the peer replays arrivals all or poisson, got closed-loop clients")
 
 
+SETTINGS_READ = {"--block-size": "block_size", "--reserve": "policy", "--quant-group": "options",
+                 "--quant-residual": "options"}  # usage.KIND_OPTIONS: the kind's setting each one becomes
+
+
+def check_serve(args: argparse.Namespace) -> tuple:
+    """check_serving, then the paths: the record's and --save-trace's. Returns check_serving's values and the
+    record's path."""
+    checked = check_serving(args)
+    output = args.output or record.default_record_path()
+    check_output(output, args.force)
+    if args.save_trace is not None:
+        check_output(args.save_trace, args.force, "--save-trace")
+    return (*checked, output)
+
+
 def check_serving(args: argparse.Namespace):
     """Everything a serving run needs, torch-free: (config, kinds, trace, budget, settings, protocol)."""
     config = config_from_args(args)
-    kinds = list(DEFAULT_KINDS) if args.modes == list(DEFAULT_MODES) else list(args.modes)
+    kinds = list(args.modes) if "--modes" in args.given else list(DEFAULT_KINDS)  # run's default modes are not its
     unknown = [kind for kind in kinds if kind not in admission.SERVING_KINDS]
     if unknown:
         raise CliError(f"--modes {unknown[0]}: a serving run takes kinds {list(admission.SERVING_KINDS)}"
                        f"{did_you_mean(unknown[0], admission.SERVING_KINDS)}")
     if config.window is not None:
-        raise CliError("--trace: a serving run needs full attention; the preset or --window slides a window")
+        raise CliError(f"--trace: a serving run needs full attention; preset {args.preset!r} slides a window")
     if args.share_prefix and "paged" not in kinds:
         raise CliError("--share-prefix forks paged blocks: add paged to --modes")
     served = load_trace(args, config)
     if admission.PEER in kinds:
         check_peer(config, served)
     settings = serving_settings(args, config, kinds)
+    check_read(args.given, {option: [kind for kind in kinds if setting in settings[kind]]
+                            for option, setting in SETTINGS_READ.items()}, kinds)
     minimum = {kind: admission.minimum_budget(kind, config, served, args.reserve, args.block_size,
                                               settings[kind].get("options"), args.share_prefix) for kind in kinds}
     if args.kv_budget is None:
@@ -110,12 +134,10 @@ def check_serving(args: argparse.Namespace):
     return config, kinds, served, budget, settings, protocol, minimum
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    config, kinds, served, budget, settings, protocol, minimum = check_serving(args)
-    output = args.output or record.default_record_path()
-    check_output(output, args.force)
+def cmd_serve(args: argparse.Namespace, checked: tuple) -> int:
+    """A serving run, once check_serve has passed (`checked`: what it returned)."""
+    config, kinds, served, budget, settings, protocol, minimum, output = checked
     if args.save_trace is not None:
-        check_output(args.save_trace, args.force, "--save-trace")
         files.write_json_atomic(served.to_dict(), args.save_trace, args.force)
     from kvbench import capture, serving
     from kvbench.config import DecoderConfig
@@ -140,7 +162,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
               "control": outcome["control"], "outputs": outputs_of(outcome.get("continuations"), kinds), "samples": [kept.to_dict() for kept in outcome["sampling"].samples],
               "sampling": {length: state.to_dict() for length, state in outcome["sampling"].lengths.items()}}
     path = files.write_json_atomic(result, output, args.force)
-    print_serving(result)
+    print_serving(result, args.wide)
     stdout_console().print(f"record: {path}")
     failed = [kind for kind, check in outcome["checks"].items() if not check["passed"]]
     if interrupted:
@@ -160,10 +182,10 @@ def outputs_of(continuations: dict | None, kinds: list[str]) -> dict:
             "ids": {str(request): ids for request, ids in continuations.items()}}
 
 
-def print_serving(result: dict) -> None:
+def print_serving(result: dict, wide: bool = False) -> None:
     from kvbench.report.record import serving as serving_report
 
-    console, summary = stdout_console(), serving_report.summarise(result)
+    console, summary = stdout_console(wide), serving_report.summarise(result)
     console.print(serving_report.serving_table(result, summary))
     console.print(serving_report.latency_table(summary))
     for line in serving_report.cpu_sentences(summary):
@@ -196,7 +218,7 @@ def cmd_report_serving(args: argparse.Namespace) -> int:
     result = files.read_json(args.record, "record")
     if args.plot is not None:
         files.write_bytes_atomic(args.plot, serving_report.memory_plot(result, args.plot.suffix.lower()), args.force)
-    print_serving(result)
+    print_serving(result, args.wide)
     return 0
 
 
