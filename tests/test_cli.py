@@ -139,9 +139,18 @@ def saved_trace(tmp_path_factory) -> Path:
     (["--trace", "fixed:8,4", "--modes", "full,concat,static,paged"],  # run's default modes, given: not serving's
      "--modes full: a serving run takes kinds"),
     (["--trace", "{trace}", "--requests", "4"], "--requests is not used by a replay run (--trace FILE), only by serving"),
+    (["--trace", "fixed:8,4", "--share-prefix"],
+     "--share-prefix: no request of the trace carries a shared prefix to share (--prefix S draws one)"),
     (["--trace", "fixed:8,4", "--prefix-fraction", "0.5"],
      "--prefix-fraction needs --prefix in a serving run: it is the share of requests that carry the prefix"),
+    (["--trace", "fixed:8,4", "--cancel", "0.5:4"], "--cancel 0.5:4: K must be below a request's output, and 4 tokens "
+                                                    "is at or beyond every one (the longest is 4)"),
+    (["--trace", "fixed:8,4", "--cancel", "1:5"],
+     "--cancel 1:5: F, the fraction of the requests cancelled, must be in (0, 1), got '1'"),
     (["--trace", "fixed:8,4", "--max-seconds", "30"], "--max-seconds needs --precision in a serving run"),
+    (["--trace", "fixed:8,4", "--kv-budget", "1e30"], "--kv-budget 1e30: 1e+30 bytes of KV caches and 338.4 KiB of "
+                                                      "weights need more than the 1.0 GiB of memory available"),
+    (["--trace", "fixed:8,4", "--kv-budget", "2GiB"], "--kv-budget 2GiB: 2.0 GiB of KV caches and 338.4 KiB"),
     (["--trace", "fixed:8,4", "--modes", "static", "--block-size", "8"],
      "--block-size is read by paged and hf-continuous only, and --modes static runs none of them"),
     (["--quant-group", "16"], "--quant-group is read by the quantized kinds only, and --modes full,concat,static,paged "
@@ -157,6 +166,17 @@ def test_an_option_the_run_does_not_use_is_one_line_before_measuring(capsys, tmp
     code, out, err = run_main(capsys, "run", *argv, "--output", output)
     assert_one_line_error(code, err, fragment)
     assert out == "" and not output.exists()
+
+
+def test_save_trace_and_output_must_be_different_files_and_neither_the_trace_replayed(capsys, tmp_path, saved_trace,
+                                                                                      nothing_measured):
+    same = tmp_path / "same.json"
+    code, _, err = run_main(capsys, "run", "--trace", "fixed:8,4", "--save-trace", same, "--output", same)
+    assert_one_line_error(code, err, f"--save-trace and --output both name {same}: the trace and the record need "
+                                     "different files")
+    code, _, err = run_main(capsys, "run", "--trace", saved_trace, "--save-trace", saved_trace, "--force")
+    assert_one_line_error(code, err, f"--save-trace {saved_trace} is the record being read")
+    assert not same.exists() and json.loads(saved_trace.read_text())["requests"]
 
 
 # Every option of `run` with a value that each workload using it accepts (with what it needs beside it); the
@@ -498,6 +518,7 @@ def imported_by(*argv: str) -> tuple[int, list[str]]:
     (["budget", "--preset", "llama-3.1-8b", "--dtype", "bfloat16", "--tokens", "8192", "--memory", "80GiB"], 0),
     (["run", "--preset", "llama-3.1-8b", "--lengths", "16"], 2),
     (["run", "--trace", "chat", "--model", "smollm2-135m"], 2),
+    (["run", "--trace", "fixed:8,4", "--kv-budget", "1e30"], 2),
     (["compare", "results/reference.json", "results/reference.json"], 0),
 ], ids=lambda value: " ".join(value) if isinstance(value, list) else str(value))
 def test_help_argument_checks_refusals_budget_and_compare_import_no_torch_scipy_or_matplotlib(argv, status,

@@ -15,11 +15,12 @@ from kvbench.cli.commands import (
     cmd_report,
     config_from_args,
     print_layout,
+    same_file,
 )
 from kvbench.cli.options import fraction
 from kvbench.cli.parser import CliError, did_you_mean
 from kvbench.cli.serving_options import DEFAULT_KINDS, DEFAULT_REPEATS, DEFAULT_BUDGET_REQUESTS
-from kvbench.cli.usage import check_read
+from kvbench.cli.usage import REPLAY, SERVING, check_read
 from kvbench.report.format import format_bytes, stdout_console
 
 def cancel_spec(text: str | None) -> dict:
@@ -27,9 +28,23 @@ def cancel_spec(text: str | None) -> dict:
         return {}
     share, _, after = text.partition(":")
     try:
-        return {"cancel_fraction": fraction(share), "cancel_after": int(after)}
-    except (ValueError, argparse.ArgumentTypeError):
-        raise CliError(f"--cancel must be F:K (a fraction, then output tokens), got {text!r}") from None
+        after = int(after)  # kvbench.trace says what a count of 0 or less is
+    except ValueError:
+        raise CliError(f"--cancel must be F:K (a fraction of the requests, then output tokens), got {text!r}") from None
+    try:
+        return {"cancel_fraction": fraction(share), "cancel_after": after}
+    except argparse.ArgumentTypeError:
+        raise CliError(f"--cancel {text}: F, the fraction of the requests cancelled, must be in (0, 1), "
+                       f"got {share!r}") from None
+
+
+def check_cancel(text: str, served: trace.Trace) -> None:
+    """A drawn trace cancels only requests whose output is longer than K (kvbench.trace.make_trace): a K that no
+    output exceeds would cancel none of them."""
+    after, longest = cancel_spec(text)["cancel_after"], max(request.output for request in served.requests)
+    if after >= longest:
+        raise CliError(f"--cancel {text}: K must be below a request's output, and {after} tokens is at or beyond "
+                       f"every one (the longest is {longest}): no request would be cancelled")
 
 
 def load_trace(args: argparse.Namespace, config) -> trace.Trace:
@@ -78,14 +93,34 @@ SETTINGS_READ = {"--block-size": "block_size", "--reserve": "policy", "--quant-g
                  "--quant-residual": "options"}  # usage.KIND_OPTIONS: the kind's setting each one becomes
 
 
+def check_budget_fits(given: str | None, budget: int, config) -> None:
+    """A kind may allocate the whole budget (paged's pool does, at once): with the weights it must fit in the memory
+    this process may take, or torch fails later, after the trace is drawn and the model built."""
+    weights = memory.model_bytes(config)
+    try:
+        available = memory.available_bytes()
+    except ValueError as error:
+        raise CliError(str(error)) from None
+    if budget + weights > available:
+        named = f"--kv-budget {given}" if given is not None else \
+            f"the default --kv-budget (static's need for the trace's {DEFAULT_BUDGET_REQUESTS} largest requests)"
+        caches = format_bytes(budget) if budget < 1 << 40 else f"{budget:.3g} bytes"  # not 10^21 GiB for 1e30
+        raise CliError(f"{named}: {caches} of KV caches and {format_bytes(weights)} of weights need more than the "
+                       f"{format_bytes(available)} of memory available")
+
+
 def check_serve(args: argparse.Namespace) -> tuple:
-    """check_serving, then the paths: the record's and --save-trace's. Returns check_serving's values and the
-    record's path."""
+    """check_serving, then the paths: the record's and --save-trace's, never the same file, nor the trace file
+    replayed. Returns check_serving's values and the record's path."""
     checked = check_serving(args)
     output = args.output or record.default_record_path()
-    check_output(output, args.force)
+    replayed = Path(args.trace) if args.workload_name == REPLAY else None
+    if args.save_trace is not None and same_file(args.save_trace, output):
+        raise CliError(f"--save-trace and --output both name {args.save_trace}: the trace and the record need "
+                       "different files")
+    check_output(output, args.force, reading=replayed)
     if args.save_trace is not None:
-        check_output(args.save_trace, args.force, "--save-trace")
+        check_output(args.save_trace, args.force, "--save-trace", reading=replayed)
     return (*checked, output)
 
 
@@ -102,6 +137,11 @@ def check_serving(args: argparse.Namespace):
     if args.share_prefix and "paged" not in kinds:
         raise CliError("--share-prefix forks paged blocks: add paged to --modes")
     served = load_trace(args, config)
+    if args.share_prefix and not any(request.prefix for request in served.requests):
+        raise CliError(f"--share-prefix: no request of the trace carries a shared prefix to share"
+                       + (" (--prefix S draws one)" if args.workload_name == SERVING else ""))
+    if args.cancel is not None:
+        check_cancel(args.cancel, served)
     if admission.PEER in kinds:
         check_peer(config, served)
     settings = serving_settings(args, config, kinds)
@@ -122,6 +162,7 @@ def check_serving(args: argparse.Namespace):
     if short:
         raise CliError(f"--kv-budget {budget} bytes is below one request's minimum for {short[0]}: "
                        f"{minimum[short[0]]} bytes ({format_bytes(minimum[short[0]])}), its largest request alone")
+    check_budget_fits(args.kv_budget, budget, config)
     repeats = args.repeats if args.repeats is not None else DEFAULT_REPEATS
     try:
         protocol = timing.Protocol(repeats=repeats, precision=args.precision, max_seconds=args.max_seconds or 75.0,
