@@ -8,11 +8,19 @@ import sys
 from pathlib import Path
 
 from kvbench import admission, files, memory, record, timing, trace
-from kvbench.cli.commands import check_compare_arguments, print_layout, check_output, cmd_compare, cmd_report, config_from_args
+from kvbench.cli.commands import (
+    check_compare_arguments,
+    check_output,
+    cmd_compare,
+    cmd_report,
+    config_from_args,
+    print_layout,
+    same_file,
+)
 from kvbench.cli.options import fraction
 from kvbench.cli.parser import CliError, did_you_mean
 from kvbench.cli.serving_options import DEFAULT_KINDS, DEFAULT_REPEATS, DEFAULT_BUDGET_REQUESTS
-from kvbench.modes import DEFAULT_MODES
+from kvbench.cli.usage import REPLAY, SERVING, check_read
 from kvbench.report.format import format_bytes, stdout_console
 
 def cancel_spec(text: str | None) -> dict:
@@ -20,9 +28,23 @@ def cancel_spec(text: str | None) -> dict:
         return {}
     share, _, after = text.partition(":")
     try:
-        return {"cancel_fraction": fraction(share), "cancel_after": int(after)}
-    except (ValueError, argparse.ArgumentTypeError):
-        raise CliError(f"--cancel must be F:K (a fraction, then output tokens), got {text!r}") from None
+        after = int(after)  # kvbench.trace says what a count of 0 or less is
+    except ValueError:
+        raise CliError(f"--cancel must be F:K (a fraction of the requests, then output tokens), got {text!r}") from None
+    try:
+        return {"cancel_fraction": fraction(share), "cancel_after": after}
+    except argparse.ArgumentTypeError:
+        raise CliError(f"--cancel {text}: F, the fraction of the requests cancelled, must be in (0, 1), "
+                       f"got {share!r}") from None
+
+
+def check_cancel(text: str, served: trace.Trace) -> None:
+    """A drawn trace cancels only requests whose output is longer than K (kvbench.trace.make_trace): a K that no
+    output exceeds would cancel none of them."""
+    after, longest = cancel_spec(text)["cancel_after"], max(request.output for request in served.requests)
+    if after >= longest:
+        raise CliError(f"--cancel {text}: K must be below a request's output, and {after} tokens is at or beyond "
+                       f"every one (the longest is {longest}): no request would be cancelled")
 
 
 def load_trace(args: argparse.Namespace, config) -> trace.Trace:
@@ -67,22 +89,64 @@ def check_peer(config, served: trace.Trace) -> None:
         raise CliError(f"--modes {admission.PEER}: the peer replays arrivals all or poisson, got closed-loop clients")
 
 
+SETTINGS_READ = {"--block-size": "block_size", "--reserve": "policy", "--quant-group": "options",
+                 "--quant-residual": "options"}  # usage.KIND_OPTIONS: the kind's setting each one becomes
+
+
+def check_budget_fits(given: str | None, budget: int, config) -> None:
+    """A kind may allocate the whole budget (paged's pool does, at once): with the weights it must fit in the memory
+    this process may take, or torch fails later, after the trace is drawn and the model built."""
+    weights = memory.model_bytes(config)
+    try:
+        available = memory.available_bytes()
+    except ValueError as error:
+        raise CliError(str(error)) from None
+    if budget + weights > available:
+        named = f"--kv-budget {given}" if given is not None else \
+            f"the default --kv-budget (static's need for the trace's {DEFAULT_BUDGET_REQUESTS} largest requests)"
+        caches = format_bytes(budget) if budget < 1 << 40 else f"{budget:.3g} bytes"  # not 10^21 GiB for 1e30
+        raise CliError(f"{named}: {caches} of KV caches and {format_bytes(weights)} of weights need more than the "
+                       f"{format_bytes(available)} of memory available")
+
+
+def check_serve(args: argparse.Namespace) -> tuple:
+    """check_serving, then the paths: the record's and --save-trace's, never the same file, nor the trace file
+    replayed. Returns check_serving's values and the record's path."""
+    checked = check_serving(args)
+    output = args.output or record.default_record_path()
+    replayed = Path(args.trace) if args.workload_name == REPLAY else None
+    if args.save_trace is not None and same_file(args.save_trace, output):
+        raise CliError(f"--save-trace and --output both name {args.save_trace}: the trace and the record need "
+                       "different files")
+    check_output(output, args.force, reading=replayed)
+    if args.save_trace is not None:
+        check_output(args.save_trace, args.force, "--save-trace", reading=replayed)
+    return (*checked, output)
+
+
 def check_serving(args: argparse.Namespace):
     """Everything a serving run needs, torch-free: (config, kinds, trace, budget, settings, protocol)."""
     config = config_from_args(args)
-    kinds = list(DEFAULT_KINDS) if args.modes == list(DEFAULT_MODES) else list(args.modes)
+    kinds = list(args.modes) if "--modes" in args.given else list(DEFAULT_KINDS)  # run's default modes are not its
     unknown = [kind for kind in kinds if kind not in admission.SERVING_KINDS]
     if unknown:
         raise CliError(f"--modes {unknown[0]}: a serving run takes kinds {list(admission.SERVING_KINDS)}"
                        f"{did_you_mean(unknown[0], admission.SERVING_KINDS)}")
     if config.window is not None:
-        raise CliError("--trace: a serving run needs full attention; the preset or --window slides a window")
+        raise CliError(f"--trace: a serving run needs full attention; preset {args.preset!r} slides a window")
     if args.share_prefix and "paged" not in kinds:
         raise CliError("--share-prefix forks paged blocks: add paged to --modes")
     served = load_trace(args, config)
+    if args.share_prefix and not any(request.prefix for request in served.requests):
+        raise CliError(f"--share-prefix: no request of the trace carries a shared prefix to share"
+                       + (" (--prefix S draws one)" if args.workload_name == SERVING else ""))
+    if args.cancel is not None:
+        check_cancel(args.cancel, served)
     if admission.PEER in kinds:
         check_peer(config, served)
     settings = serving_settings(args, config, kinds)
+    check_read(args.given, {option: [kind for kind in kinds if setting in settings[kind]]
+                            for option, setting in SETTINGS_READ.items()}, kinds)
     minimum = {kind: admission.minimum_budget(kind, config, served, args.reserve, args.block_size,
                                               settings[kind].get("options"), args.share_prefix,
                                               args.max_batched_tokens) for kind in kinds}
@@ -99,6 +163,7 @@ def check_serving(args: argparse.Namespace):
     if short:
         raise CliError(f"--kv-budget {budget} bytes is below one request's minimum for {short[0]}: "
                        f"{minimum[short[0]]} bytes ({format_bytes(minimum[short[0]])}), its largest request alone")
+    check_budget_fits(args.kv_budget, budget, config)
     repeats = args.repeats if args.repeats is not None else DEFAULT_REPEATS
     try:
         protocol = timing.Protocol(repeats=repeats, precision=args.precision, max_seconds=args.max_seconds or 75.0,
@@ -111,12 +176,10 @@ def check_serving(args: argparse.Namespace):
     return config, kinds, served, budget, settings, protocol, minimum
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    config, kinds, served, budget, settings, protocol, minimum = check_serving(args)
-    output = args.output or record.default_record_path()
-    check_output(output, args.force)
+def cmd_serve(args: argparse.Namespace, checked: tuple) -> int:
+    """A serving run, once check_serve has passed (`checked`: what it returned)."""
+    config, kinds, served, budget, settings, protocol, minimum, output = checked
     if args.save_trace is not None:
-        check_output(args.save_trace, args.force, "--save-trace")
         files.write_json_atomic(served.to_dict(), args.save_trace, args.force)
     from kvbench import capture, serving
     from kvbench.config import DecoderConfig
@@ -141,7 +204,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
               "control": outcome["control"], "outputs": outputs_of(outcome.get("continuations"), kinds), "samples": [kept.to_dict() for kept in outcome["sampling"].samples],
               "sampling": {length: state.to_dict() for length, state in outcome["sampling"].lengths.items()}}
     path = files.write_json_atomic(result, output, args.force)
-    print_serving(result)
+    print_serving(result, args.wide)
     stdout_console().print(f"record: {path}")
     failed = [kind for kind, check in outcome["checks"].items() if not check["passed"]]
     if interrupted:
@@ -161,10 +224,10 @@ def outputs_of(continuations: dict | None, kinds: list[str]) -> dict:
             "ids": {str(request): ids for request, ids in continuations.items()}}
 
 
-def print_serving(result: dict) -> None:
+def print_serving(result: dict, wide: bool = False) -> None:
     from kvbench.report.record import serving as serving_report
 
-    console, summary = stdout_console(), serving_report.summarise(result)
+    console, summary = stdout_console(wide), serving_report.summarise(result)
     console.print(serving_report.serving_table(result, summary))
     console.print(serving_report.latency_table(summary))
     for line in serving_report.cpu_sentences(summary):
@@ -197,7 +260,7 @@ def cmd_report_serving(args: argparse.Namespace) -> int:
     result = files.read_json(args.record, "record")
     if args.plot is not None:
         files.write_bytes_atomic(args.plot, serving_report.memory_plot(result, args.plot.suffix.lower()), args.force)
-    print_serving(result)
+    print_serving(result, args.wide)
     return 0
 
 
