@@ -15,7 +15,7 @@ from kvbench.cli import main
 from kvbench.model import DecoderConfig, build_model, preset_config
 from kvbench.scheduler import Scheduler, TokenSource, make_ledger
 from kvbench.serving import gate
-from kvbench.trace import make_trace, parse_arrivals, parse_lengths
+from kvbench.trace import TraceRequest, make_trace, parse_arrivals, parse_lengths
 
 LLAMA = preset_config("llama-tiny", vocab_size=128, max_length=96)
 
@@ -386,3 +386,18 @@ def test_a_malformed_serving_record_is_one_line_and_show_refuses_any(capsys, tmp
     else:
         assert f"{record}: malformed serving record ('kvbench.serving/1'): kinds: expected list, got NoneType" in err
     assert not (tmp_path / "out.json").exists()
+
+
+def test_token_ids_are_drawn_from_the_seed_and_the_request_id():
+    """Request r of seed s: torch's generator seeded s * 1_000_003 + r + 1 (-1: the shared prefix), so a trace's
+    ids are the same in every run and version; seed 0 and seed 1 pinned, the prefix the same for every request."""
+    prefixed, plain = TraceRequest(0, 5, 3, 0.0, prefix=3), TraceRequest(1, 4, 2, 0.0)
+    for seed, prefix, own, other in ((0, [21, 28, 26], [45, 39, 24, 18], [48, 37, 1, 44, 8]),
+                                     (1, [3, 27, 30], [13, 7, 16, 43], [46, 11, 17, 35, 47])):
+        source = TokenSource(50, seed, 3)
+        assert source.prefix.tolist() == [prefix]
+        assert source.ids(prefixed).tolist() == [prefix + own]  # prompt 5 + output 3 - 1 positions
+        assert source.ids(plain).tolist() == [other] and source.prompt(plain).tolist() == [other[:4]]
+        drawn = torch.randint(0, 50, (1, 5), generator=torch.Generator().manual_seed(seed * 1_000_003 + 2))
+        assert torch.equal(source.ids(plain), drawn)
+    assert TokenSource(50, 0, 0).prefix is None
