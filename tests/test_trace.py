@@ -105,6 +105,7 @@ def test_closed_loop_requests_belong_to_clients_in_turn():
     (spec("fixed:0,4"), "prompt length must be a positive integer"),
     (spec("uniform:9-3,2-4"), "low <= high"),
     (spec("uniform:3-0,2-4"), "prompt length must be a positive integer, got 0"),  # the high end checked too
+    (spec("uniform:0-3,2-4"), "prompt length must be a positive integer, got 0"),  # and the low end
     (spec("fixed:4000,200"), "beyond max_length 4096"),
     (spec(cancel_fraction=0.5, cancel_after=0), "cancel after must be a positive integer"),
 ])
