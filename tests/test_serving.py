@@ -2,6 +2,7 @@
 command line refuses bad input before measuring."""
 
 import json
+import time
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from kvbench.cli import main
 from kvbench.model import DecoderConfig, build_model, preset_config
 from kvbench.scheduler import Scheduler, TokenSource, make_ledger
 from kvbench.serving import gate
-from kvbench.trace import TraceRequest, make_trace, parse_arrivals, parse_lengths
+from kvbench.trace import Trace, TraceRequest, make_trace, parse_arrivals, parse_lengths, trace_from_dict
 
 LLAMA = preset_config("llama-tiny", vocab_size=128, max_length=96)
 
@@ -401,3 +402,48 @@ def test_token_ids_are_drawn_from_the_seed_and_the_request_id():
         drawn = torch.randint(0, 50, (1, 5), generator=torch.Generator().manual_seed(seed * 1_000_003 + 2))
         assert torch.equal(source.ids(plain), drawn)
     assert TokenSource(50, 0, 0).prefix is None
+
+
+def test_a_generating_peers_continuations_replace_the_drawn_outputs():
+    request = TraceRequest(0, 4, 3, 0.0)
+    source = TokenSource(50, 0, 0, continuations={0: [7, 8, 9]})
+    drawn = TokenSource(50, 0, 0).ids(request)
+    assert source.ids(request).tolist() == [drawn[0, :4].tolist() + [7, 8]]  # the prompt, then output - 1 fed back
+    assert torch.equal(source.prompt(request), drawn[:, :4])
+
+
+def test_a_reserving_kind_saves_nothing_and_reserves_each_running_requests_capacity():
+    model = MODELS["gpt2"]
+    trace = trace_of("fixed:8,4", requests=3)
+    _, ledger, outcome = replay(model, trace, "static", 10**6, keep_logits=False)
+    per_request = admission.reservation("static", model.config, 11)
+    assert [it["saved"] for it in outcome["iterations"]] == [0] * len(outcome["iterations"])
+    assert outcome["iterations"][0]["reserved"] == 3 * per_request and ledger.held == 0
+
+
+@pytest.mark.parametrize("tokens", [0, -1, True, 1.5])
+def test_a_token_budget_that_is_not_a_positive_integer_is_refused(tokens):
+    with pytest.raises(ValueError, match=f"max_batched_tokens must be a positive integer or None, got {tokens!r}"):
+        replay(MODELS["gpt2"], trace_of(), "static", 10**6, max_batched_tokens=tokens)
+
+
+def test_idle_gaps_are_skipped_and_every_request_is_admitted_at_its_arrival():
+    """Arrivals at 0.6 s and 3 s on an ample budget: the clock jumps to each arrival (the replay takes a fraction
+    of those seconds), and each request is admitted when it arrives, never before or a jump too far."""
+    requests = (TraceRequest(0, 6, 3, 0.6), TraceRequest(1, 6, 3, 3.0))
+    trace = trace_from_dict(Trace(requests, "poisson", None, 0, {}).to_dict(), 96)
+    started = time.perf_counter()
+    _, _, outcome = replay(MODELS["gpt2"], trace, "static", 10**6, keep_logits=False)
+    assert time.perf_counter() - started < 2.4  # the 2.4 s without a request were skipped, not slept
+    for request, arrival in zip(outcome["requests"], (0.6, 3.0)):
+        assert 0 <= request["admitted"] - arrival < 0.2 and request["token_times"][0] >= arrival
+    assert outcome["iterations"][-1]["time"] < 3.5
+
+
+@pytest.mark.parametrize("prefix", [40, 64])
+def test_a_prefix_that_is_no_multiple_of_the_token_budget_is_prefilled_once(prefix):
+    trace = trace_of("fixed:16,4", requests=2, prefix=prefix)
+    _, ledger, outcome = replay(MODELS["llama"], trace, "paged", 10**6, max_batched_tokens=32, block_size=8,
+                                share_prefix=True)
+    assert sum(it["prefill_tokens"] for it in outcome["iterations"]) == prefix + 2 * 16  # its last chunk: the rest
+    assert ledger.pool.free_blocks == ledger.pool.num_blocks
