@@ -67,10 +67,11 @@ def test_a_batch_addresses_every_new_token_and_block_as_its_rows_table_does(leng
     assert [row.block_table.shape[1] for row in rows] == [-(-row.length // SIZE) for row in rows]
 
 
-@pytest.mark.parametrize("new", [[1, 1, 1, 1], [3, 1, 5, 2]])
-def test_a_batch_of_one_pool_gives_each_row_its_own_logits(new):
-    """Decode (every row one token) and a ragged step: each row's logits are its own forward's, forks included."""
-    rows = rows_in_one_pool([5, 17, 9], fork=True, scatter=True)
+@pytest.mark.parametrize("lengths, new", [([5, 17, 9], [1, 1, 1, 1]), ([5, 17, 9], [3, 1, 5, 2]), ([6], [3])])
+def test_a_batch_of_one_pool_gives_each_row_its_own_logits(lengths, new):
+    """Decode (every row one token), a ragged step and a batch of one request: each row's logits are its own
+    forward's, forks included."""
+    rows = rows_in_one_pool(lengths, fork=len(lengths) > 1, scatter=True)
     alone = [row.fork() for row in rows]  # the same state, stepped one row at a time
     ids = torch.randint(0, CONFIG.vocab_size, (len(rows), max(new)), generator=torch.Generator().manual_seed(1))
     batched, _ = MODEL(ids, BatchedCache(rows, new))
