@@ -138,6 +138,11 @@ def test_every_figure_of_a_lossy_mode_by_hand(model, ids, measured):
         assert row["top1_agreement"] == pytest.approx(sum(c["top1"] for c in chunks) / 3)
         # float32 NLLs summed in another order: differences of 1e-6 on an interval 0.02 wide
         assert row["nll_difference"] == t_interval([c["nll"] - f["nll"] for c, f in zip(chunks, full)], 1e-5)
+        chosen = unwindowed if beyond is None else model if key[1] else quality.variant(model, sinks=0)
+        tokens = quality.greedy(chosen, pieces[0, :6][None], key[0], 8, OPTIONS)  # from the first chunk's prompt
+        full_tokens = quality.greedy(unwindowed, pieces[0, :6][None], "concat", 8, OPTIONS)
+        assert row["sample"] == Digits().decode(tokens), key
+        assert row["greedy_departure"] == quality.first_departure(tokens, full_tokens), key
         if beyond is not None:
             assert row["perplexity_beyond_window"] == pytest.approx(math.exp(sum(c["nll_beyond"] for c in chunks) / 3))
             assert row["full_perplexity_beyond_window"] == pytest.approx(
