@@ -447,3 +447,28 @@ def test_a_prefix_that_is_no_multiple_of_the_token_budget_is_prefilled_once(pref
                                 share_prefix=True)
     assert sum(it["prefill_tokens"] for it in outcome["iterations"]) == prefix + 2 * 16  # its last chunk: the rest
     assert ledger.pool.free_blocks == ledger.pool.num_blocks
+
+
+def test_closed_loop_clients_send_at_0_and_then_when_their_previous_request_ends():
+    _, _, outcome = replay(MODELS["gpt2"], trace_of("fixed:4,3", requests=5, arrivals="closed:2"), "static", 10**6,
+                           keep_logits=False)
+    done = outcome["requests"]
+    assert [r["arrival"] for r in done[:2]] == [0.0, 0.0]  # each client's first request, at the start
+    for earlier, later in zip(done, done[2:]):  # request i + 2 is client i % 2's next: sent when request i ends
+        assert later["arrival"] == earlier["finished"] == earlier["token_times"][-1]
+        assert later["admitted"] >= later["arrival"]
+
+
+def test_a_fork_takes_only_the_blocks_the_holder_does_not_hold():
+    """4 requests of a 16-token prefix and 5 own tokens, blocks of 8: a fork's prompt takes 1 block of its own (the
+    copied partial one) beside the holder's 2, so all four are admitted in the iteration the holder is filled, in
+    2 + 4 = 6 of 12 blocks (2 + 4 x 2 = 10 by their last tokens); counting the shared blocks again (3 + 2 a fork)
+    would admit two, then one an iteration."""
+    model = MODELS["llama"]
+    trace = trace_of("fixed:5,6", requests=4, prefix=16)
+    budget = 12 * admission.block_bytes(model.config, 8)
+    _, ledger, outcome = replay(model, trace, "paged", budget, keep_logits=False, block_size=8, share_prefix=True)
+    assert ledger.pool.num_blocks == 12
+    first = outcome["iterations"][0]
+    assert (first["admitted"], first["running"], first["free_blocks"]) == (4, 4, 12 - 2 - 4)
+    assert sum(it["preempted"] for it in outcome["iterations"]) == 0
