@@ -21,6 +21,7 @@ from kvbench.cli.options import fraction
 from kvbench.cli.parser import CliError, did_you_mean
 from kvbench.cli.serving_options import DEFAULT_KINDS, DEFAULT_REPEATS, DEFAULT_BUDGET_REQUESTS
 from kvbench.cli.usage import REPLAY, SERVING, check_read
+from kvbench.record.serving import SERVING_SCHEMA, check_serving_record, is_serving
 from kvbench.report.format import format_bytes, stdout_console
 
 def cancel_spec(text: str | None) -> dict:
@@ -197,7 +198,7 @@ def cmd_serve(args: argparse.Namespace, checked: tuple) -> int:
         if not checks:
             raise
         interrupted, outcome = True, {"checks": checks, "control": None, "sampling": state}
-    result = {"complete": not interrupted, "schema": "kvbench.serving/1", "command": ["kvbench", *args.argv], "preset": args.preset,
+    result = {"complete": not interrupted, "schema": SERVING_SCHEMA, "command": ["kvbench", *args.argv], "preset": args.preset,
               "config": config.to_dict(), "trace": served.to_dict(), "kinds": kinds, "settings": settings,
               "budget": {"bytes": budget, "given": args.kv_budget, "reserve": args.reserve, "minimum": minimum},
               "protocol": protocol.describe(in_effect), "environment": environment, "checks": outcome["checks"],
@@ -241,23 +242,25 @@ def print_serving(result: dict, wide: bool = False) -> None:
                           "it was not timed")
 
 
-def is_serving_record(path: Path) -> bool:
+def serving_document(path: Path) -> dict | None:
+    """The record at `path` when it is a serving record, checked (one line naming the file and the field if it is
+    malformed); None for anything else, which cmd_report reads and judges itself."""
     try:
         data = files.read_json(path, "record")
     except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and data.get("schema") == "kvbench.serving/1"
+        return None
+    return check_serving_record(data, path) if is_serving(data) else None
 
 
 def cmd_report_any(args: argparse.Namespace) -> int:
     """`kvbench report`: a serving record has its own tables and plot; any other goes to cmd_report."""
-    return cmd_report_serving(args) if is_serving_record(args.record) else cmd_report(args)
+    served = serving_document(args.record)
+    return cmd_report(args) if served is None else cmd_report_serving(args, served)
 
 
-def cmd_report_serving(args: argparse.Namespace) -> int:
+def cmd_report_serving(args: argparse.Namespace, result: dict) -> int:
     from kvbench.report.record import serving as serving_report
 
-    result = files.read_json(args.record, "record")
     if args.plot is not None:
         files.write_bytes_atomic(args.plot, serving_report.memory_plot(result, args.plot.suffix.lower()), args.force)
     print_serving(result, args.wide)

@@ -11,11 +11,10 @@ from rich.table import Table
 
 from kvbench import stats
 from kvbench.latency import median_with_interval
+from kvbench.record.serving import CONTROL
 from kvbench.report.format import format_bytes, rich_escape
 from kvbench.serving_figures import replay_figures
 
-SERVING_SCHEMA = "kvbench.serving/1"
-CONTROL = "control"
 HEADLINE = ("output_tokens_per_second", "requests_per_second", "mean_concurrency", "waste")
 
 
