@@ -12,6 +12,9 @@ import contextlib
 import copy
 import io
 import json
+import os
+import re
+import signal
 import tempfile
 from pathlib import Path
 
@@ -41,7 +44,8 @@ def run(*argv) -> tuple[int, str, str]:
 
 def reading_commands(path: Path, output: Path) -> list[list]:
     """Every command that reads a serving record, on `path` (compare: against the record it was made from)."""
-    commands = [["report", path], ["compare", ROOT / NAME, path, "--force"]]
+    commands = [*(["report", path, "--format", layout] for layout in ("text", "markdown", "html")),
+                ["compare", ROOT / NAME, path, "--force"]]
     for layout in FORMATS:
         commands.append(["export", path, "--format", layout, "--output", output / f"{layout}.json", "--force",
                          *(["--repository", "https://github.com/example/kvbench"] if layout == "conbench" else [])])
@@ -113,6 +117,9 @@ HOSTILE = {
     "a passed kind without a replay": (without_paged_replays,
                                        "samples: kinds ['paged'] passed their check but have no replay"),
     "complete as a word": (lambda r: r.update(complete="yes"), "complete: expected true or false, got 'yes'"),
+    "a kind named in markup": (lambda r: r.update(kinds=["static", "[bold]paged"]),
+                               "kinds: expected a non-empty list of kind names ([a-z][a-z0-9_-]{0,39}, not 'control'), "
+                               "got ['static', '[bold]paged']"),
     "a kind named twice": (lambda r: r.update(kinds=["static", "static"]),
                            "kinds: expected each kind once, got ['static', 'static']"),
     "a model of no width": (lambda r: r["config"].update(width="x"),
@@ -197,3 +204,80 @@ def test_a_mutated_serving_record_works_everywhere_or_is_refused_in_one_line(pat
                 assert status == 0 or argv[0] == "compare", (argv[:3], err)  # compare may find other work
             else:
                 assert status == 2 and err.startswith(f"kvbench: error: {path}: "), (argv[:3], err)
+
+
+# --- an interrupted run: kept, and said to be incomplete everywhere -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def interrupted(tmp_path_factory):
+    """A serving run cut by SIGTERM after its 4th replay (of 9: static, paged and the A/A control, 3 rotations),
+    the signal sent to this process from inside the sampler, as `timeout` or a CI runner would send it."""
+    import torch
+
+    from kvbench import serving
+
+    real, sent = serving.sample, []
+
+    def cut_short(*args, **kwargs):
+        def on_sample(kept):
+            sent.append(kept)
+            if len(sent) == 4:
+                os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **{**kwargs, "on_sample": on_sample})
+
+    record = tmp_path_factory.mktemp("interrupted") / "cut.json"
+    threads, serving.sample = torch.get_num_threads(), cut_short
+    torch.set_num_threads(1)
+    try:
+        status, out, err = run("run", "--trace", "fixed:6,5", "--requests", "4", "--modes", "static,paged",
+                               "--repeats", "3", "--output", record)
+    finally:
+        serving.sample = real
+        torch.set_num_threads(threads)
+    return record, status, out, err
+
+
+def test_an_interrupted_serving_run_keeps_what_it_measured_and_says_so(interrupted):
+    record, status, out, err = interrupted
+    data = json.loads(record.read_text())
+    assert status == 128 + signal.SIGTERM and f"marked incomplete: {record}" in err
+    assert data["complete"] is False and len(data["samples"]) == 4 and set(data["checks"]) == {"static", "paged"}
+    assert check_serving_record(data, record) is data  # an incomplete record is a sound one
+    assert "kvbench serving: seed, kinds static, paged (INCOMPLETE: interrupted run)" in out
+    assert "INCOMPLETE record: the run was interrupted; only the completed replays are shown" in out
+
+
+@pytest.mark.parametrize("layout, words", [
+    ("text", ["kvbench serving: seed, kinds static, paged (INCOMPLETE: interrupted run)",
+              "INCOMPLETE record: the run was interrupted; only the completed replays are shown"]),
+    ("markdown", ["**kvbench serving: seed, kinds static, paged** — **INCOMPLETE: interrupted run**",
+                  "> **Note:** INCOMPLETE record: the run was interrupted; only the completed replays are shown"]),
+    ("html", ['<div class="banner">INCOMPLETE record: the run was interrupted; only the completed replays are '
+              'shown.</div>']),
+])
+def test_every_report_layout_of_an_interrupted_record_says_incomplete(interrupted, tmp_path, layout, words):
+    record = interrupted[0]
+    status, out, err = run("report", record, "--format", layout)
+    assert status == 0 and all(word in out for word in words), err
+    status, _, err = run("report", record, "--format", layout, "--output", tmp_path / f"report.{layout}")
+    assert status == 0 and all(word in (tmp_path / f"report.{layout}").read_text() for word in words), err
+
+
+def test_compare_and_export_of_an_interrupted_record_say_incomplete(interrupted, tmp_path):
+    record = interrupted[0]
+    for layout in ("text", "markdown"):
+        status, out, err = run("compare", record, record, "--format", layout)
+        assert status == 0 and "OLD is INCOMPLETE (interrupted run): only its completed replays are compared" in out \
+            and "NEW is INCOMPLETE (interrupted run)" in out, err
+    for layout in ("conbench", "github-action-benchmark", "pytest-benchmark"):
+        output = tmp_path / f"{layout}.json"
+        status, _, err = run("export", record, "--format", layout, "--output", output,
+                             *(["--repository", "https://github.com/example/kvbench"] if layout == "conbench" else []))
+        assert status == 0, err
+        exported = json.loads(output.read_text())
+        facts = {"conbench": lambda: [result["info"]["record_status"] for result in exported],
+                 "github-action-benchmark": lambda: [re.search(r"record_status: (\w+)", entry["extra"])[1]
+                                                     for entry in exported],  # the figures' and quantities' too
+                 "pytest-benchmark": lambda: [b["extra_info"]["record_status"] for b in exported["benchmarks"]]}
+        assert set(facts[layout]()) == {"incomplete"}, layout

@@ -163,8 +163,10 @@ def compare_serving(old: dict, new: dict, old_source: str, new_source: str, *, f
                                                                             .values()),
                                               list(measured[measure.name].values()), factor, alpha))
     skipped += [f"OLD's {kind}" for kind in old_values if kind not in {mapping.get(k, k) for k in new_values}]
-    notes = [f"{name}'s {kind} FAILED its gate" for name, record in (("OLD", old), ("NEW", new))
-             for kind, check in record["checks"].items() if not check.get("passed")]
+    notes = [f"{name} is INCOMPLETE (interrupted run): only its completed replays are compared"
+             for name, record in (("OLD", old), ("NEW", new)) if not record.get("complete", True)]
+    notes += [f"{name}'s {kind} FAILED its gate" for name, record in (("OLD", old), ("NEW", new))
+              for kind, check in record["checks"].items() if not check["passed"]]
     return ServingComparison(old_source, new_source, environment_diff(old["environment"], new["environment"]),
                              changes, skipped, notes)
 
