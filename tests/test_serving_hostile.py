@@ -281,3 +281,20 @@ def test_compare_and_export_of_an_interrupted_record_say_incomplete(interrupted,
                                                      for entry in exported],  # the figures' and quantities' too
                  "pytest-benchmark": lambda: [b["extra_info"]["record_status"] for b in exported["benchmarks"]]}
         assert set(facts[layout]()) == {"incomplete"}, layout
+
+
+def test_a_run_interrupted_in_its_gates_reports_what_it_has_and_exports_nothing(tmp_path):
+    """Cut before any replay: one check of two, no sample. The report says so under the kinds' headers; compare
+    and export have nothing to line up and say why in one line."""
+    def in_the_gates(record):
+        record.update(complete=False, samples=[], control=None)
+        record["checks"].pop("paged")
+    path = tmp_path / "gates.json"
+    path.write_text(json.dumps(changed(in_the_gates)))
+    status, out, err = run("report", path)
+    assert status == 0 and "(INCOMPLETE: interrupted run)" in out and "x static" in out and "static   pass" \
+        not in out, err
+    for argv in (["compare", ROOT / NAME, path], ["export", path, "--format", "bmf", "--output", tmp_path / "o.json"]):
+        status, _, err = run(*argv)
+        assert (status, err) == (2, f"kvbench: error: {path}: a serving record ('kvbench.serving/1') without a replay: "
+                                    "samples: none was kept (interrupted)\n")

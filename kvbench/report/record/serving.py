@@ -66,7 +66,7 @@ def summarise(record: dict) -> dict:
     for kind in kinds:
         summary["kinds"][kind] = {name: median_interval([pick(f, name) for f in found[kind].values()])
                                   for name in SUMMARISED if all(pick(f, name) is not None for f in found[kind].values())}
-    baseline = kinds[0] if kinds else None
+    baseline = kinds[0] if kinds else record["kinds"][0]  # the first kind, replayed or not (its header names it)
     for kind in kinds[1:]:
         summary["ratios"][kind] = {
             "throughput": paired(found, kind, baseline, "output_tokens_per_second", between_run),
