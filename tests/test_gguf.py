@@ -34,6 +34,7 @@ def write_gguf(path, model, architecture: str = "llama", tensors: dict | None = 
     add_shapes(writer, config)
     writer.add_tokenizer_model("gpt2")
     writer.add_token_list([f"t{i}" for i in range(config.vocab_size)])
+    writer.add_token_scores([0.0] * config.vocab_size)  # what the tokenizer's merges are derived from
     arrays = dict(gguf_tensors(model))  # the names, layout and q/k permutation llama.cpp uses
     arrays.update(tensors or {})
     for name, value in arrays.items():
