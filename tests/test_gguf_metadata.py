@@ -153,3 +153,26 @@ def test_weights_beyond_the_memory_available_are_refused_before_they_are_built(s
         * CONFIG.width + 3 * CONFIG.width * CONFIG.intermediate_size + 2 * CONFIG.width) + CONFIG.width
     assert message.startswith(f"{model.path}: ") and f"{parameters:,} parameters" in message
     assert "102,400 bytes" in message and "llama.block_count 2" in message
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--lengths", "200"], "length 200 exceeds max_length 128 of GGUF file {path}"),
+    (["--prompt", "100", "--generate", "50"], "holds 149 positions, beyond max_length 128 of GGUF file {path}"),
+    (["--contexts", "120"], "positions, beyond max_length 128 of GGUF file {path}")])
+def test_a_run_too_long_for_the_file_names_the_file_not_a_preset(sound, tmp_path, capsys, argv, words):
+    status = main(["run", "--gguf", str(sound), *argv, "--output", str(tmp_path / "r.json"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert status == 2 and len(err.strip().splitlines()) == 1 and words.format(path=sound.resolve()) in err, err
+    assert "preset" not in err
+
+
+def test_a_run_beyond_the_memory_available_names_the_file_not_a_preset(sound, tmp_path, capsys, monkeypatch):
+    """A context length inside the bound (2**24 positions) whose token ids and rotary tables cannot fit."""
+    path = rewritten(sound, tmp_path / "long.gguf", {"llama.context_length": (1 << 24, T.UINT32)})
+    monkeypatch.setenv("KVBENCH_AVAILABLE_MEMORY", "1GiB")
+    status = main(["run", "--gguf", str(path), "--lengths", "4", "--output", str(tmp_path / "r.json"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert status == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"kvbench: error: GGUF file {path.resolve()} (")
+    assert "but 1.0 GiB of memory is available" in err
+    assert "preset" not in err
