@@ -18,7 +18,7 @@ from kvbench.files import first_non_finite
 from kvbench.kinds import FAILURES, KIND_NAME, WORKLOADS
 from kvbench.record.entries import TELEMETRY
 from kvbench.record.meaning import MEANING_CHECKS, RecordError
-from kvbench.record.upgrade import CURRENT, lacks_a_later_section, upgrade
+from kvbench.record.upgrade import CURRENT, LATER_CELL, LATER_SUMMARY, complete_run, lacks_a_later_section, upgrade
 from kvbench.sampling import STOPS
 from kvbench.stats import ESTIMATORS, INTERVALS
 
@@ -327,9 +327,24 @@ def _schema_v3() -> dict:
     return schema
 
 
+def _schema_v3_unfilled() -> dict:
+    """Version 3 less what the v2-to-v3 step fills (kvbench.record.upgrade.LATER_SUMMARY, ...): a file labelled /3
+    that lacks some of it is checked against this before the step reads its cells' medians and lengths (a length
+    of 0 was a ZeroDivisionError), then filled and held to version 3 itself."""
+    schema = copy.deepcopy(RECORD_SCHEMA)
+    run, summary = schema["properties"]["run"], schema["properties"]["summary"]
+    run["required"] = [name for name in run["required"] if name not in complete_run({})]
+    summary["required"] = [name for name in summary["required"] if name not in LATER_SUMMARY]
+    cells = summary["properties"]["cells"]["items"]
+    cells["required"] = [name for name in cells["required"] if name != LATER_CELL]
+    return schema
+
+
 RECORD_SCHEMA_V2 = _schema_v2()
 RECORD_SCHEMA = _schema_v3()
-SCHEMAS = {"kvbench.record/1": RECORD_SCHEMA_V1, "kvbench.record/2": RECORD_SCHEMA_V2, SCHEMA: RECORD_SCHEMA}
+UNFILLED = f"{SCHEMA} before the upgrade fills it"
+SCHEMAS = {"kvbench.record/1": RECORD_SCHEMA_V1, "kvbench.record/2": RECORD_SCHEMA_V2, SCHEMA: RECORD_SCHEMA,
+           UNFILLED: _schema_v3_unfilled()}
 
 
 def check_shape(record: dict, schema: str, source: str) -> None:
@@ -357,8 +372,9 @@ def validate_record(record: object, source: str = "record") -> dict:
     non_finite = first_non_finite(record)
     if non_finite is not None:
         raise RecordError(f"{source}: {non_finite[0]}: not a finite number")
-    if found != SCHEMA or not lacks_a_later_section(record):  # one that does is filled first, then checked
-        check_shape(record, found, source)
+    # A /3 file lacking what schema 2 left optional is checked without it, then filled, then checked whole: the
+    # filling reads only what the first check passed.
+    check_shape(record, UNFILLED if found == SCHEMA and lacks_a_later_section(record) else found, source)
     upgraded = upgrade(record)
     if upgraded is not record:  # an older record: upgraded, then held to this version like a record written today
         record = upgraded
