@@ -199,8 +199,9 @@ def without_per_token_median(change):
     return mutate
 
 
-# Schema 3 records whose derived fields are missing, and what they are derived from is unsound: each was read
-# before anything checked it (show and report exited 1 with a ZeroDivisionError, a KeyError or a TypeError).
+QUALITY = "results/real/quality-quantized.json"  # a real model's run: model, token_ids and quality sections
+# Schema 3 records whose derived or read-by-the-report fields are missing or out of range: each was read before
+# anything checked it (show and report exited 1 with a ZeroDivisionError, a KeyError or a TypeError).
 SCHEMA_3_FOUND = {
     "a cell of length 0 without its per-token median": (
         "results/layouts/seed.json", "summary/cells/0/length: 0 is less than the minimum of 1",
@@ -211,7 +212,39 @@ SCHEMA_3_FOUND = {
     "a cell whose length is a string, without its per-token median": (
         "results/layouts/seed.json", "summary/cells/0/length: 'x' is not of type 'integer'",
         without_per_token_median(lambda cell: cell.update(length="x"))),
+    "a quantized cache's group of 0 tokens": (
+        QUALITY, "run/cache_options/quantized-int8/group_size: 0 is less than the minimum of 1",
+        lambda r: r["run"]["cache_options"]["quantized-int8"].update(group_size=0)),
+    "a negative residual": (QUALITY, "run/cache_options/quantized-int4/residual: -1 is less than the minimum of 0",
+                            lambda r: r["run"]["cache_options"]["quantized-int4"].update(residual=-1)),
+    "a group size that is a string": (QUALITY, "run/cache_options/quantized-int8/group_size: '32' is not of type",
+                                      lambda r: r["run"]["cache_options"]["quantized-int8"].update(group_size="32")),
+    "a quality entry without its KL": (QUALITY, "quality/modes/0: 'kl_mean' is a required property",
+                                       lambda r: r["quality"]["modes"][0].pop("kl_mean")),
+    "a quality entry without its sample": (QUALITY, "quality/modes/1: 'sample' is a required property",
+                                           lambda r: r["quality"]["modes"][1].pop("sample")),
+    "a top-1 agreement above 1": (QUALITY, "quality/modes/1/top1_agreement: 1.5 is greater than the maximum of 1",
+                                  lambda r: r["quality"]["modes"][1].update(top1_agreement=1.5)),
+    "an interval with a low and no high": (QUALITY, "quality/modes/1/nll_difference/high: None is not of type",
+                                           lambda r: r["quality"]["modes"][1]["nll_difference"].update(high=None)),
+    "a quality section without its greedy prompt": (QUALITY, "quality: 'prompt' is a required property",
+                                                    lambda r: r["quality"].pop("prompt")),
+    "corpus token ids without their sha256": (QUALITY, "token_ids: 'sha256' is a required property",
+                                              lambda r: r["token_ids"].pop("sha256")),
+    "corpus token ids without their name": (QUALITY, "token_ids: 'name' is a required property",
+                                            lambda r: r["token_ids"].pop("name")),
 }
+
+
+def test_random_token_ids_need_no_corpus_name_and_every_reader_copes(tmp_path):
+    """Only corpus token ids name a corpus and its digest; random ones load and are reported as such."""
+    record = current(QUALITY)
+    record["token_ids"] = {"source": "random"}
+    assert_every_reader_copes(record, QUALITY, tmp_path)
+    from kvbench.record import RecordView
+    from kvbench.report.record.quality import model_sentence
+
+    assert model_sentence(RecordView(load_record(tmp_path / "mutated.json"))).endswith("; random token ids")
 
 
 @pytest.mark.parametrize("case", SCHEMA_3_FOUND)

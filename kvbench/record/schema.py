@@ -211,13 +211,29 @@ def real_model_sections() -> dict:
                             "weights_from": {"enum": ["cache", "dequantized"]},
                             "build_seconds": {"type": "number", "minimum": 0},
                             "tokenize_seconds": {"type": "number", "minimum": 0}}}
-    token_ids = {"type": "object", "required": ["source"],
-                 "properties": {"source": {"enum": ["corpus", "random"]}, "sha256": sha, "name": {"type": "string"}}}
-    quality = {"type": "object", "required": ["tokens", "chunks", "modes"],
-               "properties": {"tokens": _positive, "chunks": _positive, "modes": {"type": "array", "items": {
-                   "type": "object", "required": ["mode", "perplexity", "nll_mean"],
-                   "properties": {"mode": _mode, "perplexity": {"type": "number", "exclusiveMinimum": 0}}}}}}
-    return {"model": model, "token_ids": token_ids, "quality": quality}
+    token_ids = {"type": "object", "required": ["source"],  # the report names the corpus and its digest
+                 "properties": {"source": {"enum": ["corpus", "random"]}, "sha256": sha, "name": {"type": "string"}},
+                 "if": {"properties": {"source": {"const": "corpus"}}}, "then": {"required": ["name", "sha256"]}}
+    return {"model": model, "token_ids": token_ids, "quality": quality_schema()}
+
+
+def quality_schema() -> dict:
+    """quality (kvbench.quality.measure): every key the report reads of each mode's row, always written."""
+    number, positive = {"type": "number"}, {"type": "number", "exclusiveMinimum": 0}
+    interval = {"type": "object", "required": ["mean", "low", "high"],  # the mean alone, or with both ends
+                "properties": {"mean": number, **dict.fromkeys(("low", "high"), {"type": ["number", "null"]})},
+                "if": {"properties": {"low": number}}, "then": {"properties": {"high": number}}}
+    row = {"type": "object", "required": ["mode", "perplexity", "nll_mean", "kl_mean", "top1_agreement",
+                                          "greedy_departure", "sample"],
+           "dependentRequired": {"window": ["sinks"], "perplexity_beyond_window": ["full_perplexity_beyond_window"]},
+           "properties": {"mode": _mode, "perplexity": positive, "nll_mean": number, "kl_mean": number,
+                          "top1_agreement": {"type": "number", "minimum": 0, "maximum": 1},
+                          "greedy_departure": {"type": ["integer", "null"], "minimum": 0}, "sample": {"type": "string"},
+                          "window": _positive, "sinks": _count, "nll_difference": interval,
+                          "perplexity_beyond_window": positive, "full_perplexity_beyond_window": positive}}
+    return {"type": "object", "required": ["tokens", "chunks", "modes", "prompt", "generate"],
+            "properties": {"tokens": _positive, "chunks": _positive, "prompt": _count, "generate": _count,
+                           "modes": {"type": "array", "items": row}}}
 
 
 def estimation_schema() -> dict:
@@ -265,8 +281,10 @@ def _schema_v2() -> dict:
                            "original_max_length": _positive}}]},
         "qkv_bias": {"type": "boolean"}, "tie_embeddings": {"type": "boolean"}, "sinks": _count})
     schema["properties"]["run"]["properties"]["control"] = {"type": ["string", "null"], "pattern": MODE_NAME}
+    # at least what --quant-group and --quant-residual take
     schema["properties"]["run"]["properties"]["cache_options"] = {
-        "type": "object", "propertyNames": {"pattern": MODE_NAME}, "additionalProperties": {"type": "object"}}
+        "type": "object", "propertyNames": {"pattern": MODE_NAME}, "additionalProperties": {
+            "type": "object", "properties": {"group_size": _positive, "residual": _count}}}
     schema["properties"]["run"]["properties"]["plugins"] = {"type": "array", "items": {
         "type": "object", "required": ["path", "sha256", "kinds"],
         "properties": {"path": {"type": "string"}, "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
