@@ -19,7 +19,8 @@ ARCHITECTURES = ("llama", "mistral", "qwen2")  # whose metadata maps onto kvbenc
 # tokenizer.ggml.model: the byte-level BPE and SentencePiece vocabularies transformers builds for that family
 TOKENIZERS = ("gpt2", "llama")
 INTEGERS = frozenset({"UINT8", "INT8", "UINT16", "INT16", "UINT32", "INT32", "UINT64", "INT64"})
-NUMBERS = INTEGERS | {"FLOAT32", "FLOAT64"}
+FLOATS = frozenset({"FLOAT32", "FLOAT64"})  # GGUF's rotary base and epsilon (transformers refuses an integer)
+NUMBERS = INTEGERS | FLOATS
 # Upper bounds, several times the largest published model of the family (Llama 3.1 405B: 126 blocks, width
 # 16,384, 128 heads of 128 channels, feed-forward 53,248; vocabularies up to 262,144 tokens; contexts up to
 # 10M): a file past one states nonsense, not a model. Whether a model inside them fits this machine is
@@ -80,8 +81,8 @@ class Metadata:
         return int(value)
 
     def number(self, key: str, high: float, default=MISSING) -> float:
-        expected = f"a number above 0 and at most {high:g}"
-        value = self.scalar(key, NUMBERS, expected, default)
+        expected = f"a float above 0 and at most {high:g}"
+        value = self.scalar(key, FLOATS, expected, default)
         if key not in self.fields:
             return value
         if not (math.isfinite(value) and 0 < value <= high):
@@ -138,6 +139,7 @@ def config_fields(metadata: Metadata, tensor_names) -> dict:
     if metadata.integer(key("rope.dimension_count"), 1, MAX_HEAD_WIDTH, default=head_dim) != head_dim:
         raise metadata.error(key("rope.dimension_count"), f"the head width {head_dim} (kvbench's block turns "
                              "every channel of a head)", metadata.describe(key("rope.dimension_count")))
+    metadata.integer(key("vocab_size"), 1, MAX_VOCABULARY, default=None)  # transformers' config reads it
     context = metadata.integer(key("context_length"), 1, MAX_CONTEXT)
     window = metadata.integer(key("attention.sliding_window"), 0, context, default=0)
     layers, intermediate = metadata.integer(key("block_count"), 1, MAX_BLOCKS), \

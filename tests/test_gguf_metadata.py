@@ -9,6 +9,10 @@ was found, before a tensor is looked at; and from `kvbench run --gguf` one line 
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from pathlib import Path
+
 import pytest
 
 from kvbench import gguf as kvgguf
@@ -76,6 +80,9 @@ HOSTILE = {
     "a zero epsilon": ({"llama.attention.layer_norm_rms_epsilon": (0.0, T.FLOAT32)},
                        ["llama.attention.layer_norm_rms_epsilon", "got FLOAT32 0.0"]),
     "a NaN rotary base": ({"llama.rope.freq_base": (float("nan"), T.FLOAT32)}, ["llama.rope.freq_base", "nan"]),
+    "an integer epsilon": ({"llama.attention.layer_norm_rms_epsilon": (1, T.UINT32)},
+                           ["llama.attention.layer_norm_rms_epsilon", "a float", "got UINT32 1"]),
+    "a vocabulary size that is a string": ({"llama.vocab_size": ("x", T.STRING)}, ["llama.vocab_size", "got 'x'"]),
     "a window as an array": ({"llama.attention.sliding_window": ([8], T.ARRAY, T.UINT32)},
                              ["llama.attention.sliding_window", "an array of 1 UINT32"]),
     "a name that is a number": ({"general.name": (7, T.UINT32)}, ["general.name", "a string", "UINT32 7"]),
@@ -125,6 +132,35 @@ def test_kvbench_run_refuses_hostile_metadata_in_one_line(sound, tmp_path, case,
     assert status == 2 and len(err.strip().splitlines()) == 1, err
     assert err.startswith(f"kvbench: error: --gguf: {path}: {HOSTILE[case][1][0]}"), err
     assert "preset" not in err and not output.exists()
+
+
+# Every value a key can be given that is not what it should be: each GGUF type, and numbers no model has.
+ANY_VALUE = [DROP, ("x", T.STRING), ([1, 2], T.ARRAY, T.UINT32), (["a"], T.ARRAY, T.STRING), (2.5, T.FLOAT32),
+             (-1, T.INT32), (0, T.UINT32), (2**40, T.UINT64), (True, T.BOOL), (1, T.UINT32)]
+
+
+def sound_keys() -> list[str]:
+    path = write_gguf(build_model(CONFIG, seed=3), Path(tempfile.mkdtemp()) / "keys.gguf")
+    return [name for name in gguf.GGUFReader(path).fields if not name.startswith("GGUF.")]
+
+
+@pytest.mark.parametrize("key", sound_keys())
+def test_any_value_of_any_key_is_refused_in_one_value_error_or_builds_and_tokenizes(sound, tmp_path, key,
+                                                                                    monkeypatch):
+    """Not only the cases above: every key the sound file has, given each value in turn, is either refused by
+    read_gguf (one ValueError, one line, the file first) or read, built into a model and a tokenizer that
+    encodes text. Nothing in between: no other exception, from kvbench or from transformers' loaders."""
+    monkeypatch.setenv(kvgguf.CACHE_VARIABLE, str(tmp_path / "cache"))
+    for value in ANY_VALUE:
+        path = rewritten(sound, tmp_path / "any.gguf", {key: value})
+        try:
+            model = kvgguf.read_gguf(path)
+        except ValueError as error:
+            assert type(error) is ValueError and str(error).startswith(f"{path}: ") and "\n" not in str(error)
+            continue
+        kvgguf.build_gguf_model(model)
+        kvgguf.tokenizer(model).encode("t1 t2")  # the toy vocabulary has no byte tokens: its ids may be none
+        shutil.rmtree(tmp_path / "cache")  # the next file has another sha256, but keep the folder small
 
 
 def test_the_sound_file_reads_and_its_tokenizer_fields_pass(sound):
