@@ -164,8 +164,8 @@ def vocabulary_size(metadata: Metadata) -> int:
         raise metadata.error("tokenizer.ggml.tokens", f"from 1 to {MAX_VOCABULARY} tokens", f"{vocab}")
     merges = metadata.array("tokenizer.ggml.merges", {"STRING"}, "strings", required=False)
     if merges is None and "tokenizer.ggml.scores" not in metadata.fields:
-        raise metadata.error("tokenizer.ggml.scores", "tokenizer.ggml.merges, or the scores of "
-                             "tokenizer.ggml.scores they are derived from")
+        raise metadata.error("tokenizer.ggml.scores", "the scores transformers derives the merges from (the file "
+                             "has no tokenizer.ggml.merges)")
     metadata.array("tokenizer.ggml.scores", NUMBERS, "numbers", vocab, required=merges is None)
     metadata.array("tokenizer.ggml.token_type", INTEGERS, "integers", vocab, required=False)
     for name in SPECIAL_TOKENS:
