@@ -103,7 +103,7 @@ SETTINGS_READ = {"--block-size": "block_size", "--reserve": "policy", "--quant-g
 def check_budget_fits(given: str | None, budget: int, config) -> None:
     """A kind may allocate the whole budget (paged's pool does, at once): with the weights it must fit in the memory
     this process may take, or torch fails later, after the trace is drawn and the model built."""
-    weights = memory.model_bytes(config)
+    weights = memory.weight_build_bytes(config)
     try:
         available = memory.available_bytes()
     except ValueError as error:
