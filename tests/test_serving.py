@@ -274,6 +274,8 @@ def run_main(capsys, *argv):
     (["--kv-budget", "12 parsecs"], "--kv-budget must be bytes"),
     (["--arrivals", "poisson:0"], "poisson rate must be a positive finite number"),
     (["--arrivals", "poisson:inf"], "poisson rate"),
+    (["--arrivals", "poisson:1e-300"], "--trace fixed:8,12: poisson rate 1e-300 requests/s spreads 16 requests over "
+                                       "about 1.6e+301 s, beyond the 1e+07 s a trace may span"),
     (["--requests", "0"], "expected an integer in [1"),
     (["--cancel", "0.5:0"], "cancel after must be a positive integer"),
     (["--modes", "concat"], "a serving run takes kinds"),
@@ -299,13 +301,20 @@ def test_a_quantized_minimum_counts_the_window_its_prefill_chunks_reach(capsys, 
     assert code == 2 and f"below one request's minimum for quantized-int8: {minimum} bytes" in err, err
 
 
-def test_a_bad_trace_file_is_one_line_exit_2(capsys, tmp_path):
+@pytest.mark.parametrize("field, value, fragment", [
+    ("cancel_after", 3, "request 1: cancellation after 3 tokens is beyond its output of 3 (expected fewer than 3)"),
+    ("arrival", 1e300, "request 1: arrival must be at most 1e+07 s after the start, got 1e+300"),
+    ("client", 0, "request 1: client is only a closed-loop request's (null with arrivals 'all'), got 0"),
+    ("spec", 5, "spec: expected an object (how the trace was drawn), got int"),
+])
+def test_a_bad_trace_file_is_one_line_exit_2(capsys, tmp_path, field, value, fragment):
     trace = trace_of("fixed:4,3", requests=2).to_dict()
-    trace["requests"][1]["cancel_after"] = 3
+    (trace if field == "spec" else trace["requests"][1])[field] = value
     path = tmp_path / "trace.json"
     path.write_text(json.dumps(trace))
     code, _, err = run_main(capsys, "run", "--trace", path, "--output", tmp_path / "r.json")
-    assert code == 2 and len(err.splitlines()) == 1 and "beyond its output of 3" in err, err
+    assert code == 2 and err == f"kvbench: error: --trace {path}: {fragment}\n", err
+    assert not (tmp_path / "r.json").exists()
 
 
 def test_a_serving_run_end_to_end_and_its_report(capsys, tmp_path):

@@ -84,7 +84,7 @@ def check_run(args: argparse.Namespace) -> tuple:
     output = args.output or record.default_record_path()
     check_output(output, args.force)  # before any measurement: a bad path costs nothing
     after = args.workload.get("warmup_steps", 0) + args.workload.get("timed_steps", 0)  # a contexts run's steps
-    check_fits_in_memory(config, protocol, [n + after for n in args.lengths], args.modes, args.preset)
+    check_fits_in_memory(config, protocol, [n + after for n in args.lengths], args.modes, model_named(args))
     return config, protocol, output
 
 
@@ -123,7 +123,7 @@ def settings(args: argparse.Namespace) -> tuple[PlainConfig, Protocol]:
     workload_settings(args, config)
     too_long = [n for n in [*args.lengths, args.per_step or 0] if n > config.max_length]
     if too_long:
-        raise CliError(f"length {too_long[0]} exceeds max_length {config.max_length} of preset {args.preset!r}")
+        raise CliError(f"length {too_long[0]} exceeds max_length {config.max_length} of {model_named(args)}")
     targeted = {"precision": args.precision, "min_repeats": args.min_repeats, "max_repeats": args.max_repeats,
                 "max_seconds": args.max_seconds}
     if args.repeats is not None:
@@ -185,7 +185,7 @@ def workload_settings(args: argparse.Namespace, config: PlainConfig) -> None:
         positions = args.prompt + args.generate - 1
         if positions > config.max_length:
             raise CliError(f"--prompt {args.prompt} + --generate {args.generate} holds {positions} positions, beyond "
-                           f"max_length {config.max_length} of preset {args.preset!r}")
+                           f"max_length {config.max_length} of {model_named(args)}")
         args.lengths, args.workload = [positions], {"kind": "request", "prompt": args.prompt, "generate": args.generate}
     elif contexts:
         after = kinds.CONTEXT_WARMUP_STEPS + kinds.CONTEXT_TIMED_STEPS
@@ -193,7 +193,7 @@ def workload_settings(args: argparse.Namespace, config: PlainConfig) -> None:
         if beyond:
             raise CliError(f"--contexts {beyond[0]}: {kinds.CONTEXT_WARMUP_STEPS} warm-up and "
                            f"{kinds.CONTEXT_TIMED_STEPS} timed steps after {beyond[0]} tokens need {beyond[0] + after} "
-                           f"positions, beyond max_length {config.max_length} of preset {args.preset!r}")
+                           f"positions, beyond max_length {config.max_length} of {model_named(args)}")
         args.lengths = list(args.contexts)
         args.workload = {"kind": "contexts", "warmup_steps": kinds.CONTEXT_WARMUP_STEPS,
                          "timed_steps": kinds.CONTEXT_TIMED_STEPS}
@@ -201,8 +201,15 @@ def workload_settings(args: argparse.Namespace, config: PlainConfig) -> None:
         args.lengths, args.workload = list(args.lengths or timing.DEFAULT_LENGTHS), {"kind": "loop"}
 
 
+def model_named(args: argparse.Namespace) -> str:
+    """The model a refusal names: the preset, or the GGUF file its shapes came from (its preset is not used)."""
+    if args.real_model is None:
+        return f"preset {args.preset!r}"
+    return f"{'model ' + repr(args.model) + ', ' if args.model else ''}GGUF file {args.real_model.path}"
+
+
 def check_fits_in_memory(config: PlainConfig, protocol: Protocol, lengths: list[int], modes: list[str],
-                         preset: str = "seed") -> None:
+                         model: str = "preset 'seed'") -> None:
     """Refuse a run whose model, ids, logits and caches cannot fit, before allocating any of them."""
     parts = memory.estimate_run_bytes(config, protocol.batch, lengths, modes)
     try:
@@ -211,7 +218,7 @@ def check_fits_in_memory(config: PlainConfig, protocol: Protocol, lengths: list[
         raise CliError(str(error)) from None
     if needed > available:
         detail = ", ".join(f"{name} {format_bytes(size)}" for name, size in parts.items())
-        raise CliError(f"preset {preset!r} ({kinds.parameters_text(kinds.parameter_count(config))} parameters, "
+        raise CliError(f"{model} ({kinds.parameters_text(kinds.parameter_count(config))} parameters, "
                        f"{format_bytes(kinds.weight_bytes(config))} of {config.dtype} weights): the run would need "
                        f"about {format_bytes(needed)} ({detail}), but {format_bytes(available)} of memory is available")
 

@@ -11,9 +11,12 @@ from kvbench import admission, files, memory, record, timing, trace
 from kvbench.cli.commands import (
     check_compare_arguments,
     check_output,
+    check_report_options,
     cmd_compare,
     cmd_report,
     config_from_args,
+    deliver_report,
+    plot_link,
     print_layout,
     same_file,
 )
@@ -21,7 +24,11 @@ from kvbench.cli.options import fraction
 from kvbench.cli.parser import CliError, did_you_mean
 from kvbench.cli.serving_options import DEFAULT_KINDS, DEFAULT_REPEATS, DEFAULT_BUDGET_REQUESTS
 from kvbench.cli.usage import REPLAY, SERVING, check_read
-from kvbench.report.format import format_bytes, stdout_console
+from kvbench.modes import CONTROL
+from kvbench.record.serving import SERVING_SCHEMA, check_serving_record, is_serving
+from kvbench.report.format import format_bytes, render_plain, stdout_console
+
+FILE_WIDTH = 220  # a text report written to a file: wide enough that no column of the serving table is dropped
 
 def cancel_spec(text: str | None) -> dict:
     if text is None:
@@ -96,7 +103,7 @@ SETTINGS_READ = {"--block-size": "block_size", "--reserve": "policy", "--quant-g
 def check_budget_fits(given: str | None, budget: int, config) -> None:
     """A kind may allocate the whole budget (paged's pool does, at once): with the weights it must fit in the memory
     this process may take, or torch fails later, after the trace is drawn and the model built."""
-    weights = memory.model_bytes(config)
+    weights = memory.weight_build_bytes(config)
     try:
         available = memory.available_bytes()
     except ValueError as error:
@@ -196,8 +203,9 @@ def cmd_serve(args: argparse.Namespace, checked: tuple) -> int:
     except KeyboardInterrupt:  # keep what was measured, as every run does
         if not checks:
             raise
-        interrupted, outcome = True, {"checks": checks, "control": None, "sampling": state}
-    result = {"complete": not interrupted, "schema": "kvbench.serving/1", "command": ["kvbench", *args.argv], "preset": args.preset,
+        interrupted, outcome = True, {"checks": checks, "control": interrupted_control(protocol, kinds, checks, state),
+                                      "sampling": state}
+    result = {"complete": not interrupted, "schema": SERVING_SCHEMA, "command": ["kvbench", *args.argv], "preset": args.preset,
               "config": config.to_dict(), "trace": served.to_dict(), "kinds": kinds, "settings": settings,
               "budget": {"bytes": budget, "given": args.kv_budget, "reserve": args.reserve, "minimum": minimum},
               "protocol": protocol.describe(in_effect), "environment": environment, "checks": outcome["checks"],
@@ -214,6 +222,15 @@ def cmd_serve(args: argparse.Namespace, checked: tuple) -> int:
     return 1 if failed else 0
 
 
+def interrupted_control(protocol: timing.Protocol, kinds: list[str], checks: dict, state) -> str | None:
+    """The kind the A/A control's kept replays repeated, as serve() chose it once every gate was passed (None
+    before any was kept): without it an interrupted record's control replays would name no kind."""
+    if not any(kept.mode == CONTROL for kept in state.samples):
+        return None
+    return timing.control_mode(protocol.control, [kind for kind in kinds if kind != admission.PEER
+                                                  and checks[kind]["passed"]])
+
+
 def outputs_of(continuations: dict | None, kinds: list[str]) -> dict:
     """What the requests' output ids were: random, or (with the peer) the full path's greedy continuation."""
     if continuations is None and admission.PEER in kinds:  # interrupted before serve() handed them back
@@ -227,42 +244,45 @@ def outputs_of(continuations: dict | None, kinds: list[str]) -> dict:
 def print_serving(result: dict, wide: bool = False) -> None:
     from kvbench.report.record import serving as serving_report
 
-    console, summary = stdout_console(wide), serving_report.summarise(result)
-    console.print(serving_report.serving_table(result, summary))
-    console.print(serving_report.latency_table(summary))
-    for line in serving_report.cpu_sentences(summary):
-        console.print(line)
-    sentence = serving_report.control_sentence(summary)
-    if sentence:
-        console.print(sentence)
-    for kind, check in result["checks"].items():
-        if not check["passed"]:
-            console.print(f"EQUIVALENCE FAILED: {kind}: requests {check['failed_requests'][:5]} left the full path; "
-                          "it was not timed")
+    console = stdout_console(wide)
+    for item in serving_report.terminal_renderables(result, None if wide else console.width):
+        console.print(item)
 
 
-def is_serving_record(path: Path) -> bool:
+def serving_document(path: Path) -> dict | None:
+    """The record at `path` when it is a serving record, checked (one line naming the file and the field if it is
+    malformed); None for anything else, which cmd_report reads and judges itself."""
     try:
         data = files.read_json(path, "record")
     except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and data.get("schema") == "kvbench.serving/1"
+        return None
+    return check_serving_record(data, path) if is_serving(data) else None
 
 
 def cmd_report_any(args: argparse.Namespace) -> int:
     """`kvbench report`: a serving record has its own tables and plot; any other goes to cmd_report."""
-    return cmd_report_serving(args) if is_serving_record(args.record) else cmd_report(args)
+    served = serving_document(args.record)
+    return cmd_report(args) if served is None else cmd_report_serving(args, served)
 
 
-def cmd_report_serving(args: argparse.Namespace) -> int:
+def cmd_report_serving(args: argparse.Namespace, result: dict) -> int:
+    """A serving record's report in the layout asked (its tables as sections, as a loop record's), and --plot its
+    memory over time."""
     from kvbench.report.record import serving as serving_report
 
-    result = files.read_json(args.record, "record")
+    check_report_options(args)
     if args.plot is not None:
         files.write_bytes_atomic(args.plot, serving_report.memory_plot(result, args.plot.suffix.lower()), args.force)
-    print_serving(result, args.wide)
-    return 0
-
+    if args.format == "text" and args.output is None:
+        print_serving(result, args.wide)
+        return 0
+    if args.format == "text":  # a file: every column
+        content = render_plain(serving_report.terminal_renderables(result), FILE_WIDTH)
+    elif args.format == "markdown":
+        content = serving_report.render_markdown(result, str(args.record), plot_link(args))
+    else:
+        content = serving_report.render_html(result, str(args.record))
+    return deliver_report(args, content)
 
 
 def cmd_compare_any(args: argparse.Namespace) -> int:

@@ -79,8 +79,12 @@ def entries(cell: Cell, source: Source, suffix: str) -> list[dict]:
         out.append({"name": f"kvbench/{cell.key} cost vs {cell.baseline}{suffix}", "unit": f"x {cell.baseline}",
                     "value": finite(cost.ratio), "range": interval_text(cost.low, cost.high, f"x {cell.baseline}"),
                     "extra": f"speedup {cell.speedup.ratio:.6g}x ({cell.baseline} / {cell.mode}); cost = 1 / speedup"})
-    return out + [figure_entry(figure, cell, suffix) for figure in cell.figures] + \
+    out += [figure_entry(figure, cell, suffix) for figure in cell.figures] + \
         [quantity_entry(quantity, cell, suffix) for quantity in cell.quantities]
+    if source.status != "complete":  # each entry is charted on its own: each says it comes from a cut-short run
+        for entry in out[1:]:  # the cell's own says it among its facts
+            entry["extra"] += f"\nrecord_status: {source.status}"
+    return out
 
 
 def document(sources: list[Source], options: dict) -> object:
