@@ -8,7 +8,8 @@ import pytest
 
 from kvbench import admission
 from kvbench.config import PlainConfig
-from kvbench.trace import PUBLISHED_MEANS, TraceRequest, make_trace, parse_arrivals, parse_lengths, trace_from_dict
+from kvbench.trace import (PUBLISHED_MEANS, Trace, TraceRequest, check_rate, check_spec, make_trace, parse_arrivals,
+                           parse_lengths, trace_from_dict)
 
 CONFIG = PlainConfig.from_preset("llama-mini")
 
@@ -134,6 +135,10 @@ def test_bad_specs_are_refused_naming_the_value(bad, fragment):
     assert fragment in str(refused.value)
 
 
+def closed_file():
+    return make_trace(spec(arrivals="closed:2", requests=3), seed=0, max_positions=CONFIG.max_length).to_dict()
+
+
 def saved(**change):
     data = make_trace(spec(arrivals="poisson:2", requests=3), seed=0, max_positions=CONFIG.max_length).to_dict()
     data["requests"][1].update(change)
@@ -162,6 +167,8 @@ def saved(**change):
     (saved(arrival=1e300), "request 1: arrival must be at most 1e+07 s after the start, got 1e+300"),
     (saved(id=True), "ids must count from 0 in order, got id True"),
     (saved(prefix=[1]), "request 1: shared prefix must be in [0, prompt"),
+    ({**saved(), "seed": -1}, "a trace's seed must be an integer >= 0, got -1"),
+    ({**closed_file(), "clients": 0}, "clients must be a positive integer, got 0"),
 ])
 def test_bad_trace_files_are_refused(data, fragment):
     with pytest.raises(ValueError) as refused:
@@ -183,6 +190,43 @@ def test_a_trace_file_holds_no_more_requests_than_a_run_may_draw():
     assert len(trace_from_dict({**data, "requests": rows(100_000)}, CONFIG.max_length).requests) == 100_000
     with pytest.raises(CliError, match=r"--requests: expected an integer in \[1, 100000\]"):  # the same cap
         build_parser().parse_args(["run", "--trace", "chat", "--requests", "100001"])
+
+
+def test_a_file_of_too_many_requests_is_refused_before_one_is_built(monkeypatch):
+    from kvbench import trace as module
+
+    def built(**row):
+        raise AssertionError("a request was built from a file that holds too many")
+
+    monkeypatch.setattr(module, "TraceRequest", built)
+    row = {"id": 0, "prompt": 4, "output": 3, "arrival": 0.0, "client": None, "prefix": 0, "cancel_after": None}
+    data = {"schema": "kvbench.trace/1", "seed": 0, "arrivals": "all", "clients": None, "spec": {},
+            "requests": [row] * 100_001}
+    with pytest.raises(ValueError, match="a trace holds at most 100000 requests, got 100001"):
+        trace_from_dict(data, CONFIG.max_length)
+
+
+def test_the_caps_themselves_are_allowed():
+    """Each limit is a maximum, not a bound never reached: 100,000 requests, 1e6 requests/s, a trace spanning
+    1e7 s, a request of exactly max_length positions (its output's high end counted)."""
+    check_spec(spec(requests=100_000), CONFIG.max_length)
+    check_rate(1e6, 8)
+    check_rate(1.0, 10_000_000)  # 1e7 requests at 1/s: about 1e7 s
+    data = saved()
+    data["requests"][2]["arrival"] = 1e7
+    assert trace_from_dict(data, CONFIG.max_length).requests[2].arrival == 1e7
+    check_spec(spec("uniform:4-4,2-97"), 100)
+    with pytest.raises(ValueError, match="holds 101 positions, beyond max_length 100"):  # the output's high end
+        check_spec(spec("uniform:4-4,2-98"), 100)
+
+
+def test_a_trace_is_frozen_and_one_without_requests_shares_no_prefix():
+    import dataclasses
+
+    trace = make_trace(spec(), seed=0, max_positions=CONFIG.max_length)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        trace.seed = 1  # a record keeps the trace it was measured on: nothing changes it after the draw
+    assert Trace((), "all", None, 0, {}).prefix == 0
 
 
 def test_budget_parsing():
