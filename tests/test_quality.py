@@ -165,3 +165,17 @@ def test_the_defaults_measure_four_chunks_from_a_32_token_prompt_48_tokens_long(
     assert (found["chunks"], found["tokens"], found["prompt"], found["generate"]) == (4, 40, 32, 48)
     assert found["prompt_text"] == Digits().decode(ids[0, :32].tolist()) and found["options"] == {}
     assert len(found["modes"]) == 1 and len(found["modes"][0]["sample"].split()) == 48
+
+
+def test_greedy_feeds_back_each_token_it_chose(model):
+    """A prompt whose greedy chain changes token (81, then 62 on): each step reads the token chosen just before it,
+    as the argmax chain of the full prefix does (the fixture's chain repeats one token, which hides a feed of the
+    wrong one; fed 81 again, this prompt's chain goes 81, 62, 62, 81, ...)."""
+    unwindowed = quality.variant(model, window=None, window_pattern=None, sinks=0)
+    prompt = torch.randint(0, CONFIG.vocab_size, (1, 6), generator=torch.Generator().manual_seed(24))
+    chain = prompt.clone()
+    with torch.inference_mode():
+        for _ in range(8):
+            chain = torch.cat((chain, unwindowed(chain)[0][:, -1:].argmax(-1)), dim=1)
+    tokens = quality.greedy(unwindowed, prompt, "concat", 8, OPTIONS)
+    assert tokens == chain[0, 6:].tolist() == [81] + [62] * 7
