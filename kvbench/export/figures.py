@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvbench import latency
+from kvbench.measure import latency
 from kvbench.record import RecordView
 from kvbench.report.record.latency import context_rows, latency_rows
 

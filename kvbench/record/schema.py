@@ -12,15 +12,15 @@ import copy
 
 import jsonschema
 
-from kvbench import capture, estimation
 from kvbench.config import DTYPE_NAMES, FAMILIES, PRESET_NAME, WINDOW_PATTERNS
 from kvbench.files import first_non_finite
 from kvbench.kinds import FAILURES, KIND_NAME, WORKLOADS
+from kvbench.measure import capture, estimation
+from kvbench.measure.sampling import STOPS
+from kvbench.measure.stats import ESTIMATORS, INTERVALS
 from kvbench.record.entries import TELEMETRY
 from kvbench.record.meaning import MEANING_CHECKS, RecordError
 from kvbench.record.upgrade import CURRENT, lacks_a_later_section, upgrade
-from kvbench.sampling import STOPS
-from kvbench.stats import ESTIMATORS, INTERVALS
 
 SCHEMA = CURRENT  # "kvbench.record/3"
 SCHEMA_NAME, SCHEMA_VERSION = SCHEMA.split("/")

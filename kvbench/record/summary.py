@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import statistics
 
-from kvbench import estimation as clocks
-from kvbench import latency, stats
+from kvbench.measure import estimation as clocks
+from kvbench.measure import latency, stats
 from kvbench.modes import CONTROL
 from kvbench.record.entries import CellKey
 

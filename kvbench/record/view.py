@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvbench import estimation, stats
 from kvbench.config import PlainConfig
+from kvbench.measure import estimation, stats
 from kvbench.record.entries import CellKey, Repetition, Workload
 from kvbench.record.schema import validate_record
 from kvbench.record.store import load_record

@@ -24,7 +24,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field, replace
 
-from kvbench import latency, stats
+from kvbench.measure import latency, stats
 from kvbench.record import RecordView
 from kvbench.report.comparison.differences import RANKS, Difference, config_diff, environment_diff, work_differences, work_text
 from kvbench.report.format import check_text, ms

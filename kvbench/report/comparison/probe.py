@@ -9,7 +9,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from kvbench import stats
+from kvbench.measure import stats
 from kvbench.record import RecordView
 from kvbench.report.comparison.verdicts import WITHIN_NOISE, Change, change, judged_change
 

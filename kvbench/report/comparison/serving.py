@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvbench import stats
-from kvbench.latency import median_with_interval
+from kvbench.measure import stats
+from kvbench.measure.latency import median_with_interval
 from kvbench.report.comparison.differences import Difference, environment_diff
 from kvbench.report.record.serving import SERVING_SCHEMA, figures_by_mode, pick
 from kvbench.report.comparison.verdicts import FASTER, SLOWER, Change, change

@@ -11,12 +11,12 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from kvbench import latency, stats
 from kvbench.config import PlainConfig
+from kvbench.measure import latency, stats
+from kvbench.measure.stats import RatioEstimate
 from kvbench.modes import TRANSFORMERS, expected_bytes, source_of
 from kvbench.record import RecordView
 from kvbench.report.format import check_text, check_word, format_bytes, ms
-from kvbench.stats import RatioEstimate
 
 
 @dataclass(frozen=True)

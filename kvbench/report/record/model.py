@@ -13,8 +13,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from kvbench import stats
-from kvbench.capture import summarize_environment
+from kvbench.measure import stats
+from kvbench.measure.capture import summarize_environment
 from kvbench.config import PlainConfig
 from kvbench.kinds import expected_cache_bytes
 from kvbench.modes import changes_representation
@@ -37,8 +37,8 @@ from kvbench.report.record.latency import (
     step_quartiles,
     timer_sentence,
 )
-from kvbench.stats import NOISY_SPREAD, PowerFit, RatioEstimate
-from kvbench.telemetry import disturbances, tally
+from kvbench.measure.stats import NOISY_SPREAD, PowerFit, RatioEstimate
+from kvbench.measure.telemetry import disturbances, tally
 
 MARKS = {  # name -> (symbol, meaning); every layout prints the legend for the marks it uses
     "failed": ("✗", "equivalence check failed: timed, but not a valid speedup"),

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvbench.measure.stats import RatioEstimate
 from kvbench.record import RecordView
-from kvbench.stats import RatioEstimate
 
 CLOCK_TEXTS = {"wall": "wall", "cpu": "CPU time"}
 STOP_TEXTS = {"fixed": "fixed protocol", "precise": "precise", "cap": "at --max-repeats", "budget": "at --max-seconds",

@@ -9,10 +9,10 @@ import io
 from rich import box
 from rich.table import Table
 
-from kvbench import stats
-from kvbench.latency import median_with_interval
+from kvbench.measure import stats
+from kvbench.measure.latency import median_with_interval
 from kvbench.report.format import format_bytes, rich_escape
-from kvbench.serving_figures import replay_figures
+from kvbench.serving.figures import replay_figures
 
 SERVING_SCHEMA = "kvbench.serving/1"
 CONTROL = "control"

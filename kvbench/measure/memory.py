@@ -23,8 +23,8 @@ except ImportError:  # not on Windows: no address-space limit to read
 from kvbench.budget import parse_size
 from kvbench.config import PlainConfig
 from kvbench.kinds import expected_cache_bytes, parameter_count, rotary_table_bytes
+from kvbench.measure.telemetry import cgroup_directories
 from kvbench.modes import FULL_PREFIX, SPECS
-from kvbench.telemetry import cgroup_directories
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -82,7 +82,7 @@ def peak_memory_growth(run: Callable[[], object]) -> tuple[object, dict]:
 
 def memory_profile(model: Decoder, ids: Tensor, mode: str, options: dict | None = None) -> dict:
     """Cache bytes (formula, measured, reserved) and peak RSS growth of one decode loop."""
-    from kvbench.decode import cache_footprint, decode  # the estimates above need no torch; this does
+    from kvbench.workloads.decode import cache_footprint, decode  # the estimates above need no torch; this does
 
     if not SPECS[mode].keeps_state:  # its footprint is one forward: the peak is the whole loop's
         _, peak = peak_memory_growth(lambda: decode(model, ids, mode))

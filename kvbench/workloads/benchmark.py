@@ -11,13 +11,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from kvbench import machine
-from kvbench.decode import check_modes, failed_check, timeable, token_ids
+from kvbench.measure import machine
+from kvbench.measure.sampling import Sample, Sampling, sample
+from kvbench.measure.timing import Protocol, control_mode, per_step_seconds
 from kvbench.model import Decoder
 from kvbench.modes import CONTROL, FULL, spec
-from kvbench.sampling import Sample, Sampling, sample
-from kvbench.timing import Protocol, control_mode, per_step_seconds
-from kvbench.workloads import Loop, matmul_shapes, weights_read_per_step
+from kvbench.workloads.decode import check_modes, failed_check, timeable, token_ids
+from kvbench.workloads.workload import Loop, matmul_shapes, weights_read_per_step
 
 
 @dataclass
@@ -101,7 +101,7 @@ def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol
     except KeyboardInterrupt:
         outcome.interrupted = True
     if any(spec(mode).compiled for mode in modes):
-        from kvbench.compiled import compile_seconds
+        from kvbench.models.compiled import compile_seconds
 
         outcome.compile_seconds = {mode: list(compile_seconds[mode]) for mode in modes if mode in compile_seconds}
     return outcome

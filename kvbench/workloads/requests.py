@@ -22,10 +22,10 @@ from itertools import islice
 import torch
 from torch import Tensor
 
-from kvbench.decode import drain, is_trained, judge_logits, model_tolerances, steps
 from kvbench.kinds import CONTEXT_TIMED_STEPS, CONTEXT_WARMUP_STEPS
 from kvbench.model import Decoder
 from kvbench.modes import FULL
+from kvbench.workloads.decode import drain, is_trained, judge_logits, model_tolerances, steps
 
 
 def request_logits(model: Decoder, ids: Tensor, mode: str, prompt: int, options: dict | None = None) -> Tensor:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from kvbench.timing import heap_frozen, time_call
+from kvbench.measure.timing import heap_frozen, time_call
 
 REPEATS = 5  # timed calls of each probe call per phase, after one untimed
 MATMUL_SIZE = 384  # (384 x 384) @ (384 x 384), float32: 113 MFLOP per call

@@ -22,10 +22,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from kvbench import estimation, stats
+from kvbench.measure import estimation, stats
+from kvbench.measure.telemetry import Counters, sample_cost
+from kvbench.measure.timing import Protocol, Sample, heap_frozen, rotation_order, time_observed
 from kvbench.modes import FULL
-from kvbench.telemetry import Counters, sample_cost
-from kvbench.timing import Protocol, Sample, heap_frozen, rotation_order, time_observed
 
 Watch = Callable[[list[Sample], int], dict[str, float]]  # (samples, length) -> relative half-widths
 STOPS = ("fixed", "precise", "cap", "budget", "interrupted")  # why a length stopped: every stop_reason, and a cut

@@ -244,7 +244,7 @@ def steps(model: Decoder, ids, mode: str, prompt: int, cache=None, options: dict
     held = 0 if cache is None else cache.get_seq_length()
     capacity, step = T, hf
     if modes.spec(mode).compiled:  # lengths in one block share one program
-        from kvbench.compiled import capacity_for, compiled_forward
+        from kvbench.models.compiled import capacity_for, compiled_forward
 
         capacity, step = capacity_for(T, model.config), compiled_forward(hf)
     view = HfCache(make_hf_cache(mode, hf, capacity, options) if cache is None else cache)

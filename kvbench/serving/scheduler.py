@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from kvbench import admission
 from kvbench.cache import BlockPool, Cache, PagedCache, make_cache
 from kvbench.cache.batch import BatchedCache
 from kvbench.model import Decoder
-from kvbench.trace import Trace, TraceRequest
+from kvbench.serving import admission
+from kvbench.serving.trace import Trace, TraceRequest
 
 
 class TokenSource:

@@ -19,10 +19,10 @@ import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Callable
 
-from kvbench import stats
 from kvbench.config import positive_int, positive_number
+from kvbench.measure import stats
+from kvbench.measure.telemetry import Counters
 from kvbench.modes import CONTROL, SPECS
-from kvbench.telemetry import Counters
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -277,7 +277,7 @@ def per_step_seconds(model: Decoder, ids: Tensor, mode: str, warmup: int = 1, op
     """Duration of every decode step of one loop (step t = position t)."""
     import torch
 
-    from kvbench.decode import decode, steps
+    from kvbench.workloads.decode import decode, steps
 
     for _ in range(warmup):
         decode(model, ids, mode, options=options)

@@ -23,9 +23,9 @@ import math
 import torch
 from torch import Tensor
 
-from kvbench.decode import FULL, decode, steps
 from kvbench.model import Decoder, decoder_with_weights
 from kvbench.modes import spec
+from kvbench.workloads.decode import FULL, decode, steps
 
 
 def evicts(mode: str) -> bool:

@@ -17,15 +17,16 @@ from typing import Callable
 import torch.nn as nn
 from torch import Tensor
 
-from kvbench import latency, requests
 from kvbench.config import positive_int
-from kvbench.decode import decode, decode_full, run_gate, steps
 from kvbench.kinds import CONTEXT_TIMED_STEPS, CONTEXT_WARMUP_STEPS, WORKLOADS
-from kvbench.memory import memory_profile, peak_memory_growth
+from kvbench.measure import latency
+from kvbench.measure.memory import memory_profile, peak_memory_growth
+from kvbench.measure.sampling import Sample
+from kvbench.measure.timing import Protocol
 from kvbench.model import Decoder
 from kvbench.modes import expected_bytes
-from kvbench.sampling import Sample
-from kvbench.timing import Protocol
+from kvbench.workloads import requests
+from kvbench.workloads.decode import decode, decode_full, run_gate, steps
 
 
 class Loop:

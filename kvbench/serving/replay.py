@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import torch
 
-from kvbench import stats
-from kvbench.decode import judge_logits, tolerances
+from kvbench.measure import stats
+from kvbench.workloads.decode import judge_logits, tolerances
 from kvbench.model import Decoder
-from kvbench.peer import PEER, PeerReplay, greedy_continuations, peer_gate
-from kvbench.sampling import Sampling, sample
-from kvbench.scheduler import Scheduler, TokenSource, make_ledger
-from kvbench.serving_figures import replay_figures
-from kvbench.timing import Protocol, control_mode
-from kvbench.trace import Trace
+from kvbench.serving.peer import PEER, PeerReplay, greedy_continuations, peer_gate
+from kvbench.measure.sampling import Sampling, sample
+from kvbench.serving.scheduler import Scheduler, TokenSource, make_ledger
+from kvbench.serving.figures import replay_figures
+from kvbench.measure.timing import Protocol, control_mode
+from kvbench.serving.trace import Trace
 
 class Replay:
     """The call the sampler times: one whole trace on one kind. `prepare()` builds the pool or ledger outside

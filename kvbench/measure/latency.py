@@ -21,7 +21,7 @@ import statistics
 
 import numpy as np
 
-from kvbench import stats
+from kvbench.measure import stats
 
 ITL_PERCENTILES = (50, 90, 99)
 RATIOS = ("ttft", "tpot")  # the figures whose ratio to full a request run is sampled until precise

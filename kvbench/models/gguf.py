@@ -301,7 +301,7 @@ def tokenizer(model: GgufModel):
         except Exception:  # noqa: BLE001 - a damaged cache entry is rebuilt below
             pass
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from kvbench.hf import require_transformers
+    from kvbench.models.hf import require_transformers
 
     transformers = require_transformers()
     loaded = transformers.AutoTokenizer.from_pretrained(str(model.path.parent), gguf_file=model.path.name)
@@ -333,7 +333,7 @@ def load(model: GgufModel, config: PlainConfig, batch: int, positions: int):
     tokenizer, the tokenizer, and the record's account of them (the file, how long loading took, what was cached)."""
     import time
 
-    from kvbench import corpus
+    from kvbench.models import corpus
 
     started = time.perf_counter()
     decoder, origin = build_gguf_model(model, config.dtype, **{name: getattr(config, name) for name in RUN_SETTINGS})

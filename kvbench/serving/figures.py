@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvbench import latency
+from kvbench.measure import latency
 
 PERCENTILES = (50, 90, 99)
 LATENCIES = ("ttft", "tpot", "itl", "e2e", "queueing")

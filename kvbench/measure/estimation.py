@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from kvbench import stats
-from kvbench.telemetry import DISTURBED_RUNQUEUE
+from kvbench.measure import stats
+from kvbench.measure.telemetry import DISTURBED_RUNQUEUE
 
 RULE = "telemetry/1"  # the rule below; a record names the rule its summary was computed with
 CLOCKS = {"wall": "seconds", "cpu": "cpu_seconds"}  # clock -> the repetition field it reads
