@@ -13,7 +13,7 @@ import hashlib
 import sys
 from pathlib import Path
 
-from kvbench.corpus import CORPUS_PATH, SHA256, TEXTS
+from kvbench.models.corpus import CORPUS_PATH, SHA256, TEXTS
 
 SOURCE = Path("/usr/share/common-licenses")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import kvbench.decode as decode_module
+import kvbench.workloads.decode as decode_module
 from kvbench.cache import ConcatCache
 from kvbench.cli import main
 from kvbench.report.format import ms

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from records import NO_TELEMETRY, synthetic_record
 
-from kvbench import estimation, stats
+from kvbench.measure import estimation, stats
 from kvbench.record import RecordError, RecordView, validate_record
 
 

@@ -493,7 +493,7 @@ def medians_with_intervals(values: list[float]) -> tuple[float, float, float]:
     """The median and its order-statistic interval, computed here from the raw values (not by kvbench.latency)."""
     import statistics
 
-    from kvbench.stats import median_interval
+    from kvbench.measure.stats import median_interval
 
     return (statistics.median(values), *median_interval(values))
 

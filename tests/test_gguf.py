@@ -13,11 +13,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvbench import gguf as kvgguf
 from kvbench.cli import main
-from kvbench.decode import token_ids
-from kvbench.gguf_writer import add_shapes, gguf_tensors
 from kvbench.model import build_model, preset_config
+from kvbench.models import gguf as kvgguf
+from kvbench.models.gguf_writer import add_shapes, gguf_tensors
+from kvbench.workloads.decode import token_ids
 
 gguf = pytest.importorskip("gguf", reason="reading GGUF files needs the gguf extra (make venv installs it)")
 np = pytest.importorskip("numpy")

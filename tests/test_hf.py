@@ -24,11 +24,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvbench import hf
 from kvbench.config import PlainConfig
-from kvbench.decode import decode_cached, token_ids
 from kvbench.model import build_model, preset_config
+from kvbench.models import hf
 from kvbench.modes import spec
+from kvbench.workloads.decode import decode_cached, token_ids
 
 transformers = pytest.importorskip("transformers", reason="the oracle needs the hf extra (make test installs it)")
 
@@ -239,7 +239,7 @@ def test_nothing_else_in_kvbench_imports_transformers():
 def test_importing_kvbench_hf_imports_no_transformers():
     import subprocess
 
-    code = "import sys, kvbench.hf, kvbench.model; print('transformers' in sys.modules)"
+    code = "import sys, kvbench.models.hf, kvbench.model; print('transformers' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
 
 
@@ -282,7 +282,7 @@ def tiny():
 
 @pytest.mark.parametrize("mode", ["hf-dynamic", "hf-static"])
 def test_transformers_exact_caches_pass_kvbenchs_gate_on_the_same_weights(tiny, mode):
-    from kvbench.decode import check_equivalence
+    from kvbench.workloads.decode import check_equivalence
 
     ids = ids_for(tiny, 24)
     result = check_equivalence(tiny, ids, ["full", mode])[mode]
@@ -297,7 +297,7 @@ QUANTIZED = [pytest.param("hf-quantized-int4", 4, marks=pytest.mark.skipif(not Q
 @pytest.mark.parametrize(("mode", "bits"), QUANTIZED)  # make test installs both extras
 def test_transformers_quantized_caches_are_judged_by_kvbenchs_limits_of_the_same_bits(tiny, mode, bits):
     from kvbench.cache import KINDS, expected_cache_bytes
-    from kvbench.decode import cache_footprint, check_equivalence
+    from kvbench.workloads.decode import cache_footprint, check_equivalence
 
     ids = ids_for(tiny, 200, batch=1)  # past the 128-position residual: codes are in use
     options = {mode: {"group_size": 32, "residual": 128}}
@@ -313,8 +313,8 @@ def test_transformers_quantized_caches_are_judged_by_kvbenchs_limits_of_the_same
 
 @pytest.mark.parametrize("mode", ["hf-dynamic", "hf-static"])
 def test_a_transformers_request_and_context_step_follow_the_full_prefix(tiny, mode):
-    from kvbench.decode import FULL, decode_full
-    from kvbench.requests import ContextSteps, check_context, request_logits
+    from kvbench.workloads.decode import FULL, decode_full
+    from kvbench.workloads.requests import ContextSteps, check_context, request_logits
 
     ids = ids_for(tiny, 20)
     full = decode_full(tiny, ids, keep_logits=True)
@@ -330,7 +330,7 @@ def test_a_transformers_request_and_context_step_follow_the_full_prefix(tiny, mo
 
 def test_a_transformers_cache_counts_the_bytes_of_its_tensors(tiny):
     from kvbench.cache import expected_cache_bytes
-    from kvbench.decode import cache_footprint
+    from kvbench.workloads.decode import cache_footprint
 
     ids = ids_for(tiny, 12, batch=1)
     dynamic = cache_footprint(tiny, ids, "hf-dynamic")

@@ -179,7 +179,7 @@ def test_a_record_a_reader_would_trip_on_is_refused_naming_the_file_and_the_fiel
 def test_the_gpt2_refusal_is_the_rule_run_applies():
     """One rule, stated once: the record's check says what `kvbench run --modes hf-static` says of gpt2."""
     from kvbench.config import PlainConfig
-    from kvbench.hf import hf_architecture
+    from kvbench.models.hf import hf_architecture
 
     with pytest.raises(ValueError) as run_says:
         hf_architecture(PlainConfig())

@@ -8,9 +8,8 @@ from collections import Counter
 import pytest
 import torch
 
-from kvbench.decode import MODES, token_ids
-from kvbench.telemetry import FIELDS, Counters
-from kvbench.timing import (
+from kvbench.measure.telemetry import FIELDS, Counters
+from kvbench.measure.timing import (
     Protocol,
     mode_orders,
     per_step_seconds,
@@ -20,6 +19,7 @@ from kvbench.timing import (
     time_call,
     time_observed,
 )
+from kvbench.workloads.decode import MODES, token_ids
 
 # -- the protocol's settings ------------------------------------------------------------------
 

@@ -6,9 +6,9 @@ import statistics
 
 import pytest
 
-from kvbench import admission
 from kvbench.config import PlainConfig
-from kvbench.trace import PUBLISHED_MEANS, make_trace, parse_arrivals, parse_lengths, trace_from_dict
+from kvbench.serving import admission
+from kvbench.serving.trace import PUBLISHED_MEANS, make_trace, parse_arrivals, parse_lengths, trace_from_dict
 
 CONFIG = PlainConfig.from_preset("llama-mini")
 
