@@ -53,7 +53,10 @@ PACKAGES = {  # an old module that is a package now -> the module that holds its
     "kvbench.serving": "kvbench.serving.replay",
 }
 
-MOVED_NAMES: dict[str, dict[str, str]] = {}  # old module name -> {name that left it: the module that holds it}
+MOVED_NAMES = {  # old module name -> {a name that moved up a layer, out of it: the module that holds it now}
+    "kvbench.timing": {"per_step_seconds": "kvbench.workloads.benchmark"},  # a loop's per-step profile
+    "kvbench.memory": {"memory_profile": "kvbench.workloads.workload"},  # a loop's memory entry
+}
 
 
 class OldModuleNames:

@@ -4,9 +4,10 @@ import os
 
 import pytest
 
-from kvbench.measure.memory import available_bytes, cgroup_headroom, memory_profile, peak_memory_growth, peak_rss
+from kvbench.measure.memory import available_bytes, cgroup_headroom, peak_memory_growth, peak_rss
 from kvbench.model import DecoderConfig, build_model
 from kvbench.workloads.decode import decode, token_ids
+from kvbench.workloads.workload import memory_profile
 
 
 def test_peak_rss_is_the_kernels_high_water_mark():

@@ -203,11 +203,15 @@ from kvbench import timing
 import kvbench.serving, kvbench.trace
 from kvbench.workloads import Contexts
 from kvbench.serving import trace as new_trace
+from kvbench.timing import per_step_seconds
+from kvbench.memory import memory_profile
 import kvbench.workloads.decode, kvbench.measure.timing
 assert run_gate is kvbench.workloads.decode.run_gate and timing is kvbench.measure.timing
 assert kvbench.serving.gate.__module__ == "kvbench.serving.replay"
 assert Contexts.__module__ == "kvbench.workloads.workload"
 assert kvbench.trace is new_trace is sys.modules["kvbench.serving.trace"]
+assert per_step_seconds.__module__ == "kvbench.workloads.benchmark"
+assert memory_profile.__module__ == "kvbench.workloads.workload"
 print(sorted(name for name in sys.modules if name.startswith("kvbench")))
 """
 

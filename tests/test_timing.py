@@ -9,16 +9,8 @@ import pytest
 import torch
 
 from kvbench.measure.telemetry import FIELDS, Counters
-from kvbench.measure.timing import (
-    Protocol,
-    mode_orders,
-    per_step_seconds,
-    pin_cpu,
-    rotation_order,
-    set_threads,
-    time_call,
-    time_observed,
-)
+from kvbench.measure.timing import Protocol, mode_orders, pin_cpu, rotation_order, set_threads, time_call, time_observed
+from kvbench.workloads.benchmark import per_step_seconds
 from kvbench.workloads.decode import MODES, token_ids
 
 # -- the protocol's settings ------------------------------------------------------------------

@@ -3,9 +3,10 @@
 :class:`Protocol` holds every setting of a run and its default, once: the CLI reads its
 defaults from here, the asv suites and the scripts build one. Each sample times one whole
 decode loop with perf_counter_ns, the collector paused, its noise telemetry read around it.
-The rounds that decide how many samples to take are in kvbench.sampling; statistics belong
-to kvbench.stats and the report. torch is imported where threads are set and steps are
-profiled, so that the command line reads the protocol's defaults without it.
+The rounds that decide how many samples to take are in kvbench.measure.sampling; statistics
+belong to kvbench.measure.stats and the report; a loop's per-step profile, which needs a model,
+to kvbench.workloads.benchmark. torch is imported where threads are set, so that the command
+line reads the protocol's defaults without it.
 """
 
 from __future__ import annotations
@@ -17,21 +18,16 @@ import os
 import random
 import time
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from kvbench.config import positive_int, positive_number
 from kvbench.measure import stats
 from kvbench.measure.telemetry import Counters
 from kvbench.modes import CONTROL, SPECS
 
-if TYPE_CHECKING:
-    from torch import Tensor
-
-    from kvbench.model import Decoder
-
 __all__ = ["CLOCK", "CONTROL", "DEFAULT_LENGTHS", "GC_POLICY", "ORDERS", "ORDER_RULES", "Protocol", "Sample",
-           "collector_paused", "control_mode", "heap_frozen", "least_busy_cpu", "mode_orders", "per_step_seconds",
-           "pin_cpu", "rotated", "rotation_order", "set_threads", "time_call", "time_observed"]
+           "collector_paused", "control_mode", "heap_frozen", "least_busy_cpu", "mode_orders", "pin_cpu", "rotated",
+           "rotation_order", "set_threads", "time_call", "time_observed"]
 
 DEFAULT_LENGTHS = (16, 32, 64, 128, 256, 512)
 ORDERS = ("random", "rotate")
@@ -272,21 +268,3 @@ def time_observed(run: Callable[[], object], counters: Counters) -> tuple[float,
         after = counters.read()
     return elapsed / 1e9, counters.difference(before, after)
 
-
-def per_step_seconds(model: Decoder, ids: Tensor, mode: str, warmup: int = 1, options: dict | None = None) -> list[float]:
-    """Duration of every decode step of one loop (step t = position t)."""
-    import torch
-
-    from kvbench.workloads.decode import decode, steps
-
-    for _ in range(warmup):
-        decode(model, ids, mode, options=options)
-    durations = []
-    with collector_paused(), torch.inference_mode():
-        stepping = steps(model, ids, mode, options=options)
-        while True:
-            start = time.perf_counter_ns()
-            if next(stepping, None) is None:
-                break
-            durations.append((time.perf_counter_ns() - start) / 1e9)
-    return durations

@@ -20,13 +20,13 @@ from torch import Tensor
 from kvbench.config import positive_int
 from kvbench.kinds import CONTEXT_TIMED_STEPS, CONTEXT_WARMUP_STEPS, WORKLOADS
 from kvbench.measure import latency
-from kvbench.measure.memory import memory_profile, peak_memory_growth
+from kvbench.measure.memory import peak_memory_growth
 from kvbench.measure.sampling import Sample
 from kvbench.measure.timing import Protocol
 from kvbench.model import Decoder
-from kvbench.modes import expected_bytes
+from kvbench.modes import SPECS, expected_bytes
 from kvbench.workloads import requests
-from kvbench.workloads.decode import decode, decode_full, run_gate, steps
+from kvbench.workloads.decode import cache_footprint, decode, decode_full, run_gate, steps
 
 
 class Loop:
@@ -202,6 +202,16 @@ def matmul_shapes(model: Decoder, rows: list[int]) -> list[tuple[int, int, int]]
     a prefill's tokens)."""
     layers = sorted({(weight.shape[1], weight.shape[0]) for weight, _ in linear_weights(model)})
     return [(m, k, n) for m in rows for k, n in layers]
+
+
+def memory_profile(model: Decoder, ids: Tensor, mode: str, options: dict | None = None) -> dict:
+    """A loop's memory entry: cache bytes (formula, measured, reserved) and peak RSS growth of one decode loop."""
+    if not SPECS[mode].keeps_state:  # its footprint is one forward: the peak is the whole loop's
+        _, peak = peak_memory_growth(lambda: decode(model, ids, mode))
+        held = cache_footprint(model, ids, mode)
+    else:
+        held, peak = peak_memory_growth(lambda: cache_footprint(model, ids, mode, options))
+    return {**held, **peak}
 
 
 def footprint(model: Decoder, ids: Tensor, mode: str, options: dict | None, run: Callable[[], object]) -> dict:
