@@ -1,7 +1,8 @@
-"""The shape of the code, checked: imports run one way, no cycles, rooms a newcomer can read.
+"""The shape of the code, checked: imports run down the layers, no cycles, rooms a newcomer can read,
+the new import paths in kvbench's own code and the old ones still working for everybody else's.
 
-Every module of kvbench is parsed with `ast`, imports inside functions included, so a
-cycle cannot hide behind a late import.
+Every module of kvbench is parsed with `ast`, imports inside functions included, so neither a
+cycle nor an import up the layers can hide behind a late import.
 """
 
 from __future__ import annotations
@@ -71,6 +72,59 @@ def test_no_import_cycle():
     for module in MODULES:
         if module not in state:
             visit(module, [module])
+
+
+# The layers, bottom up. A module may import modules of its own layer and of the layers above it in this list,
+# never one below, imports inside functions included (docs/architecture.md says why each sits where it does).
+LAYERS = (
+    ("kvbench", "kvbench.config", "kvbench.kinds", "kvbench.modes", "kvbench.files", "kvbench.budget",
+     "kvbench.plugins"),  # the floor: configuration, the modes as data, files; torch-free
+    ("kvbench.measure",),  # the protocol, timing, sampling, telemetry, statistics, the environment: no model
+    ("kvbench.attention",),
+    ("kvbench.cache",),
+    ("kvbench.model",),
+    ("kvbench.models",),  # transformers', GGUF files, the corpus, compiled steps: other people's models
+    ("kvbench.workloads",),  # the loops, the gate, requests, contexts, one run end to end, quality
+    ("kvbench.serving",),  # many requests under a budget
+    ("kvbench.record", "kvbench.asvtools"),  # what a run leaves: the record, asv's captures
+    ("kvbench.report",),
+    ("kvbench.export",),
+    ("kvbench.cli", "kvbench.__main__"),
+)
+
+
+def layer_of(module: str) -> int:
+    found = [index for index, layer in enumerate(LAYERS) for top in layer
+             if module == top or (top != "kvbench" and module.startswith(top + "."))]
+    assert len(found) == 1, f"{module} must be in one layer of LAYERS, found in {len(found)}"
+    return found[0]
+
+
+def test_every_module_has_one_layer():
+    """A new module or package takes its place in LAYERS, and then the order holds for it too."""
+    for module in MODULES:
+        layer_of(module)
+    assert sorted(name for layer in LAYERS for name in layer if name not in MODULES) == []
+
+
+def test_imports_run_down_the_layers_never_up():
+    upward = [f"{module} (layer {layer_of(module)}) imports {target} (layer {layer_of(target)})"
+              for module, targets in sorted(GRAPH.items()) for target in sorted(targets)
+              if layer_of(target) > layer_of(module)]
+    assert upward == []
+
+
+def test_the_layer_check_sees_a_late_import_upward(tmp_path):
+    late = tmp_path / "timing.py"
+    late.write_text("def profile():\n    from kvbench.workloads.decode import steps\n")
+    targets = imported_modules("kvbench.measure.timing", late)
+    assert targets == {"kvbench.workloads.decode"} and layer_of("kvbench.workloads.decode") > layer_of(
+        "kvbench.measure.timing")
+
+
+def test_the_top_level_stays_small():
+    """Packages by concern: at most 12 modules at the top of kvbench/, __init__ and __main__ counted."""
+    assert len(list(PACKAGE.glob("*.py"))) <= 12
 
 
 def test_nothing_imports_the_cli():
