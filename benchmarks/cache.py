@@ -8,7 +8,7 @@ hold more bytes, or drift further from the full-prefix logits, is flagged by
 try:  # kvbench's packages by concern; a commit before them (asv runs today's suites on older commits) has flat modules
     from kvbench.workloads.decode import cache_footprint
 except ImportError:
-    from kvbench.decode import cache_footprint
+    from kvbench.workloads.decode import cache_footprint
 
 from . import common
 

@@ -16,7 +16,7 @@ the paired timing protocol all come from kvbench. This module fixes the protocol
   does not have is skipped there, and a kind only a newer commit has is picked up
   at the end. Anything a suite needs that older commits lack is imported where it
   is used, so their other benchmarks still run. Each import tries today's path first, then the flat
-  module older commits have (``kvbench.workloads.decode``, then ``kvbench.decode``).
+  module older commits have (``kvbench.workloads.decode``, then ``kvbench.workloads.decode``).
 - lengths: ``KVBENCH_ASV_LENGTHS="64,256,1024"`` (read at import, so set it for
   the whole ``asv run``) replaces the default ``DEFAULT_LENGTHS``. Lengths are
   parameter values, so results at different lengths never mix.
@@ -59,9 +59,9 @@ try:  # kvbench's packages by concern; a commit before them (asv runs today's su
     from kvbench.workloads.decode import MODES as KVBENCH_MODES
     from kvbench.workloads.decode import run_gate, token_ids
 except ImportError:
-    from kvbench.decode import MODES as KVBENCH_MODES
-    from kvbench.decode import run_gate, token_ids
-    from kvbench.timing import Protocol, set_threads
+    from kvbench.workloads.decode import MODES as KVBENCH_MODES
+    from kvbench.workloads.decode import run_gate, token_ids
+    from kvbench.measure.timing import Protocol, set_threads
 
 LENGTHS_VARIABLE = "KVBENCH_ASV_LENGTHS"
 DEFAULT_LENGTHS = (64, 256)
@@ -161,7 +161,7 @@ def note_speedup(model: str, mode: str, length: int, estimate, state, clock: dic
     try:  # since the commit that brought track_speedup's sampling
         from kvbench.measure.telemetry import disturbances
     except ImportError:  # before kvbench's packages by concern
-        from kvbench.telemetry import disturbances
+        from kvbench.measure.telemetry import disturbances
 
     stopped = state.lengths[length]
     reasons: dict[str, int] = {}

@@ -9,7 +9,7 @@ regression in either path, and the gap between them is what a cache saves.
 try:  # kvbench's packages by concern; a commit before them (asv runs today's suites on older commits) has flat modules
     from kvbench.workloads.decode import decode
 except ImportError:
-    from kvbench.decode import decode
+    from kvbench.workloads.decode import decode
 
 from . import common
 

@@ -31,5 +31,5 @@ IMPORT = """
 try:
     import kvbench.measure.timing, kvbench.workloads.decode
 except ImportError:
-    import kvbench.decode, kvbench.timing
+    import kvbench.workloads.decode, kvbench.measure.timing
 """

@@ -23,7 +23,7 @@ try:  # kvbench's packages by concern
     from kvbench.measure.stats import median_interval
 except ImportError:
     try:  # commits before the median's interval: the median to four significant digits
-        from kvbench.stats import median_interval
+        from kvbench.measure.stats import median_interval
     except ImportError:
         median_interval = None
 

@@ -26,8 +26,8 @@ try:  # kvbench's packages by concern; a commit before them (asv runs today's su
     from kvbench.workloads.decode import FULL, decode
 except ImportError:
     from kvbench import stats
-    from kvbench.decode import FULL, decode
-    from kvbench.timing import Protocol
+    from kvbench.workloads.decode import FULL, decode
+    from kvbench.measure.timing import Protocol
 
 from . import common
 
@@ -37,7 +37,7 @@ try:  # commits before precision-targeted sampling have neither; track_speedup i
     try:  # kvbench's packages by concern, then the flat module before them
         from kvbench.measure.sampling import sample
     except ImportError:
-        from kvbench.sampling import sample
+        from kvbench.measure.sampling import sample
 
     # Tighter than kvbench run's default: asv compares single numbers across commits, so each
     # number must hold still. max_seconds is each parameter's share of the commit's budget.

@@ -2,7 +2,7 @@
 
 asv writes one result file per machine, commit and environment:
 ``results/asv/<machine>/<commit[:8]>-<env>.json``. Beside each, kvbench keeps the
-environment the benchmarks really ran in (``kvbench.capture``, collected inside the
+environment the benchmarks really ran in (``kvbench.measure.capture``, collected inside the
 benchmarked environment by the suites' shared ``setup_cache``) at
 ``results/captures/<machine>/<same file name>`` -- a sibling of asv's results
 folder, so asv never walks it and never mistakes it for results.

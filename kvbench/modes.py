@@ -84,7 +84,7 @@ class ModeSpec:
     check: str | Callable | None = None  # (mode, config) -> None or ValueError: what needs an import to know
     bits: int | None = None  # bits per quantized element
     backend: str | None = None  # transformers' cache class or QuantizedCache backend
-    compiled: bool = False  # its one-token steps run through torch.compile (kvbench.compiled): compiled once
+    compiled: bool = False  # its one-token steps run through torch.compile (kvbench.models.compiled): compiled once
 
     @property
     def changes_representation(self) -> bool:
@@ -93,7 +93,7 @@ class ModeSpec:
 
     def limits_for(self, config, trained: bool = False) -> dict | None:
         """The drift limits a lossy mode is judged by on a model of `config` (a family may drift more), with
-        trained weights (kvbench.gguf) its trained limits where it has them."""
+        trained weights (kvbench.models.gguf) its trained limits where it has them."""
         limits = self.family_drift_limits.get(config.family, self.drift_limits)
         if trained and self.trained_drift_limits is not None:
             limits = self.trained_drift_limits
@@ -284,7 +284,7 @@ def quantized(name: str, source: str, bits: int, **fields) -> ModeSpec:
 
 
 def transformers_cache(name: str, backend: str, **fields) -> ModeSpec:
-    """transformers' own cache on the same weights (kvbench.hf; the llama family, the hf extra)."""
+    """transformers' own cache on the same weights (kvbench.models.hf; the llama family, the hf extra)."""
     base = dict(bytes=None, families=("llama",), copies_weights=True, stepper="kvbench.models.hf:steps",
                 check="kvbench.models.hf:require_mode", backend=backend)
     if "bits" in fields:  # a lossy one is judged by the limits of kvbench's kind of the same bits

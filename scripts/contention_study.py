@@ -45,7 +45,7 @@ from kvbench.report.comparison.compare import FASTER, SLOWER, change
 
 TARGET = 0.05  # every speedup within ±5%
 BUDGET = 120.0  # seconds of sampling: the goal's two minutes
-ESTIMATORS = {  # name -> (clock, kvbench.stats estimator, keep only undisturbed pairs)
+ESTIMATORS = {  # name -> (clock, kvbench.measure.stats estimator, keep only undisturbed pairs)
     "median of ratios, wall": ("seconds", "median-of-ratios", False),
     "median of ratios, on-CPU": ("cpu_seconds", "median-of-ratios", False),
     "median of ratios, undisturbed pairs": ("seconds", "median-of-ratios", True),
@@ -179,7 +179,7 @@ class Run:
 
     def stop(self, estimator: str, between_run: float, minimum: int = 7) -> tuple[int, float, bool]:
         """(rotations, seconds of sampling, reached ±5%) where precision-targeted sampling would stop
-        (kvbench.stats.stop_rule, replayed): the first rotation count from `minimum` on with every rerun
+        (kvbench.measure.stats.stop_rule, replayed): the first rotation count from `minimum` on with every rerun
         interval within TARGET, or all."""
         for rotations in range(minimum, self.rotations + 1):
             estimates = [self.speedup(mode, length, estimator, rotations, between_run)

@@ -9,13 +9,13 @@ commit is fixed: 0c1e570), with gcc 12, -DGGML_NATIVE=ON, only the two targets, 
 $KVBENCH_CACHE_DIR/llama.cpp/<version> (else ~/.cache/kvbench/...), and reuses a finished build. It
 resolves the cache directory to its real path first (issue 28: build from the real path, not through a symlink).
 
-kvbench's model is written once, beside the build, as llama.cpp's converter would (kvbench.gguf_writer).
+kvbench's model is written once, beside the build, as llama.cpp's converter would (kvbench.models.gguf_writer).
 `verify` compares what llama-eval-callback prints (first and last three values of the first and last three
 rows of every layer's output and of the logits, 4 decimals) with kvbench's full forward of the same ids.
 
 `collect` alternates llama-bench (-t 1 -p 0 -n 32 -d C; its K and V in F16, kvbench's in F32) with `kvbench
 run --contexts` (full, static), each alternation started by the other engine, with one-thread triad measured
-(kvbench.machine) before every llama-bench call; kvbench's run measures its own every round. A share of
+(kvbench.measure.machine) before every llama-bench call; kvbench's run measures its own every round. A share of
 bandwidth: the bytes a step reads (weights once, the cache at that context) over its time, over that triad.
 `--dtype bfloat16`: kvbench's bfloat16 model against a GGUF of its matrices in BF16 (the converter's --outtype bf16).
 """

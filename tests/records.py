@@ -52,7 +52,7 @@ def check(mode: str, length: int, passed: bool = True) -> dict:
 
 
 def machine_probe(slower: float = 1.0, repeats: int = 5, spread: float = 0.01, seed: int = 0) -> dict:
-    """A machine probe of kvbench.machine's workloads, every one `slower` times its base time, with noise."""
+    """A machine probe of kvbench.measure.machine's workloads, every one `slower` times its base time, with noise."""
     from kvbench.measure.machine import PROBE_CALLS
 
     base = {"python": 0.02, "dispatch": 0.012, "matmul": 0.008, "copy": 0.006}

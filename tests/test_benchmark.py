@@ -1,4 +1,5 @@
-"""kvbench.benchmark: one run end to end: the gate, memory, the sampled rotations, the A/A control, interrupts."""
+"""kvbench.workloads.benchmark: one run end to end: the gate, memory, the sampled rotations, the A/A control,
+interrupts."""
 
 from collections import Counter
 

@@ -1,4 +1,4 @@
-"""Contract tests for kvbench.capture: every promised key, every failure branch."""
+"""Contract tests for kvbench.measure.capture: every promised key, every failure branch."""
 
 import builtins
 import datetime

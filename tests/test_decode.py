@@ -1,4 +1,5 @@
-"""kvbench.decode: predetermined ids, the two loops, and the equivalence gate (which must fail when it should)."""
+"""kvbench.workloads.decode: predetermined ids, the two loops, and the equivalence gate (which must fail when it
+should)."""
 
 import math
 

@@ -1,4 +1,5 @@
-"""kvbench.estimation: the clock a length's speedups are estimated on, chosen from its telemetry, and recorded."""
+"""kvbench.measure.estimation: the clock a length's speedups are estimated on, chosen from its telemetry, and
+recorded."""
 
 import copy
 

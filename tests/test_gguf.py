@@ -26,7 +26,7 @@ CONFIG = preset_config("llama-tiny", vocab_size=64, max_length=128, rope_scaling
 
 
 def write_gguf(path, model, architecture: str = "llama", tensors: dict | None = None, skip: tuple = ()):
-    """`model`'s weights as llama.cpp names and lays them out (kvbench.gguf_writer's tensors, with this file's
+    """`model`'s weights as llama.cpp names and lays them out (kvbench.models.gguf_writer's tensors, with this file's
     metadata); `tensors` replaces or adds raw ones."""
     config = model.config
     writer = gguf.GGUFWriter(str(path), architecture)

@@ -1,4 +1,4 @@
-"""kvbench.gguf_writer: a model written as GGUF reads back through llama.cpp's own reader with the shapes,
+"""kvbench.models.gguf_writer: a model written as GGUF reads back through llama.cpp's own reader with the shapes,
 metadata and numbers llama.cpp expects; the q/k permutation and the rotary factors are checked against what
 they stand for (llama.cpp's adjacent-pair rotation, kvbench's scaled frequencies), not against themselves."""
 

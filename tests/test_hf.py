@@ -1,7 +1,7 @@
 """The oracle no one here wrote: kvbench's llama family against transformers' own models, same weights.
 
 transformers' LlamaForCausalLM, Qwen2ForCausalLM and MistralForCausalLM get exactly the
-weights of a kvbench model (kvbench.hf maps them) and must give the same logits, float32
+weights of a kvbench model (kvbench.models.hf maps them) and must give the same logits, float32
 within atol = rtol = 1e-5: over the whole prefix, and decoding through transformers'
 DynamicCache in chunks of every shape, on the scaled-down presets of each family. Every
 kvbench cache kind is held to transformers' full-prefix logits too, so the caches are

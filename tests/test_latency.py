@@ -1,4 +1,4 @@
-"""kvbench.latency: every client-visible figure from raw per-step durations, checked by hand."""
+"""kvbench.measure.latency: every client-visible figure from raw per-step durations, checked by hand."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""kvbench.memory: peak resident growth of one loop, and the probes it rests on."""
+"""kvbench.measure.memory: peak resident growth of one loop, and the probes it rests on."""
 
 import os
 

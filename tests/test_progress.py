@@ -1,5 +1,5 @@
 """Progress that shows life: kvbench.cli.progress driven by Progress events directly (no sleeping), and the
-estimates kvbench.benchmark puts in them, from a real run of the lab model."""
+estimates kvbench.workloads.benchmark puts in them, from a real run of the lab model."""
 
 import io
 

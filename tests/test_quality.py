@@ -1,4 +1,4 @@
-"""What a lossy cache does to text (kvbench.quality), on a tiny llama-family model: the figures are checked
+"""What a lossy cache does to text (kvbench.workloads.quality), on a tiny llama-family model: the figures are checked
 against their definitions computed here by hand, and the report renders them from a record."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""kvbench.requests: a request and a context step, teacher-forced, every kind against the full prefix."""
+"""kvbench.workloads.requests: a request and a context step, teacher-forced, every kind against the full prefix."""
 
 import time
 

@@ -1,4 +1,4 @@
-"""kvbench.sampling: rounds over the lengths, whole rotations, and the rule that stops each length.
+"""kvbench.measure.sampling: rounds over the lengths, whole rotations, and the rule that stops each length.
 
 The timed calls are replaced by a script of durations, so that every stopping rule is
 reached on purpose: the fixed protocol, "precise", the cap, the budget, an interrupt.

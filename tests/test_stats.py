@@ -1,4 +1,4 @@
-"""kvbench.stats against cases whose answers are known."""
+"""kvbench.measure.stats against cases whose answers are known."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""kvbench.telemetry: every counter read from canned kernel text, failure branches, the disturbance rules."""
+"""kvbench.measure.telemetry: every counter read from canned kernel text, failure branches, the disturbance rules."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""kvbench.timing: the protocol's settings, one timed call, mode orders, threads and CPU pinning."""
+"""kvbench.measure.timing: the protocol's settings, one timed call, mode orders, threads and CPU pinning."""
 
 import gc
 import os

@@ -1,4 +1,5 @@
-"""kvbench.trace and kvbench.admission: seeded traces, their checks, and what a request costs a budget."""
+"""kvbench.serving.trace and kvbench.serving.admission: seeded traces, their checks, and what a request costs a
+budget."""
 
 import json
 import math

@@ -1,7 +1,7 @@
 """The command line's surface: the parser, its option groups and argument types, one error type.
 
 Every default comes from where it is defined once (the protocol's from
-kvbench.timing.Protocol, the comparison's from kvbench.report.comparison.compare), and `--help`
+kvbench.measure.timing.Protocol, the comparison's from kvbench.report.comparison.compare), and `--help`
 shows it. Argument types reject a value with one line naming what was given.
 """
 

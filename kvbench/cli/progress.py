@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from kvbench.measure.timing import Protocol
 
-if TYPE_CHECKING:  # kvbench.benchmark imports torch; a cheap command must not
+if TYPE_CHECKING:  # kvbench.workloads.benchmark imports torch; a cheap command must not
     from kvbench.workloads.benchmark import Progress
 
 UNTIMED = ("reference", "check")  # stages that time nothing: the display may redraw itself while they run

@@ -32,7 +32,7 @@ class Estimation:
 
     length: int
     clock: str  # a key of CLOCKS
-    estimator: str  # a key of kvbench.stats.ESTIMATORS
+    estimator: str  # a key of kvbench.measure.stats.ESTIMATORS
     samples: int
     waited: int  # samples that waited for a CPU more than DISTURBED_RUNQUEUE of their time
     reason: str

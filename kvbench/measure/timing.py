@@ -52,7 +52,7 @@ class Protocol:
 
     repeats: int = 7  # rotations per length: exactly, or at least when a precision is targeted
     precision: float | None = 0.05  # target relative half-width of every speedup's 95% interval
-    max_repeats: int = 1001  # rotations per length at most (a short loop may need hundreds: kvbench.sampling)
+    max_repeats: int = 1001  # rotations per length at most (a short loop may need hundreds: kvbench.measure.sampling)
     max_seconds: float = 75.0  # timing deadline from the first sample, all lengths together; `repeats` always run
     between_run: float = stats.BETWEEN_RUN["speedup"]  # relative SD of a speedup between runs (stats.BETWEEN_RUN)
     order: str = "random"  # mode order within a rotation (ORDER_RULES)
@@ -124,7 +124,7 @@ class Sample:
     repetition: int  # the rotation at this length, from 0
     order: int  # position of this mode within its rotation, from 0
     seconds: float
-    round: int = 0  # the round of the run (kvbench.sampling: about the same time for every length still sampling)
+    round: int = 0  # the run's round (kvbench.measure.sampling: about the same time for every length still sampling)
     started: float = 0.0  # seconds since the first timed sample of the run
     telemetry: dict | None = None
     detail: dict | None = None  # what the timed call measured inside itself (a request's per-step durations)

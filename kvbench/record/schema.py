@@ -192,7 +192,7 @@ def machine_sections() -> dict:
                                                             "properties": {"shape": {"type": "array", "items": _positive,
                                                                                      "minItems": 3, "maxItems": 3},
                                                                            "flops_per_second": rate}}}}}
-    # compiled modes (kvbench.compiled): each compiled function's first call in the run's process, compile
+    # compiled modes (kvbench.models.compiled): each compiled function's first call in the run's process, compile
     # included, never inside a sample
     compiled = {"type": "object", "propertyNames": {"pattern": MODE_NAME}, "additionalProperties": seconds}
     return {"machine_probe": probe, "limits": limits, "compile_seconds": compiled}
@@ -200,7 +200,7 @@ def machine_sections() -> dict:
 
 def real_model_sections() -> dict:
     """A real model's run (since 2026-12-03): the GGUF file its weights came from, where its token ids came from,
-    and what the lossy kinds did to its text (kvbench.quality)."""
+    and what the lossy kinds did to its text (kvbench.workloads.quality)."""
     sha = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
     model = {"type": "object", "required": ["source", "path", "size", "sha256", "architecture", "quantization",
                                             "dequantized_to"],

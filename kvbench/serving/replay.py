@@ -4,9 +4,9 @@ The gate comes first, as everywhere in kvbench: every request of the trace, repl
 scheduler (batching, padding, preemption, shared prefixes and all), must give the logits of its
 own single-request full path (one causal forward over its prompt and fed-back outputs, no cache)
 within the dtype's tolerance (exact kinds) or the kind's drift limits (lossy kinds). Then the
-sampler (kvbench.sampling) replays the trace once per kind per rotation, in random mode order,
+sampler (kvbench.measure.sampling) replays the trace once per kind per rotation, in random mode order,
 with an A/A control, and every replay's per-token timestamps and per-iteration memory are kept
-(kvbench.serving_figures reads them).
+(kvbench.serving.figures reads them).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Each iteration:
   2. the running requests' next decode token must fit: when the pool cannot hold it, the newest
      running request is preempted (its cache released, its tokens kept: it recomputes later,
      vLLM's default);
-  3. waiting requests are admitted in order while the budget allows (kvbench.admission: static
+  3. waiting requests are admitted in order while the budget allows (kvbench.serving.admission: static
      and quantized reserve their capacity, paged needs the blocks of its prompt); the first that
      does not fit stops admission (first come, first served);
   4. one forward over every running request: every request whose prompt is in its cache decodes its
@@ -42,7 +42,7 @@ from kvbench.serving.trace import Trace, TraceRequest
 class TokenSource:
     """Every request's ids (1, prompt + output - 1), seeded by (seed, request): the shared prefix, when a
     request has one, is the same ids for all. With `continuations` (request id -> output ids: the greedy
-    continuation a generating peer produces, kvbench.peer), the outputs are those instead of random ids."""
+    continuation a generating peer produces, kvbench.serving.peer), the outputs are those instead of random ids."""
 
     def __init__(self, vocab_size: int, seed: int, prefix: int, continuations: dict[int, list[int]] | None = None) -> None:
         self.vocab_size, self.seed, self.continuations = vocab_size, seed, continuations
@@ -289,7 +289,8 @@ class Scheduler:
         freed, ended = self.retire(stepped)
         if not (chunks or decoding) and self.waiting:
             raise ValueError(f"request {self.waiting[0].spec.id} cannot be admitted even alone: the KV budget "
-                             f"{self.ledger.budget} bytes is below its minimum (kvbench.admission.minimum_budget)")
+                             f"{self.ledger.budget} bytes is below its minimum "
+                             "(kvbench.serving.admission.minimum_budget)")
         self.iterations.append({"time": round(self.now(), 6), "running": len(stepped), "waiting": len(self.waiting),
                                 "admitted": len(admitted), "preempted": preempted, "ended": ended,
                                 "freed": freed, **memory, "reserved_after": self.ledger.held_bytes(), **seconds})

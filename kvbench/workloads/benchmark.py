@@ -38,7 +38,7 @@ class RunOutcome:
     interrupted: bool = False
     control: str | None = None  # the cached mode timed a second time under the label "control"
     sampling: Sampling = field(default_factory=Sampling)
-    machine_probe: dict | None = None  # the fixed workloads of kvbench.machine, at the start and the end
+    machine_probe: dict | None = None  # the fixed workloads of kvbench.measure.machine, at the start and the end
     limits: dict | None = None  # what the machine can stream and multiply, for a request or a contexts run
     compile_seconds: dict | None = None  # compiled mode -> first calls of its compiled functions, compile included
 

@@ -1,7 +1,7 @@
 """What one sample times: a whole decode loop (the source document's), one request, or one step at a context.
 
 Each workload gives, per cell length, the gate's checks, the memory entry and the call to time;
-`kvbench.benchmark.run_benchmark` drives all three the same way, through the same sampler,
+`kvbench.workloads.benchmark.run_benchmark` drives all three the same way, through the same sampler,
 record and report. A cell's `length` is always the positions its cache holds at the end:
 
   loop      length T: T one-token steps from an empty cache, timed as one loop

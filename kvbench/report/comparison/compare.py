@@ -93,7 +93,7 @@ class LatencyChange:
     """NEW / OLD of one mode's TTFT or TPOT in two request runs, and of its ratio to full's (judged like a cell)."""
 
     mode: str
-    figure: str  # "ttft" or "tpot" (kvbench.latency.RATIOS)
+    figure: str  # "ttft" or "tpot" (kvbench.measure.latency.RATIOS)
     old_median: float
     new_median: float
     time: Change

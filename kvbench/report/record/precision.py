@@ -30,7 +30,7 @@ class LengthRow:
     stop: str | None
     half_width: float | None
     control: RatioEstimate | None  # mode / control: 1 but for noise
-    clock: str = "wall"  # what its speedups were estimated on (kvbench.estimation.CLOCKS)
+    clock: str = "wall"  # what its speedups were estimated on (kvbench.measure.estimation.CLOCKS)
     clock_reason: str = ""
     noisy: bool = False  # a cell at this length is marked ~: its spread is too wide to trust its median
 

@@ -20,7 +20,7 @@ HEADLINE = ("output_tokens_per_second", "requests_per_second", "mean_concurrency
 
 
 def figures_by_mode(record: dict) -> dict[str, dict[int, dict]]:
-    """mode -> rotation -> that replay's figures (kvbench.serving_figures)."""
+    """mode -> rotation -> that replay's figures (kvbench.serving.figures)."""
     found: dict[str, dict[int, dict]] = {}
     for kept in record["samples"]:
         found.setdefault(kept["mode"], {})[kept["repetition"]] = replay_figures(kept["replay"])
