@@ -74,8 +74,8 @@ def test_no_import_cycle():
             visit(module, [module])
 
 
-# The layers, bottom up. A module may import modules of its own layer and of the layers above it in this list,
-# never one below, imports inside functions included (docs/architecture.md says why each sits where it does).
+# The layers, bottom up. A module may import modules of its own layer and of the layers listed before it, never
+# of one listed after it, imports inside functions included (docs/architecture.md says why each sits where it does).
 LAYERS = (
     ("kvbench", "kvbench.config", "kvbench.kinds", "kvbench.modes", "kvbench.files", "kvbench.budget",
      "kvbench.plugins"),  # the floor: configuration, the modes as data, files; torch-free
@@ -225,7 +225,8 @@ def old_paths(path: Path) -> list[str]:
                                                                                             node.value):
             names = [node.value.partition(":")[0]]
         if id(node) not in fallbacks:
-            found += [f"{path.name}:{node.lineno}: {name}" for name in names if name in kvbench.MOVED or name in forwarded]
+            found += [f"{path.name}:{node.lineno}: {name}" for name in names
+                      if name in kvbench.MOVED or name in forwarded]
     return found
 
 
@@ -248,7 +249,7 @@ def test_the_old_paths_check_sees_every_way_of_writing_one(tmp_path):
         "kvbench.workloads.Contexts"]
 
 
-# -- old import paths (kvbench.MOVED): the one place outside kvbench/__init__.py that writes them -----------------
+# -- old import paths (kvbench.MOVED): the tests below write them on purpose ---------------------------------------
 
 OLD_PATHS_PROBE = """
 import sys
