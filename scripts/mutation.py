@@ -63,16 +63,17 @@ class Target:
 
 
 TARGETS = {
-    "stats": Target("kvbench/stats.py", ("tests/test_stats.py",)),
+    "stats": Target("kvbench/measure/stats.py", ("tests/test_stats.py",)),
     "attention": Target("kvbench/attention.py", ("tests/test_attention.py",)),
     # test_cache.py runs every kind on nine models (minutes): a kind's module is judged by its own kinds' cases
     "contiguous": Target("kvbench/cache/contiguous.py", ("tests/test_cache.py",), select=CONTIGUOUS_CASES),
     "paged": Target("kvbench/cache/paged.py", ("tests/test_paged.py",)),
     # test_decode.py's loops over every kind and family take minutes; check_equivalence drives every mode too
-    "gate": Target("kvbench/decode.py", ("tests/test_decode.py",), only=GATE,
+    "gate": Target("kvbench/workloads/decode.py", ("tests/test_decode.py",), only=GATE,
                    select="not follow_full_prefix and not footprint"),
-    "decode": Target("kvbench/decode.py", ("tests/test_decode.py",), skip=GATE, select="not follow_full_prefix"),
-    "sampling": Target("kvbench/sampling.py", ("tests/test_sampling.py",)),
+    "decode": Target("kvbench/workloads/decode.py", ("tests/test_decode.py",), skip=GATE,
+                     select="not follow_full_prefix"),
+    "sampling": Target("kvbench/measure/sampling.py", ("tests/test_sampling.py",)),
 }
 
 COMPARISONS = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,

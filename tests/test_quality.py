@@ -1,4 +1,4 @@
-"""What a lossy cache does to text (kvbench.quality), on a tiny llama-family model: the figures are checked
+"""What a lossy cache does to text (kvbench.workloads.quality), on a tiny llama-family model: the figures are checked
 against their definitions computed here by hand, and the report renders them from a record."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 
-from kvbench import quality
 from kvbench.model import build_model, preset_config
 from kvbench.record import RecordView, validate_record
 from kvbench.report.record import markdown, terminal
 from kvbench.report.record.model import build_report
+from kvbench.workloads import quality
 
 CONFIG = preset_config("llama-tiny", vocab_size=96, max_length=256, rope_scaling=None, window=12, sinks=2)
 OPTIONS = {"quantized-int4": {"group_size": 4, "residual": 4}}
