@@ -5,7 +5,10 @@ hold more bytes, or drift further from the full-prefix logits, is flagged by
 ``asv compare`` just as a slowdown is.
 """
 
-from kvbench.decode import cache_footprint
+try:  # kvbench's packages by concern; a commit before them (asv runs today's suites on older commits) has flat modules
+    from kvbench.workloads.decode import cache_footprint
+except ImportError:
+    from kvbench.workloads.decode import cache_footprint
 
 from . import common
 

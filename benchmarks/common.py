@@ -8,14 +8,15 @@ the paired timing protocol all come from kvbench. This module fixes the protocol
   RMSNorm, SwiGLU, grouped-query attention), each a parameter, so both histories are tracked.
   A commit without a preset skips its cells. (Before 2026-12-02 the suites had no model
   parameter: asv starts the model-parameterised series afresh, under new versions.)
-- modes: ``KNOWN_MODES`` then any newer kind in ``kvbench.decode.MODES``. asv
+- modes: ``KNOWN_MODES`` then any newer kind in the decode module's ``MODES``. asv
   passes a benchmark process the *index* of its parameter combination, and the
   suites (always today's) run against every commit's kvbench, so the list must
   not shrink or reorder from one commit to the next: every kind kvbench has ever
   shipped is listed in ``KNOWN_MODES`` in the order it arrived, a kind a commit
   does not have is skipped there, and a kind only a newer commit has is picked up
   at the end. Anything a suite needs that older commits lack is imported where it
-  is used, so their other benchmarks still run.
+  is used, so their other benchmarks still run. Each import tries today's path first, then the flat
+  module older commits have (``kvbench.workloads.decode``, then ``kvbench.workloads.decode``).
 - lengths: ``KVBENCH_ASV_LENGTHS="64,256,1024"`` (read at import, so set it for
   the whole ``asv run``) replaces the default ``DEFAULT_LENGTHS``. Lengths are
   parameter values, so results at different lengths never mix.
@@ -51,10 +52,16 @@ try:  # the mode registry; a commit before it has no mode newer than KNOWN_MODES
     from kvbench.modes import SPECS
 except ImportError:
     SPECS = {}
-from kvbench.decode import MODES as KVBENCH_MODES
-from kvbench.decode import run_gate, token_ids
 from kvbench.model import DecoderConfig, build_model, preset_config
-from kvbench.timing import Protocol, set_threads
+
+try:  # kvbench's packages by concern; a commit before them (asv runs today's suites on older commits) has flat modules
+    from kvbench.measure.timing import Protocol, set_threads
+    from kvbench.workloads.decode import MODES as KVBENCH_MODES
+    from kvbench.workloads.decode import run_gate, token_ids
+except ImportError:
+    from kvbench.workloads.decode import MODES as KVBENCH_MODES
+    from kvbench.workloads.decode import run_gate, token_ids
+    from kvbench.measure.timing import Protocol, set_threads
 
 LENGTHS_VARIABLE = "KVBENCH_ASV_LENGTHS"
 DEFAULT_LENGTHS = (64, 256)
@@ -131,7 +138,7 @@ def config_for(model: str, mode: str | None = None, overrides: dict | None = Non
 
 def require_equivalent(gate: dict, model: str, mode: str, length: int) -> None:
     """asv stores bare numbers, so a mode that failed the gate is not timed at all: the benchmark
-    fails (kvbench.decode.run_gate states the policy)."""
+    fails (kvbench.workloads.decode.run_gate states the policy)."""
     if mode not in CACHED_MODES or mode not in KVBENCH_MODES:  # the baseline is the gate's reference
         return
     check = gate.get((model, mode, length))
@@ -151,7 +158,10 @@ def drift(gate: dict, model: str, mode: str, length: int) -> dict:
 
 def note_speedup(model: str, mode: str, length: int, estimate, state, clock: dict | None = None, budget: dict | None = None) -> None:
     """Keep beside asv's number what asv cannot hold: its interval, why sampling stopped, the noise."""
-    from kvbench.telemetry import disturbances  # since the commit that brought track_speedup's sampling
+    try:  # since the commit that brought track_speedup's sampling
+        from kvbench.measure.telemetry import disturbances
+    except ImportError:  # before kvbench's packages by concern
+        from kvbench.measure.telemetry import disturbances
 
     stopped = state.lengths[length]
     reasons: dict[str, int] = {}

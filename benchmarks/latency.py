@@ -1,7 +1,7 @@
 """What a client sees, per commit: time to first token and time per output token of one request.
 
 The llama family's tiny preset serves a request of ``PROMPT`` prompt tokens and ``GENERATE``
-generated ones (``kvbench.requests``, teacher-forced, every step timed); each value is the
+generated ones (``kvbench.workloads.requests``, teacher-forced, every step timed); each value is the
 median over ``REQUESTS`` requests after one untimed, in milliseconds (lower is better, as asv
 assumes), rounded to the digits its 95% interval supports (``common.round_to_interval``). TTFT is the prefill; TPOT is vLLM's (E2E - TTFT) / (N - 1). A cached mode whose
 request fails the gate is not timed (RuntimeError, as in every suite).
@@ -11,14 +11,21 @@ import statistics
 
 from . import common
 
-try:  # commits before the request workload skip these
-    from kvbench import latency, requests
+try:  # kvbench's packages by concern
+    from kvbench.measure import latency
+    from kvbench.workloads import requests
 except ImportError:
-    latency = requests = None
-try:  # commits before the median's interval: the median to four significant digits
-    from kvbench.stats import median_interval
+    try:  # commits before the request workload skip these
+        from kvbench import latency, requests
+    except ImportError:
+        latency = requests = None
+try:  # kvbench's packages by concern
+    from kvbench.measure.stats import median_interval
 except ImportError:
-    median_interval = None
+    try:  # commits before the median's interval: the median to four significant digits
+        from kvbench.measure.stats import median_interval
+    except ImportError:
+        median_interval = None
 
 MODEL = "llama-tiny"
 PROMPT, GENERATE, REQUESTS = 64, 16, 9

@@ -1,13 +1,13 @@
 """The steady decode step at a context, per mode, the compiled modes among them (docs/compiled.md).
 
-One sample is one step of ``kvbench run --contexts``'s workload (``kvbench.workloads.Contexts``, whose calls
-are ``kvbench.requests.ContextSteps``): the prefill of ``CONTEXT`` tokens and the steps before it, made in
+One sample is one step of ``kvbench run --contexts``'s workload (``kvbench.workloads.workload.Contexts``, whose calls
+are ``kvbench.workloads.requests.ContextSteps``): the prefill of ``CONTEXT`` tokens and the steps before it, made in
 ``setup``, untimed, then the last step of the command's window (its warm-up and its timed steps less one), in
 seconds. The gate is the command's too: the first ``setup`` in a process runs the contexts gate over the
 same positions (every step of the window against ``full``'s logits), and a mode that fails it is not timed.
 
 A compiled mode compiles once per process, in that gate (its first call of the compiled function, the
-compile included, is what ``kvbench.compiled.compile_seconds`` keeps), never in a sample: asv re-runs
+compile included, is what ``kvbench.models.compiled.compile_seconds`` keeps), never in a sample: asv re-runs
 ``setup`` before every sample, so what a process builds once (the model, the gate, the compiled step) is
 kept in ``PREPARED`` and a later ``setup`` only prefills. The compile's seconds go into the environment
 capture beside asv's result (``compile_seconds``), not into asv's number. One round per cell, since every
@@ -24,8 +24,13 @@ from . import common
 
 try:  # commits before the steady contexts workload and the compiled modes skip this suite
     from kvbench.modes import SPECS, spec
-    from kvbench.requests import check_context
-    from kvbench.workloads import Contexts
+
+    try:  # kvbench's packages by concern, then the flat modules before them
+        from kvbench.workloads.requests import check_context
+        from kvbench.workloads.workload import Contexts
+    except ImportError:
+        from kvbench.workloads.requests import check_context
+        from kvbench.workloads import Contexts
 except ImportError:
     Contexts = None
 
@@ -60,9 +65,14 @@ def prepared(model: str, mode: str, context: int) -> tuple:
 
 
 def gated(model: str, mode: str, context: int) -> tuple:
-    from kvbench.decode import token_ids
     from kvbench.model import build_model
-    from kvbench.timing import set_threads
+
+    try:  # kvbench's packages by concern, then the flat modules before them
+        from kvbench.measure.timing import set_threads
+        from kvbench.workloads.decode import token_ids
+    except ImportError:
+        from kvbench.workloads.decode import token_ids
+        from kvbench.measure.timing import set_threads
 
     if Contexts is None or mode not in SPECS:
         raise NotImplementedError(f"mode {mode!r} or the contexts workload does not exist at this commit")
@@ -88,7 +98,10 @@ def compile_seconds(mode: str) -> list[float]:
     """The first calls of `mode`'s compiled functions in this process, compile included (none for eager modes)."""
     if not SPECS[mode].compiled:
         return []
-    from kvbench.compiled import compile_seconds as kept
+    try:  # kvbench's packages by concern, then the flat module before them
+        from kvbench.models.compiled import compile_seconds as kept
+    except ImportError:
+        from kvbench.models.compiled import compile_seconds as kept
 
     return list(kept.get(mode, []))
 

@@ -9,7 +9,7 @@ done, then obeyed: nothing has been measured or written yet, and the message say
 
 import sys
 
-from kvbench.signals import SignalGuard
+from kvbench.measure.signals import SignalGuard
 
 
 def main() -> int:

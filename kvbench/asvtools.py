@@ -2,7 +2,7 @@
 
 asv writes one result file per machine, commit and environment:
 ``results/asv/<machine>/<commit[:8]>-<env>.json``. Beside each, kvbench keeps the
-environment the benchmarks really ran in (``kvbench.capture``, collected inside the
+environment the benchmarks really ran in (``kvbench.measure.capture``, collected inside the
 benchmarked environment by the suites' shared ``setup_cache``) at
 ``results/captures/<machine>/<same file name>`` -- a sibling of asv's results
 folder, so asv never walks it and never mistakes it for results.
@@ -278,7 +278,7 @@ def current_asv_run(environ: dict | None = None) -> AsvRun:
 
 def write_capture(run: AsvRun, environment: dict | None = None) -> Path:
     """Write the capture for `run`'s result file atomically; return its path."""
-    from kvbench import capture
+    from kvbench.measure import capture
 
     path = run.capture_path
     document = {
@@ -346,7 +346,7 @@ def annotate_capture(section: str, key: str, value: dict) -> Path | None:
 
 def load_capture(path: Path | str) -> dict:
     """Read and check a capture file; AsvToolError naming the first problem."""
-    from kvbench import capture
+    from kvbench.measure import capture
 
     path = Path(path)
     document = read_json_file(path, "capture")
@@ -401,7 +401,7 @@ def register_machine(name: str | None = None, environment: dict | None = None) -
     """Save the machine to ~/.asv-machine.json, as `asv machine --yes` would; (info, replaced)."""
     from asv.machine import MachineCollection
 
-    from kvbench import capture
+    from kvbench.measure import capture
 
     info = machine_info(name, capture.collect_environment() if environment is None else environment)
     if not MACHINE_NAME.fullmatch(info["machine"]):

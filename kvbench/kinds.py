@@ -2,7 +2,7 @@
 
 Plain data and arithmetic, importable without torch, so that reading a record, a budget and
 the command line's checks never wait seconds for it. kvbench.modes builds each mode's spec
-(its byte formula, its drift limits) from these; kvbench.decode judges the gate's checks with
+(its byte formula, its drift limits) from these; kvbench.workloads.decode judges the gate's checks with
 the rules here.
 """
 
@@ -13,7 +13,7 @@ import re
 
 from kvbench.config import positive_int
 
-# One-token steps compiled with torch.compile (kvbench.compiled): what they need to run here.
+# One-token steps compiled with torch.compile (kvbench.models.compiled): what they need to run here.
 COMPILED_DTYPES = ("float32", "bfloat16")  # what inductor's CPU code is gated at here
 COMPILERS = ("g++", "c++", "clang++")  # what inductor builds its C++ with, when $CXX is not set
 WORKLOADS = ("loop", "request", "contexts")  # what one sample times (kvbench.workloads)
@@ -171,7 +171,7 @@ def tolerance_for(dtype: str, layers: int = 1) -> tuple[float, float]:
         atol, rtol = max(atol, scaled), max(rtol, scaled)
     return atol, rtol
 
-# A trained model's (kvbench.gguf): on SmolLM2-135M (30 layers, logits up to 36) transformers' own DynamicCache
+# A trained model's (kvbench.models.gguf): on SmolLM2-135M (30 layers, logits up to 36) transformers' own DynamicCache
 # departs from its own full prefix by up to 1.7e-4 in float32, 17 times the seed's bound, and kvbench's caches by
 # 2.1e-4: rounding along two paths through thirty trained layers, not a bug (docs/drift.md). 5e-4 leaves room for
 # longer contexts and is still 4 orders of magnitude below what a wrong block does (norms or a rotation missed:

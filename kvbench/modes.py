@@ -80,11 +80,11 @@ class ModeSpec:
     default: bool = False  # among `kvbench run`'s default modes
     asv_config: Mapping = field(default_factory=dict)  # config overrides of the model asv times it on
     cache: str | type | None = None  # its cache class, or "module:Class" (None: full, transformers)
-    stepper: str | Callable = "kvbench.decode:cache_steps"  # (model, ids, mode, prompt, cache, options)
+    stepper: str | Callable = "kvbench.workloads.decode:cache_steps"  # (model, ids, mode, prompt, cache, options)
     check: str | Callable | None = None  # (mode, config) -> None or ValueError: what needs an import to know
     bits: int | None = None  # bits per quantized element
     backend: str | None = None  # transformers' cache class or QuantizedCache backend
-    compiled: bool = False  # its one-token steps run through torch.compile (kvbench.compiled): compiled once
+    compiled: bool = False  # its one-token steps run through torch.compile (kvbench.models.compiled): compiled once
 
     @property
     def changes_representation(self) -> bool:
@@ -93,7 +93,7 @@ class ModeSpec:
 
     def limits_for(self, config, trained: bool = False) -> dict | None:
         """The drift limits a lossy mode is judged by on a model of `config` (a family may drift more), with
-        trained weights (kvbench.gguf) its trained limits where it has them."""
+        trained weights (kvbench.models.gguf) its trained limits where it has them."""
         limits = self.family_drift_limits.get(config.family, self.drift_limits)
         if trained and self.trained_drift_limits is not None:
             limits = self.trained_drift_limits
@@ -284,16 +284,16 @@ def quantized(name: str, source: str, bits: int, **fields) -> ModeSpec:
 
 
 def transformers_cache(name: str, backend: str, **fields) -> ModeSpec:
-    """transformers' own cache on the same weights (kvbench.hf; the llama family, the hf extra)."""
-    base = dict(bytes=None, families=("llama",), copies_weights=True, stepper="kvbench.hf:steps",
-                check="kvbench.hf:require_mode", backend=backend)
+    """transformers' own cache on the same weights (kvbench.models.hf; the llama family, the hf extra)."""
+    base = dict(bytes=None, families=("llama",), copies_weights=True, stepper="kvbench.models.hf:steps",
+                check="kvbench.models.hf:require_mode", backend=backend)
     if "bits" in fields:  # a lossy one is judged by the limits of kvbench's kind of the same bits
         return quantized(name, TRANSFORMERS, **base, **fields)
     return ModeSpec(name, TRANSFORMERS, **base, **fields)
 
 
 for _spec in (
-    ModeSpec(FULL, FULL_PREFIX, stepper="kvbench.decode:full_steps", keeps_state=False, default=True),
+    ModeSpec(FULL, FULL_PREFIX, stepper="kvbench.workloads.decode:full_steps", keeps_state=False, default=True),
     ModeSpec("concat", KVBENCH, cache="kvbench.cache.contiguous:ConcatCache", default=True),
     ModeSpec("static", KVBENCH, cache="kvbench.cache.contiguous:StaticCache", default=True),
     ModeSpec("paged", KVBENCH, cache="kvbench.cache.paged:PagedCache", default=True),
@@ -311,7 +311,7 @@ for _spec in (
     # fixed-shape functional step, and transformers' StaticCache with its forward compiled. Exact; they need a
     # C++ compiler and the llama family.
     ModeSpec("static-compiled", KVBENCH, cache="kvbench.cache.contiguous:StaticCache", families=("llama",),
-             stepper="kvbench.compiled:mode_steps", check="kvbench.kinds:require_compiled", compiled=True),
+             stepper="kvbench.models.compiled:mode_steps", check="kvbench.kinds:require_compiled", compiled=True),
     transformers_cache("hf-static-compiled", "StaticCache", compiled=True),
 ):
     register(_spec)

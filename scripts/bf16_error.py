@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 
 from kvbench.config import DecoderConfig
-from kvbench.decode import decode_cached, decode_full, steps, token_ids
+from kvbench.workloads.decode import decode_cached, decode_full, steps, token_ids
 from kvbench.model import build_model
-from kvbench.timing import set_threads
+from kvbench.measure.timing import set_threads
 
 from study import parse_study, save_study, study_parser
 

@@ -21,10 +21,10 @@ import torch
 
 from kvbench.cache import make_cache
 from kvbench.config import preset_config
-from kvbench.decode import compare_logits, token_ids, tolerances
+from kvbench.workloads.decode import compare_logits, token_ids, tolerances
 from kvbench.model import build_model
-from kvbench.stats import median_interval
-from kvbench.timing import set_threads
+from kvbench.measure.stats import median_interval
+from kvbench.measure.timing import set_threads
 
 from study import parse_study, save_study, study_parser
 

@@ -45,8 +45,8 @@ def child(context: int, steps: int, preset: str) -> dict:
 
     from kvbench.cache import make_cache
     from kvbench.config import preset_config
-    from kvbench.decode import token_ids
     from kvbench.model import build_model
+    from kvbench.workloads.decode import token_ids
 
     torch.set_num_threads(1)
     model = build_model(preset_config(preset), seed=0)

@@ -20,13 +20,13 @@ from pathlib import Path
 
 import torch
 
-from kvbench import compiled, hf
+from kvbench.models import compiled, hf
 from kvbench.cache import StaticCache
 from kvbench.config import preset_config
-from kvbench.decode import token_ids
-from kvbench.latency import median_with_interval
+from kvbench.workloads.decode import token_ids
+from kvbench.measure.latency import median_with_interval
 from kvbench.model import build_model
-from kvbench.timing import set_threads
+from kvbench.measure.timing import set_threads
 
 from study import parse_study, save_study, study_parser
 

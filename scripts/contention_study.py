@@ -37,15 +37,15 @@ from pathlib import Path
 
 from antagonist import contended
 
-from kvbench import stats
 from kvbench.files import write_json_atomic
+from kvbench.measure import stats
+from kvbench.measure.telemetry import disturbances
 from kvbench.record import RecordView
 from kvbench.report.comparison.compare import FASTER, SLOWER, change
-from kvbench.telemetry import disturbances
 
 TARGET = 0.05  # every speedup within ±5%
 BUDGET = 120.0  # seconds of sampling: the goal's two minutes
-ESTIMATORS = {  # name -> (clock, kvbench.stats estimator, keep only undisturbed pairs)
+ESTIMATORS = {  # name -> (clock, kvbench.measure.stats estimator, keep only undisturbed pairs)
     "median of ratios, wall": ("seconds", "median-of-ratios", False),
     "median of ratios, on-CPU": ("cpu_seconds", "median-of-ratios", False),
     "median of ratios, undisturbed pairs": ("seconds", "median-of-ratios", True),
@@ -82,11 +82,11 @@ def collect(out: Path, runs: int, rotations: int, conditions: list[str], best_of
 
 def best_of(loops: int, rotations: int, output: Path) -> None:
     """Rotations of the default grid in which every mode runs `loops` timed loops back to back."""
-    from kvbench.decode import decode, token_ids
+    from kvbench.measure.telemetry import Counters
+    from kvbench.measure.timing import DEFAULT_LENGTHS, Protocol, pin_cpu, rotation_order, set_threads, time_observed
     from kvbench.model import build_model
     from kvbench.modes import DEFAULT_MODES
-    from kvbench.telemetry import Counters
-    from kvbench.timing import DEFAULT_LENGTHS, Protocol, pin_cpu, rotation_order, set_threads, time_observed
+    from kvbench.workloads.decode import decode, token_ids
 
     protocol = Protocol()
     set_threads(protocol.threads)
@@ -179,7 +179,7 @@ class Run:
 
     def stop(self, estimator: str, between_run: float, minimum: int = 7) -> tuple[int, float, bool]:
         """(rotations, seconds of sampling, reached ±5%) where precision-targeted sampling would stop
-        (kvbench.stats.stop_rule, replayed): the first rotation count from `minimum` on with every rerun
+        (kvbench.measure.stats.stop_rule, replayed): the first rotation count from `minimum` on with every rerun
         interval within TARGET, or all."""
         for rotations in range(minimum, self.rotations + 1):
             estimates = [self.speedup(mode, length, estimator, rotations, between_run)

@@ -30,15 +30,16 @@ from pathlib import Path
 
 import torch
 
-from kvbench import capture, hf
 from kvbench.config import DecoderConfig, preset_config
-from kvbench.decode import check_equivalence, compare_drift, compare_logits, decode, token_ids, tolerances
 from kvbench.files import check_output, write_json_atomic
+from kvbench.measure import capture
+from kvbench.measure.sampling import measure_loops
+from kvbench.measure.timing import Protocol, set_threads
 from kvbench.model import build_model
+from kvbench.models import hf
 from kvbench.modes import spec
 from kvbench.record import utc_now
-from kvbench.sampling import measure_loops
-from kvbench.timing import Protocol, set_threads
+from kvbench.workloads.decode import check_equivalence, compare_drift, compare_logits, decode, token_ids, tolerances
 
 OUTPUTS = {"dynamic": Path("results/external/hf-dynamic-cache.json"),
            "quantized": Path("results/external/hf-quantized-cache.json")}

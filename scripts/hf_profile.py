@@ -17,13 +17,13 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from kvbench import hf
 from kvbench.config import preset_config
-from kvbench.decode import decode, token_ids
 from kvbench.files import check_output, write_json_atomic
+from kvbench.measure.timing import set_threads
 from kvbench.model import build_model
+from kvbench.models import hf
 from kvbench.record import utc_now
-from kvbench.timing import set_threads
+from kvbench.workloads.decode import decode, token_ids
 
 MATMULS = ("aten::mm", "aten::addmm", "aten::bmm")
 

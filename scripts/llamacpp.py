@@ -9,13 +9,13 @@ commit is fixed: 0c1e570), with gcc 12, -DGGML_NATIVE=ON, only the two targets, 
 $KVBENCH_CACHE_DIR/llama.cpp/<version> (else ~/.cache/kvbench/...), and reuses a finished build. It
 resolves the cache directory to its real path first (issue 28: build from the real path, not through a symlink).
 
-kvbench's model is written once, beside the build, as llama.cpp's converter would (kvbench.gguf_writer).
+kvbench's model is written once, beside the build, as llama.cpp's converter would (kvbench.models.gguf_writer).
 `verify` compares what llama-eval-callback prints (first and last three values of the first and last three
 rows of every layer's output and of the logits, 4 decimals) with kvbench's full forward of the same ids.
 
 `collect` alternates llama-bench (-t 1 -p 0 -n 32 -d C; its K and V in F16, kvbench's in F32) with `kvbench
 run --contexts` (full, static), each alternation started by the other engine, with one-thread triad measured
-(kvbench.machine) before every llama-bench call; kvbench's run measures its own every round. A share of
+(kvbench.measure.machine) before every llama-bench call; kvbench's run measures its own every round. A share of
 bandwidth: the bytes a step reads (weights once, the cache at that context) over its time, over that triad.
 `--dtype bfloat16`: kvbench's bfloat16 model against a GGUF of its matrices in BF16 (the converter's --outtype bf16).
 """
@@ -91,8 +91,8 @@ def run(command: list[str], **options) -> subprocess.CompletedProcess:
 def model_gguf(preset: str = PRESET, seed: int = 0, root: Path | None = None,
                dtype: str = "float32") -> tuple[object, Path]:
     """kvbench's model and its GGUF, kept beside the build (written once per preset, seed and dtype, atomically)."""
-    from kvbench import gguf_writer
     from kvbench.model import build_model, preset_config
+    from kvbench.models import gguf_writer
 
     model = build_model(preset_config(preset, dtype=dtype), seed=seed)
     path = (root or cache_root()) / "gguf" / f"{preset}-seed{seed}-{'bf16' if dtype == 'bfloat16' else 'f32'}.gguf"
@@ -222,7 +222,7 @@ def llama_cpu_per_token(path: Path, context: int, repetitions: int) -> dict:
 
 def bandwidth_now(repeats: int = 3) -> dict[str, float]:
     """One-thread copy and triad (bytes/s, medians of `repeats`) past the last-level cache, as kvbench measures."""
-    from kvbench import machine
+    from kvbench.measure import machine
 
     measured = machine.memory_bandwidth([1], machine.buffer_bytes(machine.last_level_cache_bytes()), repeats)
     return {kernel: measured[kernel]["1"]["median"] for kernel in ("copy", "triad")}
@@ -237,7 +237,7 @@ def kvbench_run(output: Path, arguments: argparse.Namespace) -> None:
 def kvbench_figures(path: Path, contexts: tuple[int, ...]) -> dict:
     """A kvbench contexts record's steady steps per context and mode on both clocks (per sample: the mean of its
     timed steps, and the thread's CPU time over them per step), the triad of its rounds, the bytes a step reads."""
-    from kvbench import latency
+    from kvbench.measure import latency
     from kvbench.record import RecordView
 
     view = RecordView.load(path)
@@ -303,7 +303,7 @@ def summary(alternations: list[dict], contexts: tuple[int, ...], config) -> list
     """Per context and clock: each engine's per-token time (the median over every sample of every alternation, with
     its 95% interval), kvbench's static step over llama.cpp's token per alternation, and each one's share of the
     triad measured beside it (the bytes a step reads over its median time)."""
-    from kvbench.latency import median_with_interval
+    from kvbench.measure.latency import median_with_interval
 
     weights = alternations[0]["kvbench"]["weight_bytes"]
     triad = {"llama.cpp": statistics.median(entry["llama_triad_before"]["triad"] for entry in alternations),
@@ -353,7 +353,7 @@ def collect(arguments: argparse.Namespace) -> dict:
     import torch
 
     from kvbench.files import check_output, write_json_atomic
-    from kvbench.gguf import file_sha256
+    from kvbench.models.gguf import file_sha256
     from kvbench.record import utc_now
 
     contexts, out_dir = tuple(arguments.contexts), arguments.output.with_suffix("")

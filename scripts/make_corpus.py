@@ -1,8 +1,9 @@
-"""Rebuild kvbench/data/common-licenses.txt.gz, the real-text corpus (kvbench.corpus), from Debian's licence texts.
+"""Rebuild kvbench/data/common-licenses.txt.gz, the real-text corpus (kvbench.models.corpus), from Debian's
+licence texts.
 
 Every Debian system carries them under /usr/share/common-licenses (package base-files); each licence
 allows verbatim copies. The file is rebuilt byte for byte (gzip without a timestamp) and its text must
-hash to kvbench.corpus.SHA256: a base-files release that changed a text is reported, not shipped silently.
+hash to kvbench.models.corpus.SHA256: a base-files release that changed a text is reported, not shipped silently.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import hashlib
 import sys
 from pathlib import Path
 
-from kvbench.corpus import CORPUS_PATH, SHA256, TEXTS
+from kvbench.models.corpus import CORPUS_PATH, SHA256, TEXTS
 
 SOURCE = Path("/usr/share/common-licenses")
 

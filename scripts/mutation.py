@@ -1,19 +1,10 @@
 """Mutation testing of kvbench's core modules: does each module's focused test file notice a wrong implementation?
 
-A small AST mutator rather than mutmut: mutmut rewrites the whole tree with trampolines and reruns the
-test suite through its own runner, minutes of overhead per module on this 2-core machine, and it does not
-know which tests are a module's own. Here every mutant is one change made with :mod:`ast` (a comparison
-flipped, an arithmetic or boolean operator swapped, a number +1 or -1, a raise or a call statement dropped,
-a function returning at once), written into a throwaway copy of the project, and judged by
-``pytest -x -q -p no:cacheprovider`` on the module's focused test files in a subprocess of its own.
-
-The working tree is never written: mutants live in temporary copies, removed on exit, Ctrl-C included.
-A mutant is *detected* when the tests fail, or when they run past the timeout (a mutant that hangs, such as
-a loop bound that never ends, counts as detected by timeout and is shown apart). The sample is seeded per
-module, so the same source gives the same mutants and a score can be compared before and after new tests.
-Mutants listed in scripts/mutation_equivalent.toml, each with the reason it cannot change behaviour, are
-left out of the score. docs/mutation.md describes the method and the scores
-(`make mutation`, `make mutation MODULES=stats,paged`, or `python scripts/mutation.py --help`).
+Each mutant is one :mod:`ast` change (a comparison flipped, an operator swapped, a number +1 or -1, a raise or a
+call dropped, an early return) in a throwaway copy of the project, judged by its module's focused tests: detected
+when they fail or time out. The sample is seeded per module (same source, same mutants); the mutants listed with a
+reason in scripts/mutation_equivalent.toml are left out of the score. docs/mutation.md has the method and the
+scores (`make mutation`, `make mutation MODULES=stats,paged`, `python scripts/mutation.py --help`).
 """
 
 from __future__ import annotations
@@ -63,28 +54,26 @@ class Target:
 
 
 TARGETS = {
-    "stats": Target("kvbench/stats.py", ("tests/test_stats.py",)),
+    "stats": Target("kvbench/measure/stats.py", ("tests/test_stats.py",)),
     "attention": Target("kvbench/attention.py", ("tests/test_attention.py",)),
     # test_cache.py runs every kind on nine models (minutes): a kind's module is judged by its own kinds' cases
     "contiguous": Target("kvbench/cache/contiguous.py", ("tests/test_cache.py",), select=CONTIGUOUS_CASES),
     "paged": Target("kvbench/cache/paged.py", ("tests/test_paged.py",)),
     # test_decode.py's loops over every kind and family take minutes; check_equivalence drives every mode too
-    "gate": Target("kvbench/decode.py", ("tests/test_decode.py",), only=GATE,
+    "gate": Target("kvbench/workloads/decode.py", ("tests/test_decode.py",), only=GATE,
                    select="not follow_full_prefix and not footprint"),
-    "decode": Target("kvbench/decode.py", ("tests/test_decode.py",), skip=GATE, select="not follow_full_prefix"),
-    "sampling": Target("kvbench/sampling.py", ("tests/test_sampling.py",)),
-    # the scheduler has no file of its own: test_serving.py replays traces through it (the gate, budgets,
-    # sharing, cancellation) and test_admission.py watches its ledgers; the end-to-end CLI run and its report
-    # (5 s a mutant) adds nothing the direct replays do not check
-    "scheduler": Target("kvbench/scheduler.py", ("tests/test_serving.py", "tests/test_admission.py"),
+    "decode": Target("kvbench/workloads/decode.py", ("tests/test_decode.py",), skip=GATE,
+                     select="not follow_full_prefix"),
+    "sampling": Target("kvbench/measure/sampling.py", ("tests/test_sampling.py",)),
+    # the scheduler has no test file: test_serving.py replays traces through it, test_admission.py watches its ledgers
+    # (the CLI run, 5 s a mutant, checks nothing more of it); test_trace.py checks admission's reservations too
+    "scheduler": Target("kvbench/serving/scheduler.py", ("tests/test_serving.py", "tests/test_admission.py"),
                         select="not end_to_end"),
-    # test_trace.py checks what each kind reserves and the minimum budget beside test_admission.py's ledgers
-    "admission": Target("kvbench/admission.py", ("tests/test_admission.py", "tests/test_trace.py")),
-    "batch": Target("kvbench/cache/batch.py", ("tests/test_batch.py",)),
-    "trace": Target("kvbench/trace.py", ("tests/test_trace.py",)),
-    "quality": Target("kvbench/quality.py", ("tests/test_quality.py",)),
-    "serving_figures": Target("kvbench/serving_figures.py", ("tests/test_serving_figures.py",)),
-    "latency": Target("kvbench/latency.py", ("tests/test_latency.py",)),
+    "admission": Target("kvbench/serving/admission.py", ("tests/test_admission.py", "tests/test_trace.py")),
+    **{name: Target(path, (f"tests/test_{name}.py",)) for name, path in (  # each judged by its mirror test file
+        ("batch", "kvbench/cache/batch.py"), ("trace", "kvbench/serving/trace.py"),
+        ("quality", "kvbench/workloads/quality.py"), ("serving_figures", "kvbench/serving/figures.py"),
+        ("latency", "kvbench/measure/latency.py"))},
 }
 
 COMPARISONS = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,

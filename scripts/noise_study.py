@@ -23,10 +23,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kvbench import stats
+from kvbench.measure import stats
+from kvbench.measure.telemetry import tally
 from kvbench.record import RecordView
 from kvbench.report.comparison.compare import VERDICTS, compare_records
-from kvbench.telemetry import tally
 
 VARIANTS = {  # name -> kvbench run options; every run also uses --repeats ROTATIONS and the default grid
     "rotate": ["--order", "rotate", "--cpu", "none"],

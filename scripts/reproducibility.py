@@ -32,8 +32,8 @@ from pathlib import Path
 
 from antagonist import CONDITIONS, contended
 
-from kvbench import stats
 from kvbench.files import write_json_atomic
+from kvbench.measure import stats
 from kvbench.record import RecordView
 from kvbench.report.comparison.compare import FASTER, SLOWER, compare_records
 

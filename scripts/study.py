@@ -7,8 +7,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from kvbench import capture
 from kvbench.files import check_output, write_json_atomic
+from kvbench.measure import capture
 from kvbench.record import utc_now
 
 

@@ -12,8 +12,8 @@ import numpy as np
 
 from kvbench.cache import KINDS, expected_bytes, expected_cache_bytes
 from kvbench.config import DecoderConfig
+from kvbench.measure.timing import mode_orders
 from kvbench.record import RecordView, build_record
-from kvbench.timing import mode_orders
 
 NO_TELEMETRY = {"cpu_seconds": None, "voluntary_switches": None, "involuntary_switches": None,
                 "runqueue_seconds": None, "steal_seconds": None, "throttled_seconds": None, "cpu_start": None,
@@ -52,8 +52,8 @@ def check(mode: str, length: int, passed: bool = True) -> dict:
 
 
 def machine_probe(slower: float = 1.0, repeats: int = 5, spread: float = 0.01, seed: int = 0) -> dict:
-    """A machine probe of kvbench.machine's workloads, every one `slower` times its base time, with noise."""
-    from kvbench.machine import PROBE_CALLS
+    """A machine probe of kvbench.measure.machine's workloads, every one `slower` times its base time, with noise."""
+    from kvbench.measure.machine import PROBE_CALLS
 
     base = {"python": 0.02, "dispatch": 0.012, "matmul": 0.008, "copy": 0.006}
     return {"workloads": dict(PROBE_CALLS), "repeats": repeats,

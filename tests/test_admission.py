@@ -6,11 +6,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvbench import admission
+from kvbench.serving import admission
 from kvbench.cache import make_cache
 from kvbench.model import build_model, preset_config
-from kvbench.scheduler import Ledger, Scheduler, TokenSource, make_ledger
-from kvbench.trace import make_trace, parse_arrivals, parse_lengths
+from kvbench.serving.scheduler import Ledger, Scheduler, TokenSource, make_ledger
+from kvbench.serving.trace import make_trace, parse_arrivals, parse_lengths
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 CONFIG = preset_config("llama-tiny", vocab_size=64, max_length=224)

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from kvbench import asvtools
-from kvbench.decode import FULL, MODES
+from kvbench.workloads.decode import FULL, MODES
 
 ROOT = Path(__file__).resolve().parent.parent
 ASV = str(Path(sys.executable).with_name("asv"))
@@ -80,7 +80,7 @@ def make_project(root: Path) -> tuple[Path, str, str]:
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", "kvbench")
     first = git(repo, "rev-parse", "HEAD")
-    with open(repo / "kvbench" / "decode.py", "a") as handle:
+    with open(repo / "kvbench" / "workloads" / "decode.py", "a") as handle:
         handle.write(SLOWDOWN)
     git(repo, "commit", "-qam", "slower cached path")
     return repo, first, git(repo, "rev-parse", "HEAD")
@@ -159,7 +159,7 @@ def suites(monkeypatch, tmp_path):
     import benchmarks.speedup
 
     monkeypatch.setattr(benchmarks.common, "LENGTHS", (16,))
-    from kvbench.timing import Protocol
+    from kvbench.measure.timing import Protocol
 
     monkeypatch.setattr(benchmarks.speedup, "PROTOCOL", Protocol.fixed(3, warmup=0, control="none"))
     return benchmarks
@@ -205,7 +205,7 @@ def test_track_speedup_keeps_the_digits_its_interval_supports(suites, value, low
 def test_request_tracks_are_medians_rounded_to_their_interval(suites):
     import benchmarks.latency
 
-    from kvbench.stats import median_interval
+    from kvbench.measure.stats import median_interval
 
     bench = benchmarks.latency.TrackRequest()
     ttft = [1.0012345 + 0.01 * k for k in range(9)]  # ms; the median's 95% interval spans about ±0.03 ms
@@ -216,7 +216,7 @@ def test_request_tracks_are_medians_rounded_to_their_interval(suites):
 
 
 def test_the_half_width_is_handed_from_track_speedup_to_its_companion(suites, tmp_path):
-    from kvbench.stats import RatioEstimate
+    from kvbench.measure.stats import RatioEstimate
 
     common, ledger = suites.common, tmp_path / "ledger.json"
     ledger.write_text(json.dumps({"budget": 10.0, "spent": 0.0, "done": []}))
@@ -236,9 +236,9 @@ def test_modes_keep_their_indices(suites):
 def test_every_suite_runs_once(suites, capsys, monkeypatch):
     import torch
 
-    from kvbench import estimation, stats
+    from kvbench.measure import estimation, stats
     from kvbench.cache import expected_cache_bytes
-    from kvbench.decode import decode, token_ids
+    from kvbench.workloads.decode import decode, token_ids
 
     gate = suites.common.prepare()
     assert "no capture written" in capsys.readouterr().err  # not under asv: nothing to key it by

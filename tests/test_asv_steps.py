@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvbench import compiled
+from kvbench.models import compiled
 from kvbench.modes import spec
-from kvbench.workloads import Contexts
+from kvbench.workloads.workload import Contexts
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 ROOT = Path(__file__).resolve().parent.parent

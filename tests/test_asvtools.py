@@ -17,7 +17,8 @@ from asv.config import Config
 from asv.machine import MachineCollection
 from asv.runner import BenchmarkResult
 
-from kvbench import asvtools, capture, cli
+from kvbench import asvtools, cli
+from kvbench.measure import capture
 
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", "-c", "commit.gpgsign=false"]
 HOSTNAME = platform.uname().node

@@ -1,17 +1,18 @@
-"""kvbench.benchmark: one run end to end: the gate, memory, the sampled rotations, the A/A control, interrupts."""
+"""kvbench.workloads.benchmark: one run end to end: the gate, memory, the sampled rotations, the A/A control,
+interrupts."""
 
 from collections import Counter
 
 import pytest
 
-import kvbench.benchmark as benchmark_module
-import kvbench.decode as decode_module
-import kvbench.sampling as sampling_module
-from kvbench import machine
-from kvbench.benchmark import control_mode, run_benchmark
+import kvbench.measure.sampling as sampling_module
+import kvbench.workloads.benchmark as benchmark_module
+import kvbench.workloads.decode as decode_module
+from kvbench.measure import machine
+from kvbench.measure.timing import CONTROL, Protocol, mode_orders
 from kvbench.model import DecoderConfig, build_model
 from kvbench.record import build_record
-from kvbench.timing import CONTROL, Protocol, mode_orders
+from kvbench.workloads.benchmark import control_mode, run_benchmark
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +178,7 @@ def record_of(outcome, lengths, modes, protocol, workload, model):
 
 
 def test_a_request_run_times_every_step_and_records_the_latency_of_each_mode(tiny_model):
-    from kvbench.workloads import Request
+    from kvbench.workloads.workload import Request
 
     workload, modes = Request(prompt=9, generate=6), ["full", "static", "paged"]
     protocol = Protocol.fixed(3, warmup=0, control="auto")
@@ -198,7 +199,7 @@ def test_a_request_run_times_every_step_and_records_the_latency_of_each_mode(tin
 
 def test_a_contexts_run_times_a_window_of_steady_steps_after_each_context(tiny_model):
     from kvbench.record.meaning import check_workload
-    from kvbench.workloads import Contexts
+    from kvbench.workloads.workload import Contexts
 
     modes, protocol = ["full", "static", "quantized-int8"], Protocol.fixed(2, warmup=0, control="none")
     outcome = run_benchmark(tiny_model, [8, 20], modes, protocol, workload=Contexts())

@@ -21,9 +21,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvbench.cache import CACHE_KINDS, KINDS, expected_bytes, expected_cache_bytes, make_cache
-from kvbench.decode import compare_drift
 from kvbench.model import DecoderConfig, build_model, preset_config
 from kvbench.modes import spec
+from kvbench.workloads.decode import compare_drift
 
 TOLERANCE = dict(atol=1e-5, rtol=1e-5)
 SEED_CONFIG = DecoderConfig()

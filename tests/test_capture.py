@@ -1,4 +1,4 @@
-"""Contract tests for kvbench.capture: every promised key, every failure branch."""
+"""Contract tests for kvbench.measure.capture: every promised key, every failure branch."""
 
 import builtins
 import datetime
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import kvbench
-from kvbench import capture
+from kvbench.measure import capture
 
 ON_LINUX = sys.platform.startswith("linux")
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid",

@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 
-import kvbench.decode as decode_module
-import kvbench.gguf as kvgguf
-from kvbench import timing
+import kvbench.models.gguf as kvgguf
+import kvbench.workloads.decode as decode_module
+from kvbench.measure import timing
 from kvbench.cache import ConcatCache
 from kvbench.cli import build_parser, main, options, usage
 from kvbench.cli.run import check_run
 from kvbench.report.format import ms
 from kvbench.record import RECORD_SCHEMA, load_record
-from kvbench.trace import make_trace, parse_arrivals, parse_lengths
+from kvbench.serving.trace import make_trace, parse_arrivals, parse_lengths
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ["--modes", "full,concat", "--repeats", "2", "--warmup", "0", "--no-progress"]

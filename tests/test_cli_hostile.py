@@ -173,7 +173,7 @@ def test_a_failed_final_write_saves_the_record_elsewhere_and_says_where(tmp_path
 @pytest.mark.parametrize("signum, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_during_timing_keeps_the_completed_repetitions(tmp_path, signum, status):
     output = tmp_path / "rec.json"
-    done = with_signal_in("kvbench.sampling:time_observed", "run", *TINY, "--output", output, cwd=tmp_path,
+    done = with_signal_in("kvbench.measure.sampling:time_observed", "run", *TINY, "--output", output, cwd=tmp_path,
                           signals=(signum,), after=5)
     assert done.returncode == status, done.stderr
     record = load_record(output)
@@ -187,7 +187,7 @@ def test_a_signal_during_timing_keeps_the_completed_repetitions(tmp_path, signum
 def test_a_storm_of_signals_after_the_first_does_not_lose_the_record(tmp_path):
     """Ctrl-C, then Ctrl-C again and a `timeout` SIGTERM while the record is being saved."""
     output = tmp_path / "rec.json"
-    done = with_signal_in("kvbench.sampling:time_observed", "run", *TINY, "--output", output, cwd=tmp_path,
+    done = with_signal_in("kvbench.measure.sampling:time_observed", "run", *TINY, "--output", output, cwd=tmp_path,
                           signals=(signal.SIGINT,), after=3, storm=2.0)
     assert done.returncode == 130, done.stderr
     assert load_record(output)["status"] == "incomplete"
@@ -197,7 +197,7 @@ def test_a_storm_of_signals_after_the_first_does_not_lose_the_record(tmp_path):
 
 def test_a_signal_during_the_gate_keeps_the_lengths_already_checked(tmp_path):
     output = tmp_path / "rec.json"
-    done = with_signal_in("kvbench.decode:check_equivalence", "run", *TINY, "--output", output, cwd=tmp_path,
+    done = with_signal_in("kvbench.workloads.decode:check_equivalence", "run", *TINY, "--output", output, cwd=tmp_path,
                           after=3)  # the first mode of the second length
     assert done.returncode == 143, done.stderr
     record = load_record(output)
@@ -207,8 +207,8 @@ def test_a_signal_during_the_gate_keeps_the_lengths_already_checked(tmp_path):
 
 def test_a_signal_during_the_per_step_profile_keeps_every_repetition(tmp_path):
     output = tmp_path / "rec.json"
-    done = with_signal_in("kvbench.benchmark:per_step_seconds", "run", *TINY, "--per-step", "4", "--output", output,
-                          cwd=tmp_path)
+    done = with_signal_in("kvbench.workloads.benchmark:per_step_seconds", "run", *TINY, "--per-step", "4",
+                          "--output", output, cwd=tmp_path)
     assert done.returncode == 143, done.stderr
     record = load_record(output)
     assert len(record["repetitions"]) == 12 and record["status"] == "incomplete" and "per_step" not in record
@@ -245,7 +245,7 @@ def test_a_signal_while_kvbench_is_still_importing_ends_in_one_line(tmp_path, co
 
 def test_a_signal_during_the_environment_capture_says_nothing_was_written(tmp_path):
     output = tmp_path / "rec.json"
-    done = with_signal_in("kvbench.capture:collect_environment", "run", *TINY, "--output", output, cwd=tmp_path)
+    done = with_signal_in("kvbench.measure.capture:collect_environment", "run", *TINY, "--output", output, cwd=tmp_path)
     assert done.returncode == 143
     assert done.stderr.strip() == "kvbench: interrupted by SIGTERM; nothing was written"
     assert not output.exists()
@@ -349,7 +349,7 @@ def test_a_signal_from_outside_during_a_request_or_contexts_run_keeps_what_was_m
 def test_a_signal_at_the_fifth_sample_of_a_request_or_contexts_run_keeps_the_samples_before_it(tmp_path, kind,
                                                                                                signum):
     output = tmp_path / "rec.json"
-    done = with_signal_in("kvbench.sampling:time_observed", "run", *WORKLOADS[kind], "--repeats", "50",
+    done = with_signal_in("kvbench.measure.sampling:time_observed", "run", *WORKLOADS[kind], "--repeats", "50",
                           "--warmup", "0", "--output", output, cwd=tmp_path, signals=(signum,), after=5)
     assert done.returncode == 128 + signum, done.stderr
     record = assert_kept_and_marked_interrupted(output, kind, done.stderr, signum)
@@ -486,7 +486,7 @@ def test_every_renderer_escapes_what_a_record_carries():
     """Defence in depth: the schema refuses such names, and the layouts would not interpret them anyway."""
     from kvbench.report.record import html, markdown, model, terminal
     from kvbench.report.format import render_plain
-    from kvbench.stats import RatioEstimate
+    from kvbench.measure.stats import RatioEstimate
 
     nasty = "[bold red]x[/]<script>*_y_*\x1b[2J\x07"  # markup, HTML, markdown, a terminal clear and a bell
     row = model.Row(length=4, mode=nasty, samples=3, planned=3, median=1.0, q1=0.9, q3=1.1, is_baseline=False,

@@ -8,12 +8,13 @@ directory and use the smallest llama model; there are two of them (one per compi
 import pytest
 import torch
 
-from kvbench import compiled, requests
 from kvbench.cli import main
 from kvbench.config import preset_config
-from kvbench.decode import check_equivalence, token_ids
 from kvbench.kinds import cxx_compiler, require_compiled
 from kvbench.model import build_model
+from kvbench.models import compiled
+from kvbench.workloads import requests
+from kvbench.workloads.decode import check_equivalence, token_ids
 
 
 @pytest.fixture(scope="module")

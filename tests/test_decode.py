@@ -1,14 +1,19 @@
-"""kvbench.decode: predetermined ids, the two loops, and the equivalence gate (which must fail when it should)."""
+"""kvbench.workloads.decode: predetermined ids, the two loops, and the equivalence gate (which must fail when it
+should)."""
 
 import math
 
 import pytest
 import torch
 
-import kvbench.decode as decode_module
+import kvbench.workloads.decode as decode_module
 from kvbench.cache import CACHE_KINDS, KINDS, ConcatCache, expected_cache_bytes
 from kvbench.config import DTYPES
-from kvbench.decode import (
+from kvbench.kinds import DRIFTED, NOT_FINITE, REFERENCE_NOT_FINITE
+from kvbench.model import DecoderConfig, build_model
+from kvbench.modes import FULL, MODES, spec
+from kvbench.report.format import check_text
+from kvbench.workloads.decode import (
     cache_footprint,
     check_equivalence,
     check_modes,
@@ -21,10 +26,6 @@ from kvbench.decode import (
     token_ids,
     tolerances,
 )
-from kvbench.kinds import DRIFTED, NOT_FINITE, REFERENCE_NOT_FINITE
-from kvbench.model import DecoderConfig, build_model
-from kvbench.modes import FULL, MODES, spec
-from kvbench.report.format import check_text
 
 BROKEN_FROM = 3  # the step at which the broken caches below start to go wrong
 
@@ -537,7 +538,7 @@ def test_the_stepper_continues_forks_of_a_shared_paged_prefix_and_leaves_them_to
     """A serving scheduler's shape: one prompt prefix prefilled once into a pool, then forked per request; each
     fork is stepped by the one stepper from where it stands and stays the caller's (not released)."""
     from kvbench.cache import BlockPool, PagedCache
-    from kvbench.decode import steps
+    from kvbench.workloads.decode import steps
 
     config, shared = tiny_model.config, 10
     first, second = token_ids(config, 1, 24, seed=1), token_ids(config, 1, 24, seed=2)
@@ -560,14 +561,14 @@ def test_the_stepper_continues_forks_of_a_shared_paged_prefix_and_leaves_them_to
 
 @pytest.mark.parametrize("mode", ["full", "static"])
 def test_the_stepper_by_default_starts_from_one_token_and_yields_a_step_per_later_one(tiny_model, mode):
-    from kvbench.decode import steps
+    from kvbench.workloads.decode import steps
 
     ids = token_ids(tiny_model.config, 1, 6)
     logits = torch.stack([out for out, _ in steps(tiny_model, ids, mode)], dim=1)
     torch.testing.assert_close(logits, decode_full(tiny_model, ids, keep_logits=True), atol=1e-5, rtol=1e-5)
 
 def test_the_stepper_refuses_a_cache_it_cannot_continue(tiny_model):
-    from kvbench.decode import steps
+    from kvbench.workloads.decode import steps
 
     ids = token_ids(tiny_model.config, 1, 12)
     held = ConcatCache(tiny_model.config, 1, capacity=12)

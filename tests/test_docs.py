@@ -1,6 +1,8 @@
 """The docs agree with what kvbench does: the generated blocks are what `make report` writes now, the README
-stays short, and what it and docs/cli.md promise about paths holds."""
+stays short, what it and docs/cli.md promise about paths holds, and docs/architecture.md names every module
+that exists and none that does not."""
 
+import ast
 import importlib.util
 import re
 import shlex
@@ -161,3 +163,49 @@ def test_docs_cli_has_a_row_for_every_run_option_and_for_no_other():
     named = set(re.findall(r"--[a-z][a-z0-9-]*", " ".join(first_cells)))
     options = {action.option_strings[-1] for action in run_parser().actions() if action.dest != "help"}
     assert (sorted(options - named), sorted(named - options)) == ([], [])
+
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+
+
+def architecture_rows() -> list[tuple[list[str], str]]:
+    """The module table of docs/architecture.md: (the paths in a row's first cell, the rest of the row)."""
+    rows = []
+    for line in ARCHITECTURE.read_text().splitlines():
+        if line.startswith("| `kvbench/"):
+            first, _, rest = line[2:].partition(" | ")
+            rows.append((re.findall(r"`(kvbench/[\w/]*?(?:\.py|/))`", first), rest))
+    return rows
+
+
+def test_the_architecture_names_every_module_of_kvbench():
+    """A module file is named by its path, or by its name in its package's row (`timing` in `kvbench/measure/`'s);
+    a package's row names its __init__."""
+    named = set()
+    for paths, rest in architecture_rows():
+        for path in paths:
+            if path.endswith(".py"):
+                named.add(path)
+            else:
+                named |= {f"{path}__init__.py", *(f"{path}{word}.py" for word in re.findall(r"`(\w+)(?:\.py)?`", rest))}
+    files = {path.relative_to(ROOT).as_posix() for path in (ROOT / "kvbench").rglob("*.py")}
+    assert sorted(files - named) == []
+
+
+def test_every_module_path_the_architecture_names_exists():
+    """Every `kvbench/...` path, and every dotted `kvbench.x.y` name outside code blocks (where the old import
+    paths are shown), is a module or package that exists, or an attribute of one."""
+    text = ARCHITECTURE.read_text()
+    paths = set(re.findall(r"\bkvbench/[\w/-]+(?:\.\w+)?", text))
+    assert sorted(path for path in paths if not (ROOT / path).exists()) == []
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    package_names = {target.id for node in ast.parse((ROOT / "kvbench" / "__init__.py").read_text()).body
+                     if isinstance(node, ast.Assign) for target in node.targets if isinstance(target, ast.Name)}
+    missing = []
+    for name in set(re.findall(r"(?<![\w/.-])kvbench(?:\.\w+)+", prose)):
+        parts = name.split(".")
+        if parts[1] not in package_names and not any(
+                (ROOT / Path(*parts[:end])).with_suffix(".py").is_file() or (ROOT / Path(*parts[:end])).is_dir()
+                for end in range(2, len(parts) + 1)):
+            missing.append(name)
+    assert sorted(missing) == []

@@ -1,4 +1,5 @@
-"""kvbench.estimation: the clock a length's speedups are estimated on, chosen from its telemetry, and recorded."""
+"""kvbench.measure.estimation: the clock a length's speedups are estimated on, chosen from its telemetry, and
+recorded."""
 
 import copy
 
@@ -6,7 +7,7 @@ import numpy as np
 import pytest
 from records import NO_TELEMETRY, synthetic_record
 
-from kvbench import estimation, stats
+from kvbench.measure import estimation, stats
 from kvbench.record import RecordError, RecordView, validate_record
 
 

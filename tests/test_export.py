@@ -490,10 +490,11 @@ def test_output_checks(capsys, tmp_path):
 
 
 def medians_with_intervals(values: list[float]) -> tuple[float, float, float]:
-    """The median and its order-statistic interval, computed here from the raw values (not by kvbench.latency)."""
+    """The median and its order-statistic interval, computed here from the raw values (not by
+    kvbench.measure.latency)."""
     import statistics
 
-    from kvbench.stats import median_interval
+    from kvbench.measure.stats import median_interval
 
     return (statistics.median(values), *median_interval(values))
 

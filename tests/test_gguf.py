@@ -15,11 +15,11 @@ import hashlib
 import pytest
 import torch
 
-from kvbench import gguf as kvgguf
 from kvbench.cli import main
-from kvbench.decode import token_ids
-from kvbench.gguf_writer import add_shapes, gguf_tensors
 from kvbench.model import build_model, preset_config
+from kvbench.models import gguf as kvgguf
+from kvbench.models.gguf_writer import add_shapes, gguf_tensors
+from kvbench.workloads.decode import token_ids
 
 gguf = pytest.importorskip("gguf", reason="reading GGUF files needs the gguf extra (make venv installs it)")
 np = pytest.importorskip("numpy")
@@ -28,7 +28,7 @@ CONFIG = preset_config("llama-tiny", vocab_size=64, max_length=128, rope_scaling
 
 
 def write_gguf(path, model, architecture: str = "llama", tensors: dict | None = None, skip: tuple = ()):
-    """`model`'s weights as llama.cpp names and lays them out (kvbench.gguf_writer's tensors, with this file's
+    """`model`'s weights as llama.cpp names and lays them out (kvbench.models.gguf_writer's tensors, with this file's
     metadata); `tensors` replaces or adds raw ones."""
     config = model.config
     writer = gguf.GGUFWriter(str(path), architecture)

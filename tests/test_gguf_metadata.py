@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from kvbench import gguf as kvgguf
+from kvbench.models import gguf as kvgguf
 from kvbench.cli import main
-from kvbench.gguf_writer import write_gguf
+from kvbench.models.gguf_writer import write_gguf
 from kvbench.model import build_model, preset_config
 
 gguf = pytest.importorskip("gguf", reason="reading GGUF files needs the gguf extra (make venv installs it)")

@@ -1,4 +1,4 @@
-"""kvbench.gguf_writer: a model written as GGUF reads back through llama.cpp's own reader with the shapes,
+"""kvbench.models.gguf_writer: a model written as GGUF reads back through llama.cpp's own reader with the shapes,
 metadata and numbers llama.cpp expects; the q/k permutation and the rotary factors are checked against what
 they stand for (llama.cpp's adjacent-pair rotation, kvbench's scaled frequencies), not against themselves."""
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from kvbench.config import DecoderConfig, preset_config
-from kvbench.gguf_writer import gguf_tensors, permute, rope_factors, vocabulary, write_gguf
 from kvbench.model import build_model, llama3_frequencies
+from kvbench.models.gguf_writer import gguf_tensors, permute, rope_factors, vocabulary, write_gguf
 
 gguf = pytest.importorskip("gguf")
 
@@ -129,7 +129,7 @@ def test_vocabulary_fits_small_and_large_sizes():
 def test_kvbench_gguf_reads_the_written_file_to_equal_logits(tmp_path, monkeypatch):
     """The strongest check, when kvbench's GGUF reader is present: reading the file back (undoing the
     permutation) gives the original model's logits."""
-    reader = pytest.importorskip("kvbench.gguf")
+    reader = pytest.importorskip("kvbench.models.gguf")
     monkeypatch.setenv("KVBENCH_CACHE_DIR", str(tmp_path / "cache"))
     model = build_model(DecoderConfig.from_dict({**TINY, "qkv_bias": True}), seed=2)
     path = write_gguf(model, tmp_path / "tiny.gguf")

@@ -1,7 +1,7 @@
 """The oracle no one here wrote: kvbench's llama family against transformers' own models, same weights.
 
 transformers' LlamaForCausalLM, Qwen2ForCausalLM and MistralForCausalLM get exactly the
-weights of a kvbench model (kvbench.hf maps them) and must give the same logits, float32
+weights of a kvbench model (kvbench.models.hf maps them) and must give the same logits, float32
 within atol = rtol = 1e-5: over the whole prefix, and decoding through transformers'
 DynamicCache in chunks of every shape, on the scaled-down presets of each family. Every
 kvbench cache kind is held to transformers' full-prefix logits too, so the caches are
@@ -24,11 +24,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvbench import hf
 from kvbench.config import PlainConfig
-from kvbench.decode import decode_cached, token_ids
 from kvbench.model import build_model, preset_config
+from kvbench.models import hf
 from kvbench.modes import spec
+from kvbench.workloads.decode import decode_cached, token_ids
 
 transformers = pytest.importorskip("transformers", reason="the oracle needs the hf extra (make test installs it)")
 
@@ -220,7 +220,7 @@ def test_the_hf_extra_pins_the_version_kvbench_requires():
 def test_nothing_else_in_kvbench_imports_transformers():
     import ast
 
-    root = Path(hf.__file__).resolve().parent
+    root = Path(hf.__file__).resolve().parents[1]  # kvbench/, every package of it
     importers, at_top = set(), []
     for path in root.rglob("*.py"):
         tree = ast.parse(path.read_text())
@@ -231,15 +231,15 @@ def test_nothing_else_in_kvbench_imports_transformers():
                 importers.add(path.relative_to(root).as_posix())
                 if node in tree.body:
                     at_top.append(f"{path.name}:{node.lineno}")
-    # hf.py: transformers' caches and twin, inside require_transformers; peer.py: its continuous batching, the
-    # serving peer. Both import it inside the functions a comparison calls, never when the module is imported.
-    assert sorted(importers) == ["hf.py", "peer.py"] and at_top == []
+    # models/hf.py: transformers' caches and twin, inside require_transformers; serving/peer.py: its continuous
+    # batching, the serving peer. Both import it inside the functions a comparison calls, never at import.
+    assert sorted(importers) == ["models/hf.py", "serving/peer.py"] and at_top == []
 
 
 def test_importing_kvbench_hf_imports_no_transformers():
     import subprocess
 
-    code = "import sys, kvbench.hf, kvbench.model; print('transformers' in sys.modules)"
+    code = "import sys, kvbench.models.hf, kvbench.model; print('transformers' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
 
 
@@ -282,7 +282,7 @@ def tiny():
 
 @pytest.mark.parametrize("mode", ["hf-dynamic", "hf-static"])
 def test_transformers_exact_caches_pass_kvbenchs_gate_on_the_same_weights(tiny, mode):
-    from kvbench.decode import check_equivalence
+    from kvbench.workloads.decode import check_equivalence
 
     ids = ids_for(tiny, 24)
     result = check_equivalence(tiny, ids, ["full", mode])[mode]
@@ -297,7 +297,7 @@ QUANTIZED = [pytest.param("hf-quantized-int4", 4, marks=pytest.mark.skipif(not Q
 @pytest.mark.parametrize(("mode", "bits"), QUANTIZED)  # make test installs both extras
 def test_transformers_quantized_caches_are_judged_by_kvbenchs_limits_of_the_same_bits(tiny, mode, bits):
     from kvbench.cache import KINDS, expected_cache_bytes
-    from kvbench.decode import cache_footprint, check_equivalence
+    from kvbench.workloads.decode import cache_footprint, check_equivalence
 
     ids = ids_for(tiny, 200, batch=1)  # past the 128-position residual: codes are in use
     options = {mode: {"group_size": 32, "residual": 128}}
@@ -313,8 +313,8 @@ def test_transformers_quantized_caches_are_judged_by_kvbenchs_limits_of_the_same
 
 @pytest.mark.parametrize("mode", ["hf-dynamic", "hf-static"])
 def test_a_transformers_request_and_context_step_follow_the_full_prefix(tiny, mode):
-    from kvbench.decode import FULL, decode_full
-    from kvbench.requests import ContextSteps, check_context, request_logits
+    from kvbench.workloads.decode import FULL, decode_full
+    from kvbench.workloads.requests import ContextSteps, check_context, request_logits
 
     ids = ids_for(tiny, 20)
     full = decode_full(tiny, ids, keep_logits=True)
@@ -330,7 +330,7 @@ def test_a_transformers_request_and_context_step_follow_the_full_prefix(tiny, mo
 
 def test_a_transformers_cache_counts_the_bytes_of_its_tensors(tiny):
     from kvbench.cache import expected_cache_bytes
-    from kvbench.decode import cache_footprint
+    from kvbench.workloads.decode import cache_footprint
 
     ids = ids_for(tiny, 12, batch=1)
     dynamic = cache_footprint(tiny, ids, "hf-dynamic")

@@ -1,8 +1,8 @@
-"""kvbench.latency: every client-visible figure from raw per-step durations, checked by hand."""
+"""kvbench.measure.latency: every client-visible figure from raw per-step durations, checked by hand."""
 
 import pytest
 
-from kvbench import latency
+from kvbench.measure import latency
 
 
 def request(rotation, ttft, steps, mode="static"):
@@ -68,9 +68,9 @@ def test_the_matmul_floor_adds_each_product_of_a_forward_at_its_measured_rate_ro
 
 
 def test_round_limits_are_measured_once_per_round_beside_the_samples():
-    from kvbench.machine import RoundLimits
-    from kvbench.sampling import sample
-    from kvbench.timing import Protocol
+    from kvbench.measure.machine import RoundLimits
+    from kvbench.measure.sampling import sample
+    from kvbench.measure.timing import Protocol
 
     probe = RoundLimits([(1, 64, 32)], 1 << 20)
     found = probe()

@@ -93,7 +93,7 @@ def test_targets_are_ratios_of_per_token_medians():
 
 
 def test_verdict_reads_the_whole_interval():
-    from kvbench.stats import RatioEstimate
+    from kvbench.measure.stats import RatioEstimate
 
     assert layout_targets.verdict(RatioEstimate(0.6, 0.55, 0.68, 7), 0.70) == "yes"
     assert layout_targets.verdict(RatioEstimate(0.8, 0.75, 0.87, 7), 0.70) == "**no**"

@@ -1,12 +1,13 @@
-"""kvbench.memory: peak resident growth of one loop, and the probes it rests on."""
+"""kvbench.measure.memory: peak resident growth of one loop, and the probes it rests on."""
 
 import os
 
 import pytest
 
-from kvbench.decode import decode, token_ids
-from kvbench.memory import available_bytes, cgroup_headroom, memory_profile, peak_memory_growth, peak_rss
+from kvbench.measure.memory import available_bytes, cgroup_headroom, peak_memory_growth, peak_rss
 from kvbench.model import DecoderConfig, build_model
+from kvbench.workloads.decode import decode, token_ids
+from kvbench.workloads.workload import memory_profile
 
 
 def test_peak_rss_is_the_kernels_high_water_mark():
@@ -78,7 +79,7 @@ def test_the_run_estimate_counts_the_llama_familys_weights():
     """A preset that cannot fit is refused before it is built: its weights are counted from its shapes."""
     from kvbench.config import PlainConfig
     from kvbench.kinds import parameter_count
-    from kvbench.memory import estimate_run_bytes
+    from kvbench.measure.memory import estimate_run_bytes
 
     small = PlainConfig.from_preset("llama-tiny")
     model = build_model(DecoderConfig.from_preset("llama-tiny"), seed=0)

@@ -54,7 +54,7 @@ def test_forward_shapes_and_fresh_cache():
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
 def test_other_dtypes_run_and_match_cached(dtype):
-    from kvbench.decode import check_equivalence, token_ids
+    from kvbench.workloads.decode import check_equivalence, token_ids
 
     model = build_model(DecoderConfig(dtype=dtype), seed=0)
     ids = token_ids(model.config, 1, 12)

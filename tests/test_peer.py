@@ -8,13 +8,13 @@ import torch
 
 pytest.importorskip("transformers", reason="the peer needs the hf extra (make test installs it)")
 
-from kvbench import admission  # noqa: E402
 from kvbench.cli import main  # noqa: E402
 from kvbench.model import build_model, preset_config  # noqa: E402
-from kvbench.peer import PeerReplay, greedy_continuation, greedy_continuations, peer_gate  # noqa: E402
-from kvbench.scheduler import TokenSource  # noqa: E402
-from kvbench.serving import gate  # noqa: E402
-from kvbench.trace import make_trace, parse_arrivals, parse_lengths  # noqa: E402
+from kvbench.serving import admission  # noqa: E402
+from kvbench.serving.peer import PeerReplay, greedy_continuation, greedy_continuations, peer_gate  # noqa: E402
+from kvbench.serving.replay import gate  # noqa: E402
+from kvbench.serving.scheduler import TokenSource  # noqa: E402
+from kvbench.serving.trace import make_trace, parse_arrivals, parse_lengths  # noqa: E402
 
 LLAMA = preset_config("llama-tiny", vocab_size=128, max_length=96)
 MODEL = build_model(LLAMA, seed=0)

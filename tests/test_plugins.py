@@ -13,7 +13,7 @@ import torch
 from kvbench import modes
 from kvbench.cache import KINDS, StaticCache, make_cache, register_kind
 from kvbench.cli import main
-from kvbench.decode import check_equivalence, decode, known_modes, token_ids
+from kvbench.workloads.decode import check_equivalence, decode, known_modes, token_ids
 from kvbench.model import DecoderConfig, build_model
 from kvbench.plugins import load_plugin
 from kvbench.record import load_record

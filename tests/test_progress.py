@@ -1,15 +1,15 @@
 """Progress that shows life: kvbench.cli.progress driven by Progress events directly (no sleeping), and the
-estimates kvbench.benchmark puts in them, from a real run of the lab model."""
+estimates kvbench.workloads.benchmark puts in them, from a real run of the lab model."""
 
 import io
 
 import pytest
 from rich.console import Console
 
-from kvbench.benchmark import Progress, run_benchmark, span_seconds
 from kvbench.cli.progress import ProgressBar, duration_text
+from kvbench.measure.timing import Protocol
 from kvbench.model import DecoderConfig, build_model
-from kvbench.timing import Protocol
+from kvbench.workloads.benchmark import Progress, run_benchmark, span_seconds
 
 
 def bar(protocol=None, disabled=False):
@@ -116,7 +116,7 @@ def test_the_minimum_estimate_is_of_the_order_of_what_the_rotations_took(lab):
 
 
 def test_a_rotation_adds_the_loops_full_and_the_control_as_an_average_mode():
-    from kvbench.benchmark import rotation_seconds
+    from kvbench.workloads.benchmark import rotation_seconds
 
     assert rotation_seconds(0.3, 0.0, 3, False) == pytest.approx(0.3)
     assert rotation_seconds(0.3, 0.3, 3, True) == pytest.approx(0.8)  # (gate + full) * (1 + 1/3)

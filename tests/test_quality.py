@@ -1,4 +1,4 @@
-"""What a lossy cache does to text (kvbench.quality), on a tiny llama-family model: the figures are checked
+"""What a lossy cache does to text (kvbench.workloads.quality), on a tiny llama-family model: the figures are checked
 against their definitions computed here by hand, and the report renders them from a record."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 
-from kvbench import quality
 from kvbench.model import build_model, preset_config
 from kvbench.record import RecordView, validate_record
 from kvbench.report.record import markdown, terminal
 from kvbench.report.record.model import build_report
+from kvbench.workloads import quality
 
 CONFIG = preset_config("llama-tiny", vocab_size=96, max_length=256, rope_scaling=None, window=12, sinks=2)
 OPTIONS = {"quantized-int4": {"group_size": 4, "residual": 4}}
@@ -112,7 +112,7 @@ def t_interval(values, tolerance=1e-9):
 def test_every_figure_of_a_lossy_mode_by_hand(model, ids, measured):
     """int4 decoded a token a step and the window's full-prefix logits (with and without sinks), against the
     unwindowed forward: each chunk's figures, their means, maxima and the NLL difference's t interval."""
-    from kvbench.decode import decode
+    from kvbench.workloads.decode import decode
 
     unwindowed = quality.variant(model, window=None, window_pattern=None, sinks=0)
     pieces = ids.view(3, -1)

@@ -8,7 +8,7 @@ import torch
 from kvbench.cache import QuantizedCache, QuantizedInt4Cache, expected_cache_bytes, make_cache, quantized_cache_bytes
 from kvbench.modes import expected_bytes
 from kvbench.config import preset_config
-from kvbench.decode import check_equivalence, compare_drift, token_ids
+from kvbench.workloads.decode import check_equivalence, compare_drift, token_ids
 from kvbench.model import DecoderConfig, build_model
 
 SEED = DecoderConfig(max_length=512)

@@ -21,11 +21,11 @@ import json
 import pytest
 import torch
 
-from kvbench import corpus
-from kvbench import gguf as kvgguf
 from kvbench.cli import main
-from kvbench.decode import check_equivalence, decode_cached
 from kvbench.kinds import TRAINED_TOLERANCES
+from kvbench.models import corpus
+from kvbench.models import gguf as kvgguf
+from kvbench.workloads.decode import check_equivalence, decode_cached
 
 transformers = pytest.importorskip("transformers", reason="the oracle needs the hf extra (make test installs it)")
 pytest.importorskip("gguf", reason="reading GGUF files needs the gguf extra (make test installs it)")

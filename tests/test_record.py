@@ -6,7 +6,6 @@ import os
 
 import pytest
 
-from kvbench.decode import compare_logits
 from kvbench.record import (
     RECORD_SCHEMA,
     SCHEMA,
@@ -19,6 +18,7 @@ from kvbench.record import (
     validate_record,
     write_record,
 )
+from kvbench.workloads.decode import compare_logits
 
 SECONDS = {("full", 4): [1.0, 2.0, 3.0, 4.0], ("concat", 4): [0.5, 0.25, 1.0, 0.75],
            ("full", 8): [4.0, 4.0, 8.0, 6.0], ("concat", 8): [2.0, 1.0, 1.5, 3.0]}

@@ -270,7 +270,7 @@ def test_a_version_1_run_written_as_version_3_without_its_per_token_medians_load
 def test_the_gpt2_refusal_is_the_rule_run_applies():
     """One rule, stated once: the record's check says what `kvbench run --modes hf-static` says of gpt2."""
     from kvbench.config import PlainConfig
-    from kvbench.hf import hf_architecture
+    from kvbench.models.hf import hf_architecture
 
     with pytest.raises(ValueError) as run_says:
         hf_architecture(PlainConfig())

@@ -466,7 +466,7 @@ def test_across_machines_options_that_do_not_fit_are_refused(tmp_path, capsys, a
 def contended_record(cpu_slower: float, waits: float, probe: float, full_slower: float = 1.0, seed: int = 0):
     """The seed grid with thread CPU time `cpu_slower` times the base (full also `full_slower`), every sample
     waiting `waits` of its CPU time for a CPU, and a machine probe `probe` times slower."""
-    from kvbench import estimation, stats
+    from kvbench.measure import estimation, stats
     from kvbench.record.summary import summarize
 
     base = {("full", n): 0.002 * n / 16 for n in (16, 32)} | {("static", n): 0.001 * n / 16 for n in (16, 32)}

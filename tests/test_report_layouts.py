@@ -9,9 +9,9 @@ from html.parser import HTMLParser
 import pytest
 from records import scaling_seconds, synthetic_record, view
 
-from kvbench import stats
 from kvbench.cli import main
 from kvbench.config import preset_config
+from kvbench.measure import stats
 from kvbench.record import write_record
 from kvbench.report.format import BEGIN_MARKER, END_MARKER, splice
 from kvbench.report.record import html, markdown, plots, terminal

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from records import noisy, synthetic_record, view
 
-from kvbench import stats
+from kvbench.measure import stats
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))  # it imports its sibling scripts/antagonist.py

@@ -1,4 +1,4 @@
-"""kvbench.requests: a request and a context step, teacher-forced, every kind against the full prefix."""
+"""kvbench.workloads.requests: a request and a context step, teacher-forced, every kind against the full prefix."""
 
 import time
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from kvbench.cache import CACHE_KINDS, KINDS, ConcatCache
-from kvbench.decode import FULL, decode_full, token_ids
-from kvbench.requests import ContextSteps, check_context, check_request, request_logits, time_request
+from kvbench.workloads.decode import FULL, decode_full, token_ids
+from kvbench.workloads.requests import ContextSteps, check_context, check_request, request_logits, time_request
 from kvbench.modes import spec
 
 EXACT = [kind for kind in CACHE_KINDS if spec(kind).exact]
@@ -58,7 +58,7 @@ def test_each_step_runs_from_the_end_of_the_one_before(tiny_model, monkeypatch):
     """A clock whose k-th reading is k * (k + 1) / 2 ms: the k-th step took exactly k ms."""
     from types import SimpleNamespace
 
-    from kvbench import requests
+    from kvbench.workloads import requests
 
     readings = iter(k * (k + 1) // 2 * 1_000_000 for k in range(100))
     monkeypatch.setattr(requests, "time", SimpleNamespace(perf_counter_ns=lambda: next(readings)))
@@ -101,9 +101,9 @@ def test_a_contexts_sample_times_the_steady_steps_only_not_the_cache_its_prefill
 
     from kvbench import modes
     from kvbench.cache import StaticCache
-    from kvbench.sampling import sample
-    from kvbench.timing import Protocol
-    from kvbench.workloads import Contexts
+    from kvbench.measure.sampling import sample
+    from kvbench.measure.timing import Protocol
+    from kvbench.workloads.workload import Contexts
 
     class Ponderous(StaticCache):
         released = 0

@@ -1,4 +1,4 @@
-"""kvbench.sampling: rounds over the lengths, whole rotations, and the rule that stops each length.
+"""kvbench.measure.sampling: rounds over the lengths, whole rotations, and the rule that stops each length.
 
 The timed calls are replaced by a script of durations, so that every stopping rule is
 reached on purpose: the fixed protocol, "precise", the cap, the budget, an interrupt.
@@ -10,10 +10,10 @@ import itertools
 
 import pytest
 
-import kvbench.sampling as sampling
-from kvbench.sampling import Sampling, sample, stop_reason, watched_half_widths
-from kvbench.telemetry import FIELDS
-from kvbench.timing import Protocol, Sample, rotation_order
+import kvbench.measure.sampling as sampling
+from kvbench.measure.sampling import Sampling, sample, stop_reason, watched_half_widths
+from kvbench.measure.telemetry import FIELDS
+from kvbench.measure.timing import Protocol, Sample, rotation_order
 
 
 @pytest.fixture
@@ -133,7 +133,7 @@ def test_stop_reason_follows_the_rule_in_its_order():
 
 
 def test_half_widths_are_those_of_the_speedups_the_report_prints():
-    from kvbench import stats
+    from kvbench.measure import stats
 
     samples = [Sample(mode, 4, r, 0, seconds) for r in range(15)
                for mode, seconds in (("full", 2.0 + 0.01 * r), ("static", 1.0 + 0.003 * (r % 4)))]

@@ -9,14 +9,14 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvbench import admission
 from kvbench.cache import BlockPool, PagedCache, make_cache
 from kvbench.cache.batch import BatchedCache
 from kvbench.cli import main
 from kvbench.model import DecoderConfig, build_model, preset_config
-from kvbench.scheduler import Scheduler, TokenSource, make_ledger
-from kvbench.serving import gate
-from kvbench.trace import Trace, TraceRequest, make_trace, parse_arrivals, parse_lengths, trace_from_dict
+from kvbench.serving import admission
+from kvbench.serving.replay import gate
+from kvbench.serving.scheduler import Scheduler, TokenSource, make_ledger
+from kvbench.serving.trace import Trace, TraceRequest, make_trace, parse_arrivals, parse_lengths, trace_from_dict
 
 LLAMA = preset_config("llama-tiny", vocab_size=128, max_length=96)
 

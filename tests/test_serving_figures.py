@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvbench import serving_figures
+from kvbench.serving import figures as serving_figures
 
 # Three requests: the middle one gets a single token (no TPOT, no ITL, no CPU step); the last one's first CPU
 # time (2.0) is below an earlier request's last (1.25 < 2.0 < 2.5), so the CPU makespan is read at the last token.

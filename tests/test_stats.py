@@ -1,4 +1,4 @@
-"""kvbench.stats against cases whose answers are known."""
+"""kvbench.measure.stats against cases whose answers are known."""
 
 import math
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from records import noisy
 
-from kvbench import stats
+from kvbench.measure import stats
 
 # --- paired speedup (within one record) ---------------------------------------------------
 

@@ -1,7 +1,8 @@
-"""The shape of the code, checked: imports run one way, no cycles, rooms a newcomer can read.
+"""The shape of the code, checked: imports run down the layers, no cycles, rooms a newcomer can read,
+the new import paths in kvbench's own code and the old ones still working for everybody else's.
 
-Every module of kvbench is parsed with `ast`, imports inside functions included, so a
-cycle cannot hide behind a late import.
+Every module of kvbench is parsed with `ast`, imports inside functions included, so neither a
+cycle nor an import up the layers can hide behind a late import.
 """
 
 from __future__ import annotations
@@ -29,7 +30,10 @@ MODULES = {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
 
 def imported_modules(name: str, path: Path) -> set[str]:
     """kvbench modules that `name` imports anywhere in its file (a `from x import y` of a
-    submodule y counts as an import of x.y)."""
+    submodule y counts as an import of x.y). A module's own packages are left out: they are
+    imported before it runs, whatever it writes, so naming one (`from kvbench.serving import
+    admission` in kvbench.serving.scheduler) adds no dependency; a package's `__getattr__`
+    that imports one of its modules on first use (kvbench.serving) is then no cycle."""
     found = set()
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     for node in ast.walk(ast.parse(path.read_text())):
@@ -41,7 +45,7 @@ def imported_modules(name: str, path: Path) -> set[str]:
                 base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
             found.add(base)
             found.update(f"{base}.{alias.name}" for alias in node.names)
-    return {module for module in found if module in MODULES and module != name}
+    return {module for module in found if module in MODULES and module != name and not name.startswith(module + ".")}
 
 
 GRAPH = {name: imported_modules(name, path) for name, path in MODULES.items()}
@@ -68,6 +72,59 @@ def test_no_import_cycle():
     for module in MODULES:
         if module not in state:
             visit(module, [module])
+
+
+# The layers, bottom up. A module may import modules of its own layer and of the layers listed before it, never
+# of one listed after it, imports inside functions included (docs/architecture.md says why each sits where it does).
+LAYERS = (
+    ("kvbench", "kvbench.config", "kvbench.kinds", "kvbench.modes", "kvbench.files", "kvbench.budget",
+     "kvbench.plugins"),  # the floor: configuration, the modes as data, files; torch-free
+    ("kvbench.measure",),  # the protocol, timing, sampling, telemetry, statistics, the environment: no model
+    ("kvbench.attention",),
+    ("kvbench.cache",),
+    ("kvbench.model",),
+    ("kvbench.models",),  # transformers', GGUF files, the corpus, compiled steps: other people's models
+    ("kvbench.workloads",),  # the loops, the gate, requests, contexts, one run end to end, quality
+    ("kvbench.serving",),  # many requests under a budget
+    ("kvbench.record", "kvbench.asvtools"),  # what a run leaves: the record, asv's captures
+    ("kvbench.report",),
+    ("kvbench.export",),
+    ("kvbench.cli", "kvbench.__main__"),
+)
+
+
+def layer_of(module: str) -> int:
+    found = [index for index, layer in enumerate(LAYERS) for top in layer
+             if module == top or (top != "kvbench" and module.startswith(top + "."))]
+    assert len(found) == 1, f"{module} must be in one layer of LAYERS, found in {len(found)}"
+    return found[0]
+
+
+def test_every_module_has_one_layer():
+    """A new module or package takes its place in LAYERS, and then the order holds for it too."""
+    for module in MODULES:
+        layer_of(module)
+    assert sorted(name for layer in LAYERS for name in layer if name not in MODULES) == []
+
+
+def test_imports_run_down_the_layers_never_up():
+    upward = [f"{module} (layer {layer_of(module)}) imports {target} (layer {layer_of(target)})"
+              for module, targets in sorted(GRAPH.items()) for target in sorted(targets)
+              if layer_of(target) > layer_of(module)]
+    assert upward == []
+
+
+def test_the_layer_check_sees_a_late_import_upward(tmp_path):
+    late = tmp_path / "timing.py"
+    late.write_text("def profile():\n    from kvbench.workloads.decode import steps\n")
+    targets = imported_modules("kvbench.measure.timing", late)
+    assert targets == {"kvbench.workloads.decode"} and layer_of("kvbench.workloads.decode") > layer_of(
+        "kvbench.measure.timing")
+
+
+def test_the_top_level_stays_small():
+    """Packages by concern: at most 12 modules at the top of kvbench/, __init__ and __main__ counted."""
+    assert len(list(PACKAGE.glob("*.py"))) <= 12
 
 
 def test_nothing_imports_the_cli():
@@ -139,3 +196,129 @@ def test_modes_are_not_switched_on_by_name_outside_the_registry():
                     if "#" not in line and "#" not in lines[number - 1]:  # the why, on its line or the one above
                         unexplained.append(found[-1])
     assert len(found) <= 3 and unexplained == [], found
+
+
+def old_paths(path: Path) -> list[str]:
+    """Where a file names a module by a path kvbench.MOVED or kvbench.PACKAGES retired: an import of it, an
+    import of an old module's name from the package it became, or a "module:attribute" string. In benchmarks/,
+    the fallback of a guarded import (inside `except ImportError`) is allowed: asv runs today's suites on
+    commits from before the packages."""
+    import importlib
+
+    import kvbench
+
+    forwarded = {f"{package}.{name}" for package in kvbench.PACKAGES
+                 for name in importlib.import_module(package).OLD_NAMES}
+    tree = ast.parse(path.read_text())
+    fallbacks = set()
+    if path.is_relative_to(ROOT / "benchmarks"):
+        fallbacks = {id(inner) for node in ast.walk(tree) if isinstance(node, ast.ExceptHandler)
+                     and node.type is not None and "ImportError" in ast.unparse(node.type) for inner in ast.walk(node)}
+    found = []
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and re.fullmatch(r"kvbench[\w.]*:\w+",
+                                                                                            node.value):
+            names = [node.value.partition(":")[0]]
+        if id(node) not in fallbacks:
+            found += [f"{path.name}:{node.lineno}: {name}" for name in names
+                      if name in kvbench.MOVED or name in forwarded]
+    return found
+
+
+@pytest.mark.parametrize("root", ["kvbench", "scripts", "benchmarks"])
+def test_the_code_uses_the_new_paths(root):
+    """kvbench/, scripts/ and benchmarks/ import every module where it is now (kvbench.MOVED keeps the old
+    names for other people's code); kvbench/__init__.py, which names the old paths to keep them, aside."""
+    files = [path for path in sorted((ROOT / root).rglob("*.py")) if path != PACKAGE / "__init__.py"]
+    assert [f"{path.parent.relative_to(ROOT)}/{place}" for path in files for place in old_paths(path)] == []
+
+
+def test_the_old_paths_check_sees_every_way_of_writing_one(tmp_path):
+    code = tmp_path / "old.py"
+    code.write_text("from kvbench import decode, config\nimport kvbench.timing as t\nfrom kvbench.serving import gate\n"
+                    "from kvbench.workloads import requests, Contexts\nSTEPPER = 'kvbench.hf:steps'\n"
+                    "def late():\n    from kvbench.stats import median_interval\n"
+                    "from kvbench.measure import stats\nfrom kvbench.serving import trace\n")
+    assert sorted(place.partition(": ")[2] for place in old_paths(code)) == [
+        "kvbench.decode", "kvbench.hf", "kvbench.serving.gate", "kvbench.stats", "kvbench.timing",
+        "kvbench.workloads.Contexts"]
+
+
+# -- old import paths (kvbench.MOVED): the tests below write them on purpose ---------------------------------------
+
+OLD_PATHS_PROBE = """
+import sys
+from kvbench.decode import run_gate
+from kvbench import timing
+import kvbench.serving, kvbench.trace
+from kvbench.workloads import Contexts
+from kvbench.serving import trace as new_trace
+from kvbench.timing import per_step_seconds
+from kvbench.memory import memory_profile
+import kvbench.workloads.decode, kvbench.measure.timing
+assert run_gate is kvbench.workloads.decode.run_gate and timing is kvbench.measure.timing
+assert kvbench.serving.gate.__module__ == "kvbench.serving.replay"
+assert Contexts.__module__ == "kvbench.workloads.workload"
+assert kvbench.trace is new_trace is sys.modules["kvbench.serving.trace"]
+assert per_step_seconds.__module__ == "kvbench.workloads.benchmark"
+assert memory_profile.__module__ == "kvbench.workloads.workload"
+print(sorted(name for name in sys.modules if name.startswith("kvbench")))
+"""
+
+
+def test_every_moved_module_imports_under_its_old_name_as_the_same_module():
+    import importlib
+    import sys
+
+    import kvbench
+
+    for old, new in kvbench.MOVED.items():
+        module = importlib.import_module(old)
+        assert module is importlib.import_module(new) is sys.modules[old] is sys.modules[new], old
+        assert module.__name__ == module.__spec__.name == new  # its own name, not the alias
+        assert getattr(kvbench, old.rpartition(".")[2]) is module  # `kvbench.decode`, read as an attribute
+        place = ROOT / Path(*old.split("."))
+        assert not place.with_suffix(".py").exists() and not place.is_dir(), f"{old}: a file is left at the old place"
+    for old, new in kvbench.PACKAGES.items():
+        assert (ROOT / Path(*old.split(".")) / "__init__.py").is_file() and new in MODULES
+
+
+def test_an_old_module_keeps_its_names():
+    """The old module's names: under a package that was a module, and those that moved up a layer."""
+    import importlib
+
+    import kvbench
+
+    for package, module in kvbench.PACKAGES.items():
+        package, module = importlib.import_module(package), importlib.import_module(module)
+        assert package.OLD_NAMES and all(getattr(package, name) is getattr(module, name) for name in package.OLD_NAMES)
+        with pytest.raises(AttributeError):
+            package.no_such_name  # noqa: B018
+    for old, names in kvbench.MOVED_NAMES.items():
+        for name, new in names.items():
+            assert getattr(importlib.import_module(old), name) is getattr(importlib.import_module(new), name)
+
+
+def test_old_paths_resolve_in_a_fresh_interpreter_without_loading_more_than_they_name():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", OLD_PATHS_PROBE], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    loaded = set(eval(done.stdout))
+    assert "kvbench.serving.replay" in loaded and "kvbench.cli" not in loaded
+
+
+def test_a_patch_through_an_old_path_patches_the_module_itself():
+    from unittest import mock
+
+    from kvbench.measure import timing
+
+    with mock.patch("kvbench.timing.time_call", lambda run: -1.0):
+        assert timing.time_call(None) == -1.0

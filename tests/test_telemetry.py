@@ -1,4 +1,4 @@
-"""kvbench.telemetry: every counter read from canned kernel text, failure branches, the disturbance rules."""
+"""kvbench.measure.telemetry: every counter read from canned kernel text, failure branches, the disturbance rules."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-import kvbench.telemetry as telemetry
-from kvbench.telemetry import FIELDS, Counters, Reading, disturbances, tally
+import kvbench.measure.telemetry as telemetry
+from kvbench.measure.telemetry import FIELDS, Counters, Reading, disturbances, tally
 
 
 def descriptor_of(tmp_path, name: str, text: str) -> int:

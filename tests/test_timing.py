@@ -1,4 +1,4 @@
-"""kvbench.timing: the protocol's settings, one timed call, mode orders, threads and CPU pinning."""
+"""kvbench.measure.timing: the protocol's settings, one timed call, mode orders, threads and CPU pinning."""
 
 import gc
 import os
@@ -8,18 +8,10 @@ from collections import Counter
 import pytest
 import torch
 
-from kvbench.decode import MODES, token_ids
-from kvbench.telemetry import FIELDS, Counters
-from kvbench.timing import (
-    Protocol,
-    mode_orders,
-    per_step_seconds,
-    pin_cpu,
-    rotation_order,
-    set_threads,
-    time_call,
-    time_observed,
-)
+from kvbench.measure.telemetry import FIELDS, Counters
+from kvbench.measure.timing import Protocol, mode_orders, pin_cpu, rotation_order, set_threads, time_call, time_observed
+from kvbench.workloads.benchmark import per_step_seconds
+from kvbench.workloads.decode import MODES, token_ids
 
 # -- the protocol's settings ------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""kvbench.trace and kvbench.admission: seeded traces, their checks, and what a request costs a budget."""
+"""kvbench.serving.trace and kvbench.serving.admission: seeded traces, their checks, and what a request costs a
+budget."""
 
 import json
 import math
@@ -6,10 +7,10 @@ import statistics
 
 import pytest
 
-from kvbench import admission
 from kvbench.config import PlainConfig
-from kvbench.trace import (PUBLISHED_MEANS, Trace, TraceRequest, check_rate, check_spec, make_trace, parse_arrivals,
-                           parse_lengths, trace_from_dict)
+from kvbench.serving import admission
+from kvbench.serving.trace import (PUBLISHED_MEANS, Trace, TraceRequest, check_rate, check_spec, make_trace,
+                                   parse_arrivals, parse_lengths, trace_from_dict)
 
 CONFIG = PlainConfig.from_preset("llama-mini")
 
@@ -49,7 +50,7 @@ def test_a_large_drawn_trace_has_the_papers_means(lengths, mean_in, mean_out):
 def test_every_request_draws_its_own_ids_from_the_trace_seed():
     """scheduler.TokenSource: the same (seed, request) gives the same ids; another seed or another request, others;
     the shared prefix is the same ids for every request that carries it."""
-    from kvbench.scheduler import TokenSource
+    from kvbench.serving.scheduler import TokenSource
 
     trace = make_trace(spec("fixed:24,8", requests=3, prefix=8), seed=0, max_positions=CONFIG.max_length)
     first, second = trace.requests[:2]
@@ -193,7 +194,7 @@ def test_a_trace_file_holds_no_more_requests_than_a_run_may_draw():
 
 
 def test_a_file_of_too_many_requests_is_refused_before_one_is_built(monkeypatch):
-    from kvbench import trace as module
+    from kvbench.serving import trace as module
 
     def built(**row):
         raise AssertionError("a request was built from a file that holds too many")

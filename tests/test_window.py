@@ -7,7 +7,7 @@ import torch
 
 from kvbench.cache import WindowCache, expected_cache_bytes, make_cache
 from kvbench.modes import expected_bytes
-from kvbench.decode import check_equivalence, token_ids
+from kvbench.workloads.decode import check_equivalence, token_ids
 from kvbench.model import DecoderConfig, build_model, preset_config
 
 CONFIG = DecoderConfig(window=8, max_length=256)

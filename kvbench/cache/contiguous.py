@@ -59,7 +59,7 @@ class StaticCache(Cache):
 
     def __init__(self, config: DecoderConfig, batch: int = 1, capacity: int | None = None, spare: int = 0) -> None:
         super().__init__(config, batch, capacity)
-        # `spare` positions beyond the capacity are never valid (kvbench.compiled: no span is the whole buffer)
+        # `spare` positions beyond the capacity are never valid (kvbench.models.compiled: no span is the whole buffer)
         shape = (batch, config.kv_heads, self.capacity + spare, config.head_dim)
         self._key_buffers = [torch.zeros(shape, dtype=config.dtype) for _ in range(config.layers)]
         self._value_buffers = [torch.zeros(shape, dtype=config.dtype) for _ in range(config.layers)]
@@ -73,7 +73,7 @@ class StaticCache(Cache):
 
     def buffers(self, layer: int) -> tuple[Tensor, Tensor]:
         """One layer's whole key and value storage (B, KVH, capacity, D), for a step that writes it in place
-        (kvbench.compiled); positions from `length` on are not valid."""
+        (kvbench.models.compiled); positions from `length` on are not valid."""
         return self._key_buffers[layer], self._value_buffers[layer]
 
     def keys(self, layer: int = 0) -> Tensor:

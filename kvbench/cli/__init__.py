@@ -28,7 +28,7 @@ from kvbench.cli.run import cmd_run
 from kvbench.cli.serve import cmd_compare_any, cmd_report_any
 from kvbench.files import OutputExistsError
 from kvbench.report.format import visible
-from kvbench.signals import Interrupted, SignalGuard
+from kvbench.measure.signals import Interrupted, SignalGuard
 
 __all__ = ["COMMANDS", "CliError", "build_parser", "main"]
 

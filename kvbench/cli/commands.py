@@ -13,12 +13,13 @@ import os
 import sys
 from pathlib import Path
 
-from kvbench import capture, files
+from kvbench import files
 from kvbench.budget import BudgetError, model_budget
 from kvbench.cli.options import PLOT_SUFFIXES, REPOSITORY_VARIABLE
 from kvbench.cli.parser import CliError
 from kvbench.config import PlainConfig
 from kvbench.files import write_bytes_atomic
+from kvbench.measure import capture
 from kvbench.record import RecordView
 from kvbench.report.budget import budget_renderables
 from kvbench.report.comparison import compare

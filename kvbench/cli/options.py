@@ -1,7 +1,7 @@
 """The command line's surface: the parser, its option groups and argument types, one error type.
 
 Every default comes from where it is defined once (the protocol's from
-kvbench.timing.Protocol, the comparison's from kvbench.report.comparison.compare), and `--help`
+kvbench.measure.timing.Protocol, the comparison's from kvbench.report.comparison.compare), and `--help`
 shows it. Argument types reject a value with one line naming what was given.
 """
 
@@ -19,11 +19,11 @@ from kvbench.cli.parser import DIGITS, Parser, integer
 from kvbench.cli.serving_options import add_serving_options
 from kvbench.config import DTYPE_NAMES, PRESETS, WINDOW_PATTERNS
 from kvbench.export import FORMATS as EXPORT_FORMATS
-from kvbench.gguf import PACKAGED
 from kvbench.kinds import GROUP_SIZE, KIND_NAME, RESIDUAL
+from kvbench.measure.timing import DEFAULT_LENGTHS, ORDERS, Protocol
+from kvbench.models.gguf import PACKAGED
 from kvbench.modes import DEFAULT_MODES, HF_MODES, MODES
 from kvbench.report.comparison.compare import ALPHA, FACTOR
-from kvbench.timing import DEFAULT_LENGTHS, ORDERS, Protocol
 
 REPORT_FORMATS = ("text", "markdown", "html")
 COMPARE_FORMATS = ("text", "markdown")

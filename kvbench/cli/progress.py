@@ -8,10 +8,10 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from kvbench.timing import Protocol
+from kvbench.measure.timing import Protocol
 
-if TYPE_CHECKING:  # kvbench.benchmark imports torch; a cheap command must not
-    from kvbench.benchmark import Progress
+if TYPE_CHECKING:  # kvbench.workloads.benchmark imports torch; a cheap command must not
+    from kvbench.workloads.benchmark import Progress
 
 UNTIMED = ("reference", "check")  # stages that time nothing: the display may redraw itself while they run
 

@@ -11,7 +11,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from kvbench import kinds, memory, modes, plugins, record, timing
+from kvbench import kinds, modes, plugins, record
+from kvbench.measure import memory, timing
 from kvbench.cli.commands import check_output, config_from_args
 from kvbench.cli.parser import CliError, did_you_mean
 from kvbench.cli.progress import ProgressBar
@@ -21,7 +22,7 @@ from kvbench.config import DecoderConfig, PlainConfig
 from kvbench.report.record import model as report_model
 from kvbench.report.record import terminal
 from kvbench.report.format import format_bytes, stdout_console
-from kvbench.timing import Protocol
+from kvbench.measure.timing import Protocol
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -31,7 +32,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.workload_name in SERVED:
         return cmd_serve(args, checked)
     config, protocol, output = checked
-    from kvbench import benchmark, capture, workloads
+    from kvbench.measure import capture
+    from kvbench.workloads import benchmark
+    from kvbench.workloads import workload as workloads
 
     in_effect = {"threads_in_effect": timing.set_threads(protocol.threads),  # before any torch work
                  "cpu_in_effect": timing.pin_cpu(protocol.cpu)}
@@ -43,7 +46,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         outcome = benchmark.run_benchmark(model, args.lengths, args.modes, protocol, on_progress=on_progress,
                                           options=args.cache_options, workload=workload, ids=ids)
     if args.quality is not None and not outcome.interrupted:  # after the timing, which it must not disturb
-        from kvbench import corpus, quality
+        from kvbench.models import corpus
+        from kvbench.workloads import quality
 
         text = corpus.corpus_ids(tokenizer, 1, args.quality * QUALITY_CHUNKS)
         sections["quality"] = quality.measure(model, text, args.modes, tokenizer, args.cache_options, QUALITY_CHUNKS)
@@ -95,7 +99,7 @@ def load_model(args: argparse.Namespace, config: PlainConfig, protocol: Protocol
         from kvbench.model import build_model
 
         return build_model(DecoderConfig.from_dict(config.to_dict()), seed=protocol.seed), None, None, {}
-    from kvbench import corpus, gguf
+    from kvbench.models import corpus, gguf
 
     positions = max(workload.positions(n) for n in [*args.lengths, protocol.per_step_length or 1])
     model, ids, tokenizer, described = gguf.load(args.real_model, config, protocol.batch, positions)
@@ -159,7 +163,7 @@ def model_config(args: argparse.Namespace) -> PlainConfig:
         given.append("--preset")
     if len(given) > 1:
         raise CliError(f"{given[0]} fixes the model's shapes: it cannot be combined with {', '.join(given[1:])}")
-    from kvbench import gguf
+    from kvbench.models import gguf
 
     try:
         path = gguf.packaged_path(args.model) if args.model else args.gguf

@@ -7,7 +7,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from kvbench import admission, files, memory, record, timing, trace
+from kvbench import files, record
+from kvbench.measure import memory, timing
+from kvbench.serving import admission, trace
 from kvbench.cli.commands import (
     check_compare_arguments,
     check_output,
@@ -85,7 +87,7 @@ def serving_settings(args: argparse.Namespace, config, kinds: list[str]) -> dict
 def check_peer(config, served: trace.Trace) -> None:
     """The peer runs transformers' model of the same weights: the llama family, the pinned transformers, and
     arrivals it can be handed in order (all, poisson)."""
-    from kvbench import hf
+    from kvbench.models import hf
 
     try:
         hf.hf_architecture(config)
@@ -188,14 +190,15 @@ def cmd_serve(args: argparse.Namespace, checked: tuple) -> int:
     config, kinds, served, budget, settings, protocol, minimum, output = checked
     if args.save_trace is not None:
         files.write_json_atomic(served.to_dict(), args.save_trace, args.force)
-    from kvbench import capture, serving
+    from kvbench.measure import capture
+    from kvbench.serving import replay as serving
     from kvbench.config import DecoderConfig
     from kvbench.model import build_model
 
     in_effect = {"threads_in_effect": timing.set_threads(protocol.threads), "cpu_in_effect": timing.pin_cpu(protocol.cpu)}
     environment = capture.collect_environment()
     model = build_model(DecoderConfig.from_dict(config.to_dict()), seed=protocol.seed)
-    from kvbench.sampling import Sampling
+    from kvbench.measure.sampling import Sampling
 
     state, checks, interrupted = Sampling(), {}, False
     try:

@@ -6,8 +6,8 @@ import argparse
 import math
 from pathlib import Path
 
-from kvbench import admission
 from kvbench.cli.parser import integer
+from kvbench.serving import admission
 
 DEFAULT_KINDS = ("static", "paged")
 DEFAULT_REQUESTS = 16

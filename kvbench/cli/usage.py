@@ -8,7 +8,7 @@ import argparse
 
 from kvbench.cli.options import run_parser
 from kvbench.cli.parser import CliError
-from kvbench.trace import LENGTHS as TRACE_LENGTHS
+from kvbench.serving.trace import LENGTHS as TRACE_LENGTHS
 
 # Every option of `run` (kvbench.cli.options, .serving_options) has its row in USED_BY: tests/test_cli.py crosses
 # each option with each workload, so a new option cannot be left out.

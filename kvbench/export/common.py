@@ -15,13 +15,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from kvbench import stats
 from kvbench.config import PRESETS, PlainConfig
 from kvbench.export.figures import Figure, figure_facts, figures_by_cell, sample_meaning
+from kvbench.measure import stats
+from kvbench.measure.stats import RatioEstimate
+from kvbench.measure.timing import Protocol
 from kvbench.record import RecordView
 from kvbench.report.record.model import row_speedup
-from kvbench.stats import RatioEstimate
-from kvbench.timing import Protocol
 
 INTERVAL = "95% rerun interval: where an identical rerun's number falls (docs/statistics.md)"
 UNKNOWN_MACHINE = "unknown-machine"

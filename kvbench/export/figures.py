@@ -4,7 +4,7 @@ A request run's TTFT and TPOT (medians over its requests, each with the order-st
 of a median) and its ITL percentiles (pooled over every step of every request, no interval); a
 contexts run's steady-state step and its first step after the prefill (medians over samples, with
 the same interval). Nothing is computed here: the numbers are kvbench.report.record.latency's rows, which
-read kvbench.latency, and each figure's per-sample values come from kvbench.latency's per-sample
+read kvbench.measure.latency, and each figure's per-sample values come from kvbench.measure.latency's per-sample
 functions, so an exported TTFT is the report's TTFT.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvbench import latency
+from kvbench.measure import latency
 from kvbench.record import RecordView
 from kvbench.report.record.latency import context_rows, latency_rows
 

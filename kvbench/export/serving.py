@@ -12,7 +12,7 @@ Its quantities are what is not seconds: output tokens/s and requests/s, the KV w
 
 from __future__ import annotations
 
-from kvbench import stats
+from kvbench.measure import stats
 from kvbench.export.common import Cell, Quantity, Source, changed_fields
 from kvbench.export.figures import Figure
 from kvbench.report.record.serving import summarise

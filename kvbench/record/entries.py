@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# the counters read around every sample since schema 2 (kvbench.telemetry), with the JSON type each holds
+# the counters read around every sample since schema 2 (kvbench.measure.telemetry), with the JSON type each holds
 TELEMETRY = {"cpu_seconds": "number", "voluntary_switches": "integer", "involuntary_switches": "integer",
              "runqueue_seconds": "number", "steal_seconds": "number", "throttled_seconds": "number",
              "cpu_start": "integer", "cpu_end": "integer"}

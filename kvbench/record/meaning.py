@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 
 from kvbench.config import PlainConfig
-from kvbench.hf import hf_architecture
 from kvbench.kinds import DRIFT_METRICS, REFERENCE_NOT_FINITE, within_limits
+from kvbench.models.hf import hf_architecture
 from kvbench.modes import CONTROL, FULL_PREFIX, PLUGIN, RUNNABLE, TRANSFORMERS, expected_bytes, source_of
 from kvbench.record.summary import by_cell, summarize
 

@@ -12,15 +12,17 @@ import copy
 
 import jsonschema
 
-from kvbench import capture, estimation
 from kvbench.config import DTYPE_NAMES, FAMILIES, PRESET_NAME, WINDOW_PATTERNS
 from kvbench.files import first_non_finite
 from kvbench.kinds import FAILURES, KIND_NAME, WORKLOADS
+from kvbench.measure import capture, estimation
+from kvbench.measure.sampling import STOPS
+from kvbench.measure.stats import ESTIMATORS, INTERVALS
 from kvbench.record.entries import TELEMETRY
 from kvbench.record.meaning import MEANING_CHECKS, RecordError
 from kvbench.record.upgrade import CURRENT, LATER_CELL, LATER_SUMMARY, complete_run, lacks_a_later_section, upgrade
-from kvbench.sampling import STOPS
-from kvbench.stats import ESTIMATORS, INTERVALS
+from kvbench.measure.sampling import STOPS
+from kvbench.measure.stats import ESTIMATORS, INTERVALS
 
 SCHEMA = CURRENT  # "kvbench.record/3"
 SCHEMA_NAME, SCHEMA_VERSION = SCHEMA.split("/")
@@ -192,7 +194,7 @@ def machine_sections() -> dict:
                                                             "properties": {"shape": {"type": "array", "items": _positive,
                                                                                      "minItems": 3, "maxItems": 3},
                                                                            "flops_per_second": rate}}}}}
-    # compiled modes (kvbench.compiled): each compiled function's first call in the run's process, compile
+    # compiled modes (kvbench.models.compiled): each compiled function's first call in the run's process, compile
     # included, never inside a sample
     compiled = {"type": "object", "propertyNames": {"pattern": MODE_NAME}, "additionalProperties": seconds}
     return {"machine_probe": probe, "limits": limits, "compile_seconds": compiled}
@@ -200,7 +202,7 @@ def machine_sections() -> dict:
 
 def real_model_sections() -> dict:
     """A real model's run (since 2026-12-03): the GGUF file its weights came from, where its token ids came from,
-    and what the lossy kinds did to its text (kvbench.quality)."""
+    and what the lossy kinds did to its text (kvbench.workloads.quality)."""
     sha = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
     model = {"type": "object", "required": ["source", "path", "size", "sha256", "architecture", "quantization",
                                             "dequantized_to"],

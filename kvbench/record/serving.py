@@ -23,7 +23,7 @@ from kvbench.config import PlainConfig
 from kvbench.kinds import KIND_NAME
 from kvbench.modes import CONTROL  # a sample's mode for the A/A control's replays: not a kind
 from kvbench.record.schema import environment_schema
-from kvbench.trace import trace_from_dict
+from kvbench.serving.trace import trace_from_dict
 
 SERVING_SCHEMA = "kvbench.serving/1"
 TOP_LEVEL = (("kinds", list), ("samples", list), ("trace", dict), ("checks", dict), ("protocol", dict),

@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from pathlib import Path
 
-from kvbench import estimation, stats
 from kvbench.files import OutputExistsError, UnreadableFileError, read_json, write_json_atomic
+from kvbench.measure import estimation, stats
 from kvbench.record.schema import SCHEMA, RecordError, validate_record
 from kvbench.record.summary import summarize
 from kvbench.record.upgrade import complete_run

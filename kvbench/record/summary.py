@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import statistics
 
-from kvbench import estimation as clocks
-from kvbench import latency, stats
+from kvbench.measure import estimation as clocks
+from kvbench.measure import latency, stats
 from kvbench.modes import CONTROL
 from kvbench.record.entries import CellKey
 
@@ -54,9 +54,9 @@ def summarize(repetitions: list[dict], checks: list[dict], baseline: str = "full
     `estimator` (records of schema 1) a speedup is the ratio of medians, without an interval.
     `between_run` ({"speedup": SD, "seconds": SD}) widens the speedup intervals for what varies
     from one run to the next; None for records written before it was recorded (no widening).
-    With a `rule` (kvbench.estimation.RULE) each length's speedups are estimated on the clock its
+    With a `rule` (kvbench.measure.estimation.RULE) each length's speedups are estimated on the clock its
     samples' telemetry chose; without one (records written before it), on wall time. A request
-    `workload` adds each mode's latency figures (kvbench.latency) and its TTFT and TPOT against the
+    `workload` adds each mode's latency figures (kvbench.measure.latency) and its TTFT and TPOT against the
     baseline's.
     """
     passed = {key: check["passed"] for key, check in by_cell(checks).items()}

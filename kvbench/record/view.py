@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvbench import estimation, stats
 from kvbench.config import PlainConfig
+from kvbench.measure import estimation, stats
 from kvbench.record.entries import CellKey, Repetition, Workload
 from kvbench.record.schema import validate_record
 from kvbench.record.store import load_record
@@ -59,9 +59,10 @@ class RecordView:
         self.control_interval: str | None = (control_interval(self.interval, summary["between_run"])
                                              if self.estimator is not None else None)
         self.machine_probe: dict | None = record.get("machine_probe")  # None: runs before 2026-12-01
-        # The machine's limits (kvbench.machine): request and contexts runs since 2026-12-01; None otherwise
+        # The machine's limits (kvbench.measure.machine): request and contexts runs since 2026-12-01; None otherwise
         self.limits: dict | None = record.get("limits")
-        # A real model's run (kvbench.gguf, kvbench.quality): the GGUF file, its token ids, its text's quality
+        # A real model's run (kvbench.models.gguf, kvbench.workloads.quality): the GGUF file, its token ids, its
+        # text's quality
         self.model_file: dict | None = record.get("model")
         self.token_ids: dict | None = record.get("token_ids")
         self.quality: dict | None = record.get("quality")
@@ -106,7 +107,7 @@ class RecordView:
         return list(self._samples.get((mode, length), {}).values())
 
     def estimation(self, length: int) -> dict:
-        """How this length's speedups were estimated (kvbench.estimation): its clock, estimator and why."""
+        """How this length's speedups were estimated (kvbench.measure.estimation): its clock, estimator and why."""
         return self._estimation.get(length) or estimation.fixed(length, self.estimator).to_dict()
 
     def speedup_samples(self, mode: str, length: int) -> dict[int, float]:
@@ -114,7 +115,7 @@ class RecordView:
         return self.samples_on(self.estimation(length)["clock"], mode, length)
 
     def samples_on(self, clock: str, mode: str, length: int) -> dict[int, float]:
-        """{repetition: seconds} of one cell on a clock of kvbench.estimation.CLOCKS (wall time where a sample
+        """{repetition: seconds} of one cell on a clock of kvbench.measure.estimation.CLOCKS (wall time where a sample
         has no reading of that clock)."""
         if clock == "wall":
             return self.samples(mode, length)
@@ -143,7 +144,7 @@ class RecordView:
         return [Repetition.from_dict(rep) for rep in self.record["repetitions"]]
 
     def latency(self, mode: str, length: int) -> dict | None:
-        """A request run's latency figures of one cell (kvbench.latency.mode_latency, with its TTFT and TPOT
+        """A request run's latency figures of one cell (kvbench.measure.latency.mode_latency, with its TTFT and TPOT
         ratios to the baseline under "ratios"); None for any other run, or a cell it never timed."""
         return self._latency.get((mode, length))
 

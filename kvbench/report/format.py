@@ -25,8 +25,9 @@ INTERVAL_NAMES = {"rerun": "rerun interval", "confidence": "confidence interval"
 
 
 def interval_name(interval: str, confidence: float = 0.95) -> str:
-    """An interval method a record names (kvbench.stats.INTERVALS, or a schema-1 record's percentile bootstrap) in
-    docs/statistics.md's words, at its level: every caption and header that names an interval takes it from here."""
+    """An interval method a record names (kvbench.measure.stats.INTERVALS, or a schema-1 record's percentile
+    bootstrap) in docs/statistics.md's words, at its level: every caption and header that names an interval takes
+    it from here."""
     kind = interval.split()[0] if interval else ""
     return f"{confidence:.0%} {INTERVAL_NAMES.get(kind, interval)}"
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field, replace
 
-from kvbench import latency, stats
+from kvbench.measure import latency, stats
 from kvbench.record import RecordView
 from kvbench.report.comparison.differences import RANKS, Difference, config_diff, environment_diff, work_differences, work_text
 from kvbench.report.format import check_text, ms
@@ -93,7 +93,7 @@ class LatencyChange:
     """NEW / OLD of one mode's TTFT or TPOT in two request runs, and of its ratio to full's (judged like a cell)."""
 
     mode: str
-    figure: str  # "ttft" or "tpot" (kvbench.latency.RATIOS)
+    figure: str  # "ttft" or "tpot" (kvbench.measure.latency.RATIOS)
     old_median: float
     new_median: float
     time: Change

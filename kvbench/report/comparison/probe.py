@@ -1,4 +1,4 @@
-"""The machine in a comparison: the machine probe of two records (kvbench.machine's fixed
+"""The machine in a comparison: the machine probe of two records (kvbench.measure.machine's fixed
 calls, timed at each run's ends) compared, what it says about the comparison in words, and
 which facts of a capture name a machine. kvbench.report.comparison.compare judges `full` against it.
 """
@@ -9,14 +9,14 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from kvbench import stats
+from kvbench.measure import stats
 from kvbench.record import RecordView
 from kvbench.report.comparison.verdicts import WITHIN_NOISE, Change, change, judged_change
 
 
 @dataclass(frozen=True)
 class MachineChange:
-    """NEW / OLD of the machine probe's fixed calls (kvbench.machine), each and together.
+    """NEW / OLD of the machine probe's fixed calls (kvbench.measure.machine), each and together.
 
     `overall` is the geometric mean of the calls' ratios: how much slower the machine
     itself was in NEW, what `full` is held against when it moved too."""

@@ -1,7 +1,7 @@
 """Two serving records of one trace held side by side (`kvbench compare`), and the measures every exporter carries
 for a serving record (kvbench.export.serving). Torch-free.
 
-A measure is one figure of a replay (kvbench.serving_figures) taken once per rotation: per kind, its median over
+A measure is one figure of a replay (kvbench.serving.figures) taken once per rotation: per kind, its median over
 the rotations with the order-statistic interval of a median (as `kvbench report` prints it), and between two
 records NEW / OLD with the interval, minimum detectable effect and verdict every comparison uses
 (kvbench.report.comparison.verdicts), each record's interval widened by stats.BETWEEN_RUN["seconds"], how much a run-level
@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvbench import stats
-from kvbench.latency import median_with_interval
+from kvbench.measure import stats
+from kvbench.measure.latency import median_with_interval
 from kvbench.record.serving import SERVING_SCHEMA, check_serving_record, is_serving
 from kvbench.report.comparison.differences import Difference, environment_diff
 from kvbench.report.record.serving import figures_by_mode, pick
@@ -24,7 +24,7 @@ from kvbench.report.comparison.verdicts import FASTER, SLOWER, Change, change
 
 @dataclass(frozen=True)
 class Measure:
-    """One figure of a replay: its name in the figures (kvbench.serving_figures), unit and direction."""
+    """One figure of a replay: its name in the figures (kvbench.serving.figures), unit and direction."""
 
     key: str  # "output_tokens_per_second", "ttft.p99": kvbench.report.record.serving.pick reads it
     unit: str  # the unit of its values: "tokens/s", "requests/s", "s", "fraction", "count"
@@ -82,7 +82,7 @@ def per_rotation(record: dict) -> dict[str, dict[str, dict[int, float]]]:
 
 
 def median_low_high(values: list[float]) -> tuple[float, float, float]:
-    """The median over rotations and its order-statistic interval (kvbench.latency.median_with_interval), as a
+    """The median over rotations and its order-statistic interval (kvbench.measure.latency.median_with_interval), as a
     triple."""
     found = median_with_interval(values)
     return found["median"], found["low"], found["high"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kvbench import stats
+from kvbench.measure import stats
 
 FACTOR = 1.1  # a detectable change smaller than this ratio is "unchanged"
 ALPHA = 0.05  # two-sided level of every interval and of the minimum detectable effect

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from kvbench.asvtools import AsvToolError, capture_path_for_result, load_capture
-from kvbench.capture import summarize_environment
+from kvbench.measure.capture import summarize_environment
 from kvbench.report.history.asvfile import AsvResult, BenchmarkResult, benchmark_metadata, load_result
 from kvbench.report.format import visible
 

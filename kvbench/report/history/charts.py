@@ -26,12 +26,12 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvbench import stats
+from kvbench.measure import stats
 from kvbench.asvtools import ASV_METADATA_FILES, AsvToolError, capture_path_for_result, load_capture
 from kvbench.report.history.asvfile import AsvResult, Checker, benchmark_metadata, load_result
 from kvbench.report.comparison.compare import ALPHA, FACTOR, Change, change
 from kvbench.report.comparison.differences import INFORMATIONAL, Difference, environment_diff
-from kvbench.stats import RatioEstimate
+from kvbench.measure.stats import RatioEstimate
 
 SPEEDUP_BENCHMARK = "track_speedup"
 

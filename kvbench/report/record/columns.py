@@ -13,11 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from kvbench import stats
+from kvbench.measure import stats
+from kvbench.measure.stats import PowerFit
 from kvbench.report.format import check_text, check_word, format_bytes, interval_name, ms, ratio
 from kvbench.report.record.model import MARKS, Noise, Profile, Report, Row
 from kvbench.report.record.precision import CLOCK_TEXTS, LengthRow, length_label, stop_text
-from kvbench.stats import PowerFit
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """What a client sees, as rows and texts: a request run's TTFT, TPOT, ITL percentiles, E2E and tokens/s,
 and how close each step came to the machine's limits (bandwidth and matmul).
 
-The numbers are the record's summary (kvbench.latency computed them from the raw per-step
+The numbers are the record's summary (kvbench.measure.latency computed them from the raw per-step
 durations when the record was written, and again when it was loaded); this module only
 arranges them for the layouts, as columns.py does for the timing table.
 """
@@ -11,12 +11,12 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from kvbench import latency, stats
 from kvbench.config import PlainConfig
+from kvbench.measure import latency, stats
+from kvbench.measure.stats import RatioEstimate
 from kvbench.modes import TRANSFORMERS, expected_bytes, source_of
 from kvbench.record import RecordView
 from kvbench.report.format import check_text, check_word, format_bytes, ms
-from kvbench.stats import RatioEstimate
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class LatencyRow:
     prompt: int
     generate: int
     requests: int
-    figures: dict  # kvbench.latency.mode_latency, as the summary holds it
+    figures: dict  # kvbench.measure.latency.mode_latency, as the summary holds it
     ratios: dict  # "ttft" / "tpot" -> {"ratio", "low", "high", "pairs"}: the baseline's figure / this mode's
     check: dict | None
     valid: bool
@@ -173,7 +173,7 @@ def context_step_seconds(view: RecordView, mode: str, length: int) -> float:
 class ContextRow:
     mode: str
     context: int
-    figures: dict  # kvbench.latency.context_latency: "step", "first_step", "samples"
+    figures: dict  # kvbench.measure.latency.context_latency: "step", "first_step", "samples"
     check: dict | None
     valid: bool
     marks: tuple[str, ...] = ()  # its cell's marks (kvbench.report.record.model.MARKS), set by the report

@@ -5,7 +5,7 @@ per measured (length, mode) cell with its spread, its speedup over the baseline 
 interval the record's run used (named by `interval_name`), its bytes, check and marks, its
 times on the clock of its speedup; a scaling fit per mode (three lengths or more); the per-step
 profile. kvbench.report.record.sections arranges it for `kvbench run`'s table, `kvbench show`
-and `kvbench report`; statistics come from kvbench.stats.
+and `kvbench report`; statistics come from kvbench.measure.stats.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from kvbench import stats
-from kvbench.capture import summarize_environment
+from kvbench.measure import stats
+from kvbench.measure.capture import summarize_environment
 from kvbench.config import PlainConfig
 from kvbench.kinds import expected_cache_bytes
 from kvbench.modes import changes_representation
@@ -37,8 +37,8 @@ from kvbench.report.record.latency import (
     step_quartiles,
     timer_sentence,
 )
-from kvbench.stats import NOISY_SPREAD, PowerFit, RatioEstimate
-from kvbench.telemetry import disturbances, tally
+from kvbench.measure.stats import NOISY_SPREAD, PowerFit, RatioEstimate
+from kvbench.measure.telemetry import disturbances, tally
 
 MARKS = {  # name -> (symbol, meaning); every layout prints the legend for the marks it uses
     "failed": ("✗", "equivalence check failed: timed, but not a valid speedup"),
@@ -84,7 +84,7 @@ class Row:
     memory: dict | None
     marks: tuple[str, ...]
     undisturbed: RatioEstimate | None = None  # the speedup from the pairs neither side of which was disturbed
-    clock: str = "wall"  # kvbench.estimation.CLOCKS: the clock of its speedup and of `timed`
+    clock: str = "wall"  # kvbench.measure.estimation.CLOCKS: the clock of its speedup and of `timed`
     clocked: Timing | None = None  # median and quartiles on `clock` when it is not wall time
     per_sample: int = 0  # tokens (a loop) or steps (a contexts run) one sample covers; 0: the length
 
@@ -171,7 +171,7 @@ class Report:
     notes: list[str] = field(default_factory=list)
     confidence: float = stats.CONFIDENCE
     estimator: str = "ratio-of-medians"  # schema-1 records: the ratio of medians with a paired bootstrap
-    interval: str = "percentile bootstrap"  # the speedups' interval: kvbench.stats.INTERVALS, or schema 1's
+    interval: str = "percentile bootstrap"  # the speedups' interval: kvbench.measure.stats.INTERVALS, or schema 1's
     control_interval: str = "percentile bootstrap"  # the A/A control's (kvbench.record.summary.control_interval)
     between_run: float = 0.0  # the speedup intervals' allowance for variation between runs
     sampling: list[LengthRow] = field(default_factory=list)

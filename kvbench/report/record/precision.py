@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvbench.measure.stats import RatioEstimate
 from kvbench.record import RecordView
-from kvbench.stats import RatioEstimate
 
 CLOCK_TEXTS = {"wall": "wall", "cpu": "CPU time"}
 STOP_TEXTS = {"fixed": "fixed protocol", "precise": "precise", "cap": "at --max-repeats", "budget": "at --max-seconds",
@@ -30,7 +30,7 @@ class LengthRow:
     stop: str | None
     half_width: float | None
     control: RatioEstimate | None  # mode / control: 1 but for noise
-    clock: str = "wall"  # what its speedups were estimated on (kvbench.estimation.CLOCKS)
+    clock: str = "wall"  # what its speedups were estimated on (kvbench.measure.estimation.CLOCKS)
     clock_reason: str = ""
     noisy: bool = False  # a cell at this length is marked ~: its spread is too wide to trust its median
 

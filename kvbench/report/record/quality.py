@@ -1,6 +1,6 @@
 """A real model's sections of a report: which weights and text were measured, and what each mode did to the text.
 
-Read from the record's `model`, `token_ids` and `quality` sections (kvbench.quality wrote the
+Read from the record's `model`, `token_ids` and `quality` sections (kvbench.workloads.quality wrote the
 last); every layout renders the same rows and sentences.
 """
 

@@ -8,19 +8,19 @@ from __future__ import annotations
 
 import io
 
-from kvbench import stats
-from kvbench.latency import median_with_interval
+from kvbench.measure import stats
+from kvbench.measure.latency import median_with_interval
 from kvbench.record.serving import CONTROL
 from kvbench.report.format import escape_markdown, format_bytes, rich_escape
 from kvbench.report.record.sections import Cell, Column, Section
-from kvbench.serving_figures import replay_figures
-from kvbench.trace import LENGTHS
+from kvbench.serving.figures import replay_figures
+from kvbench.serving.trace import LENGTHS
 
 HEADLINE = ("output_tokens_per_second", "requests_per_second", "mean_concurrency", "waste")
 
 
 def figures_by_mode(record: dict) -> dict[str, dict[int, dict]]:
-    """mode -> rotation -> that replay's figures (kvbench.serving_figures)."""
+    """mode -> rotation -> that replay's figures (kvbench.serving.figures)."""
     found: dict[str, dict[int, dict]] = {}
     for kept in record["samples"]:
         found.setdefault(kept["mode"], {})[kept["repetition"]] = replay_figures(kept["replay"])

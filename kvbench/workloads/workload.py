@@ -1,7 +1,7 @@
 """What one sample times: a whole decode loop (the source document's), one request, or one step at a context.
 
 Each workload gives, per cell length, the gate's checks, the memory entry and the call to time;
-`kvbench.benchmark.run_benchmark` drives all three the same way, through the same sampler,
+`kvbench.workloads.benchmark.run_benchmark` drives all three the same way, through the same sampler,
 record and report. A cell's `length` is always the positions its cache holds at the end:
 
   loop      length T: T one-token steps from an empty cache, timed as one loop
@@ -17,15 +17,16 @@ from typing import Callable
 import torch.nn as nn
 from torch import Tensor
 
-from kvbench import latency, requests
 from kvbench.config import positive_int
-from kvbench.decode import decode, decode_full, run_gate, steps
 from kvbench.kinds import CONTEXT_TIMED_STEPS, CONTEXT_WARMUP_STEPS, WORKLOADS
-from kvbench.memory import memory_profile, peak_memory_growth
+from kvbench.measure import latency
+from kvbench.measure.memory import peak_memory_growth
+from kvbench.measure.sampling import Sample
+from kvbench.measure.timing import Protocol
 from kvbench.model import Decoder
-from kvbench.modes import expected_bytes
-from kvbench.sampling import Sample
-from kvbench.timing import Protocol
+from kvbench.modes import SPECS, expected_bytes
+from kvbench.workloads import requests
+from kvbench.workloads.decode import cache_footprint, decode, decode_full, run_gate, steps
 
 
 class Loop:
@@ -201,6 +202,16 @@ def matmul_shapes(model: Decoder, rows: list[int]) -> list[tuple[int, int, int]]
     a prefill's tokens)."""
     layers = sorted({(weight.shape[1], weight.shape[0]) for weight, _ in linear_weights(model)})
     return [(m, k, n) for m in rows for k, n in layers]
+
+
+def memory_profile(model: Decoder, ids: Tensor, mode: str, options: dict | None = None) -> dict:
+    """A loop's memory entry: cache bytes (formula, measured, reserved) and peak RSS growth of one decode loop."""
+    if not SPECS[mode].keeps_state:  # its footprint is one forward: the peak is the whole loop's
+        _, peak = peak_memory_growth(lambda: decode(model, ids, mode))
+        held = cache_footprint(model, ids, mode)
+    else:
+        held, peak = peak_memory_growth(lambda: cache_footprint(model, ids, mode, options))
+    return {**held, **peak}
 
 
 def footprint(model: Decoder, ids: Tensor, mode: str, options: dict | None, run: Callable[[], object]) -> dict:

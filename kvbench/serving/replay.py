@@ -4,24 +4,24 @@ The gate comes first, as everywhere in kvbench: every request of the trace, repl
 scheduler (batching, padding, preemption, shared prefixes and all), must give the logits of its
 own single-request full path (one causal forward over its prompt and fed-back outputs, no cache)
 within the dtype's tolerance (exact kinds) or the kind's drift limits (lossy kinds). Then the
-sampler (kvbench.sampling) replays the trace once per kind per rotation, in random mode order,
+sampler (kvbench.measure.sampling) replays the trace once per kind per rotation, in random mode order,
 with an A/A control, and every replay's per-token timestamps and per-iteration memory are kept
-(kvbench.serving_figures reads them).
+(kvbench.serving.figures reads them).
 """
 
 from __future__ import annotations
 
 import torch
 
-from kvbench import stats
-from kvbench.decode import judge_logits, tolerances
+from kvbench.measure import stats
+from kvbench.workloads.decode import judge_logits, tolerances
 from kvbench.model import Decoder
-from kvbench.peer import PEER, PeerReplay, greedy_continuations, peer_gate
-from kvbench.sampling import Sampling, sample
-from kvbench.scheduler import Scheduler, TokenSource, make_ledger
-from kvbench.serving_figures import replay_figures
-from kvbench.timing import Protocol, control_mode
-from kvbench.trace import Trace
+from kvbench.serving.peer import PEER, PeerReplay, greedy_continuations, peer_gate
+from kvbench.measure.sampling import Sampling, sample
+from kvbench.serving.scheduler import Scheduler, TokenSource, make_ledger
+from kvbench.serving.figures import replay_figures
+from kvbench.measure.timing import Protocol, control_mode
+from kvbench.serving.trace import Trace
 
 class Replay:
     """The call the sampler times: one whole trace on one kind. `prepare()` builds the pool or ledger outside

@@ -21,7 +21,7 @@ import statistics
 
 import numpy as np
 
-from kvbench import stats
+from kvbench.measure import stats
 
 ITL_PERCENTILES = (50, 90, 99)
 RATIOS = ("ttft", "tpot")  # the figures whose ratio to full a request run is sampled until precise
@@ -83,7 +83,7 @@ def figure_by_rotation(repetitions: list[dict], figure: str, batch: int = 1) -> 
 def ratio_to_baseline(baseline: list[dict], mode: list[dict], figure: str, between_run: float,
                       key: tuple = (), interval: str | None = None) -> stats.RatioEstimate | None:
     """baseline's figure / this mode's, median of per-rotation ratios, with kvbench's rerun interval
-    (or `interval`, one of kvbench.stats.INTERVALS)."""
+    (or `interval`, one of kvbench.measure.stats.INTERVALS)."""
     return stats.speedup(figure_by_rotation(baseline, figure), figure_by_rotation(mode, figure),
                          between_run=between_run, key=(figure, *key), interval=interval)
 

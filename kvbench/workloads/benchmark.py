@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from kvbench import machine
-from kvbench.decode import check_modes, failed_check, timeable, token_ids
+from kvbench.measure import machine
+from kvbench.measure.sampling import Sample, Sampling, sample
+from kvbench.measure.timing import Protocol, collector_paused, control_mode
 from kvbench.model import Decoder
 from kvbench.modes import CONTROL, FULL, spec
-from kvbench.sampling import Sample, Sampling, sample
-from kvbench.timing import Protocol, control_mode, per_step_seconds
-from kvbench.workloads import Loop, matmul_shapes, weights_read_per_step
+from kvbench.workloads.decode import check_modes, decode, failed_check, steps, timeable, token_ids
+from kvbench.workloads.workload import Loop, matmul_shapes, weights_read_per_step
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @dataclass
@@ -35,7 +38,7 @@ class RunOutcome:
     interrupted: bool = False
     control: str | None = None  # the cached mode timed a second time under the label "control"
     sampling: Sampling = field(default_factory=Sampling)
-    machine_probe: dict | None = None  # the fixed workloads of kvbench.machine, at the start and the end
+    machine_probe: dict | None = None  # the fixed workloads of kvbench.measure.machine, at the start and the end
     limits: dict | None = None  # what the machine can stream and multiply, for a request or a contexts run
     compile_seconds: dict | None = None  # compiled mode -> first calls of its compiled functions, compile included
 
@@ -101,7 +104,7 @@ def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol
     except KeyboardInterrupt:
         outcome.interrupted = True
     if any(spec(mode).compiled for mode in modes):
-        from kvbench.compiled import compile_seconds
+        from kvbench.models.compiled import compile_seconds
 
         outcome.compile_seconds = {mode: list(compile_seconds[mode]) for mode in modes if mode in compile_seconds}
     return outcome
@@ -156,6 +159,24 @@ def gate_and_measure(workload, model: Decoder, longest, lengths: list[int], mode
             progress(Progress("check", len(outcome.checks), len(lengths) * len(modes)))
     progress(Progress("reference", 1, 1))  # a request's or a context's reference runs within each length's gate
     return gate, rotations
+
+
+def per_step_seconds(model: Decoder, ids: Tensor, mode: str, warmup: int = 1,
+                     options: dict | None = None) -> list[float]:
+    """Duration of every decode step of one loop (step t = position t): the run's per-step profile."""
+    import torch
+
+    for _ in range(warmup):
+        decode(model, ids, mode, options=options)
+    durations = []
+    with collector_paused(), torch.inference_mode():
+        stepping = steps(model, ids, mode, options=options)
+        while True:
+            start = time.perf_counter_ns()
+            if next(stepping, None) is None:
+                break
+            durations.append((time.perf_counter_ns() - start) / 1e9)
+    return durations
 
 
 def forward_seconds(model: Decoder, ids) -> tuple[float, float, int]:

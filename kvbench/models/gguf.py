@@ -5,7 +5,7 @@ file and dequantizes every tensor; kvbench's llama-family block then computes wi
 weights, so what is measured is kvbench's code on trained weights, not llama.cpp's kernels.
 Everything a file could get wrong is found before anything is measured: the magic number,
 a truncated file, another architecture, a metadata key of the wrong type or out of range
-(kvbench.gguf_metadata), a tensor type `gguf` cannot dequantize, a shape that contradicts the
+(kvbench.models.gguf_metadata), a tensor type `gguf` cannot dequantize, a shape that contradicts the
 metadata, weights that cannot fit in the memory available. Each is a ValueError naming what
 was expected and found.
 
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvbench.config import PlainConfig, check_dtype_name
-from kvbench.gguf_metadata import Metadata, config_fields
+from kvbench.models.gguf_metadata import Metadata, config_fields
 from kvbench.kinds import TRAINED_TOLERANCES, parameter_count
 
 GGUF_VERSION = "0.19.0"  # as pinned in pyproject.toml's `gguf` extra
@@ -100,7 +100,7 @@ def file_sha256(path: Path) -> str:
 
 def read_gguf(path: Path | str) -> GgufModel:
     """The file's metadata and tensors, checked against each other; ValueError on anything kvbench cannot run.
-    The metadata is checked first (kvbench.gguf_metadata), then what it implies: the shapes sound as a config,
+    The metadata is checked first (kvbench.models.gguf_metadata), then what it implies: the shapes sound as a config,
     every tensor present with its shape, every tensor type one gguf dequantizes."""
     path = Path(path)
     if not path.is_file():
@@ -269,7 +269,7 @@ def tokenizer(model: GgufModel):
         except Exception:  # noqa: BLE001 - a damaged cache entry is rebuilt below
             pass
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from kvbench.hf import require_transformers
+    from kvbench.models.hf import require_transformers
 
     transformers = require_transformers()
     loaded = transformers.AutoTokenizer.from_pretrained(str(model.path.parent), gguf_file=model.path.name)
@@ -300,7 +300,7 @@ def check_fits(model: GgufModel, config) -> None:
     """Refuse weights that cannot fit before one is dequantized: every parameter the metadata describes, in
     float32 (gguf dequantizes to it before the cast), and the rotary tables of `config`'s max_length, against
     what this process may still allocate (kvbench.memory, which KVBENCH_AVAILABLE_MEMORY can state)."""
-    from kvbench import memory
+    from kvbench.measure import memory
 
     needed, available = memory.weight_build_bytes(config), memory.available_bytes()
     if needed > available:
@@ -319,7 +319,7 @@ def load(model: GgufModel, config: PlainConfig, batch: int, positions: int):
     tokenizer, the tokenizer, and the record's account of them (the file, how long loading took, what was cached)."""
     import time
 
-    from kvbench import corpus
+    from kvbench.models import corpus
 
     started = time.perf_counter()
     decoder, origin = build_gguf_model(model, config.dtype, **{name: getattr(config, name) for name in RUN_SETTINGS})

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from kvbench.timing import heap_frozen, time_call
+from kvbench.measure.timing import heap_frozen, time_call
 
 REPEATS = 5  # timed calls of each probe call per phase, after one untimed
 MATMUL_SIZE = 384  # (384 x 384) @ (384 x 384), float32: 113 MFLOP per call
@@ -53,7 +53,7 @@ def probe_phase(calls: dict[str, Callable[[], object]], repeats: int = REPEATS) 
     for call in calls.values():
         call()
     seconds: dict[str, list[float]] = {name: [] for name in calls}
-    with heap_frozen():  # the collection before each call then costs microseconds (kvbench.timing)
+    with heap_frozen():  # the collection before each call then costs microseconds (kvbench.measure.timing)
         for _ in range(repeats):
             for name, call in calls.items():
                 seconds[name].append(time_call(call))
@@ -133,7 +133,7 @@ def limits(shapes: list[tuple[int, int, int]], threads: list[int]) -> dict:
     """What this machine can do, for a record: memory bandwidth (one thread and all) and matmul throughput."""
     llc = last_level_cache_bytes()
     size = buffer_bytes(llc)
-    with heap_frozen():  # the collection before each timed call then costs microseconds (kvbench.timing)
+    with heap_frozen():  # the collection before each timed call then costs microseconds (kvbench.measure.timing)
         return {"last_level_cache_bytes": llc, "buffer_bytes": size, "streams": dict(STREAMS),
                 "memory_bandwidth": memory_bandwidth(threads, size), "matmul": matmul_rates(shapes)}
 
@@ -145,7 +145,7 @@ ROUND_MATMUL_CALLS = 20  # a decode step's matmuls take microseconds: timed as 2
 
 class RoundLimits:
     """Copy, triad and the step's own matmul shapes, measured once at the start of every round of rotations
-    (kvbench.sampling), so that "% of bandwidth" divides numbers taken minutes, not an hour, apart on a
+    (kvbench.measure.sampling), so that "% of bandwidth" divides numbers taken minutes, not an hour, apart on a
     machine whose bandwidth moves (one-thread triad moved between 5.7 and 13.6 GB/s within an hour on a
     shared VM). Each call: one copy and one triad over arrays past the last-level cache, and
     ROUND_MATMUL_CALLS products at each shape. Its tensors are built once, outside every timed call."""

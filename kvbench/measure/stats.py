@@ -377,7 +377,7 @@ def stop_rule(rotations: int, half_width: float | None, *, repeats: int, precisi
     """Why sampling stops after `rotations` rotations whose widest watched interval has relative half-width
     `half_width` (None: no interval yet), or None to go on: "fixed" at `repeats` without a precision target;
     else from `repeats` on, "precise" once within `precision`, "cap" at `max_repeats`, "budget" once `elapsed`
-    reaches `max_seconds` (the stop reasons of kvbench.sampling, in this order). It stops on interval width,
+    reaches `max_seconds` (the stop reasons of kvbench.measure.sampling, in this order). It stops on interval width,
     never on a p-value, so stopping cannot manufacture a difference."""
     if precision is None:
         return "fixed" if rotations >= repeats else None

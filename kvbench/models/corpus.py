@@ -20,7 +20,7 @@ import gzip
 import hashlib
 from pathlib import Path
 
-CORPUS_PATH = Path(__file__).parent / "data" / "common-licenses.txt.gz"
+CORPUS_PATH = Path(__file__).parents[1] / "data" / "common-licenses.txt.gz"  # kvbench/data, beside the presets
 NAME = "debian-common-licenses"
 LICENCE = "each text's own licence, all allowing verbatim copies (Debian base-files 12.4+deb12u11)"
 TEXTS = ("GPL-3", "Apache-2.0", "MPL-2.0", "GFDL-1.3", "LGPL-2.1", "Artistic", "CC0-1.0", "GPL-2", "MPL-1.1",

@@ -235,16 +235,16 @@ def tensor_bytes(value, seen: set[int]) -> int:
 
 
 def steps(model: Decoder, ids, mode: str, prompt: int, cache=None, options: dict | None = None):
-    """The hf-* modes' stepper (kvbench.decode.steps): yields (logits (B, V), HfCache) for the first `prompt`
+    """The hf-* modes' stepper (kvbench.workloads.decode.steps): yields (logits (B, V), HfCache) for the first `prompt`
     tokens in one call, then one token a step. `cache`, a transformers cache the caller owns, is continued
     from the positions it holds; otherwise a fresh one is made for the whole of ids. A compiled mode compiles
-    the one-token steps only, over a StaticCache of whole blocks (kvbench.compiled)."""
+    the one-token steps only, over a StaticCache of whole blocks (kvbench.models.compiled)."""
     hf = model_for(model)
     keyword, T = cache_keyword(hf), ids.shape[1]
     held = 0 if cache is None else cache.get_seq_length()
     capacity, step = T, hf
     if modes.spec(mode).compiled:  # lengths in one block share one program
-        from kvbench.compiled import capacity_for, compiled_forward
+        from kvbench.models.compiled import capacity_for, compiled_forward
 
         capacity, step = capacity_for(T, model.config), compiled_forward(hf)
     view = HfCache(make_hf_cache(mode, hf, capacity, options) if cache is None else cache)

@@ -6,7 +6,7 @@ Each iteration:
   2. the running requests' next decode token must fit: when the pool cannot hold it, the newest
      running request is preempted (its cache released, its tokens kept: it recomputes later,
      vLLM's default);
-  3. waiting requests are admitted in order while the budget allows (kvbench.admission: static
+  3. waiting requests are admitted in order while the budget allows (kvbench.serving.admission: static
      and quantized reserve their capacity, quantized with the full-precision window its prompt's
      chunks will reach, paged needs the blocks of its prompt); the first that does not fit stops
      admission (first come, first served);
@@ -35,17 +35,17 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from kvbench import admission
 from kvbench.cache import BlockPool, Cache, PagedCache, make_cache
 from kvbench.cache.batch import BatchedCache
 from kvbench.model import Decoder
-from kvbench.trace import Trace, TraceRequest
+from kvbench.serving import admission
+from kvbench.serving.trace import Trace, TraceRequest
 
 
 class TokenSource:
     """Every request's ids (1, prompt + output - 1), seeded by (seed, request): the shared prefix, when a
     request has one, is the same ids for all. With `continuations` (request id -> output ids: the greedy
-    continuation a generating peer produces, kvbench.peer), the outputs are those instead of random ids."""
+    continuation a generating peer produces, kvbench.serving.peer), the outputs are those instead of random ids."""
 
     def __init__(self, vocab_size: int, seed: int, prefix: int, continuations: dict[int, list[int]] | None = None) -> None:
         self.vocab_size, self.seed, self.continuations = vocab_size, seed, continuations
@@ -308,7 +308,8 @@ class Scheduler:
         freed, ended = self.retire(stepped)
         if not (chunks or decoding or prefix_tokens) and self.waiting:
             raise ValueError(f"request {self.waiting[0].spec.id} cannot be admitted even alone: the KV budget "
-                             f"{self.ledger.budget} bytes is below its minimum (kvbench.admission.minimum_budget)")
+                             f"{self.ledger.budget} bytes is below its minimum "
+                             "(kvbench.serving.admission.minimum_budget)")
         self.iterations.append({"time": round(self.now(), 6), "running": len(stepped), "waiting": len(self.waiting),
                                 "admitted": len(admitted), "preempted": preempted, "ended": ended,
                                 "freed": freed, **memory, "reserved_after": self.ledger.held_bytes(), **seconds})

@@ -21,10 +21,10 @@ import time
 
 import torch
 
-from kvbench import admission
 from kvbench.cache import make_cache
 from kvbench.model import Decoder
-from kvbench.trace import Trace
+from kvbench.serving import admission
+from kvbench.serving.trace import Trace
 
 PEER = admission.PEER
 RESULT_TIMEOUT = 600.0  # seconds without any finished request before the peer is declared stuck
@@ -76,7 +76,7 @@ class PeerReplay:
     def __init__(self, model: Decoder, trace: Trace, budget: int, settings: dict, prompts) -> None:
         if trace.arrivals == "closed":
             raise ValueError(f"the peer {PEER} replays arrivals all or poisson, got closed-loop clients")
-        from kvbench.hf import model_for
+        from kvbench.models.hf import model_for
 
         self.model, self.trace, self.budget, self.settings = model, trace, budget, settings
         self.hf, self.prompts = model_for(model), {r.id: prompts(r)[0].tolist() for r in trace.requests}

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from kvbench import stats
-from kvbench.telemetry import DISTURBED_RUNQUEUE
+from kvbench.measure import stats
+from kvbench.measure.telemetry import DISTURBED_RUNQUEUE
 
 RULE = "telemetry/1"  # the rule below; a record names the rule its summary was computed with
 CLOCKS = {"wall": "seconds", "cpu": "cpu_seconds"}  # clock -> the repetition field it reads
@@ -32,7 +32,7 @@ class Estimation:
 
     length: int
     clock: str  # a key of CLOCKS
-    estimator: str  # a key of kvbench.stats.ESTIMATORS
+    estimator: str  # a key of kvbench.measure.stats.ESTIMATORS
     samples: int
     waited: int  # samples that waited for a CPU more than DISTURBED_RUNQUEUE of their time
     reason: str

@@ -1,12 +1,12 @@
 """The figures of one trace replay, from its raw per-token timestamps and per-iteration memory (torch-free:
 the report reads them from a record).
 
-Per request, kvbench.latency's definitions: TTFT = first token - arrival, ITL = the gaps between its
+Per request, kvbench.measure.latency's definitions: TTFT = first token - arrival, ITL = the gaps between its
 tokens, TPOT = (last - first) / (tokens - 1), E2E = last token - arrival; and queueing = first
 admission - arrival. Percentiles (p50, p90, p99) are over the requests of the replay (ITL over
 every gap of every request, as vLLM pools them). Output tokens/s and requests/s are over the
 makespan (replay start, every arrival at or after it, to the last token). The same replay on its thread's
-CPU time (which leaves out the waits for other processes on a shared machine, as kvbench.estimation
+CPU time (which leaves out the waits for other processes on a shared machine, as kvbench.measure.estimation
 does for loops): output tokens per CPU second and TPOT on that clock (tpot_cpu). Memory is weighted by
 time over iterations: used (token states stored, a shared block once), reserved (held for
 requests: a reserving kind's capacities, a pool's held blocks), waste = 1 - used / reserved, and
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvbench import latency
+from kvbench.measure import latency
 
 PERCENTILES = (50, 90, 99)
 LATENCIES = ("ttft", "tpot", "itl", "e2e", "queueing")
@@ -30,7 +30,7 @@ def percentiles(values: list[float]) -> dict[str, float]:
 
 
 def request_latencies(outcome: dict) -> dict[str, list[float]]:
-    """Per-request TTFT, TPOT, E2E, queueing and every ITL, from the raw timestamps (kvbench.latency)."""
+    """Per-request TTFT, TPOT, E2E, queueing and every ITL, from the raw timestamps (kvbench.measure.latency)."""
     found = {name: [] for name in LATENCIES}
     for request in outcome["requests"]:
         times = request["token_times"]
@@ -69,7 +69,7 @@ def replay_figures(outcome: dict) -> dict:
                  for r in requests if len(r["token_cpu_times"]) > 1]
         timing.update(cpu_makespan=cpu_makespan, output_tokens_per_cpu_second=tokens / cpu_makespan,
                       tpot_cpu=percentiles(steps))
-    if not iterations:  # a peer that schedules itself (kvbench.peer) records tokens, not iterations or memory
+    if not iterations:  # a peer that schedules itself (kvbench.serving.peer) records tokens, not iterations or memory
         return timing
     used, reserved = time_weighted(iterations, "used"), time_weighted(iterations, "reserved")
     return {

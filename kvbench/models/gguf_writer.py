@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvbench.gguf import require_gguf
+from kvbench.models.gguf import require_gguf
 
 TOKEN_TYPES = {"normal": 1, "unknown": 2, "control": 3, "byte": 6}  # gguf.TokenType's values
 BOS, EOS, UNK = 1, 2, 0

@@ -1,4 +1,5 @@
-"""Memory probes: the resident high-water mark of one decode loop, apart from the timed ones.
+"""Memory probes: the resident high-water mark of a call, apart from the timed ones (a decode loop's
+memory entry, kvbench.workloads.workload.memory_profile, is measured with them), and what a run may take.
 
 Linux reports the process's peak resident size (VmHWM) and lets a process reset it
 (``/proc/self/clear_refs``); glibc can hand freed heap back to the kernel
@@ -11,7 +12,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import os
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import psutil
 
@@ -23,13 +24,8 @@ except ImportError:  # not on Windows: no address-space limit to read
 from kvbench.budget import parse_size
 from kvbench.config import PlainConfig
 from kvbench.kinds import expected_cache_bytes, parameter_count, rotary_table_bytes
+from kvbench.measure.telemetry import cgroup_directories
 from kvbench.modes import FULL_PREFIX, SPECS
-from kvbench.telemetry import cgroup_directories
-
-if TYPE_CHECKING:
-    from torch import Tensor
-
-    from kvbench.model import Decoder
 
 
 def peak_rss() -> int | None:
@@ -78,18 +74,6 @@ def peak_memory_growth(run: Callable[[], object]) -> tuple[object, dict]:
     result = run()
     after = psutil.Process(os.getpid()).memory_info().rss
     return result, {"peak_rss_growth_bytes": max(0, after - before), "peak_method": "psutil rss after - before"}
-
-
-def memory_profile(model: Decoder, ids: Tensor, mode: str, options: dict | None = None) -> dict:
-    """Cache bytes (formula, measured, reserved) and peak RSS growth of one decode loop."""
-    from kvbench.decode import cache_footprint, decode  # the estimates above need no torch; this does
-
-    if not SPECS[mode].keeps_state:  # its footprint is one forward: the peak is the whole loop's
-        _, peak = peak_memory_growth(lambda: decode(model, ids, mode))
-        footprint = cache_footprint(model, ids, mode)
-    else:
-        footprint, peak = peak_memory_growth(lambda: cache_footprint(model, ids, mode, options))
-    return {**footprint, **peak}
 
 
 def estimate_run_bytes(config: PlainConfig, batch: int, lengths: list[int], modes: list[str]) -> dict[str, int]:

@@ -3,9 +3,10 @@
 :class:`Protocol` holds every setting of a run and its default, once: the CLI reads its
 defaults from here, the asv suites and the scripts build one. Each sample times one whole
 decode loop with perf_counter_ns, the collector paused, its noise telemetry read around it.
-The rounds that decide how many samples to take are in kvbench.sampling; statistics belong
-to kvbench.stats and the report. torch is imported where threads are set and steps are
-profiled, so that the command line reads the protocol's defaults without it.
+The rounds that decide how many samples to take are in kvbench.measure.sampling; statistics
+belong to kvbench.measure.stats and the report; a loop's per-step profile, which needs a model,
+to kvbench.workloads.benchmark. torch is imported where threads are set, so that the command
+line reads the protocol's defaults without it.
 """
 
 from __future__ import annotations
@@ -17,21 +18,16 @@ import os
 import random
 import time
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
-from kvbench import stats
 from kvbench.config import positive_int, positive_number
+from kvbench.measure import stats
+from kvbench.measure.telemetry import Counters
 from kvbench.modes import CONTROL, SPECS
-from kvbench.telemetry import Counters
-
-if TYPE_CHECKING:
-    from torch import Tensor
-
-    from kvbench.model import Decoder
 
 __all__ = ["CLOCK", "CONTROL", "DEFAULT_LENGTHS", "GC_POLICY", "ORDERS", "ORDER_RULES", "Protocol", "Sample",
-           "collector_paused", "control_mode", "heap_frozen", "least_busy_cpu", "mode_orders", "per_step_seconds",
-           "pin_cpu", "rotated", "rotation_order", "set_threads", "time_call", "time_observed"]
+           "collector_paused", "control_mode", "heap_frozen", "least_busy_cpu", "mode_orders", "pin_cpu", "rotated",
+           "rotation_order", "set_threads", "time_call", "time_observed"]
 
 DEFAULT_LENGTHS = (16, 32, 64, 128, 256, 512)
 ORDERS = ("random", "rotate")
@@ -56,7 +52,7 @@ class Protocol:
 
     repeats: int = 7  # rotations per length: exactly, or at least when a precision is targeted
     precision: float | None = 0.05  # target relative half-width of every speedup's 95% interval
-    max_repeats: int = 1001  # rotations per length at most (a short loop may need hundreds: kvbench.sampling)
+    max_repeats: int = 1001  # rotations per length at most (a short loop may need hundreds: kvbench.measure.sampling)
     max_seconds: float = 75.0  # timing deadline from the first sample, all lengths together; `repeats` always run
     between_run: float = stats.BETWEEN_RUN["speedup"]  # relative SD of a speedup between runs (stats.BETWEEN_RUN)
     order: str = "random"  # mode order within a rotation (ORDER_RULES)
@@ -128,7 +124,7 @@ class Sample:
     repetition: int  # the rotation at this length, from 0
     order: int  # position of this mode within its rotation, from 0
     seconds: float
-    round: int = 0  # the round of the run (kvbench.sampling: about the same time for every length still sampling)
+    round: int = 0  # the run's round (kvbench.measure.sampling: about the same time for every length still sampling)
     started: float = 0.0  # seconds since the first timed sample of the run
     telemetry: dict | None = None
     detail: dict | None = None  # what the timed call measured inside itself (a request's per-step durations)
@@ -272,21 +268,3 @@ def time_observed(run: Callable[[], object], counters: Counters) -> tuple[float,
         after = counters.read()
     return elapsed / 1e9, counters.difference(before, after)
 
-
-def per_step_seconds(model: Decoder, ids: Tensor, mode: str, warmup: int = 1, options: dict | None = None) -> list[float]:
-    """Duration of every decode step of one loop (step t = position t)."""
-    import torch
-
-    from kvbench.decode import decode, steps
-
-    for _ in range(warmup):
-        decode(model, ids, mode, options=options)
-    durations = []
-    with collector_paused(), torch.inference_mode():
-        stepping = steps(model, ids, mode, options=options)
-        while True:
-            start = time.perf_counter_ns()
-            if next(stepping, None) is None:
-                break
-            durations.append((time.perf_counter_ns() - start) / 1e9)
-    return durations

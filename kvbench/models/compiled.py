@@ -111,7 +111,7 @@ def compiled_step(model: Decoder) -> CompiledStep:
 
 def steps(model: Decoder, ids: Tensor, prompt: int = 1) -> Iterator[tuple[Tensor, StaticCache]]:
     """Yields (logits (B, V), the cache) for the first `prompt` tokens in one eager call, then one compiled
-    step per token, as kvbench.requests.request_steps does for every mode. Drive it inside
+    step per token, as kvbench.workloads.requests.request_steps does for every mode. Drive it inside
     torch.inference_mode()."""
     require_compiled(STATIC_COMPILED, model.config)
     B, T = ids.shape
@@ -156,7 +156,8 @@ def compiled_forward(hf):
 
 
 def mode_steps(model: Decoder, ids: Tensor, mode: str, prompt: int, cache, options: dict):
-    """static-compiled's stepper (kvbench.decode.steps): a StaticCache of whole blocks it makes and releases."""
+    """static-compiled's stepper (kvbench.workloads.decode.steps): a StaticCache of whole blocks it makes and
+    releases."""
     if cache is not None:
         raise ValueError(f"{mode} steps a cache sized for its compiled program: expected cache=None, got "
                          f"{type(cache).__name__}")

@@ -1,7 +1,7 @@
 """What a lossy cache does to text: perplexity, KL, top-1 agreement, where greedy text departs, and the text.
 
 Every figure is against the full path of the same weights with nothing evicted or quantized
-(for the window kind: the same model without its window), on the corpus (kvbench.corpus):
+(for the window kind: the same model without its window), on the corpus (kvbench.models.corpus):
 
 - teacher-forced over `chunks` runs of `tokens` consecutive corpus tokens, each mode fed one token
   a step as in a decode loop (the window kind excepted: it equals the full prefix masked the same
@@ -23,9 +23,9 @@ import math
 import torch
 from torch import Tensor
 
-from kvbench.decode import FULL, decode, steps
 from kvbench.model import Decoder, decoder_with_weights
 from kvbench.modes import spec
+from kvbench.workloads.decode import FULL, decode, steps
 
 
 def evicts(mode: str) -> bool:

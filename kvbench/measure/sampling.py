@@ -22,10 +22,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from kvbench import estimation, stats
+from kvbench.measure import estimation, stats
+from kvbench.measure.telemetry import Counters, sample_cost
+from kvbench.measure.timing import Protocol, Sample, heap_frozen, rotation_order, time_observed
 from kvbench.modes import FULL
-from kvbench.telemetry import Counters, sample_cost
-from kvbench.timing import Protocol, Sample, heap_frozen, rotation_order, time_observed
 
 Watch = Callable[[list[Sample], int], dict[str, float]]  # (samples, length) -> relative half-widths
 STOPS = ("fixed", "precise", "cap", "budget", "interrupted")  # why a length stopped: every stop_reason, and a cut
@@ -62,7 +62,7 @@ class Sampling:
 def watched_half_widths(samples: list[Sample], length: int, baseline: str,
                         between_run: float = stats.BETWEEN_RUN["speedup"], threads: int = 1) -> dict[str, float]:
     """Relative half-width of every speedup's interval at one length, on the clock its telemetry chooses
-    (kvbench.estimation), as the record will report it; of every mode's median time when the baseline
+    (kvbench.measure.estimation), as the record will report it; of every mode's median time when the baseline
     was not measured there."""
     repetitions = [sample.to_dict() for sample in samples if sample.length == length]
     chosen = estimation.choose(length, repetitions, threads)
@@ -101,10 +101,10 @@ def sample(loops: dict[int, dict[str, Callable[[], object]]], protocol: Protocol
     read after it (what it timed inside itself: per-step durations, kept with the sample), and a
     `finish()`, run after that, also untimed (the release of a context's cache).
     `watch(samples, length)` gives the relative half-widths the precision target applies to
-    (default: every speedup's, on the clock kvbench.estimation chooses). Pass `state` to keep
+    (default: every speedup's, on the clock kvbench.measure.estimation chooses). Pass `state` to keep
     what was sampled when an interrupt ends the rounds early (the interrupt propagates;
     unfinished lengths are marked "interrupted"). `limits()`, if given, measures the machine's limits at
-    the start of every round (kvbench.machine.RoundLimits), kept in `state.limits` with the round's index.
+    the start of every round (kvbench.measure.machine.RoundLimits), kept in `state.limits` with the round's index.
     """
     state = state if state is not None else Sampling()
     counters = Counters()

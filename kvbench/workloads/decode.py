@@ -188,12 +188,12 @@ def tolerances(dtype: torch.dtype, layers: int = 1) -> tuple[float, float]:
 
 
 def is_trained(model: Decoder) -> bool:
-    """Whether the model holds trained weights (kvbench.gguf marks them with their gate tolerance)."""
+    """Whether the model holds trained weights (kvbench.models.gguf marks them with their gate tolerance)."""
     return getattr(model, "gate_tolerance", None) is not None
 
 
 def model_tolerances(model: Decoder) -> tuple[float, float]:
-    """The gate's (atol, rtol) for a model: its dtype's, or those a trained model carries (kvbench.gguf sets
+    """The gate's (atol, rtol) for a model: its dtype's, or those a trained model carries (kvbench.models.gguf sets
     `gate_tolerance`: thirty layers of trained weights round differently along two paths, docs/drift.md)."""
     return getattr(model, "gate_tolerance", None) or tolerances(model.config.dtype, model.config.layers)
 

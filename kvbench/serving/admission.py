@@ -23,7 +23,7 @@ from kvbench.modes import KVBENCH, names, spec
 
 QUANTIZED_BITS = {name: spec(name).bits for name in names(KVBENCH) if spec(name).bits}  # quantized kinds, from their specs
 
-PEER = "hf-continuous"  # transformers' continuous batching over its own paged cache (kvbench.peer)
+PEER = "hf-continuous"  # transformers' continuous batching over its own paged cache (kvbench.serving.peer)
 SERVING_KINDS = ("static", "paged", "quantized-int8", "quantized-int4", PEER)
 RESERVE_POLICIES = ("request", "max-length")
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default block size

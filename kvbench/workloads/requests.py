@@ -9,8 +9,8 @@ the timed region: a few warm-up steps (the first is the cold step right after th
 a window of consecutive steady-state steps, each timed on its own (for `full`, each a forward of
 the whole prefix).
 
-Every one of them drives kvbench.decode.steps and goes through the same gate as the loops
-(kvbench.decode.judge_logits), on the logits the client's tokens come from.
+Every one of them drives kvbench.workloads.decode.steps and goes through the same gate as the loops
+(kvbench.workloads.decode.judge_logits), on the logits the client's tokens come from.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from itertools import islice
 import torch
 from torch import Tensor
 
-from kvbench.decode import drain, is_trained, judge_logits, model_tolerances, steps
 from kvbench.kinds import CONTEXT_TIMED_STEPS, CONTEXT_WARMUP_STEPS
 from kvbench.model import Decoder
 from kvbench.modes import FULL
+from kvbench.workloads.decode import drain, is_trained, judge_logits, model_tolerances, steps
 
 
 def request_logits(model: Decoder, ids: Tensor, mode: str, prompt: int, options: dict | None = None) -> Tensor:
