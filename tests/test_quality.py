@@ -101,3 +101,62 @@ def test_token_nll_matches_a_float64_reference_on_a_full_size_vocabulary():
     assert nll.shape == (1, 127)
     assert float(nll.mean()) == pytest.approx(float(reference.mean()), abs=1e-7)
     assert torch.allclose(nll[0].double(), reference, atol=1e-9, rtol=0)
+
+
+def test_each_mode_records_what_its_cache_held_after_a_chunk(measured):
+    """30-token chunks with G = R = 4: 24 positions quantized (4 * ((30 - 4) // 4)), in the bytes the formula says."""
+    from kvbench.modes import expected_bytes
+
+    int4 = next(row for row in measured["modes"] if row["mode"] == "quantized-int4")
+    assert int4["quantized_positions"] == 24
+    assert int4["cache_bytes"] == expected_bytes("quantized-int4", CONFIG, 1, 30, group_size=4, residual=4)
+    assert all("quantized_positions" not in row for row in measured["modes"] if row["mode"] != "quantized-int4")
+
+
+def quality_report(make_record, quality):
+    record = make_record({("full", 8): [1.0, 1.1, 1.2], ("concat", 8): [0.5, 0.6, 0.5]}, config=CONFIG.to_dict())
+    record["quality"] = quality
+    validate_record(record)
+    return build_report(RecordView(record, "r.json"))
+
+
+def test_a_quantized_kind_whose_chunks_sat_in_its_residual_is_marked(make_record, measured):
+    """The same figures had the run kept the default residual of 128: 30-token chunks quantize nothing."""
+    import copy
+
+    from kvbench.report.record import columns
+
+    quality = copy.deepcopy(measured)
+    quality["options"] = {}
+    for row in quality["modes"]:
+        row.pop("quantized_positions", None)  # a record from before the count: kvbench's rule says 0
+    report = quality_report(make_record, quality)
+    int4 = next(row for row in report.quality if row.mode == "quantized-int4")
+    assert (int4.quantized, int4.held, int4.marks) == (0, 30, ("unquantized",))
+    page = markdown.render_report(report)
+    assert "| quantized-int4 |" in page and "| 0 of 30 | ∅ |" in page
+    assert columns.unquantized_sentences(report) == [
+        "quantized-int4's quality on text held 0 of each 30-token chunk quantized (0%), so its perplexity and KL there "
+        "are mostly float's"]
+    assert "24 of 30" in markdown.render_report(quality_report(make_record, measured))
+
+
+def test_the_bytes_against_drift_plot_uses_the_quality_kl_and_says_so(make_record, measured):
+    """Not the gate's KL on the timed ids (1e-11 inside a residual): each kind's KL on the text, at its bytes after
+    a chunk."""
+    from matplotlib.figure import Figure
+
+    from kvbench.report.record import plots
+    from kvbench.report.record.quality import label_of
+
+    report = quality_report(make_record, measured)
+    ax = Figure().subplots()
+    plots.panel_tradeoff(ax, report)
+    drawn = {line.get_label(): tuple(line.get_xydata()[0]) for line in ax.get_lines()}
+    for row in measured["modes"][1:]:
+        label = label_of(row)
+        assert drawn[label][1] == pytest.approx(max(row["kl_mean"], 1e-12))
+    int4 = next(row for row in measured["modes"] if row["mode"] == "quantized-int4")
+    assert drawn["quantized-int4"][0] == pytest.approx(int4["cache_bytes"] / (2 * CONFIG.layers * CONFIG.kv_heads * 30
+                                                                              * CONFIG.head_dim * 4))
+    assert "on text" in ax.get_ylabel() and "30-token" in ax.get_title()

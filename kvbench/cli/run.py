@@ -17,7 +17,7 @@ from kvbench.cli.parser import CliError, did_you_mean
 from kvbench.cli.progress import ProgressBar
 from kvbench.config import DecoderConfig, PlainConfig
 from kvbench.report.record import model as report_model
-from kvbench.report.record import terminal
+from kvbench.report.record import columns, terminal
 from kvbench.report.format import format_bytes, stdout_console
 from kvbench.timing import Protocol
 
@@ -66,6 +66,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     failed = [check for check in outcome.checks if not check["passed"]]
     for check in failed:
         stderr.print(f"[bold red]EQUIVALENCE FAILED[/]: {failure_sentence(check)}")
+    for sentence in columns.unquantized_sentences(report):  # the tables mark them ∅; said here too
+        stderr.print(f"[yellow]warning[/]: {escape(sentence)}")
     console.print(f"record: {path}")
     if report.verdict:  # the last line: what precision the run reached, and if short of it why, in words
         console.print(terminal.verdict_line(report))

@@ -150,7 +150,8 @@ RECORD_SCHEMA_V1 = {
             "type": "array",
             "items": {"type": "object", "required": ["mode", "length", "expected_bytes", "measured_bytes", "reserved_bytes"],
                       "properties": {**_cell, "expected_bytes": _bytes, "measured_bytes": _bytes,
-                                     "reserved_bytes": _bytes, "peak_rss_growth_bytes": _bytes}},
+                                     "reserved_bytes": _bytes, "peak_rss_growth_bytes": _bytes,
+                                     "quantized_positions": _count}},  # a quantized kind's, since 2026-12-04
         },
         "per_step": {
             "type": "array",
@@ -216,7 +217,9 @@ def real_model_sections() -> dict:
     quality = {"type": "object", "required": ["tokens", "chunks", "modes"],
                "properties": {"tokens": _positive, "chunks": _positive, "modes": {"type": "array", "items": {
                    "type": "object", "required": ["mode", "perplexity", "nll_mean"],
-                   "properties": {"mode": _mode, "perplexity": {"type": "number", "exclusiveMinimum": 0}}}}}}
+                   "properties": {"mode": _mode, "perplexity": {"type": "number", "exclusiveMinimum": 0},
+                                  # what its cache held after a chunk's last step (since 2026-12-04)
+                                  "cache_bytes": _count, "quantized_positions": _count}}}}}
     return {"model": model, "token_ids": token_ids, "quality": quality}
 
 
