@@ -154,10 +154,12 @@ def point_marks(frame: Frame, points: list[Point], color: str, machine: str, cou
 
 
 def step_text(step: Step) -> str:
+    """The verdict with the quantity its ratio divides: "slower: speedup old/new 2.412 [...] (speedup 1.6 → 0.665)"."""
     if step.judged is None:
         return f"not judged: {step.reason}"
     j = step.judged
-    return f"{step.verdict}: {j.ratio:.3f} [{j.low:.3f}, {j.high:.3f}] new/old, MDE ±{j.mde:.1%}"
+    moved = f" ({step.quantity.split()[0]} {step.values[0]:.4g} → {step.values[1]:.4g})" if step.values else ""
+    return f"{step.verdict}: {step.quantity} {j.ratio:.3f} [{j.low:.3f}, {j.high:.3f}]{moved}, MDE ±{j.mde:.1%}"
 
 
 def step_marks(frame: Frame, chart: Chart, color_for) -> list[Html]:
