@@ -74,9 +74,10 @@ asv-check: $(STAMP)
 # asv-quick: a smoke test of the working tree: one round, 5 samples per time_ benchmark (asv's ± is half the
 # samples' IQR: --quick's single sample shows ±0) and 60 s of speedup sampling in all (docs/asv.md: what it
 # takes). Not `--quick`: asv 0.6.6 sizes its progress by the suite's largest `rounds` (2) while --quick runs one
-# round, so the progress ended at 50%; `-a rounds=1` sizes both alike.
+# round, so the progress ended at 50%; `-a rounds=1` sizes both alike. --record-samples keeps the 5 samples in the
+# result: without them `kvbench history` has no interval for a time_ value and judges no step of it.
 ASV_QUICK_BUDGET ?= 60
-ASV_QUICK_ATTRIBUTES := -a rounds=1 -a repeat=5
+ASV_QUICK_ATTRIBUTES := -a rounds=1 -a repeat=5 --record-samples
 
 asv-quick: asv-machine
 	KVBENCH_ASV_BUDGET=$(ASV_QUICK_BUDGET) $(ASV) run $(ASV_EXISTING) --set-commit-hash HEAD $(ASV_QUICK_ATTRIBUTES) $(ASV_MACHINE_FLAG) $(ASV_ARGS)

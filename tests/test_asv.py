@@ -357,7 +357,8 @@ def test_make_asv_quick_runs_one_round_of_several_samples():
     # --quick takes one sample (asv's ± is half the samples' IQR: "±0") and sizes the progress bar by the
     # suite's largest `rounds` while running one round (it ended at 50%)
     assert "$(ASV_QUICK_ATTRIBUTES)" in recipe and "--quick" not in recipe
-    assert make_variable("ASV_QUICK_ATTRIBUTES").split() == ["-a", "rounds=1", "-a", "repeat=5"]
+    # and keeps the samples: without them the history page has no interval and judges no time_ step
+    assert make_variable("ASV_QUICK_ATTRIBUTES").split() == ["-a", "rounds=1", "-a", "repeat=5", "--record-samples"]
 
 
 @pytest.mark.slow

@@ -192,6 +192,20 @@ def test_without_samples_a_step_is_not_judged(results_copy):
     assert [s.verdict for s in steps] == ["not judged"] and "--record-samples" in steps[0].reason
 
 
+def test_a_step_not_judged_has_its_own_mark_not_the_within_noise_circle(results_copy):
+    for path in result_files(results_copy, "history-a"):
+        document = json.loads(path.read_text())
+        document["results"][TIME][document["result_columns"].index("samples")] = None
+        path.write_text(json.dumps(document))
+    history = build_history(results_copy)
+    page = render_page(history)
+    classes = [v for _, name, v in read_page(page).attributes if name == "class"]
+    unjudged = sum(1 for c in history.charts for s in c.steps if s.judged is None)
+    within = sum(1 for c in history.charts for s in c.steps if s.judged is not None and s.verdict not in (SLOWER, FASTER))
+    assert unjudged >= 2 and classes.count("step not-judged") == unjudged and classes.count("step") == within
+    assert "◌</span> not judged" in page
+
+
 def test_a_torch_change_is_a_critical_mark(results_copy):
     _, new = result_files(results_copy, "history-a")
     path = capture_path_for_result(new)
