@@ -435,7 +435,7 @@ def test_asv_show_prints_samples_beside_the_capture(existing):
     assert "threads intra 1 / inter 1" in out
     for mode in MODES:
         assert re.search(rf"model='seed', mode='{mode}', length={LENGTH}: median [\d.]+ms, 99% CI \[", out), out
-    assert len(re.findall(r"samples: (?:[\d.e-]+ ){4}[\d.e-]+\n", out + "\n")) == len(MODES), out
+    assert len(re.findall(r"samples \((?:s|ms|µs)\): (?:[\d.e-]+ ){4}[\d.e-]+\n", out + "\n")) == len(MODES), out
 
 
 @pytest.mark.slow
