@@ -160,3 +160,38 @@ def test_the_bytes_against_drift_plot_uses_the_quality_kl_and_says_so(make_recor
     assert drawn["quantized-int4"][0] == pytest.approx(int4["cache_bytes"] / (2 * CONFIG.layers * CONFIG.kv_heads * 30
                                                                               * CONFIG.head_dim * 4))
     assert "on text" in ax.get_ylabel() and "30-token" in ax.get_title()
+
+
+def test_a_peer_measured_with_other_cache_settings_is_said_to_describe_other_work(make_record, measured):
+    """transformers' int4 cache beside kvbench's int4 with another residual is other work: the note says so."""
+    import copy
+
+    quality = copy.deepcopy(measured)
+    peer = {**copy.deepcopy(next(row for row in quality["modes"] if row["mode"] == "quantized-int4")),
+            "mode": "hf-quantized-int4"}
+    quality["modes"].append(peer)
+    quality["options"]["hf-quantized-int4"] = {"group_size": 32, "residual": 128}
+    note = quality_report(make_record, quality).quality_note
+    assert ("hf-quantized-int4 ran with group 32 and residual 128, quantized-int4 beside it with group 4 and "
+            "residual 4: not the same cache settings, not the same work") in note
+    quality["options"]["hf-quantized-int4"] = dict(OPTIONS["quantized-int4"])
+    assert "not the same cache settings" not in quality_report(make_record, quality).quality_note
+
+
+def test_the_real_model_page_sets_transformers_int4_beside_kvbenchs_with_the_settings_each_ran_with():
+    """docs/real-model.md's peer paragraphs, from the committed records: the run with transformers' defaults
+    (residual 128) is said to be other work; the run with kvbench's G = R = 16 is not."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("real_model_docs", root / "scripts" / "real_model_docs.py")
+    docs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(docs)
+    beside = root / "results/real/quality-quantized.json"
+    defaults = docs.peer_block(root / "results/real/quality-hf-int4.json", beside)
+    assert "ran with group 32 and residual 128, not those of kvbench's quantized-int4" in defaults
+    assert "(group 16 and residual 16): other settings, other work" in defaults
+    matched = docs.peer_block(root / "results/real/quality-hf-int4-g16.json", beside)
+    assert "ran with group 16 and residual 16, the settings of kvbench's quantized-int4" in matched
+    assert "--quant-group 16 --quant-residual 16" in matched

@@ -10,8 +10,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from kvbench.config import PlainConfig
-from kvbench.kinds import QUANTIZED_SHARE_FLOOR, expected_cache_bytes
-from kvbench.modes import SPECS, expected_bytes, quantized_positions
+from kvbench.kinds import GROUP_SIZE, QUANTIZED_SHARE_FLOOR, RESIDUAL, expected_cache_bytes
+from kvbench.modes import KVBENCH, SPECS, TRANSFORMERS, expected_bytes, quantized_positions
 from kvbench.record import RecordView
 
 QUALITY_COLUMNS = ["mode", "perplexity", "Δ NLL vs full (95% CI)", "beyond window (full's)", "KL", "top-1",
@@ -109,8 +109,43 @@ def quality_note(view: RecordView) -> str | None:
     quality = view.quality
     if not quality:
         return None
+    differences = peer_settings_sentences(view, view)
     return (f"{QUALITY_SENTENCE}. {quality['chunks']} chunks of {quality['tokens']} tokens; greedy text: "
-            f"{quality['generate']} tokens after the corpus's first {quality['prompt']}")
+            f"{quality['generate']} tokens after the corpus's first {quality['prompt']}"
+            + "".join(f". {sentence}" for sentence in differences))
+
+
+def cache_settings(view: RecordView, mode: str) -> dict:
+    """The quantized cache options `mode`'s quality was measured with, defaults filled in: the record keeps what
+    the run gave, and kvbench.hf makes transformers' QuantizedCache with kvbench's defaults."""
+    return {"group_size": GROUP_SIZE, "residual": RESIDUAL, **(view.quality or {}).get("options", {}).get(mode, {})}
+
+
+def kvbench_twin(mode: str) -> str | None:
+    """kvbench's own quantized kind of the bits of transformers' quantized cache `mode`; None for any other mode."""
+    found = SPECS.get(mode)
+    if found is None or found.source != TRANSFORMERS or not found.bits:
+        return None
+    return next((name for name, spec in SPECS.items() if spec.source == KVBENCH and spec.bits == found.bits), None)
+
+
+def settings_text(settings: dict) -> str:
+    return f"group {settings['group_size']} and residual {settings['residual']}"
+
+
+def peer_settings_sentences(peer: RecordView, beside: RecordView) -> list[str]:
+    """Where a transformers quantized cache's quality (in `peer`) sits beside kvbench's kind of the same bits (in
+    `beside`: the same record, or the one a document sets it beside) with other cache settings, each difference in
+    words: a peer's figure measured with another residual describes other work."""
+    theirs = {entry["mode"] for entry in (beside.quality or {}).get("modes", [])}
+    out = []
+    for entry in (peer.quality or {}).get("modes", []):
+        twin = kvbench_twin(entry["mode"])
+        mine = cache_settings(peer, entry["mode"])
+        if twin in theirs and mine != cache_settings(beside, twin):
+            out.append(f"{entry['mode']} ran with {settings_text(mine)}, {twin} beside it with "
+                       f"{settings_text(cache_settings(beside, twin))}: not the same cache settings, not the same work")
+    return out
 
 
 def model_sentence(view: RecordView) -> str | None:
