@@ -4,6 +4,7 @@ per-workload columns, the run's verdict and what it reached, and one name for th
 
 import io
 import json
+import re
 import statistics
 from pathlib import Path
 
@@ -357,3 +358,13 @@ def test_run_warns_on_stderr_of_a_quantized_kind_that_quantized_nothing(tmp_path
     assert "∅" in captured.out
     record = json.loads((tmp_path / "q.json").read_text())
     assert [m.get("quantized_positions") for m in record["memory"]] == [None, 0]
+
+
+def test_every_markdown_table_has_as_many_header_cells_as_row_cells():
+    """The trade-off table's "max |Δ|" header split into two cells, shifting every column after it."""
+    page = markdown.render_report(build_report(view(quantized_record())))
+    cells = lambda line: len(re.split(r"(?<!\\)\|", line)) - 2  # noqa: E731  (unescaped pipes, less the two ends)
+    tables = [block.splitlines() for block in page.split("\n\n") if block.startswith("| ")]
+    assert any("max \\|Δ\\|" in table[0] for table in tables)
+    for table in tables:
+        assert {cells(line) for line in table} == {cells(table[0])}, table[0]
