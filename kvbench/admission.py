@@ -5,7 +5,8 @@ refuses a budget too small for the trace before anything is built.
                   (policy "request": prompt + output - 1, the default) or the model's max_length
                   (policy "max-length", what a server that knows no output length must do)
   quantized-int8/4  reserves the bytes its cache allocates for that capacity: integer codes, float16
-                  scales and minimums, and the full-precision residual window (kvbench.cache.quantized)
+                  scales and minimums, and the full-precision window of recent positions at the largest
+                  it reaches while the prompt is prefilled in the scheduler's chunks (quantized_window)
   paged           takes blocks of one shared pool on demand: a request is admitted when the blocks for
                   its prompt are free, and grows a block at a time
 
@@ -60,14 +61,29 @@ def blocks_for(positions: int, block_size: int) -> int:
 
 
 def quantized_reserved_bytes(config, capacity: int, bits: int, group_size: int = GROUP_SIZE,
-                             residual: int = RESIDUAL) -> int:
-    """What a quantized cache of `capacity` positions allocates (kvbench.cache.quantized's tensors)."""
+                             residual: int = RESIDUAL, recent_positions: int | None = None) -> int:
+    """What a quantized cache of `capacity` positions allocates (kvbench.cache.quantized's tensors), its window of
+    recent positions allocated for `recent_positions` (by default, and at least, min(capacity, residual + group))."""
     lead, D = config.layers * config.kv_heads, config.head_dim
     stored = group_size * max(0, (capacity - residual) // group_size)
     codes = 2 * lead * stored * D * bits // 8
     scales = lead * (stored // group_size) * 2 * D * 2 + lead * stored * (D // math.gcd(group_size, D)) * 2 * 2
-    recent = lead * 2 * min(capacity, residual + group_size) * D * config.element_bytes
+    recent = lead * 2 * (recent_positions or min(capacity, residual + group_size)) * D * config.element_bytes
     return codes + scales + recent
+
+
+def quantized_window(prompt: int, capacity: int, max_batched_tokens: int | None, group_size: int = GROUP_SIZE,
+                     residual: int = RESIDUAL) -> int:
+    """The most full-precision positions a quantized cache holds at once when its `prompt` is prefilled in chunks of
+    at most `max_batched_tokens` (None: the prompt whole), then decoded a token at a time.
+
+    A chunk is staged beside the recent positions before their whole groups are quantized, so the window peaks at
+    recent + chunk. After any commit fewer than residual + group positions are recent, and the scheduler's chunks
+    may start anywhere (what is left of the token budget after the decoding rows varies), so the worst case is a
+    chunk of the whole budget after residual + group - 1 recent positions, or the whole prompt if that is less.
+    Decoding adds one position to at most residual + group - 1, within the cache's own least window."""
+    longest = prompt if max_batched_tokens is None else min(prompt, max_batched_tokens)
+    return max(min(capacity, residual + group_size), min(prompt, longest + residual + group_size - 1))
 
 
 def capacity(request, config, policy: str) -> int:
@@ -77,8 +93,27 @@ def capacity(request, config, policy: str) -> int:
     return request.positions if policy == "request" else config.max_length
 
 
+def cache_options(kind: str, request, capacity: int, options: dict | None = None,
+                  max_batched_tokens: int | None = None) -> dict:
+    """The options a reserving kind's cache for `request` is made with, and reserved for (reservation).
+
+    A quantized cache's window of recent positions is allocated at its peak under the scheduler's chunk rule
+    (quantized_window), rather than the chunks being cut to fit the window it starts with: cutting them would give
+    the quantized kinds a prefill schedule of their own (a prompt in group-size chunks, every one a call that
+    dequantizes everything stored so far), so the kinds would no longer replay the same schedule, and the time
+    measured would be that schedule's. Allocated at admission, the window is what the ledger counts, from the
+    start: its `reserved` is what the caches hold, and they never grow past it."""
+    options = dict(options or {})
+    if kind in QUANTIZED_BITS:
+        options["recent_positions"] = quantized_window(request.prompt, capacity, max_batched_tokens,
+                                                       options.get("group_size", GROUP_SIZE),
+                                                       options.get("residual", RESIDUAL))
+    return options
+
+
 def reservation(kind: str, config, positions: int, options: dict | None = None) -> int:
-    """Bytes a reserving kind takes at admission for a cache of `positions` capacity."""
+    """Bytes a reserving kind takes at admission for a cache of `positions` capacity made with `options` (for a
+    request, cache_options': a quantized cache's window sized for its prefill)."""
     if kind == "static":
         return expected_cache_bytes(config, 1, positions)
     if kind in QUANTIZED_BITS:
@@ -87,13 +122,17 @@ def reservation(kind: str, config, positions: int, options: dict | None = None) 
 
 
 def minimum_budget(kind: str, config, trace, policy: str = "request", block_size: int = DEFAULT_BLOCK_SIZE,
-                   options: dict | None = None, share_prefix: bool = False) -> int:
+                   options: dict | None = None, share_prefix: bool = False,
+                   max_batched_tokens: int | None = None) -> int:
     """The least budget that serves every request of `trace` alone: its largest request's need (for paged
-    with a shared prefix, plus the prefix's blocks, which the pool keeps while a request may fork them)."""
+    with a shared prefix, plus the prefix's blocks, which the pool keeps while a request may fork them; for
+    quantized, prefilled in chunks of max_batched_tokens, None being whole prompts: the largest window)."""
     if kind not in SERVING_KINDS:
         raise ValueError(f"a serving kind is one of {list(SERVING_KINDS)}, got {kind!r}")
     if kind in ("paged", PEER):  # the peer's pages are blocks of block_size positions in every layer
         held = blocks_for(trace.prefix, block_size) if share_prefix else 0  # the prefix holder's blocks
         largest = max(blocks_for(request.positions, block_size) for request in trace.requests)
         return (held + largest) * block_bytes(config, block_size)
-    return max(reservation(kind, config, capacity(r, config, policy), options) for r in trace.requests)
+    return max(reservation(kind, config, capacity(r, config, policy),
+                           cache_options(kind, r, capacity(r, config, policy), options, max_batched_tokens))
+               for r in trace.requests)

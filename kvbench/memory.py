@@ -107,8 +107,7 @@ def estimate_run_bytes(config: PlainConfig, batch: int, lengths: list[int], mode
                           config.intermediate_size)
     qkv = (H + 2 * KVH) * D
     parts = {
-        "weights" if elt >= 4 else "weights (built in float32)": parameter_count(config) * max(elt, 4)
-        + rotary_table_bytes(config),
+        "weights" if elt >= 4 else "weights (built in float32)": weight_build_bytes(config),
         "token ids": 2 * B * config.max_length * 8,
         "gate logits": B * T * V * (2 * elt + 4 * 8 + 2),
         "caches": 2 * expected_cache_bytes(config, B, T),
@@ -118,6 +117,12 @@ def estimate_run_bytes(config: PlainConfig, batch: int, lengths: list[int], mode
     if any(SPECS[mode].copies_weights for mode in modes):
         parts["transformers' copy of the weights"] = parameter_count(config) * elt
     return parts
+
+
+def weight_build_bytes(config: PlainConfig) -> int:
+    """The weights as they are built: never fewer than 4 bytes each (random ones are drawn in float32, a
+    GGUF's are dequantized to float32, before either is cast to the dtype), and the llama family's rotary tables."""
+    return parameter_count(config) * max(config.element_bytes, 4) + rotary_table_bytes(config)
 
 
 AVAILABLE_MEMORY_VARIABLE = "KVBENCH_AVAILABLE_MEMORY"

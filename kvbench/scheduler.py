@@ -7,15 +7,18 @@ Each iteration:
      running request is preempted (its cache released, its tokens kept: it recomputes later,
      vLLM's default);
   3. waiting requests are admitted in order while the budget allows (kvbench.admission: static
-     and quantized reserve their capacity, paged needs the blocks of its prompt); the first that
-     does not fit stops admission (first come, first served);
+     and quantized reserve their capacity, quantized with the full-precision window its prompt's
+     chunks will reach, paged needs the blocks of its prompt); the first that does not fit stops
+     admission (first come, first served);
   4. one forward over every running request: every request whose prompt is in its cache decodes its
      next token, all of them in one batched call (each row at its own positions, kvbench.cache.batch);
      requests still prefilling take chunks of their prompts, one call each, in admission order,
      within a per-iteration token budget (max_batched_tokens, counting one per decoding row: chunked
      prefill as Sarathi and vLLM schedule it, so a long prompt never stalls every running request's
      next token for its whole length; None prefills every admitted prompt whole). A chunk that ends
-     its prompt emits the request's first token;
+     its prompt emits the request's first token. A shared prefix's holder (paged, share_prefix) takes
+     what the running requests leave of that budget, while the head of the queue waits to fork it;
+     once it holds the whole prefix, the requests waiting for it are admitted in the same iteration;
   5. a request that emitted its last token, or that its client cancelled, releases its cache in
      this same iteration.
 Tokens are teacher-forced: request r's ids are fixed (TokenSource), so batching, padding and
@@ -113,18 +116,20 @@ class Ledger:
     def held_bytes(self) -> int:
         return self.held
 
-    def admit(self, live: Live) -> bool:
+    def admit(self, live: Live, max_batched_tokens: int | None = None) -> bool:
+        """Set `live`'s cache aside if it fits, made for the scheduler's chunk rule (kvbench.admission.cache_options:
+        its most tokens per iteration, None for whole prompts), so its reservation is all it ever allocates."""
         capacity = admission.capacity(live.spec, self.config, self.policy)
-        need = admission.reservation(self.kind, self.config, capacity, self.options)
+        options = admission.cache_options(self.kind, live.spec, capacity, self.options, max_batched_tokens)
+        need = admission.reservation(self.kind, self.config, capacity, options)
         if self.held + need > self.budget:
             return False
-        live.cache = make_cache(self.kind, self.config, 1, capacity, **self.options)
+        live.cache = make_cache(self.kind, self.config, 1, capacity, **options)
         live.reserved, self.held = need, self.held + need
         return True
 
-    def prepare(self, admitted: list[Live], source: TokenSource) -> int:
-        """Caches of admitted requests ready for their prefill; returns the positions prefilled to get there
-        (a paged holder of the shared prefix)."""
+    def prefill_prefix(self, waiting: deque[Live], source: TokenSource, tokens: int | None) -> int:
+        """A chunk of a shared prefix's holder (paged, share_prefix); returns the positions prefilled: none here."""
         return 0
 
     def release(self, live: Live) -> int:
@@ -143,19 +148,22 @@ class Ledger:
 class PagedLedger(Ledger):
     """One BlockPool of budget // block bytes blocks; requests take blocks on demand. With share_prefix, a
     holder keeps the shared prefix's blocks while a request that has the prefix is still to come, and
-    every such request forks it (copy-on-write of a partly filled last block)."""
+    every such request forks it (copy-on-write of a partly filled last block). The holder is prefilled like a
+    prompt, in chunks of the iteration's token budget (prefill_prefix), and a request that has the prefix is
+    admitted only once the holder holds all of it."""
 
     def __init__(self, model: Decoder, budget: int, block_size: int, share_prefix: bool) -> None:
         super().__init__(model, "paged", budget, "request", None)
         self.pool = BlockPool(self.config, budget // admission.block_bytes(self.config, block_size), block_size)
         self.share_prefix, self.holder, self.promised = share_prefix, None, 0
 
+    def _forks(self, live: Live) -> bool:
+        return bool(self.share_prefix and live.spec.prefix)
+
     def _need(self, live: Live) -> int:
+        """Blocks its prompt takes; a fork shares the holder's full blocks (a partly filled last one is copied)."""
         size = self.pool.block_size
-        if self.share_prefix and live.spec.prefix:
-            holder = 0 if self.holder is not None else admission.blocks_for(live.spec.prefix, size)
-            return holder + admission.blocks_for(live.feed, size) - live.spec.prefix // size
-        return admission.blocks_for(live.feed, size)
+        return admission.blocks_for(live.feed, size) - (live.spec.prefix // size if self._forks(live) else 0)
 
     def growth_fits(self, rows: list[Live]) -> bool:
         """Whether every row's next token fits (the rest of its prompt, while it prefills in chunks); if so,
@@ -167,27 +175,35 @@ class PagedLedger(Ledger):
     def held_bytes(self) -> int:
         return (self.pool.num_blocks - self.pool.free_blocks) * self.pool.block_bytes
 
-    def admit(self, live: Live) -> bool:
+    def admit(self, live: Live, max_batched_tokens: int | None = None) -> bool:
+        if self._forks(live) and (self.holder is None or self.holder.length < live.spec.prefix):
+            return False  # it waits, at the head of the queue, for prefill_prefix to finish the holder
         need = self._need(live)
         if need + self.promised > self.pool.free_blocks:
             return False
         self.promised += need
-        if self.share_prefix and live.spec.prefix and self.holder is None:
-            self.holder = PagedCache(self.config, 1, pool=self.pool)  # prefilled in prepare()
-        if not (self.share_prefix and live.spec.prefix):
-            live.cache = PagedCache(self.config, 1, live.spec.positions, pool=self.pool)
+        live.cache = self.holder.fork() if self._forks(live) else PagedCache(self.config, 1, live.spec.positions,
+                                                                               pool=self.pool)
         return True
 
-    def prepare(self, admitted: list[Live], source: TokenSource) -> int:
-        prefilled = 0
-        if self.holder is not None and self.holder.length == 0:
-            self.model(source.prefix, self.holder)
-            prefilled = self.holder.length
-        for live in admitted:
-            if live.cache is None:
-                live.cache = self.holder.fork()
-        self.promised = 0
-        return prefilled
+    def prefill_prefix(self, waiting: deque[Live], source: TokenSource, tokens: int | None) -> int:
+        """The holder's next chunk of the shared prefix, at most `tokens` (None: all the rest), while the request at
+        the head of the queue waits to fork it (first come, first served: no other request waits behind it), in
+        blocks that no admitted request's prompt or running request's next token was promised; returns the
+        positions prefilled."""
+        if not (waiting and self._forks(waiting[0])):
+            return 0
+        head = waiting[0]
+        if self.holder is not None and self.holder.length >= head.spec.prefix:
+            return 0
+        if self.holder is None:
+            self.holder = PagedCache(self.config, 1, pool=self.pool)
+        start = self.holder.length
+        count = head.spec.prefix - start if tokens is None else min(tokens, head.spec.prefix - start)
+        if count < 1 or self.holder.blocks_needed(count) + self.promised > self.pool.free_blocks:
+            return 0
+        self.model(source.prefix[:, start : start + count], self.holder)
+        return count
 
     def release(self, live: Live) -> int:
         free = self.pool.free_blocks
@@ -274,10 +290,13 @@ class Scheduler:
         preempted = self.make_room()
         admitted = self.admit(now)
         begun = self.now()
-        prefill_tokens = self.ledger.prepare(admitted, self.source)  # a shared prefix's holder, prefilled once
         decoding = [live for live in self.running if live.pending == 1]
         chunks = self.chunks([live for live in self.running if live.pending > 1], len(decoding))
-        prefill_tokens += sum(count for _, count in chunks)
+        used = len(decoding) + sum(count for _, count in chunks)
+        prefix_tokens, forks = self.prefill_prefix(now, used)
+        admitted += forks
+        chunks += self.chunks(forks, used + prefix_tokens)
+        prefill_tokens = prefix_tokens + sum(count for _, count in chunks)
         stepped = []
         for live, count in chunks:  # one call each: a prompt is already many rows, and padding prompts wastes work
             stepped += self.forward([live], [count])
@@ -287,19 +306,19 @@ class Scheduler:
                    "prefill_tokens": prefill_tokens, "decoded": len(decoding)}
         memory = self.ledger.snapshot(self.running)
         freed, ended = self.retire(stepped)
-        if not (chunks or decoding) and self.waiting:
+        if not (chunks or decoding or prefix_tokens) and self.waiting:
             raise ValueError(f"request {self.waiting[0].spec.id} cannot be admitted even alone: the KV budget "
                              f"{self.ledger.budget} bytes is below its minimum (kvbench.admission.minimum_budget)")
         self.iterations.append({"time": round(self.now(), 6), "running": len(stepped), "waiting": len(self.waiting),
                                 "admitted": len(admitted), "preempted": preempted, "ended": ended,
                                 "freed": freed, **memory, "reserved_after": self.ledger.held_bytes(), **seconds})
 
-    def chunks(self, prefilling: list[Live], decoding: int) -> list[tuple[Live, int]]:
+    def chunks(self, prefilling: list[Live], used: int) -> list[tuple[Live, int]]:
         """(request, tokens) of this iteration's prefill chunks, in admission order: what the token budget
-        leaves after one token per decoding row (without a budget, every prompt whole)."""
+        leaves after the `used` tokens (one per decoding row first; without a budget, every prompt whole)."""
         if self.max_batched_tokens is None:
             return [(live, live.pending) for live in prefilling]
-        left, chunks = self.max_batched_tokens - decoding, []
+        left, chunks = self.max_batched_tokens - used, []
         for live in prefilling:
             if left <= 0:
                 break
@@ -307,10 +326,19 @@ class Scheduler:
             left -= chunks[-1][1]
         return chunks
 
+    def prefill_prefix(self, now: float, used: int) -> tuple[int, list[Live]]:
+        """A shared prefix's holder takes what the token budget leaves after the running requests' `used` tokens
+        (it serves the head of the queue, admitted after them); once it holds the whole prefix, the requests that
+        waited for it are admitted and fork it in this same iteration. Returns (positions prefilled, admitted)."""
+        left = None if self.max_batched_tokens is None else self.max_batched_tokens - used
+        prefilled = self.ledger.prefill_prefix(self.waiting, self.source, left)
+        return prefilled, self.admit(now) if prefilled else []
+
     def make_room(self) -> int:
-        """Preempt the newest running requests until every other one's next token fits."""
+        """Preempt the newest running requests until every other one's next token fits (asked even with none
+        running, so that nothing stays promised from the last iteration)."""
         preempted = 0
-        while self.running and not self.ledger.growth_fits(self.running):
+        while not self.ledger.growth_fits(self.running):
             victim = max(self.running, key=lambda live: live.spec.id)
             self.running.remove(victim)
             self.ledger.release(victim)
@@ -321,7 +349,7 @@ class Scheduler:
 
     def admit(self, now: float) -> list[Live]:
         admitted = []
-        while self.waiting and self.ledger.admit(self.waiting[0]):
+        while self.waiting and self.ledger.admit(self.waiting[0], self.max_batched_tokens):
             live = self.waiting.popleft()
             live.admitted = now if live.admitted is None else live.admitted
             admitted.append(live)

@@ -47,10 +47,21 @@ class Replay:
         return {"replay": self.last}
 
 
+def token_count_problem(spec, emitted: int) -> str | None:
+    """Why `emitted` tokens are wrong for `spec`'s request, or None: a replay gives exactly what the trace asks
+    (spec.emits: its output, or cancel_after when its client cancels)."""
+    if emitted == spec.emits:
+        return None
+    cancelled = f" (cancelled after {spec.cancel_after})" if spec.cancel_after is not None else ""
+    return f"emitted {emitted} tokens, the trace asks {spec.emits}{cancelled}"
+
+
 def gate(model: Decoder, trace: Trace, kind: str, budget: int, settings: dict,
          continuations: dict[int, list[int]] | None = None) -> dict:
     """Every request's logits through the scheduler against its own full path: the kind's check, with the
-    worst request's figures and where the first failing one failed."""
+    worst request's figures and where the first failing one failed. A request given more or fewer tokens than
+    the trace asks fails too, at the first position it should not have (a scheduler that retires requests
+    early does less work, and would otherwise be timed as if it did it all)."""
     replay = Replay(model, trace, kind, budget, settings, keep_logits=True, continuations=continuations)
     replay.prepare()
     replay()
@@ -58,17 +69,24 @@ def gate(model: Decoder, trace: Trace, kind: str, budget: int, settings: dict,
     worst, failed, checked = None, [], 0
     with torch.inference_mode():
         for live in replay.scheduler.lives:
-            start = live.spec.prompt - 1
-            reference = model(live.ids)[0][:, start : start + live.emitted]  # (1, emitted, V)
-            check = judge_logits(kind, torch.stack(live.logits)[None], reference, atol, rtol, model.config).to_dict()
-            checked += live.emitted
-            if not check["passed"]:
+            compared = min(live.emitted, live.spec.emits)
+            miscounted = token_count_problem(live.spec, live.emitted)
+            check = None
+            if compared:
+                start = live.spec.prompt - 1
+                reference = model(live.ids)[0][:, start : start + compared]  # (1, compared, V)
+                check = judge_logits(kind, torch.stack(live.logits[:compared])[None], reference, atol, rtol,
+                                     model.config).to_dict()
+                checked += compared
+                if worst is None or check["max_abs_diff"] > worst["max_abs_diff"]:
+                    worst = check
+            if check is not None and not check["passed"]:
                 failed.append({"request": live.spec.id, "position": check["first_divergent_position"]})
-            if worst is None or check["max_abs_diff"] > worst["max_abs_diff"]:
-                worst = check
+            elif miscounted:
+                failed.append({"request": live.spec.id, "position": compared, "reason": miscounted})
     iterations = replay.last["iterations"]
-    return {**worst, "mode": kind, "passed": not failed, "failed_requests": failed, "tokens_checked": checked,
-            "requests": len(trace.requests), "preemptions": sum(it["preempted"] for it in iterations),
+    return {**(worst or {}), "mode": kind, "passed": not failed, "failed_requests": failed,
+            "tokens_checked": checked, "requests": len(trace.requests), "preemptions": sum(it["preempted"] for it in iterations),
             "max_concurrency": max(it["running"] for it in iterations), "shared_saved": max(it["saved"] for it in iterations)}
 
 

@@ -13,7 +13,7 @@ Lengths:
                      shape: the log-normal's sigma (LOGNORMAL_SIGMA) is this module's assumption.
 Arrivals:
   all        every request at time 0 (offline throughput)
-  poisson:R  exponential gaps at R requests per second
+  poisson:R  exponential gaps at R requests per second (at most MAX_RATE; the trace within MAX_ARRIVAL s)
   closed:C   C clients, each sending its next request when its previous one ends (no think time);
              request i belongs to client i % C, so times are known only at replay
 Options: a shared prefix (a system prompt of S tokens) on a fraction of the requests, and
@@ -38,6 +38,12 @@ PUBLISHED_MEANS = {  # (mean input, mean output) tokens: Kwon et al., SOSP 2023,
 LOGNORMAL_SIGMA = 0.8  # assumed (the paper publishes no shape): a right tail a few times the mean
 SOURCE = "Kwon et al., Efficient Memory Management for LLM Serving with PagedAttention, SOSP 2023, Fig. 11"
 FIELDS = ("id", "prompt", "output", "arrival", "client", "prefix", "cancel_after")
+MAX_REQUESTS = 100_000  # the most `kvbench run --requests` draws: a saved trace may hold no more
+# Arrivals are seconds after the replay starts, kept to the microsecond. Float seconds resolve a nanosecond
+# below about 1e7 s (116 days); far beyond, a request's token stamps collapse onto its arrival (1e300 + 0.1 is
+# 1e300) and every latency reads 0. The scheduler skips idle gaps, so a long trace costs no waiting.
+MAX_ARRIVAL = 1e7
+MAX_RATE = 1e6  # requests/s: faster, the gaps are below the microsecond arrivals are kept to and all round to 0
 
 
 @dataclass(frozen=True)
@@ -118,6 +124,8 @@ def parse_arrivals(text: str) -> dict:
 def check_spec(spec: dict, max_positions: int) -> None:
     """Every count, rate and length positive and finite, ranges ordered, a request within max_positions."""
     positive_int("requests", spec["requests"])
+    if spec["requests"] > MAX_REQUESTS:
+        raise ValueError(f"requests must be at most {MAX_REQUESTS}, got {spec['requests']}")
     for part in ("prompt", "output"):
         if part in spec:
             low, high = spec[part]
@@ -126,7 +134,7 @@ def check_spec(spec: dict, max_positions: int) -> None:
             if low > high:
                 raise ValueError(f"{part} range must be low-high with low <= high, got {low}-{high}")
     if spec["arrivals"] == "poisson":
-        positive_number("poisson rate", spec["rate"])
+        check_rate(spec["rate"], spec["requests"])
     if spec["arrivals"] == "closed":
         positive_int("closed-loop clients", spec["clients"])
     prefix, share = spec.get("prefix", 0), spec.get("prefix_fraction", 1.0)
@@ -140,6 +148,18 @@ def check_spec(spec: dict, max_positions: int) -> None:
     if longest is not None and longest + prefix > max_positions:
         raise ValueError(f"a request of prompt {spec['prompt'][1]} + prefix {prefix} + output {spec['output'][1]} "
                          f"holds {longest + prefix} positions, beyond max_length {max_positions}")
+
+
+def check_rate(rate: object, requests: int) -> None:
+    """A Poisson rate whose trace stays within MAX_ARRIVAL seconds and whose gaps survive rounding to 1 µs."""
+    positive_number("poisson rate", rate)
+    if rate > MAX_RATE:
+        raise ValueError(f"poisson rate must be at most {MAX_RATE:g} requests/s (arrivals are kept to the "
+                         f"microsecond), got {rate:g}")
+    if requests / rate > MAX_ARRIVAL:
+        raise ValueError(f"poisson rate {rate:g} requests/s spreads {requests} requests over about "
+                         f"{requests / rate:.3g} s, beyond the {MAX_ARRIVAL:g} s a trace may span: expected a rate "
+                         f">= {requests / MAX_ARRIVAL:g}")
 
 
 def _draw_length(rng: random.Random, spec: dict, part: str, cap: int) -> int:
@@ -176,13 +196,17 @@ def check_trace(trace: Trace, max_positions: int) -> None:
     """A trace's requests consistent with each other and with the model, or ValueError naming the first wrong."""
     if not trace.requests:
         raise ValueError("a trace needs at least one request, got none")
-    prefixes = {request.prefix for request in trace.requests if request.prefix}
-    if len(prefixes) > 1:
-        raise ValueError(f"a trace shares one prefix: expected one prefix length, got {sorted(prefixes)}")
+    if len(trace.requests) > MAX_REQUESTS:
+        raise ValueError(f"a trace holds at most {MAX_REQUESTS} requests, got {len(trace.requests)}")
+    if not isinstance(trace.arrivals, str) or trace.arrivals not in ARRIVALS:
+        raise ValueError(f"arrivals must be one of {list(ARRIVALS)}, got {trace.arrivals!r}")
+    if trace.arrivals != "closed" and trace.clients is not None:  # only closed-loop clients send requests
+        raise ValueError(f"clients: a trace with arrivals {trace.arrivals!r} has no clients (null), "
+                         f"got {trace.clients!r}")
     last = 0.0
     for index, request in enumerate(trace.requests):
         where = f"request {index}"
-        if request.id != index:
+        if isinstance(request.id, bool) or request.id != index:
             raise ValueError(f"{where}: ids must count from 0 in order, got id {request.id}")
         positive_int(f"{where} prompt", request.prompt)
         positive_int(f"{where} output", request.output)
@@ -198,20 +222,27 @@ def check_trace(trace: Trace, max_positions: int) -> None:
                                  f"{request.output} (expected fewer than {request.output})")
         _check_arrival(trace, request, where, last)
         last = request.arrival if request.arrival is not None else last
+    prefixes = {request.prefix for request in trace.requests if request.prefix}  # each an int by now
+    if len(prefixes) > 1:
+        raise ValueError(f"a trace shares one prefix: expected one prefix length, got {sorted(prefixes)}")
 
 
 def _check_arrival(trace: Trace, request: TraceRequest, where: str, last: float) -> None:
-    if trace.arrivals not in ARRIVALS:
-        raise ValueError(f"arrivals must be one of {list(ARRIVALS)}, got {trace.arrivals!r}")
     if trace.arrivals == "closed":
         positive_int("clients", trace.clients)
-        if request.arrival is not None or request.client != request.id % trace.clients:
+        if (request.arrival is not None or isinstance(request.client, bool)
+                or request.client != request.id % trace.clients):
             raise ValueError(f"{where}: a closed-loop request has no arrival time and client id % {trace.clients}, "
                              f"got arrival {request.arrival!r} and client {request.client!r}")
         return
+    if request.client is not None:
+        raise ValueError(f"{where}: client is only a closed-loop request's (null with arrivals {trace.arrivals!r}), "
+                         f"got {request.client!r}")
     arrival = request.arrival
     if isinstance(arrival, bool) or not isinstance(arrival, (int, float)) or not math.isfinite(arrival) or arrival < 0:
         raise ValueError(f"{where}: arrival must be a finite number of seconds >= 0, got {arrival!r}")
+    if arrival > MAX_ARRIVAL:
+        raise ValueError(f"{where}: arrival must be at most {MAX_ARRIVAL:g} s after the start, got {arrival:g}")
     if arrival < last:
         raise ValueError(f"{where}: arrivals must not decrease, got {arrival} after {last}")
     if trace.arrivals == "all" and arrival != 0:
@@ -223,12 +254,17 @@ def trace_from_dict(data: object, max_positions: int) -> Trace:
     if not isinstance(data, dict) or data.get("schema") != TRACE_SCHEMA:
         found = data.get("schema") if isinstance(data, dict) else type(data).__name__
         raise ValueError(f"a trace file has schema {TRACE_SCHEMA!r}, got {found!r}")
-    rows = data.get("requests")
+    rows, spec = data.get("requests"), data.get("spec")
+    spec = {} if spec is None else spec  # a hand-written trace may say nothing of how it was drawn
     if not isinstance(rows, list) or not all(isinstance(row, dict) and sorted(row) == sorted(FIELDS) for row in rows):
         raise ValueError(f"a trace's requests are a list of objects with exactly the fields {list(FIELDS)}")
+    if len(rows) > MAX_REQUESTS:  # refused before a request is built: a hostile file may hold millions
+        raise ValueError(f"a trace holds at most {MAX_REQUESTS} requests, got {len(rows)}")
+    if not isinstance(spec, dict):
+        raise ValueError(f"spec: expected an object (how the trace was drawn), got {type(spec).__name__}")
     seed = data.get("seed")
     positive_int("a trace's seed", seed, lowest=0)
     trace = Trace(tuple(TraceRequest(**row) for row in rows), data.get("arrivals"), data.get("clients"), seed,
-                  dict(data.get("spec") or {}))
+                  dict(spec))
     check_trace(trace, max_positions)
     return trace

@@ -69,6 +69,19 @@ def inductor_cache(request, tmp_path_factory):
 
 
 @pytest.fixture
+def clean_kinds():
+    """The registry of modes as it was before the test: a plugin a test loads registers kinds for the process."""
+    from kvbench import modes
+
+    before = dict(modes.SPECS)
+    yield
+    for name in [name for name in modes.SPECS if name not in before]:
+        modes.unregister(name)
+    for spec in before.values():  # in place: the registry keeps its order
+        modes.register(spec, replace_existing=True)
+
+
+@pytest.fixture
 def make_record():
     """make_record({(mode, length): [seconds, ...]}, failed={(mode, length)}, status=...) -> record dict."""
     return synthetic_record

@@ -74,3 +74,21 @@ def test_a_batch_of_one_pool_gives_each_row_its_own_logits(new):
         own, _ = MODEL(ids[b : b + 1, :count], row)
         torch.testing.assert_close(batched[b, :count], own[0], atol=1e-5, rtol=1e-5)
         assert rows[b].length == row.length
+
+
+def test_a_later_rows_failed_reserve_gives_back_what_the_earlier_rows_took():
+    """Each row alone fits the one free block, so the batch's checks pass; the second row's reserve then finds the
+    pool empty, and the block the first row took must go back (a leak would shrink the pool for good)."""
+    pool = BlockPool(CONFIG, 3, SIZE)
+    rows = [PagedCache(CONFIG, 1, 128, pool=pool) for _ in range(2)]
+    for row in rows:
+        MODEL(torch.ones(1, SIZE, dtype=torch.long), row)  # one full block each
+    tables = [row.block_table.tolist() for row in rows]
+    batch = BatchedCache(rows, [1, 1])
+    batch.check_append(CONFIG, 2, 1)  # each row's next block fits alone
+    with pytest.raises(ValueError, match="at length 4 needs 1 free blocks of 4 positions, pool has 0 free of 3"):
+        batch.reserve(1)
+    assert pool.free_blocks == 1 and [pool.refcount(block) for block in range(3)] == [1, 1, 0]
+    assert [row.block_table.tolist() for row in rows] == tables and [row.length for row in rows] == [SIZE, SIZE]
+    MODEL(torch.ones(1, 1, dtype=torch.long), rows[1])  # and the block is there for the next call
+    assert pool.free_blocks == 0 and rows[1].length == SIZE + 1

@@ -190,6 +190,22 @@ def test_budget_table_names_the_preset_and_its_weights(capsys):
     assert "of the bfloat16 cache keeping every position" in out
 
 
+@pytest.mark.parametrize("preset, parameters", [("seed", "seed: 86.6K parameters, weights 169.2 KiB"),
+                                                ("llama-mini", "llama-mini: 2.75M parameters"),
+                                                ("qwen2.5-0.5b", "qwen2.5-0.5b: 494M parameters")])
+def test_a_small_model_is_counted_in_thousands_or_millions_not_as_0_00b(capsys, preset, parameters):
+    assert main(["budget", "--preset", preset, "--tokens", "64", "--memory", "24GiB"]) == 0
+    assert parameters in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("count, text", [(932, "932"), (86_624, "86.6K"), (999_999, "1M"), (2_600_000, "2.6M"),
+                                         (134_515_008, "135M"), (8_030_261_248, "8.03B"), (1.5e12, "1,500B")])
+def test_parameters_text_keeps_three_significant_figures(count, text):
+    from kvbench.kinds import parameters_text
+
+    assert parameters_text(count) == text
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--preset", "nonesuch"], "--preset"),
     (["--tokens", "4096"], "budget needs --preset NAME or all of --layers, --kv-heads and --head-dim"),

@@ -1,5 +1,6 @@
 """kvbench.cli: one-line errors with exit 2, never overwriting, and a real run end to end."""
 
+import functools
 import json
 import os
 import subprocess
@@ -10,10 +11,14 @@ import pytest
 import torch
 
 import kvbench.decode as decode_module
+import kvbench.gguf as kvgguf
+from kvbench import timing
 from kvbench.cache import ConcatCache
-from kvbench.cli import main
+from kvbench.cli import build_parser, main, options, usage
+from kvbench.cli.run import check_run
 from kvbench.report.format import ms
 from kvbench.record import RECORD_SCHEMA, load_record
+from kvbench.trace import make_trace, parse_arrivals, parse_lengths
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ["--modes", "full,concat", "--repeats", "2", "--warmup", "0", "--no-progress"]
@@ -85,7 +90,8 @@ def restore_threads():
         (["--contexts", "64", "--lengths", "16"], "--lengths and --contexts choose different workloads"),
         (["--contexts", "2040"], "--contexts 2040: 4 warm-up and 16 timed steps after 2040 tokens need 2060 positions, "
                                 "beyond max_length"),
-        (["--contexts", "64", "--per-step", "8"], "--per-step profiles a loop; a context run times every step"),
+        (["--contexts", "64", "--per-step", "8"], "--per-step is not used by a contexts run (--contexts), only by "
+                                                  "loop runs"),
     ],
 )
 def test_run_user_errors_are_one_line_exit_2(capsys, tmp_path, monkeypatch, args, fragment):
@@ -95,6 +101,160 @@ def test_run_user_errors_are_one_line_exit_2(capsys, tmp_path, monkeypatch, args
     assert_one_line_error(code, err, *(fragment if isinstance(fragment, tuple) else (fragment,)))
     assert out == ""
     assert not output.exists()
+
+
+# -- an option the workload does not use ------------------------------------------------------------------------
+
+
+class Measured(Exception):
+    """Where a run would start its work: a refusal must come first (and a combination let through by mistake ends
+    here at once instead of measuring)."""
+
+
+@pytest.fixture
+def nothing_measured(monkeypatch):
+    def measure(*_):
+        raise Measured()
+
+    monkeypatch.setattr(timing, "set_threads", measure)  # the first step of either run after check_run
+
+
+@pytest.fixture(scope="module")
+def saved_trace(tmp_path_factory) -> Path:
+    """A trace file to replay: 3 requests of 8 prompt tokens (2 of them a shared prefix) and 4 output tokens."""
+    path = tmp_path_factory.mktemp("trace") / "trace.json"
+    spec = {**parse_lengths("fixed:8,4"), **parse_arrivals("all"), "requests": 3, "prefix": 2}
+    path.write_text(json.dumps(make_trace(spec, 0, 64).to_dict()))
+    return path
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--trace", "chat", "--model", "smollm2-135m"],  # it served the seed preset under the record's --model
+     "--model is not used by a serving run (--trace LENGTHS), only by loop, request and contexts runs"),
+    (["--trace", "chat", "--gguf", "missing.gguf"], "--gguf is not used by a serving run"),
+    (["--trace", "chat", "--plugin", "missing.py"], "--plugin is not used by a serving run"),
+    (["--trace", "chat", "--lengths", "8"], "--lengths and --trace choose different workloads: give one of them"),
+    (["--trace", "chat", "--warmup", "1", "--batch", "1"],  # the defaults' values, given all the same
+     "--warmup, --batch are not used by a serving run (--trace LENGTHS): leave them out"),
+    (["--trace", "fixed:8,4", "--modes", "full,concat,static,paged"],  # run's default modes, given: not serving's
+     "--modes full: a serving run takes kinds"),
+    (["--trace", "{trace}", "--requests", "4"], "--requests is not used by a replay run (--trace FILE), only by serving"),
+    (["--trace", "fixed:8,4", "--share-prefix"],
+     "--share-prefix: no request of the trace carries a shared prefix to share (--prefix S draws one)"),
+    (["--trace", "fixed:8,4", "--prefix-fraction", "0.5"],
+     "--prefix-fraction needs --prefix in a serving run: it is the share of requests that carry the prefix"),
+    (["--trace", "fixed:8,4", "--cancel", "0.5:4"], "--cancel 0.5:4: K must be below a request's output, and 4 tokens "
+                                                    "is at or beyond every one (the longest is 4)"),
+    (["--trace", "fixed:8,4", "--cancel", "1:5"],
+     "--cancel 1:5: F, the fraction of the requests cancelled, must be in (0, 1), got '1'"),
+    (["--trace", "fixed:8,4", "--max-seconds", "30"], "--max-seconds needs --precision in a serving run"),
+    (["--trace", "fixed:8,4", "--kv-budget", "1e30"], "--kv-budget 1e30: 1e+30 bytes of KV caches and 338.4 KiB of "
+                                                      "weights need more than the 1.0 GiB of memory available"),
+    (["--trace", "fixed:8,4", "--kv-budget", "2GiB"], "--kv-budget 2GiB: 2.0 GiB of KV caches and 338.4 KiB"),
+    (["--trace", "fixed:8,4", "--modes", "static", "--block-size", "8"],
+     "--block-size is read by paged and hf-continuous only, and --modes static runs none of them"),
+    (["--quant-group", "16"], "--quant-group is read by the quantized kinds only, and --modes full,concat,static,paged "
+                              "runs none of them"),
+    (["--contexts", "8", "--min-repeats", "3", "--per-step", "8"], "--per-step is not used by a contexts run"),
+    (["--quality", "8"], "--quality needs --model or --gguf in a loop run: it measures a trained model on text"),
+])
+def test_an_option_the_run_does_not_use_is_one_line_before_measuring(capsys, tmp_path, monkeypatch, saved_trace,
+                                                                      nothing_measured, args, fragment):
+    monkeypatch.setenv("KVBENCH_AVAILABLE_MEMORY", "1GiB")
+    output = tmp_path / "rec.json"
+    argv = [str(saved_trace) if arg == "{trace}" else arg for arg in args]
+    code, out, err = run_main(capsys, "run", *argv, "--output", output)
+    assert_one_line_error(code, err, fragment)
+    assert out == "" and not output.exists()
+
+
+def test_save_trace_and_output_must_be_different_files_and_neither_the_trace_replayed(capsys, tmp_path, saved_trace,
+                                                                                      nothing_measured):
+    same = tmp_path / "same.json"
+    code, _, err = run_main(capsys, "run", "--trace", "fixed:8,4", "--save-trace", same, "--output", same)
+    assert_one_line_error(code, err, f"--save-trace and --output both name {same}: the trace and the record need "
+                                     "different files")
+    code, _, err = run_main(capsys, "run", "--trace", saved_trace, "--save-trace", saved_trace, "--force")
+    assert_one_line_error(code, err, f"--save-trace {saved_trace} is the record being read")
+    assert not same.exists() and json.loads(saved_trace.read_text())["requests"]
+
+
+# Every option of `run` with a value that each workload using it accepts (with what it needs beside it); the
+# workloads' own options. A new option fails the test below until it has a sample here and a row in USED_BY.
+SAMPLES = {
+    "--lengths": ["--lengths", "8"], "--prompt": ["--prompt", "8"], "--generate": ["--generate", "4"],
+    "--contexts": ["--contexts", "8"], "--trace": ["--trace", "fixed:8,4"], "--modes": ["--modes", "static,paged"],
+    "--plugin": ["--plugin", str(ROOT / "tests" / "plugins" / "half.py")], "--repeats": ["--repeats", "2"],
+    "--precision": ["--precision", "0.1"], "--min-repeats": ["--min-repeats", "3"],
+    "--max-repeats": ["--max-repeats", "50", "--precision", "0.1"],
+    "--max-seconds": ["--max-seconds", "10", "--precision", "0.1"], "--between-run": ["--between-run", "0.005"],
+    "--order": ["--order", "rotate"], "--cpu": ["--cpu", "auto"], "--control": ["--control", "none"],
+    "--warmup": ["--warmup", "0"], "--batch": ["--batch", "2"], "--seed": ["--seed", "3"],
+    "--threads": ["--threads", "1"], "--quality": ["--quality", "8", "--model", "smollm2-135m"],
+    "--per-step": ["--per-step", "8"], "--output": ["--output", "{out}/rec.json"], "--force": ["--force"],
+    "--no-progress": ["--no-progress"], "--wide": ["--wide"], "--requests": ["--requests", "3"],
+    "--arrivals": ["--arrivals", "poisson:5"], "--prefix": ["--prefix", "2"], "--prefix-fraction": ["--prefix-fraction",
+                                                                                                   "0.5"],
+    "--share-prefix": ["--share-prefix"], "--cancel": ["--cancel", "0.5:2"], "--kv-budget": ["--kv-budget", "1MiB"],
+    "--reserve": ["--reserve", "max-length"], "--block-size": ["--block-size", "8"],
+    "--max-batched-tokens": ["--max-batched-tokens", "none"], "--save-trace": ["--save-trace", "{out}/trace.json"],
+    "--preset": ["--preset", "llama-tiny"], "--width": ["--width", "64"], "--heads": ["--heads", "2"],
+    "--kv-heads": ["--kv-heads", "2"], "--layers": ["--layers", "2"], "--vocab-size": ["--vocab-size", "64"],
+    "--max-length": ["--max-length", "64"], "--dtype": ["--dtype", "float64"], "--window": ["--window", "4"],
+    "--sinks": ["--sinks", "1", "--window", "4"], "--model": ["--model", "smollm2-135m"],
+    "--gguf": ["--gguf", "{packaged}"], "--window-pattern": ["--window-pattern", "all", "--window", "4"],
+    "--quant-group": ["--quant-group", "16", "--modes", "quantized-int8"],
+    "--quant-residual": ["--quant-residual", "64", "--modes", "quantized-int8"],
+}
+BASES = {"loop": ["--lengths", "8"], "request": ["--prompt", "8", "--generate", "4"], "contexts": ["--contexts", "8"],
+         "serving": ["--trace", "fixed:8,4", "--prefix", "2"], "replay": ["--trace", "{trace}"]}
+RUN_OPTIONS = [action.option_strings[-1] for action in options.run_parser().actions() if action.dest != "help"]
+REAL_MODEL = ("--model", "--gguf", "--quality")
+
+
+@functools.cache
+def read_gguf_once(path):
+    """The packaged model's file, read once for every test that names it (a read takes seconds)."""
+    return READ_GGUF(path)
+
+
+READ_GGUF = kvgguf.read_gguf
+
+
+def test_every_run_option_says_which_workloads_use_it():
+    assert sorted(usage.USED_BY) == sorted(RUN_OPTIONS)
+    assert sorted(BASES) == sorted(usage.WORKLOADS)
+    assert set(usage.NEEDS) | set(usage.KIND_OPTIONS) <= set(RUN_OPTIONS)
+
+
+@pytest.mark.parametrize("workload", list(usage.WORKLOADS))
+@pytest.mark.parametrize("option", RUN_OPTIONS)
+def test_every_run_option_is_checked_by_a_workload_that_uses_it_and_refused_by_the_others(
+        option, workload, capsys, tmp_path, monkeypatch, saved_trace, nothing_measured, clean_kinds):
+    """Each option with each workload: where the workload uses it, every check passes (check_run, torch-free,
+    nothing written); where not, one line naming it, before anything is measured."""
+    assert option in SAMPLES, f"give {option} a sample value in SAMPLES and a row in kvbench.cli.usage.USED_BY"
+    if option in REAL_MODEL and workload in usage.USED_BY[option]:
+        try:
+            packaged = kvgguf.packaged_path("smollm2-135m")
+            kvgguf.require_gguf()
+        except ValueError as error:
+            pytest.skip(str(error))
+        monkeypatch.setattr(kvgguf, "read_gguf", read_gguf_once)
+    else:
+        packaged = tmp_path / "model.gguf"  # never read: the option is refused first
+    fill = {"{trace}": str(saved_trace), "{packaged}": str(packaged)}
+    argv = [fill.get(arg, arg).replace("{out}", str(tmp_path / "out")) for arg in [*BASES[workload], *SAMPLES[option]]]
+    if workload in usage.USED_BY[option]:
+        args = build_parser().parse_args(["run", *argv])
+        args.argv = ["run", *argv]
+        check_run(args)
+        assert not (tmp_path / "out").exists()  # checked, not written
+    else:
+        code, out, err = run_main(capsys, "run", *argv)
+        assert_one_line_error(code, err, option)
+        assert f"not used by a {workload} run" in err or "choose different workloads" in err
+        assert out == "" and not (tmp_path / "out").exists()
 
 
 def test_no_command_is_one_line_exit_2(capsys):
@@ -357,6 +517,8 @@ def imported_by(*argv: str) -> tuple[int, list[str]]:
     (["budget", "--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--tokens", "8192", "--memory", "80GiB"], 0),
     (["budget", "--preset", "llama-3.1-8b", "--dtype", "bfloat16", "--tokens", "8192", "--memory", "80GiB"], 0),
     (["run", "--preset", "llama-3.1-8b", "--lengths", "16"], 2),
+    (["run", "--trace", "chat", "--model", "smollm2-135m"], 2),
+    (["run", "--trace", "fixed:8,4", "--kv-budget", "1e30"], 2),
     (["compare", "results/reference.json", "results/reference.json"], 0),
 ], ids=lambda value: " ".join(value) if isinstance(value, list) else str(value))
 def test_help_argument_checks_refusals_budget_and_compare_import_no_torch_scipy_or_matplotlib(argv, status,
@@ -398,7 +560,8 @@ def test_memory_refusals_follow_the_stated_limit(capsys, tmp_path, monkeypatch):
     output = tmp_path / "rec.json"
     monkeypatch.setenv("KVBENCH_AVAILABLE_MEMORY", "64KiB")
     code, _, err = run_main(capsys, "run", "--lengths", "4", "--output", output, "--no-progress")
-    assert_one_line_error(code, err, "preset 'seed'", "but 64.0 KiB of memory is available")
+    assert_one_line_error(code, err, "preset 'seed' (86.6K parameters, 338.4 KiB of float32 weights)",
+                          "but 64.0 KiB of memory is available")
     monkeypatch.setenv("KVBENCH_AVAILABLE_MEMORY", "plenty")
     code, _, err = run_main(capsys, "run", "--lengths", "4", "--output", output, "--no-progress")
     assert_one_line_error(code, err, "KVBENCH_AVAILABLE_MEMORY: expected a size like 24GiB, 80GB or 1e9, got 'plenty'")

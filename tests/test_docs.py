@@ -155,3 +155,15 @@ def test_svgs_compare_by_outline_and_position_not_by_the_fonts_glyph_numbers():
     assert comparable("docs/results.svg", ours) != comparable("docs/results.svg", system.replace(b"M 1 2", b"M 1 3"))
     assert comparable("docs/results.svg", ours) != comparable("docs/results.svg", ours.replace(b"(3 0)", b"(4 0)"))
     assert comparable("README.md", ours) != comparable("README.md", system)
+
+
+def test_docs_cli_has_a_row_for_every_run_option_and_for_no_other():
+    """docs/cli.md's tables of `kvbench run` name each option of the parser in a row's first cell, and nothing else:
+    an option added to the parser, or one removed, makes the reference stale."""
+    from kvbench.cli.options import run_parser
+
+    section = (ROOT / "docs" / "cli.md").read_text().split("\n## kvbench run\n")[1].split("\n## ")[0]
+    first_cells = [line.split(" | ")[0] for line in section.splitlines() if line.startswith("| `")]
+    named = set(re.findall(r"--[a-z][a-z0-9-]*", " ".join(first_cells)))
+    options = {action.option_strings[-1] for action in run_parser().actions() if action.dest != "help"}
+    assert (sorted(options - named), sorted(named - options)) == ([], [])

@@ -10,6 +10,8 @@ anything is measured or written.
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 import torch
 
@@ -34,6 +36,7 @@ def write_gguf(path, model, architecture: str = "llama", tensors: dict | None = 
     add_shapes(writer, config)
     writer.add_tokenizer_model("gpt2")
     writer.add_token_list([f"t{i}" for i in range(config.vocab_size)])
+    writer.add_token_scores([0.0] * config.vocab_size)  # what the tokenizer's merges are derived from
     arrays = dict(gguf_tensors(model))  # the names, layout and q/k permutation llama.cpp uses
     arrays.update(tensors or {})
     for name, value in arrays.items():
@@ -98,6 +101,18 @@ def test_the_record_names_the_file(tmp_path, original):
     assert described["path"] == str(path.resolve()) and described["size"] == path.stat().st_size
     assert described["sha256"] == kvgguf.file_sha256(path) and described["dequantized_to"] == "float32"
     assert described["architecture"] == "llama" and described["quantization"] == {"F32": 2 + 9 * CONFIG.layers}
+
+
+def test_file_sha256_is_the_digest_of_the_whole_file(tmp_path):
+    """The cache of dequantized weights is keyed by it: two files must never share one key. Past the 4 MiB
+    read block, so a digest of the first block alone would not pass."""
+    first, second = tmp_path / "first.bin", tmp_path / "second.bin"
+    content = bytes(range(256)) * (5 * 4096 + 1)
+    first.write_bytes(content)
+    second.write_bytes(content[:-1] + b"\x00")  # the last byte differs, past the first block
+    assert kvgguf.file_sha256(first) == hashlib.sha256(content).hexdigest()
+    assert kvgguf.file_sha256(second) == hashlib.sha256(content[:-1] + b"\x00").hexdigest()
+    assert kvgguf.file_sha256(first) != kvgguf.file_sha256(second)
 
 
 def hostile(tmp_path, original, case: str):

@@ -28,16 +28,6 @@ register_kind("mine", Mine)
 """
 
 
-@pytest.fixture
-def clean_kinds():
-    before = dict(modes.SPECS)
-    yield
-    for name in [name for name in modes.SPECS if name not in before]:
-        modes.unregister(name)
-    for spec in before.values():  # in place: the registry keeps its order
-        modes.register(spec, replace_existing=True)
-
-
 def test_a_registered_kind_is_a_mode_and_passes_the_gate(clean_kinds):
     class Mine(StaticCache):
         kind = "mine"

@@ -166,14 +166,105 @@ HAND_FOUND = {
 @pytest.mark.parametrize("case", HAND_FOUND)
 def test_a_record_a_reader_would_trip_on_is_refused_naming_the_file_and_the_field(case, tmp_path):
     name, field, change = HAND_FOUND[case]
-    path = tmp_path / "hostile.json"
-    path.write_text(json.dumps(with_change(name, change)))
+    assert_refused_naming(with_change(name, change), name, field, tmp_path)
+
+
+def assert_refused_naming(record: dict, name: str, field: str, directory: Path) -> None:
+    """`record` is refused by the library and by every reading command in one line naming the file and `field`."""
+    path = directory / "hostile.json"
+    path.write_text(json.dumps(record))
     with pytest.raises(RecordError) as refused:
         load_record(path)
     assert str(refused.value).startswith(f"{path}: {field}")
-    for argv in reading_commands(path, ROOT / name, tmp_path):
+    for argv in reading_commands(path, ROOT / name, directory):
         status, err = run(*argv)
         assert (status, err.count("\n")) == (2, 1) and f"{path}: {field}" in err, (argv, err)
+
+
+def current(name: str) -> dict:
+    """A committed record as kvbench writes it today: upgraded to schema 3, as plain JSON."""
+    return json.loads(json.dumps(load_record(ROOT / name)))
+
+
+def first_cell(record: dict) -> dict:
+    return record["summary"]["cells"][0]
+
+
+def without_per_token_median(change):
+    """A /3 file that lacks a derived per-token median (filled on load from the cell's median and length),
+    and whose cell is changed by `change`."""
+    def mutate(record):
+        del first_cell(record)["per_token_median"]
+        change(first_cell(record))
+    return mutate
+
+
+QUALITY = "results/real/quality-quantized.json"  # a real model's run: model, token_ids and quality sections
+# Schema 3 records whose derived or read-by-the-report fields are missing or out of range: each was read before
+# anything checked it (show and report exited 1 with a ZeroDivisionError, a KeyError or a TypeError).
+SCHEMA_3_FOUND = {
+    "a cell of length 0 without its per-token median": (
+        "results/layouts/seed.json", "summary/cells/0/length: 0 is less than the minimum of 1",
+        without_per_token_median(lambda cell: cell.update(length=0))),
+    "a cell without a length or its per-token median": (
+        "results/layouts/seed.json", "summary/cells/0: 'length' is a required property",
+        without_per_token_median(lambda cell: cell.pop("length"))),
+    "a cell whose length is a string, without its per-token median": (
+        "results/layouts/seed.json", "summary/cells/0/length: 'x' is not of type 'integer'",
+        without_per_token_median(lambda cell: cell.update(length="x"))),
+    "a quantized cache's group of 0 tokens": (
+        QUALITY, "run/cache_options/quantized-int8/group_size: 0 is less than the minimum of 1",
+        lambda r: r["run"]["cache_options"]["quantized-int8"].update(group_size=0)),
+    "a negative residual": (QUALITY, "run/cache_options/quantized-int4/residual: -1 is less than the minimum of 0",
+                            lambda r: r["run"]["cache_options"]["quantized-int4"].update(residual=-1)),
+    "a group size that is a string": (QUALITY, "run/cache_options/quantized-int8/group_size: '32' is not of type",
+                                      lambda r: r["run"]["cache_options"]["quantized-int8"].update(group_size="32")),
+    "a quality entry without its KL": (QUALITY, "quality/modes/0: 'kl_mean' is a required property",
+                                       lambda r: r["quality"]["modes"][0].pop("kl_mean")),
+    "a quality entry without its sample": (QUALITY, "quality/modes/1: 'sample' is a required property",
+                                           lambda r: r["quality"]["modes"][1].pop("sample")),
+    "a top-1 agreement above 1": (QUALITY, "quality/modes/1/top1_agreement: 1.5 is greater than the maximum of 1",
+                                  lambda r: r["quality"]["modes"][1].update(top1_agreement=1.5)),
+    "an interval with a low and no high": (QUALITY, "quality/modes/1/nll_difference/high: None is not of type",
+                                           lambda r: r["quality"]["modes"][1]["nll_difference"].update(high=None)),
+    "a quality section without its greedy prompt": (QUALITY, "quality: 'prompt' is a required property",
+                                                    lambda r: r["quality"].pop("prompt")),
+    "corpus token ids without their sha256": (QUALITY, "token_ids: 'sha256' is a required property",
+                                              lambda r: r["token_ids"].pop("sha256")),
+    "corpus token ids without their name": (QUALITY, "token_ids: 'name' is a required property",
+                                            lambda r: r["token_ids"].pop("name")),
+}
+
+
+def test_random_token_ids_need_no_corpus_name_and_every_reader_copes(tmp_path):
+    """Only corpus token ids name a corpus and its digest; random ones load and are reported as such."""
+    record = current(QUALITY)
+    record["token_ids"] = {"source": "random"}
+    assert_every_reader_copes(record, QUALITY, tmp_path)
+    from kvbench.record import RecordView
+    from kvbench.report.record.quality import model_sentence
+
+    assert model_sentence(RecordView(load_record(tmp_path / "mutated.json"))).endswith("; random token ids")
+
+
+@pytest.mark.parametrize("case", SCHEMA_3_FOUND)
+def test_a_current_record_missing_what_is_derived_or_read_is_refused_naming_the_field(case, tmp_path):
+    name, field, change = SCHEMA_3_FOUND[case]
+    record = current(name)
+    change(record)
+    assert record["schema"] == "kvbench.record/3"
+    assert_refused_naming(record, name, field, tmp_path)
+
+
+def test_a_version_1_run_written_as_version_3_without_its_per_token_medians_loads_as_before(tmp_path):
+    """The check before the filling holds what version 3 allows (schema 1's samples have no start time, its
+    summary no interval), not version 2's stricter types: a sound file lacking only derived keys still loads."""
+    record = current("results/layouts/seed.json")
+    for cell in record["summary"]["cells"]:
+        del cell["per_token_median"]
+    path = tmp_path / "unfilled.json"
+    path.write_text(json.dumps(record))
+    assert load_record(path) == current("results/layouts/seed.json")
 
 
 def test_the_gpt2_refusal_is_the_rule_run_applies():

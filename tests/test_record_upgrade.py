@@ -211,3 +211,21 @@ def test_a_current_record_without_a_later_section_reads_as_its_schema_2_twin(tmp
     current.write_text(json.dumps(record))
     code, _, err = run(capsys, "show", current)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "'median' is a required property" in err
+
+
+@pytest.mark.parametrize("length", [0, -3, "64", True, 2.5, None])
+def test_the_upgrade_derives_no_per_token_median_from_a_length_it_cannot_divide_by(length):
+    """upgrade() is also handed records no schema has checked (RecordView(record)): a cell's length that is not
+    a positive integer (None: no length) gives no per-token median, for the schema to name, rather than a
+    ZeroDivisionError, a KeyError, a TypeError, or a median divided by True or 2.5."""
+    record = raw("results/noise/random/run-00.json")
+    first, second = record["summary"]["cells"][:2]
+    for cell in (first, second):  # this run's kvbench wrote them; the upgrade derives them for older ones
+        del cell["per_token_median"]
+    if length is None:
+        del first["length"]
+    else:
+        first["length"] = length
+    cells = upgrade(record)["summary"]["cells"]
+    assert cells[0]["per_token_median"] is None
+    assert cells[1]["per_token_median"] == pytest.approx(second["median"] / second["length"])

@@ -103,6 +103,43 @@ def test_a_wrong_position_or_mask_fails_the_gate(monkeypatch, family, fault):
     assert not check["passed"] and check["failed_requests"]
 
 
+def retire_when(emits):
+    """A Scheduler.retire that releases a request once it emitted emits(spec) tokens (a scheduler miscounting)."""
+
+    def retire(self, stepped):
+        freed, ended = 0, 0
+        for live in stepped:
+            if live.emitted >= emits(live.spec):
+                self.running.remove(live)
+                freed += self.ledger.release(live)
+                live.finished, ended = live.token_times[-1], ended + 1
+        return freed, ended
+
+    return retire
+
+
+def test_a_scheduler_that_retires_every_request_one_token_early_fails_the_gate(monkeypatch):
+    trace = trace_of("fixed:5,6", requests=4)
+    monkeypatch.setattr(Scheduler, "retire", retire_when(lambda spec: spec.emits - 1))
+    check = gate(MODELS["gpt2"], trace, "static", 10**6, {})
+    assert not check["passed"]
+    assert check["failed_requests"] == [{"request": r, "position": 5, "reason": "emitted 5 tokens, the trace asks 6"}
+                                        for r in range(4)]
+    assert check["tokens_checked"] == 4 * 5  # the tokens it did emit are still compared
+
+
+def test_the_gate_counts_a_cancelled_requests_tokens_as_its_cancel_after(monkeypatch):
+    trace = trace_of("fixed:5,6", requests=3, cancel_fraction=1.0, cancel_after=2)
+    check = gate(MODELS["gpt2"], trace, "paged", 10**6, {"block_size": 4})
+    assert check["passed"] and check["tokens_checked"] == 3 * 2, check
+    monkeypatch.setattr(Scheduler, "retire", retire_when(lambda spec: spec.output))  # the client's cancel ignored
+    check = gate(MODELS["gpt2"], trace, "paged", 10**6, {"block_size": 4})
+    assert not check["passed"]
+    assert check["failed_requests"] == [{"request": r, "position": 2,
+                                         "reason": "emitted 6 tokens, the trace asks 2 (cancelled after 2)"}
+                                        for r in range(3)]
+
+
 def test_static_admits_what_its_reservations_fit_and_paged_more():
     model = MODELS["gpt2"]
     trace = trace_of("fixed:8,24", requests=12)  # 31 positions each
@@ -144,6 +181,37 @@ def test_chunked_prefill_keeps_every_iteration_within_its_token_budget(kind):
     assert max(it["prefill_tokens"] for it in unchunked[2]["iterations"]) >= 20  # without a budget: whole prompts
     if kind == "paged":
         assert ledger.pool.free_blocks == ledger.pool.num_blocks
+
+
+def test_a_shared_prefix_is_prefilled_in_chunks_of_the_token_budget():
+    """The review's case: 2 requests of (80, 4) whose first 64 tokens are shared, 32 tokens per iteration: the holder
+    took the whole prefix beside the requests' own chunks (96 tokens in iteration 1)."""
+    model = MODELS["llama"]
+    trace = trace_of("fixed:16,4", requests=2, prefix=64)
+    _, ledger, outcome = replay(model, trace, "paged", 10**6, max_batched_tokens=32, block_size=8, share_prefix=True)
+    fed = [(it["prefill_tokens"], it["decoded"]) for it in outcome["iterations"]]
+    assert fed[:4] == [(32, 0), (32, 0), (32, 0), (0, 2)]  # the prefix in two chunks, then both own parts at once
+    assert sum(prefill for prefill, _ in fed) == 64 + 2 * 16  # the prefix once
+    assert ledger.pool.free_blocks == ledger.pool.num_blocks
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), requests=st.integers(1, 5), share=st.booleans(), prefix=st.integers(1, 40),
+       tokens=st.integers(1, 24), slack=st.floats(1.0, 3.0), arrivals=st.sampled_from(["all", "poisson:500"]))
+def test_every_iteration_keeps_its_token_budget_with_or_without_a_shared_prefix(seed, requests, share, prefix, tokens,
+                                                                              slack, arrivals):
+    model = MODELS["llama"]
+    trace = trace_of("uniform:1-20,1-6", requests, arrivals, seed, prefix=prefix, prefix_fraction=0.7)
+    budget = int(admission.minimum_budget("paged", model.config, trace, block_size=4, share_prefix=share) * slack)
+    scheduler, ledger, outcome = replay(model, trace, "paged", budget, max_batched_tokens=tokens, block_size=4,
+                                        share_prefix=share)
+    for it in outcome["iterations"]:  # decoding rows always step; prompt chunks, the prefix's too, share the rest
+        assert it["prefill_tokens"] + it["decoded"] <= max(tokens, it["decoded"]), it
+    for live in scheduler.lives:
+        assert live.emitted == live.spec.emits
+        reference = model(live.ids)[0][0, live.spec.prompt - 1 : live.spec.prompt - 1 + live.emitted]
+        torch.testing.assert_close(torch.stack(live.logits), reference, atol=1e-5, rtol=1e-5)
+    assert ledger.pool.free_blocks == ledger.pool.num_blocks
 
 
 def test_a_cancelled_request_frees_its_blocks_in_the_same_iteration():
@@ -205,6 +273,8 @@ def run_main(capsys, *argv):
     (["--kv-budget", "12 parsecs"], "--kv-budget must be bytes"),
     (["--arrivals", "poisson:0"], "poisson rate must be a positive finite number"),
     (["--arrivals", "poisson:inf"], "poisson rate"),
+    (["--arrivals", "poisson:1e-300"], "--trace fixed:8,12: poisson rate 1e-300 requests/s spreads 16 requests over "
+                                       "about 1.6e+301 s, beyond the 1e+07 s a trace may span"),
     (["--requests", "0"], "expected an integer in [1"),
     (["--cancel", "0.5:0"], "cancel after must be a positive integer"),
     (["--modes", "concat"], "a serving run takes kinds"),
@@ -218,13 +288,32 @@ def test_bad_serving_input_is_one_line_exit_2(capsys, tmp_path, args, fragment):
     assert not (tmp_path / "r.json").exists()
 
 
-def test_a_bad_trace_file_is_one_line_exit_2(capsys, tmp_path):
+@pytest.mark.parametrize("tokens, window", [("none", 300), ("512", 300), ("64", 64 + 128 + 32 - 1)])
+def test_a_quantized_minimum_counts_the_window_its_prefill_chunks_reach(capsys, tmp_path, tokens, window):
+    """llama-mini, prompt 300: the full-precision window reaches the whole prompt when a chunk may take it whole,
+    64 + 128 + 32 - 1 positions in chunks of 64. The cache as first made (a 160-position window) is 419,840 bytes;
+    a budget below the peak is refused before any replay."""
+    minimum = 419_840 + (window - 160) * 2 * 4 * 2 * 32 * 4  # float32 keys and values, 4 layers, 2 heads of 32
+    code, _, err = run_main(capsys, "run", "--preset", "llama-mini", "--trace", "fixed:300,10", "--requests", "2",
+                            "--modes", "quantized-int8", "--max-batched-tokens", tokens, "--kv-budget", minimum - 1,
+                            "--output", tmp_path / "r.json")
+    assert code == 2 and f"below one request's minimum for quantized-int8: {minimum} bytes" in err, err
+
+
+@pytest.mark.parametrize("field, value, fragment", [
+    ("cancel_after", 3, "request 1: cancellation after 3 tokens is beyond its output of 3 (expected fewer than 3)"),
+    ("arrival", 1e300, "request 1: arrival must be at most 1e+07 s after the start, got 1e+300"),
+    ("client", 0, "request 1: client is only a closed-loop request's (null with arrivals 'all'), got 0"),
+    ("spec", 5, "spec: expected an object (how the trace was drawn), got int"),
+])
+def test_a_bad_trace_file_is_one_line_exit_2(capsys, tmp_path, field, value, fragment):
     trace = trace_of("fixed:4,3", requests=2).to_dict()
-    trace["requests"][1]["cancel_after"] = 3
+    (trace if field == "spec" else trace["requests"][1])[field] = value
     path = tmp_path / "trace.json"
     path.write_text(json.dumps(trace))
     code, _, err = run_main(capsys, "run", "--trace", path, "--output", tmp_path / "r.json")
-    assert code == 2 and len(err.splitlines()) == 1 and "beyond its output of 3" in err, err
+    assert code == 2 and err == f"kvbench: error: --trace {path}: {fragment}\n", err
+    assert not (tmp_path / "r.json").exists()
 
 
 def test_a_serving_run_end_to_end_and_its_report(capsys, tmp_path):

@@ -31,11 +31,34 @@ def test_a_trace_is_seeded_and_survives_its_file():
     assert all(r.prompt > r.prefix and (r.cancel_after is None or r.cancel_after < r.output) for r in trace.requests)
 
 
-def test_chat_lengths_have_the_published_means():
-    trace = make_trace(spec("chat", requests=3000), seed=0, max_positions=CONFIG.max_length)
-    mean_in, mean_out = PUBLISHED_MEANS["chat"]
-    assert statistics.mean(r.prompt for r in trace.requests) == pytest.approx(mean_in, rel=0.06)
-    assert statistics.mean(r.output for r in trace.requests) == pytest.approx(mean_out, rel=0.06)
+@pytest.mark.parametrize("lengths, mean_in, mean_out", [
+    ("chat", 161.31, 337.99),  # ShareGPT, as Kwon et al. (SOSP 2023, Fig. 11) publish it
+    ("alpaca", 19.31, 58.45),  # Alpaca, the same figure
+])
+def test_a_large_drawn_trace_has_the_papers_means(lengths, mean_in, mean_out):
+    """The numbers are the paper's, written here, not read from the module: a wrong constant fails too. 20,000
+    requests put the sample mean within about 0.7% of the log-normal's (its SD is 0.95 x its mean at sigma 0.8);
+    a max_length far beyond the tail keeps the cap from trimming it."""
+    assert PUBLISHED_MEANS[lengths] == (mean_in, mean_out)
+    trace = make_trace(spec(lengths, requests=20_000), seed=1, max_positions=1 << 16)
+    assert statistics.mean(r.prompt for r in trace.requests) == pytest.approx(mean_in, rel=0.03)
+    assert statistics.mean(r.output for r in trace.requests) == pytest.approx(mean_out, rel=0.03)
+
+
+def test_every_request_draws_its_own_ids_from_the_trace_seed():
+    """scheduler.TokenSource: the same (seed, request) gives the same ids; another seed or another request, others;
+    the shared prefix is the same ids for every request that carries it."""
+    from kvbench.scheduler import TokenSource
+
+    trace = make_trace(spec("fixed:24,8", requests=3, prefix=8), seed=0, max_positions=CONFIG.max_length)
+    first, second = trace.requests[:2]
+    ids = {seed: TokenSource(CONFIG.vocab_size, seed, trace.prefix).ids for seed in (0, 1)}
+    assert ids[0](first).tolist() == TokenSource(CONFIG.vocab_size, 0, trace.prefix).ids(first).tolist()
+    assert ids[0](first).shape == (1, first.positions) and int(ids[0](first).max()) < CONFIG.vocab_size
+    own = lambda seed, request: ids[seed](request)[0, request.prefix:].tolist()  # noqa: E731
+    assert own(0, first) != own(1, first)  # another seed
+    assert own(0, first) != own(0, second)  # another request
+    assert ids[0](first)[0, :8].tolist() == ids[0](second)[0, :8].tolist() != ids[1](first)[0, :8].tolist()
 
 
 def test_closed_loop_requests_belong_to_clients_in_turn():
@@ -55,10 +78,17 @@ def test_closed_loop_requests_belong_to_clients_in_turn():
     (spec("uniform:9-3,2-4"), "low <= high"),
     (spec("fixed:4000,200"), "beyond max_length 4096"),
     (spec(cancel_fraction=0.5, cancel_after=0), "cancel after must be a positive integer"),
+    # a rate so low its arrivals are beyond float seconds' resolution, or so high its gaps round to 0
+    (spec(arrivals="poisson:1e-300"), "poisson rate 1e-300 requests/s spreads 8 requests over about 8e+300 s, "
+                                      "beyond the 1e+07 s a trace may span: expected a rate >= 8e-07"),
+    (spec(arrivals="poisson:1e-7"), "spreads 8 requests over about 8e+07 s"),
+    (spec(arrivals="poisson:1e300"), "poisson rate must be at most 1e+06 requests/s"),
+    (spec(requests=200_000), "requests must be at most 100000, got 200000"),
 ])
 def test_bad_specs_are_refused_naming_the_value(bad, fragment):
-    with pytest.raises(ValueError, match=fragment):
+    with pytest.raises(ValueError) as refused:
         make_trace(bad, seed=0, max_positions=CONFIG.max_length)
+    assert fragment in str(refused.value)
 
 
 def saved(**change):
@@ -78,10 +108,34 @@ def saved(**change):
     (saved(cancel_after=10_000), "beyond its output"),
     (saved(prompt=5000), "beyond max_length"),
     (saved(prefix=10_000), "shared prefix must be in"),
+    ({**saved(), "spec": 5}, "spec: expected an object (how the trace was drawn), got int"),
+    ({**saved(), "spec": ["chat"]}, "spec: expected an object (how the trace was drawn), got list"),
+    (saved(client=0), "request 1: client is only a closed-loop request's (null with arrivals 'poisson'), got 0"),
+    ({**saved(), "clients": 2}, "clients: a trace with arrivals 'poisson' has no clients (null), got 2"),
+    (saved(arrival=1e300), "request 1: arrival must be at most 1e+07 s after the start, got 1e+300"),
+    (saved(id=True), "ids must count from 0 in order, got id True"),
+    (saved(prefix=[1]), "request 1: shared prefix must be in [0, prompt"),
 ])
 def test_bad_trace_files_are_refused(data, fragment):
-    with pytest.raises(ValueError, match=fragment):
+    with pytest.raises(ValueError) as refused:
         trace_from_dict(data, CONFIG.max_length)
+    assert fragment in str(refused.value)
+
+
+def test_a_trace_file_holds_no_more_requests_than_a_run_may_draw():
+    """200,000 requests, twice what `--requests` allows, are refused before one is built; 100,000 are read."""
+    from kvbench.cli import CliError, build_parser
+
+    def rows(count):
+        return [{"id": i, "prompt": 4, "output": 3, "arrival": 0.0, "client": None, "prefix": 0, "cancel_after": None}
+                for i in range(count)]
+
+    data = {"schema": "kvbench.trace/1", "seed": 0, "arrivals": "all", "clients": None, "spec": {}}
+    with pytest.raises(ValueError, match="a trace holds at most 100000 requests, got 200000"):
+        trace_from_dict({**data, "requests": rows(200_000)}, CONFIG.max_length)
+    assert len(trace_from_dict({**data, "requests": rows(100_000)}, CONFIG.max_length).requests) == 100_000
+    with pytest.raises(CliError, match=r"--requests: expected an integer in \[1, 100000\]"):  # the same cap
+        build_parser().parse_args(["run", "--trace", "chat", "--requests", "100001"])
 
 
 def test_budget_parsing():

@@ -37,10 +37,20 @@ class QuantizedCache(Cache):
     bits = modes.SPECS[kind].bits  # the spec also holds its drift limits, by family
 
     def __init__(self, config: DecoderConfig, batch: int = 1, capacity: int | None = None,
-                 group_size: int = GROUP_SIZE, residual: int = RESIDUAL) -> None:
+                 group_size: int = GROUP_SIZE, residual: int = RESIDUAL, recent_positions: int | None = None) -> None:
+        """`recent_positions`: how many full-precision positions to allocate up front (default, and at least,
+        min(capacity, residual + group_size)). A chunk appended to a window that cannot take it grows the window
+        for good, so a server that prefills long chunks passes the peak its chunk rule reaches
+        (kvbench.admission.quantized_window): then what it reserves is what the cache allocates, from the start."""
         super().__init__(config, batch, capacity)
         self.drift_limits = modes.spec(self.kind).limits_for(config)  # this cache's model's family's
         check_quantized_options(self.bits, config.head_dim, group_size, residual)
+        least = min(self.capacity, residual + group_size)
+        recent_positions = least if recent_positions is None else recent_positions
+        if isinstance(recent_positions, bool) or not isinstance(recent_positions, int) or not (
+                least <= recent_positions <= self.capacity):
+            raise ValueError(f"recent_positions must be an integer in [{least}, capacity {self.capacity}], "
+                             f"got {recent_positions!r}")
         D = config.head_dim
         self.group_size, self.residual = group_size, residual
         self.value_group = math.gcd(group_size, D)
@@ -52,7 +62,7 @@ class QuantizedCache(Cache):
         self._value_codes = torch.zeros(*lead, stored, packed, dtype=torch.uint8)
         self._key_scales = torch.zeros(*lead, stored // group_size, 2, D, dtype=SCALE_DTYPE)  # [scale, minimum]
         self._value_scales = torch.zeros(*lead, stored, D // self.value_group, 2, dtype=SCALE_DTYPE)
-        self._recent = torch.zeros(*lead, 2, min(self.capacity, residual + group_size), D, dtype=config.dtype)
+        self._recent = torch.zeros(*lead, 2, recent_positions, D, dtype=config.dtype)
         self.quantized = 0  # positions in the integer store; the rest (length - quantized) are recent
 
     # -- the protocol ---------------------------------------------------------------------

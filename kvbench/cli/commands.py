@@ -98,20 +98,29 @@ def cmd_report(args: argparse.Namespace) -> int:
             return 0
         content = terminal.render_report(report)  # a file: every column
     elif args.format == "markdown":
-        target = args.into or args.output
-        anchor = target.parent if target else Path.cwd()
-        image = os.path.relpath(args.plot.resolve(), anchor.resolve()) if args.plot is not None else None
-        content = markdown.render_report(report, image=image and Path(image).as_posix())
-        if args.into is not None:
-            content = splice(files.read_regular_file(args.into, "markdown file").decode(), content,
-                                      str(args.into))
-            write_bytes_atomic(args.into, content.encode(), force=True)
-            return 0
+        content = markdown.render_report(report, image=plot_link(args))
     else:
         from kvbench.report.record import html, plots
 
         content = html.render_report(report, plots.render_panels(report))
-    if args.output is None:
+    return deliver_report(args, content)
+
+
+def plot_link(args: argparse.Namespace) -> str | None:
+    """--plot as a markdown report links it: relative to the file the report goes to (or to here)."""
+    if args.plot is None:
+        return None
+    target = args.into or args.output
+    anchor = target.parent if target else Path.cwd()
+    return Path(os.path.relpath(args.plot.resolve(), anchor.resolve())).as_posix()
+
+
+def deliver_report(args: argparse.Namespace, content: str) -> int:
+    """A rendered report where it was asked: spliced --into a markdown file, written to --output, or to stdout."""
+    if args.into is not None:
+        content = splice(files.read_regular_file(args.into, "markdown file").decode(), content, str(args.into))
+        write_bytes_atomic(args.into, content.encode(), force=True)
+    elif args.output is None:
         sys.stdout.write(content)
     else:
         write_bytes_atomic(args.output, content.encode(), args.force)

@@ -217,6 +217,17 @@ def add_sampling_options(parser: argparse.ArgumentParser) -> None:
 def add_run_parser(commands) -> None:
     run = commands.add_parser("run", help="check equivalence, time every mode and length, write a record",
                               formatter_class=DefaultsHelpFormatter)
+    add_run_options(run)
+
+
+def run_parser() -> Parser:
+    """`kvbench run`'s parser alone: its options, for given_options and the tests that cross them with workloads."""
+    run = Parser(prog="kvbench run", formatter_class=DefaultsHelpFormatter)
+    add_run_options(run)
+    return run
+
+
+def add_run_options(run: argparse.ArgumentParser) -> None:
     workload = run.add_argument_group(
         "workload (one of)", "What one sample times: a whole decode loop of each --lengths (the default), one request "
         "(--prompt P --generate N: its time to first token and every later step), or one decode step after each of "

@@ -40,10 +40,14 @@ class Parser(argparse.ArgumentParser):
         message = with_suggestion(message, self.known_options())
         raise CliError(f"{command}: {message}" if command else message)
 
+    def actions(self) -> list[argparse.Action]:
+        """The parser's arguments, --help included."""
+        return list(self._actions)  # argparse offers no public list of a parser's options
+
     def known_options(self) -> list[str]:
         """Every option string of this parser and its subcommands' (the top parser reports an unknown one)."""
         found = set()
-        for action in self._actions:  # argparse offers no public list of a parser's options
+        for action in self.actions():
             found.update(action.option_strings)
             if isinstance(action.choices, dict):
                 found.update(option for sub in action.choices.values() if isinstance(sub, Parser)

@@ -15,6 +15,8 @@ from kvbench import kinds, memory, modes, plugins, record, timing
 from kvbench.cli.commands import check_output, config_from_args
 from kvbench.cli.parser import CliError, did_you_mean
 from kvbench.cli.progress import ProgressBar
+from kvbench.cli.serve import check_serve, cmd_serve
+from kvbench.cli.usage import CONTEXTS, REQUEST, SERVED, check_read, check_used, given_options
 from kvbench.config import DecoderConfig, PlainConfig
 from kvbench.report.record import model as report_model
 from kvbench.report.record import columns, terminal
@@ -23,17 +25,12 @@ from kvbench.timing import Protocol
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """Every argument, path and memory check first, torch-free, so a refusal costs no import of it;
+    """Every argument, path and memory check first (check_run), torch-free, so a refusal costs no import of it;
     then the model, the gate, the timed rotations and the record. With --trace: a serving run (kvbench.cli.serve)."""
-    if args.trace is not None:
-        from kvbench.cli.serve import cmd_serve
-
-        return cmd_serve(args)
-    config, protocol = settings(args)
-    output = args.output or record.default_record_path()
-    check_output(output, args.force)  # before any measurement: a bad path costs nothing
-    after = args.workload.get("warmup_steps", 0) + args.workload.get("timed_steps", 0)  # a contexts run's steps
-    check_fits_in_memory(config, protocol, [n + after for n in args.lengths], args.modes, args.preset)
+    checked = check_run(args)
+    if args.workload_name in SERVED:
+        return cmd_serve(args, checked)
+    config, protocol, output = checked
     from kvbench import benchmark, capture, workloads
 
     in_effect = {"threads_in_effect": timing.set_threads(protocol.threads),  # before any torch work
@@ -76,6 +73,23 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 130
     return 1 if failed else 0
 
+
+def check_run(args: argparse.Namespace) -> tuple:
+    """Every refusal of `kvbench run`, torch-free, before anything is built, measured or written: an option that
+    the chosen workload does not use, then the settings' values, the paths and the memory. Returns what cmd_run
+    goes on with: (config, protocol, output path), or a serving run's (kvbench.cli.serve.check_serve)."""
+    args.given = given_options(args.argv[1:])  # main records "run" and its options as args.argv
+    args.workload_name = check_used(args.given, args.trace)
+    if args.workload_name in SERVED:
+        return check_serve(args)
+    config, protocol = settings(args)
+    output = args.output or record.default_record_path()
+    check_output(output, args.force)  # before any measurement: a bad path costs nothing
+    after = args.workload.get("warmup_steps", 0) + args.workload.get("timed_steps", 0)  # a contexts run's steps
+    check_fits_in_memory(config, protocol, [n + after for n in args.lengths], args.modes, model_named(args))
+    return config, protocol, output
+
+
 def load_model(args: argparse.Namespace, config: PlainConfig, protocol: Protocol, workload):
     """(model, ids, tokenizer, record sections): random weights from the seed (ids drawn later, tokenizer
     None), or a GGUF file's weights with token ids from the corpus through its tokenizer."""
@@ -106,10 +120,12 @@ def settings(args: argparse.Namespace) -> tuple[PlainConfig, Protocol]:
             raise CliError(f"--modes {mode}: {error}") from None
     args.cache_options = {mode: {"group_size": args.quant_group, "residual": args.quant_residual}
                           for mode in modes.option_modes(args.modes)}
+    check_read(args.given, {"--quant-group": list(args.cache_options), "--quant-residual": list(args.cache_options)},
+               args.modes)
     workload_settings(args, config)
     too_long = [n for n in [*args.lengths, args.per_step or 0] if n > config.max_length]
     if too_long:
-        raise CliError(f"length {too_long[0]} exceeds max_length {config.max_length} of preset {args.preset!r}")
+        raise CliError(f"length {too_long[0]} exceeds max_length {config.max_length} of {model_named(args)}")
     targeted = {"precision": args.precision, "min_repeats": args.min_repeats, "max_repeats": args.max_repeats,
                 "max_seconds": args.max_seconds}
     if args.repeats is not None:
@@ -137,9 +153,7 @@ def model_config(args: argparse.Namespace) -> PlainConfig:
     """The preset's config with the options' overrides, or a GGUF file's (--model, --gguf), read and checked
     before anything is measured: args.real_model is the file read (or None) and args.model_name the record's name."""
     args.real_model, args.model_name = None, args.preset
-    if args.model is None and args.gguf is None:
-        if args.quality is not None:
-            raise CliError("--quality measures a trained model on text: it needs --model or --gguf")
+    if args.model is None and args.gguf is None:  # --quality without either is refused already (usage.NEEDS)
         return config_from_args(args)
     given = (["--model"] if args.model else []) + (["--gguf"] if args.gguf else [])
     given += [f"--{name.replace('_', '-')}" for name in SHAPE_OPTIONS if getattr(args, name) is not None]
@@ -165,21 +179,15 @@ def model_config(args: argparse.Namespace) -> PlainConfig:
 
 def workload_settings(args: argparse.Namespace, config: PlainConfig) -> None:
     """args.lengths and args.workload (what kvbench.workloads builds) from --lengths, --prompt/--generate or
-    --contexts, which exclude each other; every length a cell's positions."""
-    request, contexts = args.prompt is not None or args.generate is not None, args.contexts is not None
-    chosen = [option for option, given in (("--lengths", args.lengths is not None), ("--prompt/--generate", request),
-                                            ("--contexts", contexts)) if given]
-    if len(chosen) > 1:
-        raise CliError(f"{' and '.join(chosen)} choose different workloads: give one of them")
-    if (request or contexts) and args.per_step is not None:
-        raise CliError(f"--per-step profiles a loop; a {'request' if request else 'context'} run times every step itself")
+    --contexts (check_used has refused more than one of them); every length a cell's positions."""
+    request, contexts = args.workload_name == REQUEST, args.workload_name == CONTEXTS
     if request:
         if args.prompt is None or args.generate is None:
             raise CliError("a request needs both --prompt P (tokens prefilled) and --generate N (tokens generated)")
         positions = args.prompt + args.generate - 1
         if positions > config.max_length:
             raise CliError(f"--prompt {args.prompt} + --generate {args.generate} holds {positions} positions, beyond "
-                           f"max_length {config.max_length} of preset {args.preset!r}")
+                           f"max_length {config.max_length} of {model_named(args)}")
         args.lengths, args.workload = [positions], {"kind": "request", "prompt": args.prompt, "generate": args.generate}
     elif contexts:
         after = kinds.CONTEXT_WARMUP_STEPS + kinds.CONTEXT_TIMED_STEPS
@@ -187,7 +195,7 @@ def workload_settings(args: argparse.Namespace, config: PlainConfig) -> None:
         if beyond:
             raise CliError(f"--contexts {beyond[0]}: {kinds.CONTEXT_WARMUP_STEPS} warm-up and "
                            f"{kinds.CONTEXT_TIMED_STEPS} timed steps after {beyond[0]} tokens need {beyond[0] + after} "
-                           f"positions, beyond max_length {config.max_length} of preset {args.preset!r}")
+                           f"positions, beyond max_length {config.max_length} of {model_named(args)}")
         args.lengths = list(args.contexts)
         args.workload = {"kind": "contexts", "warmup_steps": kinds.CONTEXT_WARMUP_STEPS,
                          "timed_steps": kinds.CONTEXT_TIMED_STEPS}
@@ -195,8 +203,15 @@ def workload_settings(args: argparse.Namespace, config: PlainConfig) -> None:
         args.lengths, args.workload = list(args.lengths or timing.DEFAULT_LENGTHS), {"kind": "loop"}
 
 
+def model_named(args: argparse.Namespace) -> str:
+    """The model a refusal names: the preset, or the GGUF file its shapes came from (its preset is not used)."""
+    if args.real_model is None:
+        return f"preset {args.preset!r}"
+    return f"{'model ' + repr(args.model) + ', ' if args.model else ''}GGUF file {args.real_model.path}"
+
+
 def check_fits_in_memory(config: PlainConfig, protocol: Protocol, lengths: list[int], modes: list[str],
-                         preset: str = "seed") -> None:
+                         model: str = "preset 'seed'") -> None:
     """Refuse a run whose model, ids, logits and caches cannot fit, before allocating any of them."""
     parts = memory.estimate_run_bytes(config, protocol.batch, lengths, modes)
     try:
@@ -205,7 +220,7 @@ def check_fits_in_memory(config: PlainConfig, protocol: Protocol, lengths: list[
         raise CliError(str(error)) from None
     if needed > available:
         detail = ", ".join(f"{name} {format_bytes(size)}" for name, size in parts.items())
-        raise CliError(f"preset {preset!r} ({kinds.parameter_count(config) / 1e9:.2f}B parameters, "
+        raise CliError(f"{model} ({kinds.parameters_text(kinds.parameter_count(config))} parameters, "
                        f"{format_bytes(kinds.weight_bytes(config))} of {config.dtype} weights): the run would need "
                        f"about {format_bytes(needed)} ({detail}), but {format_bytes(available)} of memory is available")
 

@@ -8,21 +8,50 @@ import sys
 from pathlib import Path
 
 from kvbench import admission, files, memory, record, timing, trace
-from kvbench.cli.commands import check_compare_arguments, print_layout, check_output, cmd_compare, cmd_report, config_from_args
+from kvbench.cli.commands import (
+    check_compare_arguments,
+    check_output,
+    check_report_options,
+    cmd_compare,
+    cmd_report,
+    config_from_args,
+    deliver_report,
+    plot_link,
+    print_layout,
+    same_file,
+)
 from kvbench.cli.options import fraction
 from kvbench.cli.parser import CliError, did_you_mean
 from kvbench.cli.serving_options import DEFAULT_KINDS, DEFAULT_REPEATS, DEFAULT_BUDGET_REQUESTS
-from kvbench.modes import DEFAULT_MODES
-from kvbench.report.format import format_bytes, stdout_console
+from kvbench.cli.usage import REPLAY, SERVING, check_read
+from kvbench.modes import CONTROL
+from kvbench.record.serving import SERVING_SCHEMA, check_serving_record, is_serving
+from kvbench.report.format import format_bytes, render_plain, stdout_console
+
+FILE_WIDTH = 220  # a text report written to a file: wide enough that no column of the serving table is dropped
 
 def cancel_spec(text: str | None) -> dict:
     if text is None:
         return {}
     share, _, after = text.partition(":")
     try:
-        return {"cancel_fraction": fraction(share), "cancel_after": int(after)}
-    except (ValueError, argparse.ArgumentTypeError):
-        raise CliError(f"--cancel must be F:K (a fraction, then output tokens), got {text!r}") from None
+        after = int(after)  # kvbench.trace says what a count of 0 or less is
+    except ValueError:
+        raise CliError(f"--cancel must be F:K (a fraction of the requests, then output tokens), got {text!r}") from None
+    try:
+        return {"cancel_fraction": fraction(share), "cancel_after": after}
+    except argparse.ArgumentTypeError:
+        raise CliError(f"--cancel {text}: F, the fraction of the requests cancelled, must be in (0, 1), "
+                       f"got {share!r}") from None
+
+
+def check_cancel(text: str, served: trace.Trace) -> None:
+    """A drawn trace cancels only requests whose output is longer than K (kvbench.trace.make_trace): a K that no
+    output exceeds would cancel none of them."""
+    after, longest = cancel_spec(text)["cancel_after"], max(request.output for request in served.requests)
+    if after >= longest:
+        raise CliError(f"--cancel {text}: K must be below a request's output, and {after} tokens is at or beyond "
+                       f"every one (the longest is {longest}): no request would be cancelled")
 
 
 def load_trace(args: argparse.Namespace, config) -> trace.Trace:
@@ -67,24 +96,67 @@ def check_peer(config, served: trace.Trace) -> None:
         raise CliError(f"--modes {admission.PEER}: the peer replays arrivals all or poisson, got closed-loop clients")
 
 
+SETTINGS_READ = {"--block-size": "block_size", "--reserve": "policy", "--quant-group": "options",
+                 "--quant-residual": "options"}  # usage.KIND_OPTIONS: the kind's setting each one becomes
+
+
+def check_budget_fits(given: str | None, budget: int, config) -> None:
+    """A kind may allocate the whole budget (paged's pool does, at once): with the weights it must fit in the memory
+    this process may take, or torch fails later, after the trace is drawn and the model built."""
+    weights = memory.weight_build_bytes(config)
+    try:
+        available = memory.available_bytes()
+    except ValueError as error:
+        raise CliError(str(error)) from None
+    if budget + weights > available:
+        named = f"--kv-budget {given}" if given is not None else \
+            f"the default --kv-budget (static's need for the trace's {DEFAULT_BUDGET_REQUESTS} largest requests)"
+        caches = format_bytes(budget) if budget < 1 << 40 else f"{budget:.3g} bytes"  # not 10^21 GiB for 1e30
+        raise CliError(f"{named}: {caches} of KV caches and {format_bytes(weights)} of weights need more than the "
+                       f"{format_bytes(available)} of memory available")
+
+
+def check_serve(args: argparse.Namespace) -> tuple:
+    """check_serving, then the paths: the record's and --save-trace's, never the same file, nor the trace file
+    replayed. Returns check_serving's values and the record's path."""
+    checked = check_serving(args)
+    output = args.output or record.default_record_path()
+    replayed = Path(args.trace) if args.workload_name == REPLAY else None
+    if args.save_trace is not None and same_file(args.save_trace, output):
+        raise CliError(f"--save-trace and --output both name {args.save_trace}: the trace and the record need "
+                       "different files")
+    check_output(output, args.force, reading=replayed)
+    if args.save_trace is not None:
+        check_output(args.save_trace, args.force, "--save-trace", reading=replayed)
+    return (*checked, output)
+
+
 def check_serving(args: argparse.Namespace):
     """Everything a serving run needs, torch-free: (config, kinds, trace, budget, settings, protocol)."""
     config = config_from_args(args)
-    kinds = list(DEFAULT_KINDS) if args.modes == list(DEFAULT_MODES) else list(args.modes)
+    kinds = list(args.modes) if "--modes" in args.given else list(DEFAULT_KINDS)  # run's default modes are not its
     unknown = [kind for kind in kinds if kind not in admission.SERVING_KINDS]
     if unknown:
         raise CliError(f"--modes {unknown[0]}: a serving run takes kinds {list(admission.SERVING_KINDS)}"
                        f"{did_you_mean(unknown[0], admission.SERVING_KINDS)}")
     if config.window is not None:
-        raise CliError("--trace: a serving run needs full attention; the preset or --window slides a window")
+        raise CliError(f"--trace: a serving run needs full attention; preset {args.preset!r} slides a window")
     if args.share_prefix and "paged" not in kinds:
         raise CliError("--share-prefix forks paged blocks: add paged to --modes")
     served = load_trace(args, config)
+    if args.share_prefix and not any(request.prefix for request in served.requests):
+        raise CliError(f"--share-prefix: no request of the trace carries a shared prefix to share"
+                       + (" (--prefix S draws one)" if args.workload_name == SERVING else ""))
+    if args.cancel is not None:
+        check_cancel(args.cancel, served)
     if admission.PEER in kinds:
         check_peer(config, served)
     settings = serving_settings(args, config, kinds)
+    check_read(args.given, {option: [kind for kind in kinds if setting in settings[kind]]
+                            for option, setting in SETTINGS_READ.items()}, kinds)
     minimum = {kind: admission.minimum_budget(kind, config, served, args.reserve, args.block_size,
-                                              settings[kind].get("options"), args.share_prefix) for kind in kinds}
+                                              settings[kind].get("options"), args.share_prefix,
+                                              args.max_batched_tokens) for kind in kinds}
     if args.kv_budget is None:
         largest = sorted(served.requests, key=lambda r: r.positions)[-DEFAULT_BUDGET_REQUESTS:]
         budget = sum(admission.reservation("static", config, admission.capacity(r, config, args.reserve))
@@ -98,6 +170,7 @@ def check_serving(args: argparse.Namespace):
     if short:
         raise CliError(f"--kv-budget {budget} bytes is below one request's minimum for {short[0]}: "
                        f"{minimum[short[0]]} bytes ({format_bytes(minimum[short[0]])}), its largest request alone")
+    check_budget_fits(args.kv_budget, budget, config)
     repeats = args.repeats if args.repeats is not None else DEFAULT_REPEATS
     try:
         protocol = timing.Protocol(repeats=repeats, precision=args.precision, max_seconds=args.max_seconds or 75.0,
@@ -110,12 +183,10 @@ def check_serving(args: argparse.Namespace):
     return config, kinds, served, budget, settings, protocol, minimum
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    config, kinds, served, budget, settings, protocol, minimum = check_serving(args)
-    output = args.output or record.default_record_path()
-    check_output(output, args.force)
+def cmd_serve(args: argparse.Namespace, checked: tuple) -> int:
+    """A serving run, once check_serve has passed (`checked`: what it returned)."""
+    config, kinds, served, budget, settings, protocol, minimum, output = checked
     if args.save_trace is not None:
-        check_output(args.save_trace, args.force, "--save-trace")
         files.write_json_atomic(served.to_dict(), args.save_trace, args.force)
     from kvbench import capture, serving
     from kvbench.config import DecoderConfig
@@ -132,15 +203,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # keep what was measured, as every run does
         if not checks:
             raise
-        interrupted, outcome = True, {"checks": checks, "control": None, "sampling": state}
-    result = {"complete": not interrupted, "schema": "kvbench.serving/1", "command": ["kvbench", *args.argv], "preset": args.preset,
+        interrupted, outcome = True, {"checks": checks, "control": interrupted_control(protocol, kinds, checks, state),
+                                      "sampling": state}
+    result = {"complete": not interrupted, "schema": SERVING_SCHEMA, "command": ["kvbench", *args.argv], "preset": args.preset,
               "config": config.to_dict(), "trace": served.to_dict(), "kinds": kinds, "settings": settings,
               "budget": {"bytes": budget, "given": args.kv_budget, "reserve": args.reserve, "minimum": minimum},
               "protocol": protocol.describe(in_effect), "environment": environment, "checks": outcome["checks"],
               "control": outcome["control"], "outputs": outputs_of(outcome.get("continuations"), kinds), "samples": [kept.to_dict() for kept in outcome["sampling"].samples],
               "sampling": {length: state.to_dict() for length, state in outcome["sampling"].lengths.items()}}
     path = files.write_json_atomic(result, output, args.force)
-    print_serving(result)
+    print_serving(result, args.wide)
     stdout_console().print(f"record: {path}")
     failed = [kind for kind, check in outcome["checks"].items() if not check["passed"]]
     if interrupted:
@@ -148,6 +220,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
               f"{len(checks)} of {len(kinds)} checks, marked incomplete: {path}", file=sys.stderr)
         return 130
     return 1 if failed else 0
+
+
+def interrupted_control(protocol: timing.Protocol, kinds: list[str], checks: dict, state) -> str | None:
+    """The kind the A/A control's kept replays repeated, as serve() chose it once every gate was passed (None
+    before any was kept): without it an interrupted record's control replays would name no kind."""
+    if not any(kept.mode == CONTROL for kept in state.samples):
+        return None
+    return timing.control_mode(protocol.control, [kind for kind in kinds if kind != admission.PEER
+                                                  and checks[kind]["passed"]])
 
 
 def outputs_of(continuations: dict | None, kinds: list[str]) -> dict:
@@ -160,45 +241,48 @@ def outputs_of(continuations: dict | None, kinds: list[str]) -> dict:
             "ids": {str(request): ids for request, ids in continuations.items()}}
 
 
-def print_serving(result: dict) -> None:
+def print_serving(result: dict, wide: bool = False) -> None:
     from kvbench.report.record import serving as serving_report
 
-    console, summary = stdout_console(), serving_report.summarise(result)
-    console.print(serving_report.serving_table(result, summary))
-    console.print(serving_report.latency_table(summary))
-    for line in serving_report.cpu_sentences(summary):
-        console.print(line)
-    sentence = serving_report.control_sentence(summary)
-    if sentence:
-        console.print(sentence)
-    for kind, check in result["checks"].items():
-        if not check["passed"]:
-            console.print(f"EQUIVALENCE FAILED: {kind}: requests {check['failed_requests'][:5]} left the full path; "
-                          "it was not timed")
+    console = stdout_console(wide)
+    for item in serving_report.terminal_renderables(result, None if wide else console.width):
+        console.print(item)
 
 
-def is_serving_record(path: Path) -> bool:
+def serving_document(path: Path) -> dict | None:
+    """The record at `path` when it is a serving record, checked (one line naming the file and the field if it is
+    malformed); None for anything else, which cmd_report reads and judges itself."""
     try:
         data = files.read_json(path, "record")
     except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and data.get("schema") == "kvbench.serving/1"
+        return None
+    return check_serving_record(data, path) if is_serving(data) else None
 
 
 def cmd_report_any(args: argparse.Namespace) -> int:
     """`kvbench report`: a serving record has its own tables and plot; any other goes to cmd_report."""
-    return cmd_report_serving(args) if is_serving_record(args.record) else cmd_report(args)
+    served = serving_document(args.record)
+    return cmd_report(args) if served is None else cmd_report_serving(args, served)
 
 
-def cmd_report_serving(args: argparse.Namespace) -> int:
+def cmd_report_serving(args: argparse.Namespace, result: dict) -> int:
+    """A serving record's report in the layout asked (its tables as sections, as a loop record's), and --plot its
+    memory over time."""
     from kvbench.report.record import serving as serving_report
 
-    result = files.read_json(args.record, "record")
+    check_report_options(args)
     if args.plot is not None:
         files.write_bytes_atomic(args.plot, serving_report.memory_plot(result, args.plot.suffix.lower()), args.force)
-    print_serving(result)
-    return 0
-
+    if args.format == "text" and args.output is None:
+        print_serving(result, args.wide)
+        return 0
+    if args.format == "text":  # a file: every column
+        content = render_plain(serving_report.terminal_renderables(result), FILE_WIDTH)
+    elif args.format == "markdown":
+        content = serving_report.render_markdown(result, str(args.record), plot_link(args))
+    else:
+        content = serving_report.render_html(result, str(args.record))
+    return deliver_report(args, content)
 
 
 def cmd_compare_any(args: argparse.Namespace) -> int:

@@ -77,8 +77,18 @@ def entries(cell: Cell, source: Source, suffix: str) -> list[dict]:
         out.append({"name": f"kvbench/{cell.key} cost vs {cell.baseline}{suffix}", "unit": f"x {cell.baseline}",
                     "value": finite(cost.ratio), "range": interval_text(cost.low, cost.high, f"x {cell.baseline}"),
                     "extra": f"speedup {cell.speedup.ratio:.6g}x ({cell.baseline} / {cell.mode}); cost = 1 / speedup"})
-    return out + [figure_entry(figure, cell, suffix) for figure in cell.figures] + \
+    out += [figure_entry(figure, cell, suffix) for figure in cell.figures] + \
         [quantity_entry(quantity, cell, suffix) for quantity in cell.quantities if not quantity.higher_is_better]
+    return status_noted(out[:1], out[1:], source)
+
+
+def status_noted(own: list[dict], others: list[dict], source: Source) -> list[dict]:
+    """Each entry is charted on its own: each of `others` says it comes from a cut-short run (`own`, the entries
+    whose extra holds the cell's facts, say it among them)."""
+    if source.status != "complete":
+        for entry in others:
+            entry["extra"] += f"\nrecord_status: {source.status}"
+    return own + others
 
 
 def bigger_entries(cell: Cell, source: Source, suffix: str) -> list[dict]:
@@ -90,7 +100,8 @@ def bigger_entries(cell: Cell, source: Source, suffix: str) -> list[dict]:
         out.append({"name": f"kvbench/{cell.key} speedup vs {cell.baseline}{suffix}", "unit": unit,
                     "value": finite(speedup.ratio), "range": interval_text(speedup.low, speedup.high, unit),
                     "extra": f"{cell.baseline} / {cell.mode}, {speedup.pairs} rotations\n{extra_text(cell, source)}"})
-    return out + [quantity_entry(quantity, cell, suffix) for quantity in cell.quantities if quantity.higher_is_better]
+    return status_noted(out, [quantity_entry(quantity, cell, suffix) for quantity in cell.quantities
+                              if quantity.higher_is_better], source)
 
 
 def document(sources: list[Source], options: dict, bigger: bool = False) -> object:

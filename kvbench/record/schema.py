@@ -18,7 +18,7 @@ from kvbench.files import first_non_finite
 from kvbench.kinds import FAILURES, KIND_NAME, WORKLOADS
 from kvbench.record.entries import TELEMETRY
 from kvbench.record.meaning import MEANING_CHECKS, RecordError
-from kvbench.record.upgrade import CURRENT, lacks_a_later_section, upgrade
+from kvbench.record.upgrade import CURRENT, LATER_CELL, LATER_SUMMARY, complete_run, lacks_a_later_section, upgrade
 from kvbench.sampling import STOPS
 from kvbench.stats import ESTIMATORS, INTERVALS
 
@@ -212,15 +212,31 @@ def real_model_sections() -> dict:
                             "weights_from": {"enum": ["cache", "dequantized"]},
                             "build_seconds": {"type": "number", "minimum": 0},
                             "tokenize_seconds": {"type": "number", "minimum": 0}}}
-    token_ids = {"type": "object", "required": ["source"],
-                 "properties": {"source": {"enum": ["corpus", "random"]}, "sha256": sha, "name": {"type": "string"}}}
-    quality = {"type": "object", "required": ["tokens", "chunks", "modes"],
-               "properties": {"tokens": _positive, "chunks": _positive, "modes": {"type": "array", "items": {
-                   "type": "object", "required": ["mode", "perplexity", "nll_mean"],
-                   "properties": {"mode": _mode, "perplexity": {"type": "number", "exclusiveMinimum": 0},
-                                  # what its cache held after a chunk's last step (since 2026-12-04)
-                                  "cache_bytes": _count, "quantized_positions": _count}}}}}
-    return {"model": model, "token_ids": token_ids, "quality": quality}
+    token_ids = {"type": "object", "required": ["source"],  # the report names the corpus and its digest
+                 "properties": {"source": {"enum": ["corpus", "random"]}, "sha256": sha, "name": {"type": "string"}},
+                 "if": {"properties": {"source": {"const": "corpus"}}}, "then": {"required": ["name", "sha256"]}}
+    return {"model": model, "token_ids": token_ids, "quality": quality_schema()}
+
+
+def quality_schema() -> dict:
+    """quality (kvbench.quality.measure): every key the report reads of each mode's row, always written."""
+    number, positive = {"type": "number"}, {"type": "number", "exclusiveMinimum": 0}
+    interval = {"type": "object", "required": ["mean", "low", "high"],  # the mean alone, or with both ends
+                "properties": {"mean": number, **dict.fromkeys(("low", "high"), {"type": ["number", "null"]})},
+                "if": {"properties": {"low": number}}, "then": {"properties": {"high": number}}}
+    row = {"type": "object", "required": ["mode", "perplexity", "nll_mean", "kl_mean", "top1_agreement",
+                                          "greedy_departure", "sample"],
+           "dependentRequired": {"window": ["sinks"], "perplexity_beyond_window": ["full_perplexity_beyond_window"]},
+           "properties": {"mode": _mode, "perplexity": positive, "nll_mean": number, "kl_mean": number,
+                          "top1_agreement": {"type": "number", "minimum": 0, "maximum": 1},
+                          "greedy_departure": {"type": ["integer", "null"], "minimum": 0}, "sample": {"type": "string"},
+                          "window": _positive, "sinks": _count, "nll_difference": interval,
+                          "perplexity_beyond_window": positive, "full_perplexity_beyond_window": positive,
+                          # what its cache held after a chunk's last step (since 2026-12-04)
+                          "cache_bytes": _count, "quantized_positions": _count}}
+    return {"type": "object", "required": ["tokens", "chunks", "modes", "prompt", "generate"],
+            "properties": {"tokens": _positive, "chunks": _positive, "prompt": _count, "generate": _count,
+                           "modes": {"type": "array", "items": row}}}
 
 
 def estimation_schema() -> dict:
@@ -268,8 +284,10 @@ def _schema_v2() -> dict:
                            "original_max_length": _positive}}]},
         "qkv_bias": {"type": "boolean"}, "tie_embeddings": {"type": "boolean"}, "sinks": _count})
     schema["properties"]["run"]["properties"]["control"] = {"type": ["string", "null"], "pattern": MODE_NAME}
+    # at least what --quant-group and --quant-residual take
     schema["properties"]["run"]["properties"]["cache_options"] = {
-        "type": "object", "propertyNames": {"pattern": MODE_NAME}, "additionalProperties": {"type": "object"}}
+        "type": "object", "propertyNames": {"pattern": MODE_NAME}, "additionalProperties": {
+            "type": "object", "properties": {"group_size": _positive, "residual": _count}}}
     schema["properties"]["run"]["properties"]["plugins"] = {"type": "array", "items": {
         "type": "object", "required": ["path", "sha256", "kinds"],
         "properties": {"path": {"type": "string"}, "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
@@ -330,9 +348,24 @@ def _schema_v3() -> dict:
     return schema
 
 
+def _schema_v3_unfilled() -> dict:
+    """Version 3 less what the v2-to-v3 step fills (kvbench.record.upgrade.LATER_SUMMARY, ...): a file labelled /3
+    that lacks some of it is checked against this before the step reads its cells' medians and lengths (a length
+    of 0 was a ZeroDivisionError), then filled and held to version 3 itself."""
+    schema = copy.deepcopy(RECORD_SCHEMA)
+    run, summary = schema["properties"]["run"], schema["properties"]["summary"]
+    run["required"] = [name for name in run["required"] if name not in complete_run({})]
+    summary["required"] = [name for name in summary["required"] if name not in LATER_SUMMARY]
+    cells = summary["properties"]["cells"]["items"]
+    cells["required"] = [name for name in cells["required"] if name != LATER_CELL]
+    return schema
+
+
 RECORD_SCHEMA_V2 = _schema_v2()
 RECORD_SCHEMA = _schema_v3()
-SCHEMAS = {"kvbench.record/1": RECORD_SCHEMA_V1, "kvbench.record/2": RECORD_SCHEMA_V2, SCHEMA: RECORD_SCHEMA}
+UNFILLED = f"{SCHEMA} before the upgrade fills it"
+SCHEMAS = {"kvbench.record/1": RECORD_SCHEMA_V1, "kvbench.record/2": RECORD_SCHEMA_V2, SCHEMA: RECORD_SCHEMA,
+           UNFILLED: _schema_v3_unfilled()}
 
 
 def check_shape(record: dict, schema: str, source: str) -> None:
@@ -360,8 +393,9 @@ def validate_record(record: object, source: str = "record") -> dict:
     non_finite = first_non_finite(record)
     if non_finite is not None:
         raise RecordError(f"{source}: {non_finite[0]}: not a finite number")
-    if found != SCHEMA or not lacks_a_later_section(record):  # one that does is filled first, then checked
-        check_shape(record, found, source)
+    # A /3 file lacking what schema 2 left optional is checked without it, then filled, then checked whole: the
+    # filling reads only what the first check passed.
+    check_shape(record, UNFILLED if found == SCHEMA and lacks_a_later_section(record) else found, source)
     upgraded = upgrade(record)
     if upgraded is not record:  # an older record: upgraded, then held to this version like a record written today
         record = upgraded

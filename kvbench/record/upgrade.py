@@ -21,6 +21,10 @@ from kvbench.record.entries import TELEMETRY
 from kvbench.record.meaning import RecordError
 
 V1, V2, V3 = "kvbench.record/1", "kvbench.record/2", "kvbench.record/3"
+# What schema 2 left optional and schema 3 requires, which v2_to_v3 fills: the run's keys (complete_run), these
+# of the summary, and each cell's per-token median.
+LATER_SUMMARY = ("baseline", "between_run", "estimation")
+LATER_CELL = "per_token_median"
 
 
 def v1_to_v2(record: dict) -> dict:
@@ -77,9 +81,12 @@ def v2_to_v3(record: dict) -> dict:
     summary.setdefault("between_run", None)
     summary.setdefault("estimation", None)
     for cell in (cell for cell in summary.get("cells", ()) if isinstance(cell, dict)):  # else: the schema says
-        median = cell.get("median")  # not a number: left for the schema or the summary's check to name
+        # Derived only from a numeric median and a positive integer length: anything else (a length of 0, none,
+        # a string) is left for the schema or the summary's check to name, never divided by.
+        median, length = cell.get("median"), cell.get("length")
         numeric = isinstance(median, (int, float)) and not isinstance(median, bool)
-        cell.setdefault("per_token_median", median / cell["length"] if numeric else None)
+        counted = isinstance(length, int) and not isinstance(length, bool) and length > 0
+        cell.setdefault(LATER_CELL, median / length if numeric and counted else None)
     return out
 
 
@@ -101,8 +108,8 @@ def lacks_a_later_section(record: dict) -> bool:
         return False  # not a record's shape: the schema check names what is wrong
     cells = summary.get("cells") if isinstance(summary.get("cells"), list) else []
     return (not complete_run({}).keys() <= record["run"].keys()
-            or not {"baseline", "between_run", "estimation"} <= summary.keys()
-            or any(isinstance(cell, dict) and "per_token_median" not in cell for cell in cells))
+            or not set(LATER_SUMMARY) <= summary.keys()
+            or any(isinstance(cell, dict) and LATER_CELL not in cell for cell in cells))
 
 
 def upgrade(record: dict) -> dict:
@@ -121,4 +128,5 @@ def upgrade(record: dict) -> dict:
     return v2_to_v3(record) if lacks_a_later_section(record) else record
 
 
-__all__ = ["CURRENT", "STEPS", "complete_run", "lacks_a_later_section", "upgrade", "v1_to_v2", "v2_to_v3"]
+__all__ = ["CURRENT", "LATER_CELL", "LATER_SUMMARY", "STEPS", "complete_run", "lacks_a_later_section", "upgrade",
+           "v1_to_v2", "v2_to_v3"]

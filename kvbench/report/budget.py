@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from kvbench.kinds import parameters_text
 from kvbench.report.format import format_bytes
 
 
@@ -26,7 +27,7 @@ def budget_renderables(result) -> list:
     representation = result.quantize or result.dtype
     out: list = []
     if result.preset is not None:
-        out.append(f"{result.preset}: {result.parameters / 1e9:.2f}B parameters, weights {format_bytes(result.weights_bytes)} "
+        out.append(f"{result.preset}: {parameters_text(result.parameters)} parameters, weights {format_bytes(result.weights_bytes)} "
                    f"in {result.dtype} ({result.weights_bytes:,} bytes), taken off {format_bytes(result.memory_bytes)}")
     out.append(f"bytes per token: {result.bytes_per_token:,.0f} ({representation}: {result.assumptions})")
     if result.quantize or result.sliding_layers:

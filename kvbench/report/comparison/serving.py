@@ -16,8 +16,9 @@ from pathlib import Path
 
 from kvbench import stats
 from kvbench.latency import median_with_interval
+from kvbench.record.serving import SERVING_SCHEMA, check_serving_record, is_serving
 from kvbench.report.comparison.differences import Difference, environment_diff
-from kvbench.report.record.serving import SERVING_SCHEMA, figures_by_mode, pick
+from kvbench.report.record.serving import figures_by_mode, pick
 from kvbench.report.comparison.verdicts import FASTER, SLOWER, Change, change
 
 
@@ -54,30 +55,16 @@ MEASURES = (
 
 
 def serving_record(document: object, source: Path | str) -> dict | None:
-    """A document read from `source` as a serving record, checked enough to compute its measures; None for any
-    other JSON (a kvbench record: the caller, which read the file once, validates it as one), ValueError naming
-    what is wrong with a malformed serving record."""
-    if not isinstance(document, dict) or document.get("schema") != SERVING_SCHEMA:
+    """A document read from `source` as a serving record with a replay to compare or export; None for any other
+    JSON (a kvbench record: the caller, which read the file once, validates it as one), ValueError naming the file
+    and the field for a malformed serving record (kvbench.record.serving checks it before anything is computed)."""
+    if not is_serving(document):
         return None
-    problem = serving_problem(document)
-    if problem:
-        raise ValueError(f"{source}: malformed serving record ({SERVING_SCHEMA!r}): {problem}")
+    check_serving_record(document, source)
+    if not document["samples"]:
+        raise ValueError(f"{source}: a serving record ({SERVING_SCHEMA!r}) without a replay: samples: none was kept "
+                         f"({'every kind failed its check' if document.get('complete', True) else 'interrupted'})")
     return document
-
-
-def serving_problem(record: dict) -> str | None:
-    for key, kind in (("kinds", list), ("samples", list), ("trace", dict), ("checks", dict), ("protocol", dict),
-                      ("environment", dict), ("budget", dict), ("config", dict), ("preset", str)):
-        if not isinstance(record.get(key), kind):
-            return f"{key}: expected {kind.__name__}, got {type(record.get(key)).__name__}"
-    if not record["samples"]:
-        return "samples: no replay was kept"
-    try:
-        measured = per_rotation(record)
-    except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError) as error:
-        return f"a replay's figures cannot be computed: {type(error).__name__}: {error}"
-    missing = [kind for kind in record["kinds"] if kind not in measured]
-    return f"kinds {missing} have no replay in samples" if missing else None
 
 
 def per_rotation(record: dict) -> dict[str, dict[str, dict[int, float]]]:
@@ -176,8 +163,10 @@ def compare_serving(old: dict, new: dict, old_source: str, new_source: str, *, f
                                                                             .values()),
                                               list(measured[measure.name].values()), factor, alpha))
     skipped += [f"OLD's {kind}" for kind in old_values if kind not in {mapping.get(k, k) for k in new_values}]
-    notes = [f"{name}'s {kind} FAILED its gate" for name, record in (("OLD", old), ("NEW", new))
-             for kind, check in record["checks"].items() if not check.get("passed")]
+    notes = [f"{name} is INCOMPLETE (interrupted run): only its completed replays are compared"
+             for name, record in (("OLD", old), ("NEW", new)) if not record.get("complete", True)]
+    notes += [f"{name}'s {kind} FAILED its gate" for name, record in (("OLD", old), ("NEW", new))
+              for kind, check in record["checks"].items() if not check["passed"]]
     return ServingComparison(old_source, new_source, environment_diff(old["environment"], new["environment"]),
                              changes, skipped, notes)
 

@@ -154,7 +154,11 @@ def model_sentence(view: RecordView) -> str | None:
     if not model:
         return None
     types = ", ".join(f"{name} ({count})" for name, count in model["quantization"].items())
-    text = f"token ids from the corpus {tokens['name']} (sha256 {tokens['sha256'][:12]}…)" if tokens else ""
+    text = ""
+    if tokens and tokens["source"] == "corpus":  # the schema requires its name and digest
+        text = f"token ids from the corpus {tokens['name']} (sha256 {tokens['sha256'][:12]}…)"
+    elif tokens:
+        text = f"{tokens['source']} token ids"
     return (f"Weights: {model.get('name') or model['path']}, {model['architecture']} GGUF {model['path']} "
             f"({model['size']:,} bytes, sha256 {model['sha256'][:12]}…), tensor types {types}, dequantized to "
             f"{model['dequantized_to']} (not the original float weights); {text}")

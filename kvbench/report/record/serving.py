@@ -1,21 +1,21 @@
 """A serving record read back: per kind, the medians over rotations of every replay figure with their
 intervals, the ratios to the first kind (paired by rotation) and the A/A control; the serving table, the
-throughput-latency table and the memory-over-time plot. Torch-free."""
+throughput-latency table and the memory-over-time plot, as sections (kvbench.report.record.sections) that the
+terminal, markdown and HTML layouts each render with a loop record's renderers. An interrupted record says so in
+every layout. Torch-free."""
 
 from __future__ import annotations
 
 import io
 
-from rich import box
-from rich.table import Table
-
 from kvbench import stats
 from kvbench.latency import median_with_interval
-from kvbench.report.format import format_bytes, rich_escape
+from kvbench.record.serving import CONTROL
+from kvbench.report.format import escape_markdown, format_bytes, rich_escape
+from kvbench.report.record.sections import Cell, Column, Section
 from kvbench.serving_figures import replay_figures
+from kvbench.trace import LENGTHS
 
-SERVING_SCHEMA = "kvbench.serving/1"
-CONTROL = "control"
 HEADLINE = ("output_tokens_per_second", "requests_per_second", "mean_concurrency", "waste")
 
 
@@ -66,7 +66,7 @@ def summarise(record: dict) -> dict:
     for kind in kinds:
         summary["kinds"][kind] = {name: median_interval([pick(f, name) for f in found[kind].values()])
                                   for name in SUMMARISED if all(pick(f, name) is not None for f in found[kind].values())}
-    baseline = kinds[0] if kinds else None
+    baseline = kinds[0] if kinds else record["kinds"][0]  # the first kind, replayed or not (its header names it)
     for kind in kinds[1:]:
         summary["ratios"][kind] = {
             "throughput": paired(found, kind, baseline, "output_tokens_per_second", between_run),
@@ -83,58 +83,87 @@ def summarise(record: dict) -> dict:
     return summary
 
 
-def _interval(entry: dict | None, scale: float = 1.0, digits: str = ".3g") -> str:
-    """The median, and its interval on a second line (tables stay narrow enough for a terminal)."""
+INCOMPLETE_NOTE = "INCOMPLETE record: the run was interrupted; only the completed replays are shown"
+LEFT = ("kind", "gate")
+LATENCIES = ("ttft.p50", "ttft.p99", "tpot.p50", "tpot.p99", "itl.p99", "e2e.p99", "queueing.p99")
+
+
+def interval_text(entry: dict | None, scale: float = 1.0, digits: str = ".3g", newline: str = "\n") -> str:
+    """The median, and its interval (on a second line in a terminal, where tables must stay narrow)."""
     if not entry:
         return "-"
-    return f"{entry['median'] * scale:{digits}}\n[{entry['low'] * scale:{digits}}, {entry['high'] * scale:{digits}}]"
+    return (f"{entry['median'] * scale:{digits}}{newline}[{entry['low'] * scale:{digits}}, "
+            f"{entry['high'] * scale:{digits}}]")
 
 
-def _ratio(entry: dict | None) -> str:
-    return "-" if not entry else f"{entry['ratio']:.2f}x\n[{entry['low']:.2f}, {entry['high']:.2f}]"
+def ratio_text(entry: dict | None, newline: str = "\n") -> str:
+    return "-" if not entry else f"{entry['ratio']:.2f}x{newline}[{entry['low']:.2f}, {entry['high']:.2f}]"
 
 
-def serving_table(record: dict, summary: dict) -> Table:
+def heading(record: dict) -> str:
+    return f"kvbench serving: {record['preset']}, kinds {', '.join(record['kinds'])}"
+
+
+def serving_title(record: dict) -> str:
     trace, budget = record["trace"], record["budget"]
-    title = (f"serving: {len(trace['requests'])} requests ({trace['spec'].get('lengths', 'saved')}, arrivals "
-             f"{trace['arrivals']}), KV budget {format_bytes(budget['bytes'])}; medians over rotations [95% interval]")
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_lines=True)
-    for name in ("kind", "gate", "output tok/s", f"x {summary['baseline']}", "req/s", "concurrency max/mean",
-                 "preempt", "prefill tokens", "prefill/decode s", "reserved", "used", "waste", "saved by sharing"):
-        table.add_column(name, justify="left" if name in ("kind", "gate") else "right")
+    lengths = trace["spec"].get("lengths")  # a record's own text: only a known name is shown
+    return (f"serving: {len(trace['requests'])} requests ({lengths if lengths in LENGTHS else 'saved'}, arrivals "
+            f"{trace['arrivals']}), KV budget {format_bytes(budget['bytes'])}; medians over rotations [95% interval]")
+
+
+def columns_of(names: tuple[str, ...]) -> tuple[Column, ...]:
+    return tuple(Column(name, left=name in LEFT, from_record=name == "kind") for name in names)
+
+
+def serving_section(record: dict, summary: dict, newline: str = "\n") -> Section:
+    """Per kind: its gate, throughput with its ratio to the first kind, concurrency, preemptions, where the time
+    went, and the KV memory reserved, used, wasted and saved by sharing."""
+    names = ("kind", "gate", "output tok/s", f"x {summary['baseline']}", "req/s", "concurrency max/mean", "preempt",
+             "prefill tokens", "prefill/decode s", "reserved", "used", "waste", "saved by sharing")
+    rows = []
     for kind, figures in summary["kinds"].items():
-        check = record["checks"].get(kind, {"passed": False})
+        passed = record["checks"].get(kind, {}).get("passed", False)
+        cells = [kind, "pass" if passed else "FAIL",
+                 interval_text(figures.get("output_tokens_per_second"), digits=".4g", newline=newline),
+                 ratio_text(summary["ratios"].get(kind, {}).get("throughput"), newline),
+                 f"{figures['requests_per_second']['median']:.2f}"]
         if "max_concurrency" not in figures:  # a peer that schedules itself: tokens and times, no iterations
-            table.add_row(rich_escape(kind), "pass" if check["passed"] else "FAIL",
-                          _interval(figures.get("output_tokens_per_second"), digits=".4g"),
-                          _ratio(summary["ratios"].get(kind, {}).get("throughput")),
-                          f"{figures['requests_per_second']['median']:.2f}", *["-"] * 8)
-            continue
-        table.add_row(rich_escape(kind), "pass" if check["passed"] else "FAIL",
-                      _interval(figures.get("output_tokens_per_second"), digits=".4g"),
-                      _ratio(summary["ratios"].get(kind, {}).get("throughput")),
-                      f"{figures['requests_per_second']['median']:.2f}",
-                      f"{figures['max_concurrency']['median']:.0f} / {figures['mean_concurrency']['median']:.1f}",
+            cells += ["-"] * 8
+        else:
+            cells += [f"{figures['max_concurrency']['median']:.0f} / {figures['mean_concurrency']['median']:.1f}",
                       f"{figures['preemptions']['median']:.0f}", f"{figures['prefill_tokens']['median']:.0f}",
                       f"{figures['prefill_seconds']['median']:.1f} / {figures['decode_seconds']['median']:.1f}",
-                      format_bytes(figures["reserved_bytes"]["median"]),
-                      format_bytes(figures["used_bytes"]["median"]), f"{figures['waste']['median']:.1%}",
-                      format_bytes(figures["saved_bytes_max"]["median"]))
-    return table
+                      format_bytes(figures["reserved_bytes"]["median"]), format_bytes(figures["used_bytes"]["median"]),
+                      f"{figures['waste']['median']:.1%}", format_bytes(figures["saved_bytes_max"]["median"])]
+        rows.append(tuple(Cell(text, "failed" if text == "FAIL" else None) for text in cells))
+    return Section("serving", serving_title(record), columns_of(names), tuple(rows),
+                   narrow=("saved by sharing", "prefill tokens", "prefill/decode s", "used", "concurrency max/mean"))
 
 
-def latency_table(summary: dict) -> Table:
+def latency_section(summary: dict, newline: str = "\n") -> Section:
     """The throughput-latency table: what each kind's throughput costs a client, in milliseconds."""
-    table = Table(title="throughput and latency (ms; medians over rotations [95% interval])", title_justify="left",
-                  box=box.SIMPLE_HEAD, pad_edge=False, show_lines=True)
-    names = ("ttft.p50", "ttft.p99", "tpot.p50", "tpot.p99", "itl.p99", "e2e.p99", "queueing.p99")
-    for name in ("kind", "output tok/s", *names, f"p99 TPOT x {summary['baseline']}"):
-        table.add_column(name.replace(".", " "), justify="left" if name == "kind" else "right")
-    for kind, figures in summary["kinds"].items():
-        table.add_row(rich_escape(kind), f"{figures['output_tokens_per_second']['median']:.4g}",
-                      *(_interval(figures.get(name), 1e3) for name in names),
-                      _ratio(summary["ratios"].get(kind, {}).get("tpot_p99")))
-    return table
+    names = ("kind", "output tok/s", *(name.replace(".", " ") for name in LATENCIES),
+             f"p99 TPOT x {summary['baseline']}")
+    rows = [(kind, f"{figures['output_tokens_per_second']['median']:.4g}",
+             *(interval_text(figures.get(name), 1e3, newline=newline) for name in LATENCIES),
+             ratio_text(summary["ratios"].get(kind, {}).get("tpot_p99"), newline))
+            for kind, figures in summary["kinds"].items()]
+    return Section("latency", "throughput and latency (ms; medians over rotations [95% interval])", columns_of(names),
+                   tuple(tuple(Cell(text) for text in row) for row in rows), narrow=("queueing p99", "itl p99"))
+
+
+def serving_sections(record: dict, newline: str = "\n", banner: bool = True) -> list[Section]:
+    """Everything a serving record's report shows, in order, for every layout (`banner`: the incomplete record's
+    warning as a section of its own; the HTML page draws its banner instead)."""
+    summary = summarise(record)
+    out = [Section("incomplete", warnings=(INCOMPLETE_NOTE,))] if banner and not record.get("complete", True) else []
+    out += [serving_section(record, summary, newline), latency_section(summary, newline)]
+    control = control_sentence(summary)
+    items = cpu_sentences(summary) + ([control] if control else [])
+    out += [Section("ratios", items=tuple(items))] if items else []
+    failed = [f"EQUIVALENCE FAILED: {kind}: requests {check['failed_requests'][:5]} left the full path; it was not "
+              "timed" for kind, check in record["checks"].items() if not check["passed"]]
+    return out + ([Section("failures", warnings=tuple(failed))] if failed else [])
 
 
 def cpu_sentences(summary: dict) -> list[str]:
@@ -143,8 +172,7 @@ def cpu_sentences(summary: dict) -> list[str]:
     for kind, ratios in summary["ratios"].items():
         if ratios.get("throughput_cpu") and ratios.get("tpot_p99_cpu"):
             lines.append(f"on the replay thread's CPU time, {kind} / {summary['baseline']}: output throughput "
-                         f"{_ratio(ratios['throughput_cpu']).replace(chr(10), ' ')}, p99 TPOT "
-                         f"{_ratio(ratios['tpot_p99_cpu']).replace(chr(10), ' ')}")
+                         f"{ratio_text(ratios['throughput_cpu'], ' ')}, p99 TPOT {ratio_text(ratios['tpot_p99_cpu'], ' ')}")
     return lines
 
 
@@ -157,6 +185,52 @@ def control_sentence(summary: dict) -> str | None:
     on_cpu = f"; on CPU time {cpu['ratio']:.3f} [{cpu['low']:.3f}, {cpu['high']:.3f}]" if cpu else ""
     return (f"A/A control ({control['kind']} replayed twice per rotation): throughput ratio {found['ratio']:.3f} "
             f"[{found['low']:.3f}, {found['high']:.3f}]{on_cpu}, the run's noise floor")
+
+
+def terminal_renderables(record: dict, width: int | None = None) -> list:
+    """The report on a terminal (`width`: the columns a narrow one drops; None keeps every one)."""
+    from kvbench.report.record.terminal import INCOMPLETE, PLAIN, section_renderables
+
+    out: list = [f"[bold]{rich_escape(heading(record))}[/]" + ("" if record.get("complete", True) else INCOMPLETE)]
+    for section in serving_sections(record):
+        out += section_renderables(section, width, **PLAIN, show_lines=True)
+    return out
+
+
+def render_markdown(record: dict, source: str, image: str | None = None) -> str:
+    """The report as markdown; `image` is a relative link to the memory plot, if one was written."""
+    from kvbench.report.record.markdown import section_lines
+
+    lines = [f"**{escape_markdown(heading(record))}**"
+             + ("" if record.get("complete", True) else " — **INCOMPLETE: interrupted run**"), "",
+             f"Record `{source}`, created {escape_markdown(record['environment'].get('timestamp_utc', '-'))}.", ""]
+    for section in serving_sections(record, newline=" "):
+        lines += section_lines(section)
+    if image:
+        lines += [f"![kvbench: KV memory over time, per kind]({image})", ""]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def render_html(record: dict, source: str) -> str:
+    """One self-contained page, as a loop record's (kvbench.report.record.html): its memory plot as a data: URI."""
+    from kvbench.report.format import Html
+    from kvbench.report.record.html import CSS, POLICY, data_uri, section_html
+
+    parts = [Html('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+                  '<meta http-equiv="Content-Security-Policy" content="{policy}">\n'
+                  "<title>{title}</title><style>{css}</style></head><body>\n<h1>{title}</h1>").format(
+                 policy=POLICY, title=heading(record), css=Html(CSS)),
+             Html('<p class="meta">record <code>{}</code> · created {}</p>').format(
+                 source, record["environment"].get("timestamp_utc", "-"))]
+    if not record.get("complete", True):
+        parts.append(Html('<div class="banner">{}.</div>').format(INCOMPLETE_NOTE))
+    for section in serving_sections(record, newline=" ", banner=False):
+        parts += section_html(section)
+    image = data_uri(memory_plot(record, ".png"), "image/png")
+    parts.append(Html('<figure><img src="{}" alt="KV memory over time"><figcaption>{}</figcaption></figure>').format(
+        image, "KV memory used, reserved and saved by sharing over each kind's first replay, against the budget"))
+    parts.append(Html("</body></html>"))
+    return str(Html("\n").join(parts)) + "\n"
 
 
 def memory_plot(record: dict, suffix: str = ".png") -> bytes:

@@ -1,0 +1,110 @@
+"""Which of `kvbench run`'s workloads uses each of its options, and the check that refuses an option the chosen
+workload does not use (or that does nothing without another), before anything is built: a run never measures
+something other than what its command line, which the record repeats, says."""
+
+from __future__ import annotations
+
+import argparse
+
+from kvbench.cli.options import run_parser
+from kvbench.cli.parser import CliError
+from kvbench.trace import LENGTHS as TRACE_LENGTHS
+
+# Every option of `run` (kvbench.cli.options, .serving_options) has its row in USED_BY: tests/test_cli.py crosses
+# each option with each workload, so a new option cannot be left out.
+LOOP, REQUEST, CONTEXTS, SERVING, REPLAY = "loop", "request", "contexts", "serving", "replay"
+WORKLOADS = {LOOP: "--lengths, the default", REQUEST: "--prompt/--generate", CONTEXTS: "--contexts",
+             SERVING: "--trace LENGTHS", REPLAY: "--trace FILE"}  # each workload: the options that choose it
+TIMED = (LOOP, REQUEST, CONTEXTS)  # one model's modes timed in rotations: a preset's or a GGUF file's weights
+SERVED = (SERVING, REPLAY)  # a trace of requests under one KV budget, drawn or saved: the preset's random weights
+EVERY = TIMED + SERVED
+CHOOSERS = {"--lengths": LOOP, "--prompt": REQUEST, "--generate": REQUEST, "--contexts": CONTEXTS, "--trace": SERVING}
+USED_BY = {
+    "--lengths": (LOOP,), "--prompt": (REQUEST,), "--generate": (REQUEST,), "--contexts": (CONTEXTS,),
+    "--trace": SERVED, "--modes": EVERY,
+    "--plugin": TIMED,  # a serving run takes the kinds kvbench.admission schedules, no plugin's
+    "--repeats": EVERY, "--precision": EVERY,
+    "--min-repeats": TIMED,  # a serving run's minimum under --precision is --repeats
+    "--max-repeats": EVERY, "--max-seconds": EVERY, "--between-run": EVERY, "--order": EVERY, "--cpu": EVERY,
+    "--control": EVERY,
+    "--warmup": TIMED,  # a serving run's untimed pass is its gate, one replay of the trace per kind
+    "--batch": TIMED,  # a serving run's batch is whichever requests the scheduler admits
+    "--seed": EVERY, "--threads": EVERY,
+    "--quality": TIMED,  # with --model or --gguf (NEEDS), which a serving run has not
+    "--per-step": (LOOP,),  # a request or contexts run times every step itself
+    "--output": EVERY, "--force": EVERY,
+    "--no-progress": EVERY,  # a serving run draws no bars, so what the option asks holds
+    "--wide": EVERY,
+    # a saved trace carries its own requests, arrivals, prefixes and cancellations
+    "--requests": (SERVING,), "--arrivals": (SERVING,), "--prefix": (SERVING,), "--prefix-fraction": (SERVING,),
+    "--cancel": (SERVING,),
+    "--share-prefix": SERVED, "--kv-budget": SERVED, "--reserve": SERVED, "--block-size": SERVED,
+    "--max-batched-tokens": SERVED, "--save-trace": SERVED,
+    "--preset": EVERY, "--width": EVERY, "--heads": EVERY, "--kv-heads": EVERY, "--layers": EVERY,
+    "--vocab-size": EVERY, "--max-length": EVERY, "--dtype": EVERY,
+    "--window": TIMED, "--sinks": TIMED, "--window-pattern": TIMED,  # the scheduler's batches need full attention
+    "--model": TIMED, "--gguf": TIMED,  # serving replays the preset's random weights: a real model is not served yet
+    "--quant-group": EVERY, "--quant-residual": EVERY,  # and only where a quantized kind runs (KIND_OPTIONS)
+}
+NEEDS = {  # option -> (the workloads where it does something only beside one of these options, those, why)
+    "--prefix-fraction": ((SERVING,), ("--prefix",), "it is the share of requests that carry the prefix"),
+    "--max-repeats": (SERVED, ("--precision",), "without a precision target a serving run replays exactly "
+                                                "--repeats rotations"),
+    "--max-seconds": (SERVED, ("--precision",), "without a precision target a serving run replays exactly "
+                                                "--repeats rotations"),
+    "--quality": (TIMED, ("--model", "--gguf"), "it measures a trained model on text"),
+}
+KIND_OPTIONS = {  # options only some kinds read (kvbench.cli.run and .serve tell which do): who reads each
+    "--quant-group": "the quantized kinds", "--quant-residual": "the quantized kinds",
+    "--block-size": "paged and hf-continuous", "--reserve": "static and the quantized kinds",
+}
+
+
+def given_options(argv: list[str]) -> list[str]:
+    """The options `kvbench run ARGV` gives, in the parser's order. Told apart from the defaults by parsing again
+    with none, not by comparing values: --warmup 1 is the default's value, and given to a serving run still asks
+    for a warm-up that it does not do."""
+    parser = run_parser()
+    for action in parser.actions():
+        action.default = argparse.SUPPRESS
+    given = vars(parser.parse_args(argv))
+    return [action.option_strings[-1] for action in parser.actions() if action.option_strings and action.dest in given]
+
+
+def workload_list(workloads) -> str:
+    names = [name for name in WORKLOADS if name in workloads]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def check_used(given: list[str], trace: str | None) -> str:
+    """The workload the given options choose, once none of them is one it does not use; a refusal is one line
+    naming the options. Values, paths and memory are the next checks' (kvbench.cli.run.check_run)."""
+    chosen: dict[str, list[str]] = {}
+    for option in given:
+        if option in CHOOSERS:
+            chosen.setdefault(CHOOSERS[option], []).append(option)
+    if len(chosen) > 1:
+        raise CliError(f"{' and '.join('/'.join(options) for options in chosen.values())} choose different "
+                       "workloads: give one of them")
+    workload = next(iter(chosen), LOOP)
+    if workload == SERVING and trace.partition(":")[0] not in TRACE_LENGTHS:
+        workload = REPLAY
+    unused = [option for option in given if workload not in USED_BY[option]]
+    if len(unused) == 1:
+        raise CliError(f"{unused[0]} is not used by a {workload} run ({WORKLOADS[workload]}), only by "
+                       f"{workload_list(USED_BY[unused[0]])} runs")
+    if unused:
+        raise CliError(f"{', '.join(unused)} are not used by a {workload} run ({WORKLOADS[workload]}): leave them out")
+    for option in given:
+        workloads, needed, why = NEEDS.get(option, ((), (), ""))
+        if workload in workloads and not set(needed) & set(given):
+            raise CliError(f"{option} needs {' or '.join(needed)} in a {workload} run: {why}")
+    return workload
+
+
+def check_read(given: list[str], readers: dict[str, list[str]], kinds: list[str]) -> None:
+    """Refuse an option of KIND_OPTIONS that none of the run's kinds reads (`readers`: option -> the kinds that do)."""
+    for option, kinds_reading in readers.items():
+        if option in given and not kinds_reading:
+            raise CliError(f"{option} is read by {KIND_OPTIONS[option]} only, and --modes {','.join(kinds)} runs "
+                           "none of them")
