@@ -74,9 +74,10 @@ asv-check: $(STAMP)
 # asv-quick: a smoke test of the working tree: one round, 5 samples per time_ benchmark (asv's ± is half the
 # samples' IQR: --quick's single sample shows ±0) and 60 s of speedup sampling in all (docs/asv.md: what it
 # takes). Not `--quick`: asv 0.6.6 sizes its progress by the suite's largest `rounds` (2) while --quick runs one
-# round, so the progress ended at 50%; `-a rounds=1` sizes both alike.
+# round, so the progress ended at 50%; `-a rounds=1` sizes both alike. --record-samples keeps the 5 samples in the
+# result: without them `kvbench history` has no interval for a time_ value and judges no step of it.
 ASV_QUICK_BUDGET ?= 60
-ASV_QUICK_ATTRIBUTES := -a rounds=1 -a repeat=5
+ASV_QUICK_ATTRIBUTES := -a rounds=1 -a repeat=5 --record-samples
 
 asv-quick: asv-machine
 	KVBENCH_ASV_BUDGET=$(ASV_QUICK_BUDGET) $(ASV) run $(ASV_EXISTING) --set-commit-hash HEAD $(ASV_QUICK_ATTRIBUTES) $(ASV_MACHINE_FLAG) $(ASV_ARGS)
@@ -113,11 +114,15 @@ screenshots: $(STAMP)
 # (never typed by hand): replaces the block between the kvbench report markers in README.md.
 REFERENCE_RECORD ?= results/reference.json
 LLAMA_RECORD ?= results/llama/llama-tiny.json  # the llama family's table in docs/models.md
+# docs/real-model.md: the real model's quality tables, and transformers' caches read beside kvbench's (PEER:BESIDE)
+REAL_MODEL_RECORDS ?= results/real/quality-quantized.json results/real/quality-window.json
+REAL_MODEL_PEERS ?= results/real/quality-hf-int4-g16.json:results/real/quality-quantized.json results/real/quality-hf-int4.json:results/real/quality-quantized.json
 
 report: $(STAMP)
 	$(BIN)/kvbench report $(REFERENCE_RECORD) --format markdown --plot docs/results.svg --into README.md --force
 	$(BIN)/python scripts/layout_targets.py --into README.md > /dev/null
 	$(BIN)/kvbench report $(LLAMA_RECORD) --format markdown --into docs/models.md --force
+	$(BIN)/python scripts/real_model_docs.py $(REAL_MODEL_RECORDS) --peers $(REAL_MODEL_PEERS) --into docs/real-model.md
 
 # Does a verdict survive a rerun? Five A/A pairs of `kvbench run` with the test-only slowed kind,
 # compared, on the machine as it is (about 5 minutes on 2 cores) and then under contention: a busy

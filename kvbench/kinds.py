@@ -114,6 +114,19 @@ def rotary_table_bytes(config) -> int:
     return 0 if config.family == "gpt2" else 2 * config.max_length * config.head_dim * config.element_bytes
 
 
+# A quantized kind that holds fewer than this share of its positions quantized at the end of a loop (the rest in
+# its full-precision residual) is measuring mostly float's bytes and drift, not its format's: at lengths inside
+# R + G it quantizes nothing, and its "of float 1.00" and KL of 1e-11 say nothing about int8 or int4. The report
+# marks such a cell and `kvbench run` warns of it (the "unquantized" mark of kvbench.report.record.model).
+QUANTIZED_SHARE_FLOOR = 0.5
+
+
+def quantized_positions(length: int, group_size: int = GROUP_SIZE, residual: int = RESIDUAL) -> int:
+    """Positions kvbench's quantized kinds hold in the integer store after `length`: whole groups of G that are
+    no longer among the newest R, Tq = G * floor((T - R) / G) (0 while T < R + G)."""
+    return group_size * max(0, (length - residual) // group_size)
+
+
 def quantized_cache_parts(config, batch: int, length: int, bits: int, group_size: int = GROUP_SIZE,
                           residual: int = RESIDUAL) -> dict[str, int]:
     """Retained bytes of a quantized cache holding `length` positions, by part. Assumptions, all counted:
@@ -128,7 +141,7 @@ def quantized_cache_parts(config, batch: int, length: int, bits: int, group_size
     """
     _count(batch=batch, length=length)
     D, heads = config.head_dim, config.layers * batch * config.kv_heads
-    quantized = group_size * max(0, (length - residual) // group_size)
+    quantized = quantized_positions(length, group_size, residual)
     return {
         "codes": heads * 2 * quantized * D * bits // 8,
         "key_scales": heads * (quantized // group_size) * D * 2 * SCALE_BYTES,

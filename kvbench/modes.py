@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Callable
 
+from kvbench import kinds
 from kvbench.kinds import GROUP_SIZE, KIND_NAME, RESIDUAL, expected_cache_bytes, quantized_cache_bytes, window_cache_bytes
 
 FULL = "full"  # the baseline: re-runs the whole prefix at every step
@@ -215,6 +216,19 @@ def expected_bytes(mode: str, config, batch: int, length: int, measured: int | N
         raise ValueError(f"no byte formula for mode {mode!r}: expected one of "
                          f"{[name for name, s in _specs.items() if s.bytes is not None]}, or a measured size")
     return measured
+
+
+def quantized_positions(mode: str, length: int, recorded: int | None = None, **options) -> int | None:
+    """Positions `mode` held quantized after `length`: what was `recorded` (the cache's own count), else for
+    kvbench's quantized kinds their rule (kvbench.kinds.quantized_positions: what the caches do, their bytes
+    checked against it); None for a kind that keeps what it is given, or one whose rule is not kvbench's
+    (transformers' caches, a plugin's) when nothing was recorded."""
+    if recorded is not None:
+        return recorded
+    found = _specs.get(mode)
+    if found is None or not found.bits or found.source != KVBENCH:
+        return None
+    return kinds.quantized_positions(length, **{name: options[name] for name in QUANTIZED_OPTIONS if name in options})
 
 
 def option_modes(modes: list[str]) -> list[str]:

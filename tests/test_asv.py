@@ -357,7 +357,8 @@ def test_make_asv_quick_runs_one_round_of_several_samples():
     # --quick takes one sample (asv's ± is half the samples' IQR: "±0") and sizes the progress bar by the
     # suite's largest `rounds` while running one round (it ended at 50%)
     assert "$(ASV_QUICK_ATTRIBUTES)" in recipe and "--quick" not in recipe
-    assert make_variable("ASV_QUICK_ATTRIBUTES").split() == ["-a", "rounds=1", "-a", "repeat=5"]
+    # and keeps the samples: without them the history page has no interval and judges no time_ step
+    assert make_variable("ASV_QUICK_ATTRIBUTES").split() == ["-a", "rounds=1", "-a", "repeat=5", "--record-samples"]
 
 
 @pytest.mark.slow
@@ -434,7 +435,7 @@ def test_asv_show_prints_samples_beside_the_capture(existing):
     assert "threads intra 1 / inter 1" in out
     for mode in MODES:
         assert re.search(rf"model='seed', mode='{mode}', length={LENGTH}: median [\d.]+ms, 99% CI \[", out), out
-    assert len(re.findall(r"samples: (?:[\d.e-]+ ){4}[\d.e-]+\n", out + "\n")) == len(MODES), out
+    assert len(re.findall(r"samples \((?:s|ms|µs)\): (?:[\d.e-]+ ){4}[\d.e-]+\n", out + "\n")) == len(MODES), out
 
 
 @pytest.mark.slow

@@ -367,9 +367,29 @@ def test_asv_show_prints_samples_and_capture(tmp_path, environment, capsys):
     assert f"torch {environment['torch']['version']}" in out
     assert "decode.TimeDecode.time_decode [seconds] version kvbench-decode-1" in out
     assert "mode='full', length=64: median 20.0ms, 99% CI [" in out
-    assert "samples: 0.02 0.021 0.019 0.022 0.02" in out
+    assert "samples (ms): 20 21 19 22 20" in out  # in the median's unit, not 0.02 0.021 ... seconds
     assert "mode='static', length=64: median failed" in out
     assert "mode='static', length=64: value 2" in out
+
+
+def test_asv_show_scales_numbers_and_fits_the_terminal(tmp_path, environment, capsys, monkeypatch):
+    """Bytes in binary units, a load average to two decimals (not 25276071936 bytes and 7.51171875), and every
+    line within $COLUMNS but a path or number too long to break, which runs past it whole."""
+    results_dir = tmp_path / "results" / "asv"
+    path = write_asv_result(results_dir)
+    run = asvtools.AsvRun(machine="m1", commit_hash="b" * 40, env_name="virtualenv-py3.11", conf_dir=tmp_path,
+                          results_dir=results_dir)
+    environment = {**environment, "system": {**environment["system"], "load_average": [7.51171875, 2.5, 0.125],
+                                             "memory_total_bytes": 25276071936}}
+    asvtools.write_capture(run, environment)
+    monkeypatch.setenv("COLUMNS", "72")
+    assert cli.main(["asv-show", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "ram 1,000 B" in out and "memory 23.5 GiB," in " ".join(out.split())
+    assert "load 7.51, 2.50, 0.12," in " ".join(out.split()) and "7.51171875" not in out
+    assert "25276071936" not in out
+    wide = [line for line in out.splitlines() if len(line) > 72]
+    assert all(" " not in line.strip() for line in wide), wide  # only an unbreakable word runs past
 
 
 def test_asv_show_without_samples_or_capture(tmp_path, capsys):

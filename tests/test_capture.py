@@ -341,6 +341,19 @@ def test_git_commit_and_dirty_flag(fake_checkout):
     assert notes["kvbench.git_branch"] == "detached HEAD"
 
 
+def test_asvs_rewrite_of_its_benchmark_list_is_not_a_dirty_checkout(fake_checkout):
+    """`asv run` rewrites the tracked results/asv/benchmarks.json every time: the code measured is unchanged."""
+    listing = fake_checkout / "results" / "asv" / "benchmarks.json"
+    listing.parent.mkdir(parents=True)
+    listing.write_text('{"version": 2}\n')
+    _run(*GIT, "add", ".", cwd=fake_checkout)
+    _run(*GIT, "commit", "--quiet", "-m", "init", cwd=fake_checkout)
+    listing.write_text('{\n "version": 2\n}\n')
+    assert capture.collect_kvbench({})["git_dirty"] is False
+    (fake_checkout / "kvbench" / "__init__.py").write_text("x = 1\n")
+    assert capture.collect_kvbench({})["git_dirty"] is True
+
+
 def test_package_outside_a_checkout(tmp_path, monkeypatch):
     package = tmp_path / "kvbench"
     package.mkdir()

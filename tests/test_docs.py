@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 MAX_README_LINES = 300  # hand-written; the generated blocks are not counted
 GENERATED = re.compile(r"<!-- kvbench (?P<name>[\w-]+): begin .*?<!-- kvbench (?P=name): end -->", re.S)
-GENERATED_FILES = ("README.md", "docs/models.md", "docs/results.svg")
+GENERATED_FILES = ("README.md", "docs/models.md", "docs/results.svg", "docs/real-model.md")
+SCRIPTS = ("layout_targets", "real_model_docs")  # the scripts `make report` runs, by their module names
 MAKE_VARIABLES = {"$(BIN)/kvbench": "kvbench", "$(BIN)/python": "python"}
 
 
@@ -43,16 +44,18 @@ def run_report_recipe(into: Path, monkeypatch) -> None:
         (into / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, into / name)
     monkeypatch.chdir(ROOT)  # the records are read from the repository, by the paths the Makefile gives
-    spec = importlib.util.spec_from_file_location("layout_targets", ROOT / "scripts" / "layout_targets.py")
-    layout_targets = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(layout_targets)
+    scripts = {}
+    for name in SCRIPTS:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+        scripts[f"scripts/{name}.py"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(scripts[f"scripts/{name}.py"])
     for command in report_recipe():
         argv = [str(into / arg) if arg in GENERATED_FILES else arg for arg in command]
         if argv[0] == "kvbench":
             assert main(argv[1:]) == 0, command
         else:
-            assert argv[:2] == ["python", "scripts/layout_targets.py"], f"make report runs {command}: test it here"
-            assert layout_targets.main(argv[2:]) == 0, command
+            assert argv[0] == "python" and argv[1] in scripts, f"make report runs {command}: test it here"
+            assert scripts[argv[1]].main(argv[2:]) == 0, command
 
 
 def test_the_make_report_recipe_is_what_this_test_runs():
@@ -62,6 +65,9 @@ def test_the_make_report_recipe_is_what_this_test_runs():
         ["python", "scripts/layout_targets.py", "--into", "README.md"],
         ["kvbench", "report", "results/llama/llama-tiny.json", "--format", "markdown", "--into", "docs/models.md",
          "--force"],
+        ["python", "scripts/real_model_docs.py", "results/real/quality-quantized.json", "results/real/quality-window.json",
+         "--peers", "results/real/quality-hf-int4-g16.json:results/real/quality-quantized.json",
+         "results/real/quality-hf-int4.json:results/real/quality-quantized.json", "--into", "docs/real-model.md"],
     ]
 
 

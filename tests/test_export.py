@@ -64,7 +64,8 @@ def test_formats_are_the_cli_choices():
 
     export_parser = build_parser()._subparsers._group_actions[0].choices["export"]
     (choices,) = [action.choices for action in export_parser._actions if "--format" in action.option_strings]
-    assert list(choices) == list(FORMATS) == ["bmf", "conbench", "github-action-benchmark", "pytest-benchmark"]
+    assert list(choices) == list(FORMATS) == ["bmf", "conbench", "github-action-benchmark",
+                                              "github-action-benchmark-bigger-is-better", "pytest-benchmark"]
 
 
 # -- Bencher Metric Format ----------------------------------------------------------------------
@@ -118,6 +119,22 @@ def test_github_action_benchmark_validates_with_unique_names_and_cost_vs_full(ca
             assert cost is None
         else:
             assert cost["value"] == pytest.approx(1 / speedup_entry(reference, mode, length)["speedup"])
+
+
+def test_the_bigger_is_better_document_holds_each_speedup_as_it_is(capsys, tmp_path, reference):
+    """The action's tool is one direction per file: speedups (and a serving run's throughputs) go into a
+    customBiggerIsBetter document in their own units, never inverted into the smaller-is-better one."""
+    document, _ = export(capsys, tmp_path, "github-action-benchmark-bigger-is-better")
+    jsonschema.validate(document, schema("github-action-benchmark.schema.json"))
+    by_name = {entry["name"]: entry for entry in document}
+    cached = [(mode, length) for mode, length in cells(reference) if mode != "full"]
+    assert sorted(by_name) == sorted(f"kvbench/seed/{mode}/{length} speedup vs full" for mode, length in cached)
+    for mode, length in cached:
+        entry, truth = by_name[f"kvbench/seed/{mode}/{length} speedup vs full"], speedup_entry(reference, mode, length)
+        assert entry["unit"] == "x full" and entry["value"] == pytest.approx(truth["speedup"])
+        assert entry["range"].startswith(f"{truth['low']:.6g} to {truth['high']:.6g} x full")
+    smaller, _ = export(capsys, tmp_path, "github-action-benchmark")
+    assert not [entry for entry in smaller if "speedup" in entry["name"] or "/(" in entry["unit"]]
 
 
 # -- conbench -----------------------------------------------------------------------------------

@@ -311,6 +311,18 @@ def test_transformers_quantized_caches_are_judged_by_kvbenchs_limits_of_the_same
     assert codes < measured < expected_cache_bytes(c, 1, 200)  # codes plus scales, below float32's bytes
 
 
+@pytest.mark.parametrize(("mode", "bits"), QUANTIZED)
+def test_a_transformers_quantized_cache_counts_the_positions_it_quantized(tiny, mode, bits):
+    """transformers quantizes the first call's positions at once, then everything whenever its float residual
+    would reach residual_length: with R = 16 one token a step, 1 of 8 positions, then 33 of 40 (1 + 16 + 16)."""
+    from kvbench.workloads.decode import cache_footprint
+
+    options = {mode: {"group_size": 16, "residual": 16}}
+    assert cache_footprint(tiny, ids_for(tiny, 8, batch=1), mode, options)["quantized_positions"] == 1
+    assert cache_footprint(tiny, ids_for(tiny, 40, batch=1), mode, options)["quantized_positions"] == 33
+    assert "quantized_positions" not in cache_footprint(tiny, ids_for(tiny, 8, batch=1), "hf-dynamic")
+
+
 @pytest.mark.parametrize("mode", ["hf-dynamic", "hf-static"])
 def test_a_transformers_request_and_context_step_follow_the_full_prefix(tiny, mode):
     from kvbench.workloads.decode import FULL, decode_full

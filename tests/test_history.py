@@ -28,7 +28,7 @@ from kvbench.asvtools import capture_path_for_result
 from kvbench.cli import main
 from kvbench.report.comparison.compare import FASTER, SLOWER, VERDICTS, WITHIN_NOISE
 from kvbench.report.history.charts import build_history
-from kvbench.report.history.page import render_page
+from kvbench.report.history.page import render_page, step_text
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = ROOT / "results" / "history" / "asv"
@@ -169,6 +169,18 @@ def test_a_lower_speedup_is_slower(results_copy):
     capture_path.write_text(json.dumps(capture))
     (step,) = [s for s in chart(build_history(results_copy), SPEEDUP, "static").steps if s.machine == "history-a"]
     assert step.verdict == SLOWER and step.judged.ratio == pytest.approx(1.5)
+    # the ratio is the old speedup over the new one: said, with both speedups, so 1.5 is not read as a rise
+    old_speedup, new_speedup = step.values  # asv's values of the two commits
+    assert step_text(step).startswith(f"slower: speedup old/new {step.judged.ratio:.3f} [")
+    assert f"(speedup {old_speedup:.4g} → {new_speedup:.4g})" in step_text(step)
+
+
+def test_a_time_verdict_names_its_quantity(results_copy):
+    old, new = result_files(results_copy, "history-a")
+    copy_old_into_new(old, new)
+    scale_time(new, 1.6)
+    step = history_a_step(results_copy, "full")
+    assert step_text(step).startswith(f"slower: time new/old {step.judged.ratio:.3f} [")
 
 
 def test_without_samples_a_step_is_not_judged(results_copy):
@@ -178,6 +190,20 @@ def test_without_samples_a_step_is_not_judged(results_copy):
         path.write_text(json.dumps(document))
     steps = [s for s in chart(build_history(results_copy), TIME, "full").steps if s.machine == "history-a"]
     assert [s.verdict for s in steps] == ["not judged"] and "--record-samples" in steps[0].reason
+
+
+def test_a_step_not_judged_has_its_own_mark_not_the_within_noise_circle(results_copy):
+    for path in result_files(results_copy, "history-a"):
+        document = json.loads(path.read_text())
+        document["results"][TIME][document["result_columns"].index("samples")] = None
+        path.write_text(json.dumps(document))
+    history = build_history(results_copy)
+    page = render_page(history)
+    classes = [v for _, name, v in read_page(page).attributes if name == "class"]
+    unjudged = sum(1 for c in history.charts for s in c.steps if s.judged is None)
+    within = sum(1 for c in history.charts for s in c.steps if s.judged is not None and s.verdict not in (SLOWER, FASTER))
+    assert unjudged >= 2 and classes.count("step not-judged") == unjudged and classes.count("step") == within
+    assert "◌</span> not judged" in page
 
 
 def test_a_torch_change_is_a_critical_mark(results_copy):

@@ -179,3 +179,110 @@ def test_greedy_feeds_back_each_token_it_chose(model):
             chain = torch.cat((chain, unwindowed(chain)[0][:, -1:].argmax(-1)), dim=1)
     tokens = quality.greedy(unwindowed, prompt, "concat", 8, OPTIONS)
     assert tokens == chain[0, 6:].tolist() == [81] + [62] * 7
+
+
+def test_token_nll_matches_a_float64_reference_on_a_full_size_vocabulary():
+    """float32's cross-entropy over 49,152 classes in the (B, V, T) layout read about 7e-5 nats a token low
+    here (1e-4 on SmolLM2's logits): the mean must agree with float64's log-softmax to 1e-7."""
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(1, 128, 49152, generator=generator) * 4
+    ids = torch.randint(0, 49152, (1, 128), generator=generator)
+    reference = -torch.log_softmax(logits.double(), dim=-1)[0, :-1].gather(1, ids[0, 1:, None])[:, 0]
+    nll = quality.token_nll(logits, ids)
+    assert nll.shape == (1, 127)
+    assert float(nll.mean()) == pytest.approx(float(reference.mean()), abs=1e-7)
+    assert torch.allclose(nll[0].double(), reference, atol=1e-9, rtol=0)
+
+
+def test_each_mode_records_what_its_cache_held_after_a_chunk(measured):
+    """30-token chunks with G = R = 4: 24 positions quantized (4 * ((30 - 4) // 4)), in the bytes the formula says."""
+    from kvbench.modes import expected_bytes
+
+    int4 = next(row for row in measured["modes"] if row["mode"] == "quantized-int4")
+    assert int4["quantized_positions"] == 24
+    assert int4["cache_bytes"] == expected_bytes("quantized-int4", CONFIG, 1, 30, group_size=4, residual=4)
+    assert all("quantized_positions" not in row for row in measured["modes"] if row["mode"] != "quantized-int4")
+
+
+def quality_report(make_record, quality):
+    record = make_record({("full", 8): [1.0, 1.1, 1.2], ("concat", 8): [0.5, 0.6, 0.5]}, config=CONFIG.to_dict())
+    record["quality"] = quality
+    validate_record(record)
+    return build_report(RecordView(record, "r.json"))
+
+
+def test_a_quantized_kind_whose_chunks_sat_in_its_residual_is_marked(make_record, measured):
+    """The same figures had the run kept the default residual of 128: 30-token chunks quantize nothing."""
+    import copy
+
+    from kvbench.report.record import columns
+
+    quality = copy.deepcopy(measured)
+    quality["options"] = {}
+    for row in quality["modes"]:
+        row.pop("quantized_positions", None)  # a record from before the count: kvbench's rule says 0
+    report = quality_report(make_record, quality)
+    int4 = next(row for row in report.quality if row.mode == "quantized-int4")
+    assert (int4.quantized, int4.held, int4.marks) == (0, 30, ("unquantized",))
+    page = markdown.render_report(report)
+    assert "| quantized-int4 |" in page and "| 0 of 30 | ∅ |" in page
+    assert columns.unquantized_sentences(report) == [
+        "quantized-int4's quality on text held 0 of each 30-token chunk quantized (0%), so its perplexity and KL there "
+        "are mostly float's"]
+    assert "24 of 30" in markdown.render_report(quality_report(make_record, measured))
+
+
+def test_the_bytes_against_drift_plot_uses_the_quality_kl_and_says_so(make_record, measured):
+    """Not the gate's KL on the timed ids (1e-11 inside a residual): each kind's KL on the text, at its bytes after
+    a chunk."""
+    from matplotlib.figure import Figure
+
+    from kvbench.report.record import plots
+    from kvbench.report.record.quality import label_of
+
+    report = quality_report(make_record, measured)
+    ax = Figure().subplots()
+    plots.panel_tradeoff(ax, report)
+    drawn = {line.get_label(): tuple(line.get_xydata()[0]) for line in ax.get_lines()}
+    for row in measured["modes"][1:]:
+        label = label_of(row)
+        assert drawn[label][1] == pytest.approx(max(row["kl_mean"], 1e-12))
+    int4 = next(row for row in measured["modes"] if row["mode"] == "quantized-int4")
+    assert drawn["quantized-int4"][0] == pytest.approx(int4["cache_bytes"] / (2 * CONFIG.layers * CONFIG.kv_heads * 30
+                                                                              * CONFIG.head_dim * 4))
+    assert "on text" in ax.get_ylabel() and "30-token" in ax.get_title()
+
+
+def test_a_peer_measured_with_other_cache_settings_is_said_to_describe_other_work(make_record, measured):
+    """transformers' int4 cache beside kvbench's int4 with another residual is other work: the note says so."""
+    import copy
+
+    quality = copy.deepcopy(measured)
+    peer = {**copy.deepcopy(next(row for row in quality["modes"] if row["mode"] == "quantized-int4")),
+            "mode": "hf-quantized-int4"}
+    quality["modes"].append(peer)
+    quality["options"]["hf-quantized-int4"] = {"group_size": 32, "residual": 128}
+    note = quality_report(make_record, quality).quality_note
+    assert ("hf-quantized-int4 ran with group 32 and residual 128, quantized-int4 beside it with group 4 and "
+            "residual 4: not the same cache settings, not the same work") in note
+    quality["options"]["hf-quantized-int4"] = dict(OPTIONS["quantized-int4"])
+    assert "not the same cache settings" not in quality_report(make_record, quality).quality_note
+
+
+def test_the_real_model_page_sets_transformers_int4_beside_kvbenchs_with_the_settings_each_ran_with():
+    """docs/real-model.md's peer paragraphs, from the committed records: the run with transformers' defaults
+    (residual 128) is said to be other work; the run with kvbench's G = R = 16 is not."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("real_model_docs", root / "scripts" / "real_model_docs.py")
+    docs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(docs)
+    beside = root / "results/real/quality-quantized.json"
+    defaults = docs.peer_block(root / "results/real/quality-hf-int4.json", beside)
+    assert "ran with group 32 and residual 128, not those of kvbench's quantized-int4" in defaults
+    assert "(group 16 and residual 16): other settings, other work" in defaults
+    matched = docs.peer_block(root / "results/real/quality-hf-int4-g16.json", beside)
+    assert "ran with group 16 and residual 16, the settings of kvbench's quantized-int4" in matched
+    assert "--quant-group 16 --quant-residual 16" in matched

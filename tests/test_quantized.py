@@ -157,3 +157,15 @@ def test_the_llama_family_drifts_within_its_own_limits_and_really_drifts(kind):
     assert not check.exact and check.passed, check
     assert check.max_abs_diff > 0 and check.kl_mean > 0
     assert check.limits == make_cache(kind, LLAMA).drift_limits != make_cache(kind, SEED).drift_limits
+
+
+def test_the_footprint_counts_the_positions_a_quantized_kind_held_quantized():
+    """Inside R + G nothing is quantized: the record must be able to say so (the report marks it, run warns)."""
+    from kvbench.workloads.decode import cache_footprint
+
+    model = build_model(DecoderConfig(), seed=0)
+    ids = token_ids(model.config, 1, 64)
+    assert cache_footprint(model, ids, "quantized-int8")["quantized_positions"] == 0  # R = 128 > 64
+    options = {"quantized-int4": {"group_size": 4, "residual": 3}}
+    assert cache_footprint(model, ids[:, :18], "quantized-int4", options)["quantized_positions"] == 12  # 4 * (15 // 4)
+    assert "quantized_positions" not in cache_footprint(model, ids, "static")

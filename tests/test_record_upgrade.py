@@ -44,7 +44,8 @@ def run(capsys, *argv) -> tuple[int, str, str]:
 
 def test_the_committed_records_are_of_every_older_version_and_stay_as_written():
     versions = {raw(name)["schema"] for name in committed_records()}
-    assert versions == {"kvbench.record/1", "kvbench.record/2"} and SCHEMA == "kvbench.record/3"
+    # every older version is committed; records re-measured today are of the current one (results/real/quality-*)
+    assert {"kvbench.record/1", "kvbench.record/2"} <= versions <= set(READABLE) and SCHEMA == "kvbench.record/3"
     assert READABLE == ("kvbench.record/1", "kvbench.record/2", "kvbench.record/3")
     assert {raw(name)["schema"] for name in V1} == {"kvbench.record/1"}
     assert {raw(name)["schema"] for name in V2} == {"kvbench.record/2"}

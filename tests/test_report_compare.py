@@ -172,6 +172,9 @@ def test_full_slower_while_the_probe_did_not_move_is_a_change_in_the_shared_path
     assert not result.machine.moved
     assert [c.verdict for c in result.cells if c.mode == "full"] == [compare.SLOWER] * 4
     assert all(c.judged_by == "time" for c in result.cells)
+    # every verdict names the quantity it judged: a bare "slower" beside a speedup column reads as inverted
+    verdicts = {compare.cell_texts(c)[compare.VERDICT_COLUMN] for c in result.cells}
+    assert verdicts == {"slower (time)"}
     assert any("while the machine probe did not: a change in the path every mode shares" in note
                for note in result.notes)
 

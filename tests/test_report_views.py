@@ -4,6 +4,7 @@ per-workload columns, the run's verdict and what it reached, and one name for th
 
 import io
 import json
+import re
 import statistics
 from pathlib import Path
 
@@ -288,7 +289,7 @@ def test_every_layout_renders_every_section_of_the_one_list(name):
             places["markdown"].append(md.index(f"**{escape_markdown(capitalised(section.title))}**"))
             places["html"].append(page.index(f"<h2>{escape_html(capitalised(section.title))}</h2>"))
         if section.columns:
-            assert "| " + " | ".join(section.names) + " |" in md
+            assert "| " + " | ".join(name.replace("|", "\\|") for name in section.names) + " |" in md
             assert all(f">{escape_html(column)}</th>" in page for column in section.names)
         if section.note:
             assert escape_markdown(as_sentence(section.note)) in md and escape_html(as_sentence(section.note)) in page
@@ -301,3 +302,69 @@ def test_a_heading_keeps_a_name_written_in_lower_case():
     assert capitalised("sampling: rotations per length") == "Sampling: rotations per length"
     assert capitalised("kvbench / transformers = median over rotations") == "kvbench / transformers = median over rotations"
     assert capitalised("transformers' caches") == "transformers' caches" and capitalised("") == ""
+
+
+def quantized_record(lengths=(8, 256), recorded=None):
+    """full and quantized-int8 at these lengths (the default G = 32, R = 128); `recorded`: the cache's own counts."""
+    from records import check
+
+    seconds = {(mode, n): [1.0 if mode == "full" else 0.5] * 3 for n in lengths for mode in ("full", "quantized-int8")}
+    drift = {"exact": False, "kl_mean": 1e-11, "kl_max": 2e-11, "top1_agreement": 1.0,
+             "limits": {"max_abs_diff": 5e-3, "kl_mean": 5e-8, "kl_max": 1e-7, "top1_agreement": 0.99}}
+    checks = [{**check(mode, n), **(drift if mode != "full" else {})} for mode, n in seconds]
+    record = synthetic_record(seconds, checks=checks)
+    for entry in record["memory"]:
+        if recorded is not None and entry["mode"] != "full":
+            entry["quantized_positions"] = recorded[entry["length"]]
+    return record
+
+
+def test_a_quantized_kind_inside_its_residual_is_marked_and_said():
+    """At length 8 the default residual of 128 holds every position in float: "of float 1.00" and a KL of 1e-11
+    say nothing about int8. At 256, 128 of 256 are quantized: not marked."""
+    report = build_report(view(quantized_record()))
+    rows = {(row.mode, row.length): row for row in report.rows}
+    assert rows[("quantized-int8", 8)].quantized == 0 and "unquantized" in rows[("quantized-int8", 8)].marks
+    assert rows[("quantized-int8", 256)].quantized == 128 and "unquantized" not in rows[("quantized-int8", 256)].marks
+    assert rows[("full", 8)].quantized is None and "unquantized" not in rows[("full", 8)].marks
+    tradeoff = {cells[0]: cells for cells in map(columns.tradeoff_cells, report.tradeoffs)}
+    assert tradeoff["8"][3:5] == ["1.00", "0% ∅"] and tradeoff["256"][4] == "50%"
+    page = markdown.render_report(report)
+    assert "| ∅ |" in page and "∅ a quantized kind that held under 50% of its positions quantized" in page
+    assert columns.unquantized_sentences(report) == [
+        "quantized-int8 held 0 of 8 positions quantized at length 8 (below 50%): the rest sat in its full-precision "
+        "residual, so its bytes and drift there are mostly float's; longer lengths or a smaller --quant-residual "
+        "measure the format"]
+
+
+def test_what_the_cache_counted_outranks_the_formula():
+    """A count the cache recorded (transformers' caches have no formula) is what the mark reads."""
+    report = build_report(view(quantized_record(recorded={8: 8, 256: 100})))
+    marks = {row.length: row.marks for row in report.rows if row.mode == "quantized-int8"}
+    assert "unquantized" not in marks[8] and "unquantized" in marks[256]
+
+
+def test_run_warns_on_stderr_of_a_quantized_kind_that_quantized_nothing(tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    threads = torch.get_num_threads()
+    try:
+        assert main(["run", "--lengths", "8", "--modes", "full,quantized-int4", "--repeats", "3", "--control", "none",
+                     "--output", str(tmp_path / "q.json"), "--no-progress"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    captured = capsys.readouterr()
+    assert "warning: quantized-int4 held 0 of 8 positions quantized at length 8 (below 50%)" in " ".join(
+        captured.err.split())
+    assert "∅" in captured.out
+    record = json.loads((tmp_path / "q.json").read_text())
+    assert [m.get("quantized_positions") for m in record["memory"]] == [None, 0]
+
+
+def test_every_markdown_table_has_as_many_header_cells_as_row_cells():
+    """The trade-off table's "max |Δ|" header split into two cells, shifting every column after it."""
+    page = markdown.render_report(build_report(view(quantized_record())))
+    cells = lambda line: len(re.split(r"(?<!\\)\|", line)) - 2  # noqa: E731  (unescaped pipes, less the two ends)
+    tables = [block.splitlines() for block in page.split("\n\n") if block.startswith("| ")]
+    assert any("max \\|Δ\\|" in table[0] for table in tables)
+    for table in tables:
+        assert {cells(line) for line in table} == {cells(table[0])}, table[0]

@@ -77,6 +77,11 @@ class Cache:
     def release(self) -> None:
         """End the request. Only a pool-backed kind has storage to give back; here nothing."""
 
+    @property
+    def quantized_positions(self) -> int | None:
+        """Positions held in a quantized representation; None for a kind that keeps every position as given."""
+        return None
+
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
 

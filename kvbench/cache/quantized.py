@@ -117,6 +117,11 @@ class QuantizedCache(Cache):
         return sum(part.numel() * part.element_size() for part in parts)
 
     @property
+    def quantized_positions(self) -> int:
+        """Positions in the integer store; the newest (length - this) are still in full precision."""
+        return self.quantized
+
+    @property
     def reserved_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self._key_codes, self._value_codes, self._key_scales,
                                                           self._value_scales, self._recent))

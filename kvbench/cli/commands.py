@@ -288,5 +288,5 @@ def cmd_asv_machine(args: argparse.Namespace) -> int:
 def cmd_asv_show(args: argparse.Namespace) -> int:
     from kvbench.report.history import asvresult
 
-    print(asvresult.show_result(args.result))
+    print(asvresult.show_result(args.result, stdout_console().width))  # the terminal's width, or $COLUMNS
     return 0

@@ -20,7 +20,7 @@ from kvbench.cli.serve import check_serve, cmd_serve
 from kvbench.cli.usage import CONTEXTS, REQUEST, SERVED, check_read, check_used, given_options
 from kvbench.config import DecoderConfig, PlainConfig
 from kvbench.report.record import model as report_model
-from kvbench.report.record import terminal
+from kvbench.report.record import columns, terminal
 from kvbench.report.format import format_bytes, stdout_console
 from kvbench.measure.timing import Protocol
 
@@ -67,6 +67,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     failed = [check for check in outcome.checks if not check["passed"]]
     for check in failed:
         stderr.print(f"[bold red]EQUIVALENCE FAILED[/]: {failure_sentence(check)}")
+    for sentence in columns.unquantized_sentences(report):  # the tables mark them ∅; said here too
+        stderr.print(f"[yellow]warning[/]: {escape(sentence)}")
     console.print(f"record: {path}")
     if report.verdict:  # the last line: what precision the run reached, and if short of it why, in words
         console.print(terminal.verdict_line(report))

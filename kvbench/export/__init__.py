@@ -14,6 +14,7 @@ from kvbench.export.common import sources_of
 from kvbench.record import RecordView
 
 FORMATS = {"bmf": bmf.document, "conbench": conbench.document, "github-action-benchmark": github_action.document,
+           "github-action-benchmark-bigger-is-better": github_action.bigger_document,
            "pytest-benchmark": pytest_benchmark.document}
 
 __all__ = ["FORMATS", "export_bytes", "export_document"]

@@ -1,4 +1,7 @@
-"""github-action-benchmark's `customSmallerIsBetter` JSON: a list of {name, unit, value, range, extra}.
+"""github-action-benchmark's custom JSON: a list of {name, unit, value, range, extra}, in two documents, because the
+action's `tool` input says of a whole file whether bigger or smaller is better: `customSmallerIsBetter`
+(--format github-action-benchmark: times, costs, waste, preemptions) and `customBiggerIsBetter`
+(--format github-action-benchmark-bigger-is-better: speedups and throughputs, in their own units).
 
 Per cell, `kvbench/<case>/<mode>/<length>` in milliseconds (the median of one sample: a whole
 decode loop, a whole request, or a context's timed steps; `range` its 95% rerun interval; `extra`
@@ -11,9 +14,10 @@ one tool, and this tool is "smaller is better", so the speedup goes in as the co
 is smaller-is-better too.
 
 A serving record's cell (kvbench.export.serving) adds its figures (ttft_p50 ... e2e_p99) in milliseconds as
-above, and its quantities: `.../waste` (fraction) and `.../preemptions` (count) as they are, and the
-bigger-is-better throughputs inverted, `.../output_tokens_per_second inverse` in `1/(tokens/s)` (seconds per
-token), `range` and `extra` saying so, the per-rotation values listed.
+above, and its smaller-is-better quantities: `.../waste` (fraction) and `.../preemptions` (count). Its
+throughputs are bigger-is-better: the other document holds them as measured, `.../output_tokens_per_second`
+in tokens/s and `.../requests_per_second` in requests/s (an inverse in `1/(tokens/s)` read as nonsense), beside
+each valid cell's `... speedup vs <baseline>`.
 
 The action stamps each run with the workflow's own commit and knows no machines: records from
 several machines go into one file with the machine appended to each name, and records must share
@@ -50,16 +54,10 @@ def figure_entry(figure: Figure, cell: Cell, suffix: str) -> dict:
 
 
 def quantity_entry(quantity: Quantity, cell: Cell, suffix: str) -> dict:
-    """A quantity as the smaller-is-better tool takes it: a bigger-is-better one inverted, and saying so."""
-    value, low, high, unit, name = quantity.value, quantity.low, quantity.high, quantity.unit, quantity.name
-    values, note = quantity.values, ""
-    if quantity.higher_is_better:
-        note = f"; inverted (this tool holds smaller-is-better values): 1 / {value:.6g} {unit}"
-        value, low, high, unit, name = 1 / value, 1 / high, 1 / low, f"1/({unit})", f"{name} inverse"
-        values = [1 / v for v in values]
-    return {"name": f"kvbench/{cell.key}/{name}{suffix}", "unit": unit, "value": finite(value),
-            "range": interval_text(low, high, unit, "95% interval of the median"),
-            "extra": f"{quantity.meaning}{note}\nsamples: {' '.join(f'{v:.6g}' for v in values)}"}
+    """A quantity in its own unit: the document of its direction holds it (entries, bigger_entries)."""
+    return {"name": f"kvbench/{cell.key}/{quantity.name}{suffix}", "unit": quantity.unit, "value": finite(quantity.value),
+            "range": interval_text(quantity.low, quantity.high, quantity.unit, "95% interval of the median"),
+            "extra": f"{quantity.meaning}\nsamples: {' '.join(f'{v:.6g}' for v in quantity.values)}"}
 
 
 def extra_text(cell: Cell, source: Source) -> str:
@@ -80,14 +78,34 @@ def entries(cell: Cell, source: Source, suffix: str) -> list[dict]:
                     "value": finite(cost.ratio), "range": interval_text(cost.low, cost.high, f"x {cell.baseline}"),
                     "extra": f"speedup {cell.speedup.ratio:.6g}x ({cell.baseline} / {cell.mode}); cost = 1 / speedup"})
     out += [figure_entry(figure, cell, suffix) for figure in cell.figures] + \
-        [quantity_entry(quantity, cell, suffix) for quantity in cell.quantities]
-    if source.status != "complete":  # each entry is charted on its own: each says it comes from a cut-short run
-        for entry in out[1:]:  # the cell's own says it among its facts
+        [quantity_entry(quantity, cell, suffix) for quantity in cell.quantities if not quantity.higher_is_better]
+    return status_noted(out[:1], out[1:], source)
+
+
+def status_noted(own: list[dict], others: list[dict], source: Source) -> list[dict]:
+    """Each entry is charted on its own: each of `others` says it comes from a cut-short run (`own`, the entries
+    whose extra holds the cell's facts, say it among them)."""
+    if source.status != "complete":
+        for entry in others:
             entry["extra"] += f"\nrecord_status: {source.status}"
-    return out
+    return own + others
 
 
-def document(sources: list[Source], options: dict) -> object:
+def bigger_entries(cell: Cell, source: Source, suffix: str) -> list[dict]:
+    """customBiggerIsBetter's entries of a cell: its valid speedup over the baseline, and its throughputs."""
+    out = []
+    speedup = cell.speedup
+    if speedup is not None and cell.speedup_valid:
+        unit = f"x {cell.baseline}"
+        out.append({"name": f"kvbench/{cell.key} speedup vs {cell.baseline}{suffix}", "unit": unit,
+                    "value": finite(speedup.ratio), "range": interval_text(speedup.low, speedup.high, unit),
+                    "extra": f"{cell.baseline} / {cell.mode}, {speedup.pairs} rotations\n{extra_text(cell, source)}"})
+    return status_noted(out, [quantity_entry(quantity, cell, suffix) for quantity in cell.quantities
+                              if quantity.higher_is_better], source)
+
+
+def document(sources: list[Source], options: dict, bigger: bool = False) -> object:
+    """The customSmallerIsBetter document (`bigger`: the customBiggerIsBetter one)."""
     commits = sorted({source.commit or "unknown" for source in sources})
     if len(commits) > 1:
         raise ValueError(f"github-action-benchmark files one commit per run (the workflow's); these records come "
@@ -97,5 +115,11 @@ def document(sources: list[Source], options: dict) -> object:
     for source in sources:
         suffix = f" on {source.machine}" if several else ""
         for cell in source.cells:
-            out.extend(entries(cell, source, suffix))
+            out.extend((bigger_entries if bigger else entries)(cell, source, suffix))
+    if not out:  # the action refuses an empty list; only the bigger-is-better document can be empty
+        raise ValueError("no bigger-is-better value to export: no cell has a valid speedup or a throughput")
     return out
+
+
+def bigger_document(sources: list[Source], options: dict) -> object:
+    return document(sources, options, bigger=True)

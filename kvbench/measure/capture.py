@@ -262,6 +262,12 @@ def collect_env(notes: dict) -> dict:
             if name in ENV_NAMES or name.startswith(ENV_PREFIXES)}
 
 
+# Tracked files a tool rewrites on every run, which say nothing of the code measured: `asv run` rewrites its list of
+# benchmarks in asv.conf.json's results_dir (the same list, re-serialised) every time, so the capture of the next
+# run after `make asv-quick` read git_dirty: true for a checkout whose every line of code was committed.
+REWRITTEN_BY_TOOLS = ("results/asv/benchmarks.json",)
+
+
 def _git(root: Path, *args: str) -> str:
     proc = subprocess.run(["git", "-C", str(root), *args], capture_output=True,
                           text=True, timeout=GIT_TIMEOUT_S, check=False)
@@ -301,8 +307,10 @@ def collect_kvbench(notes: dict) -> dict:
 
     def dirty() -> bool:
         commit()  # "dirty" means nothing without a commit to differ from
-        # Untracked files (results, scratch) do not change what was benchmarked.
-        return bool(git("status", "--porcelain", "--untracked-files=no"))
+        # Untracked files (results, scratch) do not change what was benchmarked, nor do the tracked files a
+        # tool rewrites as it runs (REWRITTEN_BY_TOOLS).
+        return bool(git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                        *(f":(exclude){path}" for path in REWRITTEN_BY_TOOLS)))
 
     return _fill("kvbench", {
         "version": lambda: getattr(kvbench, "__version__", None)

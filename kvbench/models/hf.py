@@ -212,6 +212,18 @@ class HfCache:
     def reserved_bytes(self) -> int:
         return self.nbytes
 
+    @property
+    def quantized_positions(self) -> int | None:
+        """A QuantizedCache's positions in its quantized store, the same in every layer (it quantizes the first
+        call's positions at once, then everything whenever its float residual would reach residual_length); None
+        for transformers' other caches."""
+        layers = getattr(self.cache, "layers", None) or []
+        if not layers or not hasattr(layers[0], "_quantized_keys"):
+            return None
+        layer = layers[0]
+        residual = layer.keys.shape[-2] if getattr(layer, "keys", None) is not None and layer.keys.dim() == 4 else 0
+        return int(layer.cumulative_length) - residual
+
     def release(self) -> None:
         self.cache = None
 

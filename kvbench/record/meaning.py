@@ -148,6 +148,9 @@ def sound_memory(record: dict, entry: dict, where: str) -> str | None:
         return f"{where}: measured_bytes {entry['measured_bytes']} contradicts the formula's {formula}"
     if entry["reserved_bytes"] < entry["measured_bytes"]:
         return f"{where}: reserved_bytes {entry['reserved_bytes']} is below measured_bytes {entry['measured_bytes']}"
+    if entry.get("quantized_positions", 0) > entry["length"]:
+        return (f"{where}: quantized_positions {entry['quantized_positions']} exceeds the {entry['length']} "
+                "positions the cache held")
     return None
 
 

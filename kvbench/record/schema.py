@@ -21,8 +21,6 @@ from kvbench.measure.stats import ESTIMATORS, INTERVALS
 from kvbench.record.entries import TELEMETRY
 from kvbench.record.meaning import MEANING_CHECKS, RecordError
 from kvbench.record.upgrade import CURRENT, LATER_CELL, LATER_SUMMARY, complete_run, lacks_a_later_section, upgrade
-from kvbench.measure.sampling import STOPS
-from kvbench.measure.stats import ESTIMATORS, INTERVALS
 
 SCHEMA = CURRENT  # "kvbench.record/3"
 SCHEMA_NAME, SCHEMA_VERSION = SCHEMA.split("/")
@@ -152,7 +150,8 @@ RECORD_SCHEMA_V1 = {
             "type": "array",
             "items": {"type": "object", "required": ["mode", "length", "expected_bytes", "measured_bytes", "reserved_bytes"],
                       "properties": {**_cell, "expected_bytes": _bytes, "measured_bytes": _bytes,
-                                     "reserved_bytes": _bytes, "peak_rss_growth_bytes": _bytes}},
+                                     "reserved_bytes": _bytes, "peak_rss_growth_bytes": _bytes,
+                                     "quantized_positions": _count}},  # a quantized kind's, since 2026-12-04
         },
         "per_step": {
             "type": "array",
@@ -232,7 +231,9 @@ def quality_schema() -> dict:
                           "top1_agreement": {"type": "number", "minimum": 0, "maximum": 1},
                           "greedy_departure": {"type": ["integer", "null"], "minimum": 0}, "sample": {"type": "string"},
                           "window": _positive, "sinks": _count, "nll_difference": interval,
-                          "perplexity_beyond_window": positive, "full_perplexity_beyond_window": positive}}
+                          "perplexity_beyond_window": positive, "full_perplexity_beyond_window": positive,
+                          # what its cache held after a chunk's last step (since 2026-12-04)
+                          "cache_bytes": _count, "quantized_positions": _count}}
     return {"type": "object", "required": ["tokens", "chunks", "modes", "prompt", "generate"],
             "properties": {"tokens": _positive, "chunks": _positive, "prompt": _count, "generate": _count,
                            "modes": {"type": "array", "items": row}}}

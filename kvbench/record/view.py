@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kvbench import modes
 from kvbench.config import PlainConfig
 from kvbench.measure import estimation, stats
 from kvbench.record.entries import CellKey, Repetition, Workload
@@ -147,6 +148,13 @@ class RecordView:
         """A request run's latency figures of one cell (kvbench.measure.latency.mode_latency, with its TTFT and TPOT
         ratios to the baseline under "ratios"); None for any other run, or a cell it never timed."""
         return self._latency.get((mode, length))
+
+    def quantized_positions(self, mode: str, length: int) -> int | None:
+        """Positions a quantized kind held quantized at the end of its loop at `length` (kvbench.modes
+        .quantized_positions): as its cache counted them, else by kvbench's own kinds' rule; None where it
+        quantizes nothing by design or the record cannot tell."""
+        recorded = (self.memory(mode, length) or {}).get("quantized_positions")
+        return modes.quantized_positions(mode, length, recorded, **self.cache_options(mode))
 
     def cache_options(self, mode: str) -> dict:
         """The options the run gave this mode's cache (kvbench.modes): empty for a mode without any."""

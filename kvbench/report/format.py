@@ -144,7 +144,8 @@ def markdown_table(header: tuple[str, ...] | list[str], rows: list[list[str]],
                    left: tuple[str, ...] = ("mode", "equivalence", "marks")) -> list[str]:
     """GitHub table lines; cells are markdown already (escape plain text with escape_markdown)."""
     align = ["---" if name in left else "--:" for name in header]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+    # a header's pipe too ("max |Δ|"): unescaped, it split the header into more cells than the rows have
+    lines = ["| " + " | ".join(name.replace("|", "\\|") for name in header) + " |", "|" + "|".join(align) + "|"]
     lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
     return lines
 

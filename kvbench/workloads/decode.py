@@ -152,6 +152,9 @@ def cache_footprint(model: Decoder, ids: Tensor, mode: str, options: dict | None
         for t, (_, cache) in enumerate(steps(model, ids, mode, prompt, options=options)):
             if t == T - prompt:  # before the generator releases the cache
                 footprint = {"measured_bytes": cache.nbytes, "reserved_bytes": cache.reserved_bytes}
+                quantized = getattr(cache, "quantized_positions", None)  # full's throwaway cache is the model's
+                if quantized is not None:  # how much of what it held a quantized kind had quantized (the report
+                    footprint["quantized_positions"] = quantized  # marks a kind measured inside its residual)
     expected = registry.expected_bytes(mode, model.config, B, T, measured=footprint["measured_bytes"],
                                     **(options or {}).get(mode, {}))
     return {"expected_bytes": expected, **footprint}

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from kvbench.model import Decoder, decoder_with_weights
 from kvbench.modes import spec
-from kvbench.workloads.decode import FULL, decode, steps
+from kvbench.workloads.decode import FULL, steps
 
 
 def evicts(mode: str) -> bool:
@@ -43,17 +43,34 @@ def variant(model: Decoder, **fields) -> Decoder:
     return sibling
 
 
-def step_logits(model: Decoder, ids: Tensor, mode: str, options: dict | None) -> Tensor:
-    """(B, T, V) next-token logits at every position, one token a step (full: one forward, the same rows)."""
+def step_logits(model: Decoder, ids: Tensor, mode: str, options: dict | None) -> tuple[Tensor, dict]:
+    """(B, T, V) next-token logits at every position, one token a step (full: one forward, the same rows), and
+    what the mode's cache held after the last step: its bytes and, for a quantized kind, how many of the T
+    positions it had quantized (a chunk inside its full-precision residual measures float's drift, not its own)."""
     if not spec(mode).keeps_state:  # full's rows are one forward's: nothing carried from step to step
         with torch.inference_mode():
-            return model(ids)[0].float()
-    return decode(model, ids, mode, keep_logits=True, options=options).float()
+            return model(ids)[0].float(), {}
+    B, T = ids.shape
+    kept, held = torch.empty(B, T, model.config.vocab_size, dtype=model.config.dtype), {}
+    with torch.inference_mode():
+        for t, (logits, cache) in enumerate(steps(model, ids, mode, 1, options=options)):
+            kept[:, t] = logits
+            if t == T - 1:  # before the generator releases the cache
+                held = {"cache_bytes": cache.nbytes}
+                if getattr(cache, "quantized_positions", None) is not None:
+                    held["quantized_positions"] = cache.quantized_positions
+    return kept.float(), held
 
 
 def token_nll(logits: Tensor, ids: Tensor) -> Tensor:
-    """(B, T - 1) NLL of each next token: logits at t predict ids at t + 1."""
-    return torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")
+    """(B, T - 1) NLL of each next token: logits at t predict ids at t + 1, in float64.
+
+    float64 because float32's log-sum-exp over a 49,152-token vocabulary (in the (B, V, T) layout
+    cross_entropy's class dimension asks for) read about 1e-4 nats a token low on the CPU: perplexity
+    31.3067 where float64 gives 31.3107, a bias larger than the int8 cache's whole effect."""
+    rows = logits[:, :-1].double()
+    return torch.nn.functional.cross_entropy(rows.flatten(0, 1), ids[:, 1:].flatten(), reduction="none").view(
+        rows.shape[:2])
 
 
 def interval(values: list[float]) -> dict:
@@ -110,17 +127,19 @@ def measure(model: Decoder, ids: Tensor, modes: list[str], tokenizer, options: d
         runs = [run for mode, chosen in runs
                 for run in ([(mode, variant(model, sinks=0)), (mode, chosen)] if evicts(mode) else [(mode, chosen)])]
     pieces = ids.view(chunks, -1)
-    references = [step_logits(full_model, piece[None], FULL, options) for piece in pieces]
+    references = [step_logits(full_model, piece[None], FULL, options)[0] for piece in pieces]
     full_tokens = greedy(full_model, pieces[0, :prompt][None], "concat", generate, options)  # concat: full, exactly
     rows = [summarise(FULL, full_model, [compare_chunk(r, r, p[None], model.config.window)
                                          for r, p in zip(references, pieces)], None, full_tokens, full_tokens, tokenizer)]
     for mode, chosen in runs:
         beyond = chosen.config.window if evicts(mode) else None
         path = FULL if evicts(mode) else mode  # the windowed model's full prefix: the window kind's logits
-        found = [compare_chunk(r, step_logits(chosen, p[None], path, options), p[None], beyond)
-                 for r, p in zip(references, pieces)]
+        found, held = [], {}
+        for r, p in zip(references, pieces):  # every chunk as long: the cache holds the same after each
+            logits, held = step_logits(chosen, p[None], path, options)
+            found.append(compare_chunk(r, logits, p[None], beyond))
         tokens = greedy(chosen, pieces[0, :prompt][None], mode, generate, options)
-        rows.append(summarise(mode, chosen, found, rows[0]["chunks"], tokens, full_tokens, tokenizer))
+        rows.append({**summarise(mode, chosen, found, rows[0]["chunks"], tokens, full_tokens, tokenizer), **held})
     return {"tokens": pieces.shape[1], "chunks": chunks, "prompt": prompt, "generate": generate,
             "prompt_text": tokenizer.decode(pieces[0, :prompt].tolist()), "options": dict(options or {}),
             "modes": rows}

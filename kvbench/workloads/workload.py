@@ -226,6 +226,8 @@ def footprint(model: Decoder, ids: Tensor, mode: str, options: dict | None, run:
         stepping = steps(model, ids, mode, prompt=T, options=options)  # the prefill only
         _, cache = next(stepping)
         found = {"measured_bytes": cache.nbytes, "reserved_bytes": cache.reserved_bytes}
+        if getattr(cache, "quantized_positions", None) is not None:  # as decode.cache_footprint records it
+            found["quantized_positions"] = cache.quantized_positions
         stepping.close()
     expected = expected_bytes(mode, model.config, B, T, measured=found["measured_bytes"], **(options or {}).get(mode, {}))
     return {"expected_bytes": expected, **found, **peak}

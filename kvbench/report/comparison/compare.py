@@ -347,8 +347,8 @@ def cell_texts(cell: CellChange) -> list[str]:
     """The plain texts of one compared cell, in the order of COMPARE_HEADER (notes last)."""
     return [str(cell.length), cell.mode, f"{cell.old_samples}/{cell.new_samples}", ms(cell.old_median),
             ms(cell.new_median), *_change_texts(cell.time), *_change_texts(cell.relative),
-            f"{cell.verdict} ({cell.judged_by})" if cell.judged_by != NOT_JUDGED and (
-                cell.relative is not None or cell.judged_by != "time") else cell.verdict,
+            # the verdict names the quantity it judged (the column it read): "slower (time)", "faster (vs full)"
+            f"{cell.verdict} ({cell.judged_by})" if cell.judged_by != NOT_JUDGED else cell.verdict,
             f"{check_text(cell.old_check)} → {check_text(cell.new_check)}", "; ".join(cell.notes)]
 
 
@@ -358,7 +358,7 @@ LATENCY_HEADER = ("mode", "figure", "old ms", "new ms", "new/old [95% CI]", "MDE
 
 def latency_texts(c: LatencyChange) -> list[str]:
     """The plain texts of one compared TTFT or TPOT, in the order of LATENCY_HEADER."""
-    verdict = f"{c.verdict} ({c.judged_by})" if c.relative is not None and c.judged_by != NOT_JUDGED else c.verdict
+    verdict = f"{c.verdict} ({c.judged_by})" if c.judged_by != NOT_JUDGED else c.verdict  # names what it judged
     return [c.mode, c.figure.upper(), ms(c.old_median), ms(c.new_median), *_change_texts(c.time),
             *_change_texts(c.relative), verdict]
 

@@ -52,6 +52,9 @@ class Point:
     note: str = ""
 
 
+NOT_JUDGED = "not judged"
+
+
 @dataclass(frozen=True)
 class Step:
     machine: str
@@ -59,10 +62,14 @@ class Step:
     new: str
     judged: Change | None  # None: one side has no interval
     reason: str = ""  # why it was not judged
+    # What `judged` divides, named wherever its ratio is shown: a time's NEW / OLD, or a speedup's OLD / NEW (both
+    # above 1 when NEW is slower, so a fall in speedup from 1.6 to 0.665 reads 2.41, not 0.42)
+    quantity: str = "time new/old"
+    values: tuple[float, float] | None = None  # the two points' values, old and new
 
     @property
     def verdict(self) -> str:
-        return self.judged.verdict if self.judged else "not judged"
+        return self.judged.verdict if self.judged else NOT_JUDGED
 
 
 @dataclass(frozen=True)
@@ -213,7 +220,9 @@ def judge_steps(chart: Chart, factor: float, alpha: float) -> None:
                 chart.steps.append(Step(machine, old.commit, new.commit, None, old.note or new.note))
                 continue
             judged = change(old.estimate, new.estimate, factor=factor, alpha=alpha, invert=chart.higher_is_better)
-            chart.steps.append(Step(machine, old.commit, new.commit, judged))
+            quantity = "speedup old/new" if chart.higher_is_better else "time new/old"
+            chart.steps.append(Step(machine, old.commit, new.commit, judged, quantity=quantity,
+                                    values=(old.value, new.value)))
 
 
 def build_charts(runs: list[Run], commits: list[Commit], meta: dict, factor: float, alpha: float) -> list[Chart]:

@@ -4,7 +4,8 @@ Nothing is fetched: no stylesheet, font, image or script leaves the file, so it 
 machine without a network (asv publish's pages load jQuery and flot from CDNs and stay blank there).
 Each chart draws one line per machine across the commits, every point with its 95% interval; a
 triangle between two points marks a step kvbench judged slower (up, red) or faster (down, green),
-a hollow circle one within noise or unchanged; a dashed flag marks where that machine's captured
+a hollow circle one within noise or unchanged, a dashed grey ring one not judged (no interval on one
+side); a dashed flag marks where that machine's captured
 environment changed. Every mark has a tooltip, and the tables under each chart say it in words.
 
 Every string on the page comes from files anyone with push access to a results repository writes
@@ -154,10 +155,12 @@ def point_marks(frame: Frame, points: list[Point], color: str, machine: str, cou
 
 
 def step_text(step: Step) -> str:
+    """The verdict with the quantity its ratio divides: "slower: speedup old/new 2.412 [...] (speedup 1.6 → 0.665)"."""
     if step.judged is None:
         return f"not judged: {step.reason}"
     j = step.judged
-    return f"{step.verdict}: {j.ratio:.3f} [{j.low:.3f}, {j.high:.3f}] new/old, MDE ±{j.mde:.1%}"
+    moved = f" ({step.quantity.split()[0]} {step.values[0]:.4g} → {step.values[1]:.4g})" if step.values else ""
+    return f"{step.verdict}: {step.quantity} {j.ratio:.3f} [{j.low:.3f}, {j.high:.3f}]{moved}, MDE ±{j.mde:.1%}"
 
 
 def step_marks(frame: Frame, chart: Chart, color_for) -> list[Html]:
@@ -174,6 +177,10 @@ def step_marks(frame: Frame, chart: Chart, color_for) -> list[Html]:
                             '{tip_y:.1f}" fill="{fill}"><title>{tip}</title></polygon>').format(
                 verdict=step.verdict, a=x - 6, b=x + 6, base=base_y, x=x, tip_y=tip_y,
                 fill=STEP_COLORS[step.verdict], tip=tip))
+        elif step.judged is None:  # not a verdict at all: a dashed grey ring, never the "within noise" circle
+            out.append(Html('<circle class="step not-judged" cx="{x:.1f}" cy="{y:.1f}" r="5" fill="white" '
+                            'stroke="#999" stroke-dasharray="2 2"><title>{tip}</title></circle>').format(
+                x=x, y=y, tip=tip))
         else:
             out.append(Html('<circle class="step" cx="{x:.1f}" cy="{y:.1f}" r="5" fill="white" stroke="{color}">'
                             '<title>{tip}</title></circle>').format(x=x, y=y, color=color_for(step.machine), tip=tip))
@@ -224,8 +231,10 @@ def legend(history: History) -> Html:
     return Html('<p class="legend">{machines}</p><p class="muted">Points: the value with its 95% confidence interval. '
                 '<span class="slower">▲</span> slower, <span class="faster">▼</span> faster: beyond the minimum '
                 'detectable effect and {factor:g}x, as <code>kvbench compare</code> judges (a drop in speedup '
-                'is slower); ○ within noise or unchanged; dashed <i>env</i>: that machine\'s captured environment '
-                'changed. Hover any mark for its numbers.</p>').format(machines=machines, factor=history.factor)
+                'is slower); ○ within noise or unchanged; <span class="muted">◌</span> not judged (one side has no '
+                'interval: a <code>time_*</code> step needs <code>asv run --record-samples</code>); dashed '
+                '<i>env</i>: that machine\'s captured environment changed. Hover any mark for its numbers.</p>'
+                ).format(machines=machines, factor=history.factor)
 
 
 def commit_date(commit) -> str:

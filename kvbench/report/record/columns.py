@@ -15,6 +15,7 @@ from typing import Callable
 
 from kvbench.measure import stats
 from kvbench.measure.stats import PowerFit
+from kvbench.kinds import QUANTIZED_SHARE_FLOOR
 from kvbench.report.format import check_text, check_word, format_bytes, interval_name, ms, ratio
 from kvbench.report.record.model import MARKS, Noise, Profile, Report, Row
 from kvbench.report.record.precision import CLOCK_TEXTS, LengthRow, length_label, stop_text
@@ -236,8 +237,8 @@ def profile_sentences(profile: Profile, baseline: str) -> list[str]:
     return lines
 
 
-TRADEOFF_COLUMNS = ("length", "mode", "KV bytes", "of float", "judged", "max |Δ|", "KL mean", "top-1", "µs/token",
-                    "speedup")
+TRADEOFF_COLUMNS = ("length", "mode", "KV bytes", "of float", "quantized", "judged", "max |Δ|", "KL mean", "top-1",
+                    "µs/token", "speedup")
 
 
 def tradeoff_cells(entry) -> list[str]:
@@ -245,15 +246,37 @@ def tradeoff_cells(entry) -> list[str]:
     lossy = check.get("exact", True) is False
     judged = ("drift within limits" if check.get("passed") else "drift beyond limits") if lossy else \
         ("exact" if check.get("passed") else "FAILED")
-    return [str(entry.length), entry.mode, format_bytes(entry.nbytes), f"{entry.bytes_ratio:.2f}", judged,
+    held = "" if entry.quantized is None else f"{entry.quantized / entry.length:.0%}" + (
+        f" {MARKS['unquantized'][0]}" if entry.quantized < QUANTIZED_SHARE_FLOOR * entry.length else "")
+    return [str(entry.length), entry.mode, format_bytes(entry.nbytes), f"{entry.bytes_ratio:.2f}", held, judged,
             f"{check['max_abs_diff']:.1e}" if check.get("max_abs_diff") is not None else "-",
             f"{check['kl_mean']:.1e}" if lossy else "0", f"{check['top1_agreement']:.1%}" if lossy else "100%",
             f"{entry.per_token * 1e6:.1f}", f"{entry.speedup.ratio:.2f}x" if entry.speedup else "-"]
 
 
-TRADEOFF_SENTENCE = ("bytes kept (of the float formula at that length), how far the logits drift from the full prefix "
-                     "(KL of next-token distributions, top-1 agreement), and time per token. An exact kind is judged by "
-                     "the tolerance; a lossy kind by its own limits, never called exact")
+TRADEOFF_SENTENCE = ("bytes kept (of the float formula at that length), the share of positions a quantized kind held "
+                     f"quantized at the end ({MARKS['unquantized'][0]}: below {QUANTIZED_SHARE_FLOOR:.0%}, mostly its "
+                     "full-precision residual), how far the logits drift from the full prefix on the timed ids (KL of "
+                     "next-token distributions, top-1 agreement), and time per token. An exact kind is judged by the "
+                     "tolerance; a lossy kind by its own limits, never called exact")
 FIT_SENTENCE = ("least squares on log(median time) against log(length). A full-prefix loop grows like T² to T³, a "
                 "cached loop like T to T²; fixed overhead at short lengths pulls b down, so the slope between the two "
                 "longest lengths shows where the growth is heading")
+
+
+def unquantized_sentences(report: Report) -> list[str]:
+    """Each quantized kind's cell (and quality row) that held less than QUANTIZED_SHARE_FLOOR of its positions
+    quantized, in words: `kvbench run` warns of them on stderr, as the tables mark them."""
+    marked: dict[str, list[Row]] = {}
+    for row in report.rows:
+        if "unquantized" in row.marks:
+            marked.setdefault(row.mode, []).append(row)
+    out = [f"{mode} held " + ", ".join(f"{row.quantized} of {row.length}" for row in rows) + " positions quantized "
+           f"at length {', '.join(str(row.length) for row in rows)} (below {QUANTIZED_SHARE_FLOOR:.0%}): the rest sat "
+           "in its full-precision residual, so its bytes and drift there are mostly float's; longer lengths or a "
+           "smaller --quant-residual measure the format" for mode, rows in marked.items()]
+    out += [f"{row.label}'s quality on text held {row.quantized} of each {row.held}-token chunk quantized "
+            f"({row.quantized / row.held:.0%}), so its perplexity and KL there are mostly float's"
+            for row in report.quality if "unquantized" in row.marks]
+    return out
+

@@ -29,7 +29,7 @@ tr.first td { border-top: 2px solid #c8c8cc; }
 td.failed { background: #fde2e1; color: #a40000; font-weight: 600; }
 td.noisy { background: #fff6d6; }
 .mark-failed { color: #c00000; font-weight: 700; } .mark-noisy { color: #a07000; font-weight: 700; }
-.mark-partial { color: #8a2be2; font-weight: 700; } .mark-trend, .mark-disturbed { color: #a07000; font-weight: 700; }
+.mark-partial, .mark-unquantized { color: #8a2be2; font-weight: 700; } .mark-trend, .mark-disturbed { color: #a07000; font-weight: 700; }
 .legend, .note { color: #444; font-size: 13.5px; } .verdict { margin: 10px 0; }
 .grid { display: grid; grid-template-columns: repeat(auto-fit, minmax(520px, 1fr)); gap: 16px; }
 figure { margin: 0; } figure img { width: 100%; height: auto; border: 1px solid #eee; }

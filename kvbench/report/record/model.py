@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from kvbench.measure import stats
 from kvbench.measure.capture import summarize_environment
 from kvbench.config import PlainConfig
-from kvbench.kinds import expected_cache_bytes
+from kvbench.kinds import QUANTIZED_SHARE_FLOOR, expected_cache_bytes
 from kvbench.modes import changes_representation
 from kvbench.record import RecordView, cell_statistics
 from kvbench.report.format import interval_name
 from kvbench.report.record import precision
-from kvbench.report.record.precision import LengthRow, clock_note, sampling_rows, title_of
+from kvbench.report.record.precision import LengthRow, clock_note, sampling_rows, title_of, undisturbed_pairs
 from kvbench.report.record.quality import model_sentence, quality_note, quality_rows
 from kvbench.report.record.latency import (
     ContextRow,
@@ -38,7 +38,7 @@ from kvbench.report.record.latency import (
     timer_sentence,
 )
 from kvbench.measure.stats import NOISY_SPREAD, PowerFit, RatioEstimate
-from kvbench.measure.telemetry import disturbances, tally
+from kvbench.measure.telemetry import tally
 
 MARKS = {  # name -> (symbol, meaning); every layout prints the legend for the marks it uses
     "failed": ("✗", "equivalence check failed: timed, but not a valid speedup"),
@@ -47,6 +47,8 @@ MARKS = {  # name -> (symbol, meaning); every layout prints the legend for the m
     "trend": ("↗", f"its samples trend over the run (Kendall p < {stats.TREND_P}, change of "
                    f"{stats.TREND_SIZE:.0%} or more): warm-up not over, or the machine changed"),
     "disturbed": ("⚡", "its speedup without the disturbed samples differs by more than half its interval"),
+    "unquantized": ("∅", f"a quantized kind that held under {QUANTIZED_SHARE_FLOOR:.0%} of its positions quantized at "
+                         "the end (the rest in its float residual): its bytes and drift there are mostly float's"),
 }
 
 
@@ -87,6 +89,7 @@ class Row:
     clock: str = "wall"  # kvbench.measure.estimation.CLOCKS: the clock of its speedup and of `timed`
     clocked: Timing | None = None  # median and quartiles on `clock` when it is not wall time
     per_sample: int = 0  # tokens (a loop) or steps (a contexts run) one sample covers; 0: the length
+    quantized: int | None = None  # a quantized kind's positions held quantized at the end (of `length`)
 
     @property
     def spread(self) -> float:
@@ -149,6 +152,7 @@ class Tradeoff:
     check: dict | None
     per_token: float
     speedup: RatioEstimate | None
+    quantized: int | None = None  # a quantized kind's positions held quantized, of `length`
 
     @property
     def bytes_ratio(self) -> float:
@@ -274,6 +278,7 @@ def build_rows(view: RecordView, seed: int = stats.SEED, resamples: int = stats.
         repetitions = view.repetitions(mode, length)
         trend = stats.trend([r["started"] for r in repetitions], [r["seconds"] for r in repetitions]) \
             if repetitions and repetitions[0]["started"] is not None else None  # schema 1: no start times
+        quantized = view.quantized_positions(mode, length)
         marks = [name for name, present in (
             ("failed", not view.passed(mode, length)),
             ("noisy", shown.spread > NOISY_SPREAD),  # the spread of the times shown beside the speedup
@@ -281,13 +286,14 @@ def build_rows(view: RecordView, seed: int = stats.SEED, resamples: int = stats.
             ("trend", trend is not None and trend.drifting),
             ("disturbed", speedup is not None and undisturbed is not None
              and abs(undisturbed.ratio / speedup.ratio - 1) > speedup.half_width / 2),
+            ("unquantized", quantized is not None and quantized < QUANTIZED_SHARE_FLOOR * length),
         ) if present]
         rows.append(Row(
             length=length, mode=mode, samples=len(samples), planned=view.planned(length),
             median=cell["median"], q1=cell["q1"], q3=cell["q3"], is_baseline=mode == baseline,
             speedup=speedup, speedup_valid=view.passed(mode, length) and view.passed(baseline, length),
             check=view.check(mode, length), memory=view.memory(mode, length), marks=tuple(marks),
-            undisturbed=undisturbed, clock=clock, clocked=clocked, per_sample=per_sample,
+            undisturbed=undisturbed, clock=clock, clocked=clocked, per_sample=per_sample, quantized=quantized,
         ))
     return rows
 
@@ -306,15 +312,6 @@ def row_speedup(view: RecordView, mode: str, length: int, seed: int, resamples: 
                                     key=(mode, length), resamples=resamples)
     entry = view.speedup(mode, length)
     return RatioEstimate(entry["speedup"], entry["low"], entry["high"], entry["pairs"], view.estimator, view.interval)
-
-
-def undisturbed_pairs(view: RecordView, mode: str, length: int) -> set[int] | None:
-    """Repetitions where neither the mode's sample nor the baseline's was disturbed; None without telemetry."""
-    mine, base = view.repetitions(mode, length), view.repetitions(view.baseline, length)
-    if not mine or "cpu_seconds" not in mine[0]:
-        return None
-    clean_base = {r["repetition"] for r in base if not disturbances(r["seconds"], r)}
-    return {r["repetition"] for r in mine if not disturbances(r["seconds"], r)} & clean_base
 
 
 def build_profile(view: RecordView, window: int = stats.RUNNING_WINDOW) -> Profile | None:
@@ -401,7 +398,7 @@ def tradeoffs(view: RecordView, rows: list[Row]) -> list[Tradeoff]:
             continue
         out.append(Tradeoff(row.mode, row.length, row.memory["measured_bytes"],
                             expected_cache_bytes(config, view.batch, row.length), row.check, row.per_token,
-                            row.speedup if row.speedup_valid else None))
+                            row.speedup if row.speedup_valid else None, row.quantized))
     return out
 
 

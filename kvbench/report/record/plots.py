@@ -205,8 +205,18 @@ def panel_per_step(ax: Axes, report: Report) -> None:
     place_legend(ax, frameon=True, framealpha=0.9, edgecolor="#dddddd")
 
 
+def quality_points(report: Report) -> list:
+    """The quality rows the trade-off plots, when the record has quality on text: every mode but the baseline's
+    (the one without a difference from itself)."""
+    return [row for row in report.quality if row.nll_difference is not None]
+
+
 def panel_tradeoff(ax: Axes, report: Report) -> None:
-    """Bytes kept (of the float formula) against drift (mean KL), one line per kind over its lengths."""
+    """Bytes kept (of the float formula) against drift (mean KL): with quality on text, each kind's KL on the text
+    at the chunk's length (the timed lengths may sit inside a quantized kind's float residual, where the gate's
+    KL is float rounding); else one line per kind over the timed lengths, the gate's KL."""
+    if quality_points(report):
+        return panel_quality_tradeoff(ax, report)
     modes = report.modes
     floor = 1e-12  # exact kinds have no drift: drawn on the floor of the log axis
     for mode in dict.fromkeys(entry.mode for entry in report.tradeoffs):
@@ -219,8 +229,30 @@ def panel_tradeoff(ax: Axes, report: Report) -> None:
                     xytext=(4, 4), textcoords="offset points", color=color(mode, modes))
     ax.set_yscale("log")
     ax.set_xlabel("KV bytes kept, of the float cache")
-    ax.set_ylabel("mean KL(full || kind), nats (exact: floor)")
-    ax.set_title("Bytes saved against drift")
+    ax.set_ylabel("mean KL(full || kind), nats, gate's (exact: floor)")
+    ax.set_title("Bytes saved against drift on the timed ids")
+    place_legend(ax)
+
+
+def panel_quality_tradeoff(ax: Axes, report: Report) -> None:
+    """One point per kind: its bytes after a chunk of text (of the float formula's) against its mean KL on it."""
+    rows, modes = quality_points(report), report.modes
+    floor = 1e-12  # an exact kind's KL is rounding, at most: drawn on the floor of the log axis
+    labels = [row.label for row in rows]
+    unknown = [row.label for row in rows if row.bytes_ratio is None]
+    for row in rows:
+        if row.bytes_ratio is None:
+            continue
+        shade = color(row.mode, modes) if row.label == row.mode else EXTRA_COLORS[labels.index(row.label) % 4]
+        ax.plot([row.bytes_ratio], [max(row.kl, floor)], marker="o", ms=5, ls="none", color=shade, label=row.label)
+    held = rows[0].held
+    ax.set_yscale("log")
+    ax.set_xlabel(f"KV bytes kept after {held} tokens, of the float cache")
+    ax.set_ylabel("mean KL(full || kind) on text, nats (exact: floor)")
+    ax.set_title(f"Bytes saved against drift on text ({held}-token chunks)")
+    if unknown:  # said on the plot, not dropped silently
+        ax.text(0.02, 0.02, "no bytes recorded: " + ", ".join(unknown), transform=ax.transAxes, fontsize=7.5,
+                color="#555555")
     place_legend(ax)
 
 
@@ -352,8 +384,10 @@ def caption(name: str, report: Report) -> str:
                      "rising means the prefix still costs.",
         "per_step": "Duration of every step of one loop (points) and its running median (lines); the dotted line "
                     "marks where caching starts to pay.",
-        "tradeoff": "Bytes kept against drift from the full prefix, per kind and length; the label is the time per "
-                    "token. Lower left is better: fewer bytes, less drift.",
+        "tradeoff": ("Bytes kept after a chunk of text against the mean KL on that text (the record's quality "
+                     "figures), per kind. Lower left is better: fewer bytes, less drift." if quality_points(report) else
+                     "Bytes kept against drift from the full prefix on the timed ids (the gate's KL), per kind and "
+                     "length; the label is the time per token. Lower left is better: fewer bytes, less drift."),
         "context": "Latency of one decode step against the context before it: the median with its interquartile "
                    "range (over requests for a request run).",
         "roofline": "Each decode step and prefill at its arithmetic intensity and achieved FLOP/s, under the "

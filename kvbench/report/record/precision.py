@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from kvbench.measure.stats import RatioEstimate
 from kvbench.record import RecordView
+from kvbench.measure.telemetry import disturbances
 
 CLOCK_TEXTS = {"wall": "wall", "cpu": "CPU time"}
 STOP_TEXTS = {"fixed": "fixed protocol", "precise": "precise", "cap": "at --max-repeats", "budget": "at --max-seconds",
@@ -154,3 +155,12 @@ def clock_note(sampling: list[LengthRow]) -> str | None:
     return (f"speedups at length {', '.join(str(row.length) for row in lengths)} are on the thread's CPU time, "
             f"not wall time, and so are the times beside them: {lengths[0].clock_reason} "
             "(docs/statistics.md, \"Contention\")")
+
+
+def undisturbed_pairs(view: RecordView, mode: str, length: int) -> set[int] | None:
+    """Repetitions where neither the mode's sample nor the baseline's was disturbed; None without telemetry."""
+    mine, base = view.repetitions(mode, length), view.repetitions(view.baseline, length)
+    if not mine or "cpu_seconds" not in mine[0]:
+        return None
+    clean_base = {r["repetition"] for r in base if not disturbances(r["seconds"], r)}
+    return {r["repetition"] for r in mine if not disturbances(r["seconds"], r)} & clean_base

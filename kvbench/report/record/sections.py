@@ -112,10 +112,16 @@ def timing_sections(report: Report, layout: str = "document") -> list[Section]:
 
 
 def quality_section(report: Report) -> Section:
-    """What each mode did to a real model's text, then each mode's greedy sample."""
-    return table("quality", "quality on text", tuple(QUALITY_COLUMNS), [quality_cells(row) for row in report.quality],
-                 note=report.quality_note, items=tuple(f"{row.label}: {row.sample!r}" for row in report.quality),
-                 narrow=("beyond window (full's)", "KL", "greedy departs at", "top-1"))
+    """What each mode did to a real model's text, then each mode's greedy sample; a quantized kind that held
+    little of a chunk quantized is marked, and a transformers cache measured with other settings than kvbench's
+    kind beside it is said."""
+    section = table("quality", "quality on text", tuple(QUALITY_COLUMNS), [quality_cells(row) for row in report.quality],
+                    note=report.quality_note, items=tuple(f"{row.label}: {row.sample!r}" for row in report.quality),
+                    narrow=("beyond window (full's)", "quantized", "KL", "greedy departs at", "top-1"))
+    marks = tuple(name for name in ("unquantized",) if any(name in row.marks for row in report.quality))
+    if not marks:
+        return section
+    return dataclasses.replace(with_marks(section, report.quality), marks=marks)
 
 
 def latency_section(report: Report, compact: bool = False) -> Section:
@@ -172,7 +178,7 @@ def sampling_section(report: Report) -> Section:
 def tradeoff_section(report: Report) -> Section:
     return table("tradeoff", "trade-off: bytes, drift, time", columns.TRADEOFF_COLUMNS,
                  [columns.tradeoff_cells(entry) for entry in report.tradeoffs], note=columns.TRADEOFF_SENTENCE,
-                 narrow=("of float", "KL mean", "max |Δ|", "µs/token"))
+                 narrow=("of float", "KL mean", "max |Δ|", "µs/token", "quantized"))
 
 
 def fit_section(report: Report) -> Section:

@@ -33,7 +33,8 @@ from kvbench.report.record.sections import (
 )
 
 STYLES = {"failed": "bold red", "invalid": "red", "noisy": "yellow", "unchecked": "yellow"}
-MARK_STYLES = {"failed": "bold red", "noisy": "yellow", "partial": "magenta", "trend": "yellow", "disturbed": "yellow"}
+MARK_STYLES = {"failed": "bold red", "noisy": "yellow", "partial": "magenta", "trend": "yellow", "disturbed": "yellow",
+               "unquantized": "magenta"}
 PLAIN = {"box": box.SIMPLE_HEAD, "pad_edge": False}  # a section's table in the report
 WIDE = 132  # below this many columns the tables drop what --wide shows
 INCOMPLETE = " [bold yellow](INCOMPLETE: interrupted run)[/]"
