@@ -1,10 +1,8 @@
 """Mutation testing of kvbench's core modules: does each module's focused test file notice a wrong implementation?
 
-Each mutant is one :mod:`ast` change (a comparison flipped, an operator swapped, a number +1 or -1, a raise or a
-call dropped, an early return) in a throwaway copy of the project, judged by its module's focused tests: detected
-when they fail or time out. The sample is seeded per module (same source, same mutants); the mutants listed with a
-reason in scripts/mutation_equivalent.toml are left out of the score. docs/mutation.md has the method and the
-scores (`make mutation`, `make mutation MODULES=stats,paged`, `python scripts/mutation.py --help`).
+Each mutant is one :mod:`ast` change (a comparison, an operator, a number +-1, a dropped raise or call, an early
+return) in a throwaway copy of the project, judged by its module's focused tests; the sample is seeded per module,
+the mutants of scripts/mutation_equivalent.toml are left out. docs/mutation.md: the method and the scores.
 """
 
 from __future__ import annotations
@@ -33,6 +31,7 @@ GATE = frozenset({"compare_logits", "compare_drift", "check_equivalence", "judge
                   "first_step", "tolerances"})
 PYTEST = ("-x", "-q", "-p", "no:cacheprovider")  # pytest -x -q -p no:cacheprovider <tests>
 CONTIGUOUS_CASES = "(concat or static) and not (mqa or layers3 or qwen or gemma or random_chunk)"  # 4 of 9 models
+QUALITY_CASES = "not (report or marked or plot or other_work or real_model_page)"
 COPIED = ("kvbench", "tests", "pyproject.toml")  # all the focused tests read: no results, no docs
 
 
@@ -70,10 +69,11 @@ TARGETS = {
     "scheduler": Target("kvbench/serving/scheduler.py", ("tests/test_serving.py", "tests/test_admission.py"),
                         select="not end_to_end"),
     "admission": Target("kvbench/serving/admission.py", ("tests/test_admission.py", "tests/test_trace.py")),
-    **{name: Target(path, (f"tests/test_{name}.py",)) for name, path in (  # each judged by its mirror test file
-        ("batch", "kvbench/cache/batch.py"), ("trace", "kvbench/serving/trace.py"),
-        ("quality", "kvbench/workloads/quality.py"), ("serving_figures", "kvbench/serving/figures.py"),
-        ("latency", "kvbench/measure/latency.py"))},
+    **{name: Target(path, (f"tests/test_{name}.py",)) for name, path in (("batch", "kvbench/cache/batch.py"),
+        ("trace", "kvbench/serving/trace.py"), ("serving_figures", "kvbench/serving/figures.py"),
+        ("latency", "kvbench/measure/latency.py"))},  # each judged by its mirror test file
+    # test_quality.py's report, plot and docs tests judge kvbench/report/ and scripts/ (results/ is not copied)
+    "quality": Target("kvbench/workloads/quality.py", ("tests/test_quality.py",), select=QUALITY_CASES),
 }
 
 COMPARISONS = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
