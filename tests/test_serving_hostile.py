@@ -215,7 +215,7 @@ def interrupted(tmp_path_factory):
     the signal sent to this process from inside the sampler, as `timeout` or a CI runner would send it."""
     import torch
 
-    from kvbench import serving
+    from kvbench.serving import replay as serving
 
     real, sent = serving.sample, []
 
