@@ -44,7 +44,7 @@ llamacpp: $(STAMP)
 # Mutation testing of the core modules against their focused tests (docs/mutation.md): a seeded sample of
 # at most MUTATION_SAMPLE mutants per module, MUTATION_JOBS at a time, niced so other work is not starved.
 # One module: make mutation MODULES=stats (several: MODULES=stats,paged).
-MODULES ?= stats,attention,contiguous,paged,gate,decode,sampling
+MODULES ?= stats,attention,contiguous,paged,gate,decode,sampling,scheduler,admission,batch,trace,quality,serving_figures,latency
 MUTATION_SAMPLE ?= 40
 MUTATION_JOBS ?= 2
 

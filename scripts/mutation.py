@@ -1,19 +1,8 @@
 """Mutation testing of kvbench's core modules: does each module's focused test file notice a wrong implementation?
 
-A small AST mutator rather than mutmut: mutmut rewrites the whole tree with trampolines and reruns the
-test suite through its own runner, minutes of overhead per module on this 2-core machine, and it does not
-know which tests are a module's own. Here every mutant is one change made with :mod:`ast` (a comparison
-flipped, an arithmetic or boolean operator swapped, a number +1 or -1, a raise or a call statement dropped,
-a function returning at once), written into a throwaway copy of the project, and judged by
-``pytest -x -q -p no:cacheprovider`` on the module's focused test files in a subprocess of its own.
-
-The working tree is never written: mutants live in temporary copies, removed on exit, Ctrl-C included.
-A mutant is *detected* when the tests fail, or when they run past the timeout (a mutant that hangs, such as
-a loop bound that never ends, counts as detected by timeout and is shown apart). The sample is seeded per
-module, so the same source gives the same mutants and a score can be compared before and after new tests.
-Mutants listed in scripts/mutation_equivalent.toml, each with the reason it cannot change behaviour, are
-left out of the score. docs/mutation.md describes the method and the scores
-(`make mutation`, `make mutation MODULES=stats,paged`, or `python scripts/mutation.py --help`).
+Each mutant is one :mod:`ast` change (a comparison, an operator, a number +-1, a dropped raise or call, an early
+return) in a throwaway copy of the project, judged by its module's focused tests; the sample is seeded per module,
+the mutants of scripts/mutation_equivalent.toml are left out. docs/mutation.md: the method and the scores.
 """
 
 from __future__ import annotations
@@ -42,6 +31,7 @@ GATE = frozenset({"compare_logits", "compare_drift", "check_equivalence", "judge
                   "first_step", "tolerances"})
 PYTEST = ("-x", "-q", "-p", "no:cacheprovider")  # pytest -x -q -p no:cacheprovider <tests>
 CONTIGUOUS_CASES = "(concat or static) and not (mqa or layers3 or qwen or gemma or random_chunk)"  # 4 of 9 models
+QUALITY_CASES = "not (report or marked or plot or other_work or real_model_page)"
 COPIED = ("kvbench", "tests", "pyproject.toml")  # all the focused tests read: no results, no docs
 
 
@@ -74,6 +64,16 @@ TARGETS = {
     "decode": Target("kvbench/workloads/decode.py", ("tests/test_decode.py",), skip=GATE,
                      select="not follow_full_prefix"),
     "sampling": Target("kvbench/measure/sampling.py", ("tests/test_sampling.py",)),
+    # the scheduler has no test file: test_serving.py replays traces through it, test_admission.py watches its ledgers
+    # (the CLI run, 5 s a mutant, checks nothing more of it); test_trace.py checks admission's reservations too
+    "scheduler": Target("kvbench/serving/scheduler.py", ("tests/test_serving.py", "tests/test_admission.py"),
+                        select="not end_to_end"),
+    "admission": Target("kvbench/serving/admission.py", ("tests/test_admission.py", "tests/test_trace.py")),
+    **{name: Target(path, (f"tests/test_{name}.py",)) for name, path in (("batch", "kvbench/cache/batch.py"),
+        ("trace", "kvbench/serving/trace.py"), ("serving_figures", "kvbench/serving/figures.py"),
+        ("latency", "kvbench/measure/latency.py"))},  # each judged by its mirror test file
+    # test_quality.py's report, plot and docs tests judge kvbench/report/ and scripts/ (results/ is not copied)
+    "quality": Target("kvbench/workloads/quality.py", ("tests/test_quality.py",), select=QUALITY_CASES),
 }
 
 COMPARISONS = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,

@@ -175,3 +175,14 @@ def test_parse_budget_refusals_name_what_they_got(text, available, fragment):
     with pytest.raises(ValueError) as refused:
         admission.parse_budget(text, available)
     assert fragment in str(refused.value)
+
+
+def test_an_unknown_policy_or_kind_is_refused_naming_it():
+    config = preset_config("llama-mini")
+    trace = make_trace({**parse_lengths("fixed:8,4"), **parse_arrivals("all"), "requests": 2}, 0, config.max_length)
+    with pytest.raises(ValueError, match=r"reserve policy must be one of \['request', 'max-length'\], got 'forever'"):
+        admission.capacity(trace.requests[0], config, "forever")
+    with pytest.raises(ValueError, match="a reserving kind is one of static, quantized-int8, quantized-int4; got 'paged'"):
+        admission.reservation("paged", config, 16)
+    with pytest.raises(ValueError, match="a serving kind is one of .*, got 'concat'"):
+        admission.minimum_budget("concat", config, trace)

@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvbench.cache import BlockPool, PagedCache
+from kvbench.cache import BlockPool, PagedCache, make_cache
 from kvbench.cache.batch import BatchedCache
 from kvbench.model import build_model, preset_config
 
@@ -51,6 +51,7 @@ def test_a_batch_addresses_every_new_token_and_block_as_its_rows_table_does(leng
     new = data.draw(st.lists(st.integers(1, 9), min_size=len(rows), max_size=len(rows)))
     batch = BatchedCache(rows, new)
     batch.check_append(CONFIG, len(rows), max(new))
+    free = rows[0].pool.free_blocks
     batch.reserve(max(new))
     picked, written, read = batch.slots
     assert (picked.tolist(), written.tolist()) == expected_slots(rows, new)
@@ -59,13 +60,18 @@ def test_a_batch_addresses_every_new_token_and_block_as_its_rows_table_does(leng
         held = -(-(row.length + new[b]) // SIZE)
         assert blocks[b, :held].tolist() == row.block_table[0, :held].tolist()
         assert blocks[b, held:].tolist() == [0] * (blocks.shape[1] - held)  # padding reads block 0, masked
-    batch.rollback()
+    assert read.numel() == len(rows) * -(-batch.key_mask.shape[-1] // SIZE)  # the longest row's blocks, no more
+    batch.rollback()  # every row gives back what reserve took: the pool and each row as before
+    assert [row.length for row in rows] == lengths + ([lengths[0]] if fork else [])
+    assert rows[0].pool.free_blocks == free
+    assert [row.block_table.shape[1] for row in rows] == [-(-row.length // SIZE) for row in rows]
 
 
-@pytest.mark.parametrize("new", [[1, 1, 1, 1], [3, 1, 5, 2]])
-def test_a_batch_of_one_pool_gives_each_row_its_own_logits(new):
-    """Decode (every row one token) and a ragged step: each row's logits are its own forward's, forks included."""
-    rows = rows_in_one_pool([5, 17, 9], fork=True, scatter=True)
+@pytest.mark.parametrize("lengths, new", [([5, 17, 9], [1, 1, 1, 1]), ([5, 17, 9], [3, 1, 5, 2]), ([6], [3])])
+def test_a_batch_of_one_pool_gives_each_row_its_own_logits(lengths, new):
+    """Decode (every row one token), a ragged step and a batch of one request: each row's logits are its own
+    forward's, forks included."""
+    rows = rows_in_one_pool(lengths, fork=len(lengths) > 1, scatter=True)
     alone = [row.fork() for row in rows]  # the same state, stepped one row at a time
     ids = torch.randint(0, CONFIG.vocab_size, (len(rows), max(new)), generator=torch.Generator().manual_seed(1))
     batched, _ = MODEL(ids, BatchedCache(rows, new))
@@ -92,3 +98,66 @@ def test_a_later_rows_failed_reserve_gives_back_what_the_earlier_rows_took():
     assert [row.block_table.tolist() for row in rows] == tables and [row.length for row in rows] == [SIZE, SIZE]
     MODEL(torch.ones(1, 1, dtype=torch.long), rows[1])  # and the block is there for the next call
     assert pool.free_blocks == 0 and rows[1].length == SIZE + 1
+
+
+def static_rows(lengths: list[int]) -> list:
+    """Rows of another kind than paged: each its own cache, driven one by one (no pool to address at once)."""
+    generator, rows = torch.Generator().manual_seed(0), []
+    for length in lengths:
+        rows.append(make_cache("static", CONFIG, 1, 128))
+        MODEL(torch.randint(0, CONFIG.vocab_size, (1, length), generator=generator), rows[-1])
+    return rows
+
+
+@pytest.mark.parametrize("new", [[1, 1, 1], [3, 1, 5]])
+def test_a_batch_of_caches_of_their_own_gives_each_row_its_own_logits(new):
+    rows = static_rows([5, 17, 9])
+    alone = static_rows([5, 17, 9])  # the same prefills, stepped one row at a time
+    ids = torch.randint(0, CONFIG.vocab_size, (len(rows), max(new)), generator=torch.Generator().manual_seed(1))
+    batch = BatchedCache(rows, new)
+    batched, _ = MODEL(ids, batch)
+    assert batch.slots is None and batch.batch == 3 and batch.config is CONFIG
+    for b, (row, count) in enumerate(zip(alone, new)):
+        own, _ = MODEL(ids[b : b + 1, :count], row)
+        torch.testing.assert_close(batched[b, :count], own[0], atol=1e-5, rtol=1e-5)
+        assert rows[b].length == row.length
+    assert batch.nbytes == sum(row.nbytes for row in rows) and batch.reserved_bytes == sum(r.reserved_bytes for r in rows)
+
+
+def test_a_ragged_batch_reads_each_rows_positions_and_masks_its_padding():
+    rows = static_rows([2, 5])
+    batch = BatchedCache(rows, [3, 1])
+    assert batch.row_positions.tolist() == [[2, 3, 4], [5, 5, 5]]  # a padded query repeats its row's last position
+    mask = batch.key_mask[:, 0].int().tolist()  # (B, L, S): S = 6 keys, the longest row's positions 0..5
+    assert mask[0] == [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 0]]
+    assert mask[1] == [[1, 1, 1, 1, 1, 1]] * 3
+
+
+@pytest.mark.parametrize("new, fragment", [
+    ([1], "one new-token count per row cache, got 2 caches and 1 counts"),
+    ([1, 0], r"every row takes at least one new token, got \[1, 0\]"),
+    ([1, True], "every row takes at least one new token"),
+    ([1, 1.0], "every row takes at least one new token"),
+])
+def test_a_batch_refuses_counts_that_do_not_match_its_rows(new, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        BatchedCache(static_rows([2, 3]), new)
+    with pytest.raises(ValueError, match="got 0 caches and 0 counts"):
+        BatchedCache([], [])
+
+
+def test_a_batch_refuses_a_row_of_two_sequences_or_a_ring_of_keys():
+    with pytest.raises(ValueError, match="one sequence whose keys are its positions"):
+        BatchedCache([make_cache("static", CONFIG, 2, 16)], [1])
+    ring = make_cache("static", CONFIG, 1, 16)
+    ring.key_positions = torch.tensor([0, 5, 6])  # keys that are not 0..T-1, as a window's ring returns
+    with pytest.raises(ValueError, match="one sequence whose keys are its positions"):
+        BatchedCache([make_cache("static", CONFIG, 1, 16), ring], [1, 1])
+    assert BatchedCache([make_cache("static", CONFIG, 1, 16)], [2]).row_positions.tolist() == [[0, 1]]
+
+
+def test_a_call_of_another_shape_than_the_batch_is_refused():
+    batch = BatchedCache(static_rows([2, 3]), [2, 1])
+    for batch_size, length in ((3, 2), (2, 1)):
+        with pytest.raises(ValueError, match=f"expected ids \\(2, 2\\), got \\({batch_size}, {length}\\)"):
+            batch.check_append(CONFIG, batch_size, length)

@@ -17,6 +17,7 @@ def test_one_request_by_hand():
     assert figures["tpot"] == pytest.approx((0.019 - 0.010) / 3)  # vLLM: (E2E - TTFT) / (N - 1)
     assert figures["tokens_per_second"] == pytest.approx(2 * 4 / 0.019)  # batch x N tokens over E2E
     assert latency.request_figures(request(0, 0.01, []))["tpot"] is None  # one token: no TPOT
+    assert latency.request_figures(request(0, 0.010, [0.002]))["tokens_per_second"] == pytest.approx(2 / 0.012)  # batch 1
 
 
 def test_a_modes_figures_are_medians_and_its_itl_percentiles_pool_every_step():
@@ -76,3 +77,51 @@ def test_round_limits_are_measured_once_per_round_beside_the_samples():
     assert found["copy"] > 0 and found["triad"] > 0 and found["matmul"][0]["shape"] == [1, 64, 32]
     state = sample({4: {"full": lambda: None, "static": lambda: None}}, Protocol.fixed(repeats=3), limits=probe)
     assert [entry["round"] for entry in state.limits] == [0, 1, 2]  # one per round, three rounds of one rotation
+
+
+def test_the_roofline_work_of_a_decode_step_and_a_prefill_by_hand():
+    from kvbench.config import preset_config
+
+    config = preset_config("llama-mini")  # 4 layers, 8 heads of 32, float32: 4 bytes a weight
+    assert (config.layers, config.heads, config.head_dim, config.element_bytes) == (4, 8, 32, 4)
+    # decode at context 9 (10 positions attended), batch 2: every weight and cached byte read once;
+    # 2 FLOPs a weight and 4 per layer, head, head width and position, for each sequence
+    step = latency.decode_step(4000, 1000, config, batch=2, context=9)
+    assert step == {"bytes": 5000, "flops": pytest.approx(2 * (2 * 1000 + 4 * 4 * 8 * 32 * 10))}
+    # a prefill of 3 tokens: the weights read once, 2 FLOPs a weight a token, 2 per visible pair (3 * 4)
+    work = latency.prefill(4000, config, batch=2, tokens=3)
+    assert work == {"bytes": 4000, "flops": pytest.approx(2 * (2 * 1000 * 3 + 2 * 4 * 8 * 32 * 3 * 4))}
+
+
+def test_itl_percentiles_pool_every_step_by_linear_interpolation():
+    reps = [request(0, 0.01, [0.001, 0.002, 0.003]), request(1, 0.01, [0.004, 0.005])]
+    assert latency.itl_percentiles(reps) == {"itl_p50": pytest.approx(0.003), "itl_p90": pytest.approx(0.0046),
+                                             "itl_p99": pytest.approx(0.00496)}
+    assert latency.itl_percentiles([request(0, 0.01, [])]) == {}  # one-token requests: no gap to pool
+
+
+def test_one_request_and_none_at_the_default_batch_of_one():
+    one = latency.mode_latency([request(0, 0.010, [0.002, 0.004])])
+    assert one["tokens_per_second"]["median"] == pytest.approx(3 / 0.016)  # batch 1: N tokens over E2E
+    assert (one["requests"], one["generated"], one["tpot"]["median"]) == (1, 3, pytest.approx(0.003))
+    assert latency.mode_latency([]) == {"requests": 0, "generated": 0}
+    reps = [request(3, 0.010, [0.002, 0.004]), request(5, 0.02, [])]
+    assert latency.figure_by_rotation(reps, "tokens_per_second") == {3: pytest.approx(3 / 0.016), 5: pytest.approx(50)}
+    assert latency.figure_by_rotation(reps, "tpot") == {3: pytest.approx(0.003)}  # one token: no TPOT, no entry
+
+
+def test_a_context_sample_is_its_timed_steps_mean_and_its_first_step():
+    reps = [request(r, 0.1, [0.05 + r, 0.01 * (r + 1), 0.02 * (r + 1), 0.03 * (r + 1)]) for r in range(3)]
+    assert latency.context_figures(reps[0], warmup_steps=1) == {"step": pytest.approx(0.02), "first_step": 0.05}
+    found = latency.context_latency(reps, warmup_steps=1)
+    assert found["samples"] == 3
+    assert found["step"] == {"median": pytest.approx(0.04), "low": pytest.approx(0.02), "high": pytest.approx(0.06)}
+    assert found["first_step"] == {"median": 1.05, "low": 0.05, "high": 2.05}
+
+
+def test_the_bandwidth_roof_is_the_most_threads_measured_at_or_below_the_runs():
+    limits = {"memory_bandwidth": {"triad": {"2": {"median": 2e9}, "4": {"median": 4e9}, "8": {"median": 8e9}}}}
+    assert latency.bandwidth_limit(limits, 4) == 4e9  # measured on exactly its threads
+    assert latency.bandwidth_limit(limits, 6) == 4e9 and latency.bandwidth_limit(limits, 16) == 8e9
+    assert latency.bandwidth_limit(limits, 1) == 2e9  # below every count measured: the fewest threads
+    assert latency.bandwidth_limit(None, 1) is None and latency.compute_limit({}) is None

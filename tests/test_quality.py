@@ -90,6 +90,97 @@ def test_the_report_shows_the_quality_table_and_the_samples(make_record, measure
     assert "| quantized-int4 |" in page and f"{measured['modes'][0]['perplexity']:.3f}" in page
 
 
+def by_hand(reference, candidate, piece, beyond=None):
+    """One chunk's figures from their definitions: NLL of each next token, KL(P_full || P_mode), top-1, diff."""
+    p, q = torch.softmax(reference[0], -1), torch.softmax(candidate[0], -1)
+    kl = (p * (p.log() - q.log())).sum(-1)
+    nll = torch.nn.functional.cross_entropy(candidate[0, :-1], piece[1:], reduction="none")
+    found = {"nll": float(nll.mean()), "kl": float(kl.mean()), "kl_max": float(kl.max()),
+             "max_abs_diff": float((candidate - reference).abs().max()),
+             "top1": float((reference.argmax(-1) == candidate.argmax(-1)).double().mean())}
+    return found | ({"nll_beyond": float(nll[beyond:].mean())} if beyond is not None else {})
+
+
+def t_interval(values, tolerance=1e-9):
+    """Mean and 95% t interval of three values (t at 0.975 with 2 degrees of freedom: 4.302652729911275)."""
+    mean = sum(values) / 3
+    half = 4.302652729911275 * math.sqrt(sum((v - mean) ** 2 for v in values) / 2) / math.sqrt(3)
+    return {"mean": pytest.approx(mean, abs=tolerance), "low": pytest.approx(mean - half, abs=tolerance),
+            "high": pytest.approx(mean + half, abs=tolerance)}
+
+
+def test_every_figure_of_a_lossy_mode_by_hand(model, ids, measured):
+    """int4 decoded a token a step and the window's full-prefix logits (with and without sinks), against the
+    unwindowed forward: each chunk's figures, their means, maxima and the NLL difference's t interval."""
+    from kvbench.workloads.decode import decode
+
+    unwindowed = quality.variant(model, window=None, window_pattern=None, sinks=0)
+    pieces = ids.view(3, -1)
+    with torch.inference_mode():
+        references = [unwindowed(piece[None])[0].float() for piece in pieces]
+        modes = {("quantized-int4", None): [decode(unwindowed, piece[None], "quantized-int4", keep_logits=True,
+                                                   options=OPTIONS).float() for piece in pieces],
+                 ("window", 2): [model(piece[None])[0].float() for piece in pieces],
+                 ("window", 0): [quality.variant(model, sinks=0)(piece[None])[0].float() for piece in pieces]}
+    full = [by_hand(r, r, piece, 12) for r, piece in zip(references, pieces)]
+    rows = {(row["mode"], row.get("sinks")): row for row in measured["modes"]}
+    assert rows[("full", None)]["chunks"] == [pytest.approx(chunk, abs=1e-6) for chunk in full]
+    for key, logits in modes.items():
+        beyond = 12 if key[0] == "window" else None
+        chunks = [by_hand(r, c, piece, beyond) for r, c, piece in zip(references, logits, pieces)]
+        row = rows[key]
+        assert row["chunks"] == [pytest.approx(chunk, abs=1e-6) for chunk in chunks], key
+        nll = sum(c["nll"] for c in chunks) / 3
+        assert row["nll_mean"] == pytest.approx(nll, abs=1e-6) and row["perplexity"] == pytest.approx(math.exp(nll))
+        assert row["kl_mean"] == pytest.approx(sum(c["kl"] for c in chunks) / 3, abs=1e-6)
+        assert row["kl_max"] == pytest.approx(max(c["kl_max"] for c in chunks), abs=1e-6)
+        assert row["max_abs_diff"] == pytest.approx(max(c["max_abs_diff"] for c in chunks), abs=1e-6)
+        assert row["top1_agreement"] == pytest.approx(sum(c["top1"] for c in chunks) / 3)
+        # float32 NLLs summed in another order: differences of 1e-6 on an interval 0.02 wide
+        assert row["nll_difference"] == t_interval([c["nll"] - f["nll"] for c, f in zip(chunks, full)], 1e-5)
+        chosen = unwindowed if beyond is None else model if key[1] else quality.variant(model, sinks=0)
+        tokens = quality.greedy(chosen, pieces[0, :6][None], key[0], 8, OPTIONS)  # from the first chunk's prompt
+        full_tokens = quality.greedy(unwindowed, pieces[0, :6][None], "concat", 8, OPTIONS)
+        assert row["sample"] == Digits().decode(tokens), key
+        assert row["greedy_departure"] == quality.first_departure(tokens, full_tokens), key
+        if beyond is not None:
+            assert row["perplexity_beyond_window"] == pytest.approx(math.exp(sum(c["nll_beyond"] for c in chunks) / 3))
+            assert row["full_perplexity_beyond_window"] == pytest.approx(
+                math.exp(sum(f["nll_beyond"] for f in full) / 3))
+        else:
+            assert "perplexity_beyond_window" not in row and "window" not in row
+
+
+def test_the_interval_of_one_two_and_three_chunks():
+    assert quality.interval([2.0]) == {"mean": 2.0, "low": None, "high": None}  # one chunk: no interval
+    # two chunks: sd sqrt(2), t(0.975, 1) = 12.706204736174698, half = t * sqrt(2) / sqrt(2)
+    assert quality.interval([1.0, 3.0]) == {"mean": 2.0, "low": pytest.approx(2 - 12.706204736174698),
+                                            "high": pytest.approx(2 + 12.706204736174698)}
+    assert quality.interval([1.0, 2.0, 6.0]) == t_interval([1.0, 2.0, 6.0])
+
+
+def test_the_defaults_measure_four_chunks_from_a_32_token_prompt_48_tokens_long(model):
+    ids = torch.randint(0, CONFIG.vocab_size, (1, 4 * 40), generator=torch.Generator().manual_seed(3))
+    found = quality.measure(model, ids, ["full"], Digits())
+    assert (found["chunks"], found["tokens"], found["prompt"], found["generate"]) == (4, 40, 32, 48)
+    assert found["prompt_text"] == Digits().decode(ids[0, :32].tolist()) and found["options"] == {}
+    assert len(found["modes"]) == 1 and len(found["modes"][0]["sample"].split()) == 48
+
+
+def test_greedy_feeds_back_each_token_it_chose(model):
+    """A prompt whose greedy chain changes token (81, then 62 on): each step reads the token chosen just before it,
+    as the argmax chain of the full prefix does (the fixture's chain repeats one token, which hides a feed of the
+    wrong one; fed 81 again, this prompt's chain goes 81, 62, 62, 81, ...)."""
+    unwindowed = quality.variant(model, window=None, window_pattern=None, sinks=0)
+    prompt = torch.randint(0, CONFIG.vocab_size, (1, 6), generator=torch.Generator().manual_seed(24))
+    chain = prompt.clone()
+    with torch.inference_mode():
+        for _ in range(8):
+            chain = torch.cat((chain, unwindowed(chain)[0][:, -1:].argmax(-1)), dim=1)
+    tokens = quality.greedy(unwindowed, prompt, "concat", 8, OPTIONS)
+    assert tokens == chain[0, 6:].tolist() == [81] + [62] * 7
+
+
 def test_token_nll_matches_a_float64_reference_on_a_full_size_vocabulary():
     """float32's cross-entropy over 49,152 classes in the (B, V, T) layout read about 7e-5 nats a token low
     here (1e-4 on SmolLM2's logits): the mean must agree with float64's log-softmax to 1e-7."""

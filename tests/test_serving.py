@@ -2,6 +2,7 @@
 command line refuses bad input before measuring."""
 
 import json
+import time
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from kvbench.model import DecoderConfig, build_model, preset_config
 from kvbench.serving import admission
 from kvbench.serving.replay import gate
 from kvbench.serving.scheduler import Scheduler, TokenSource, make_ledger
-from kvbench.serving.trace import make_trace, parse_arrivals, parse_lengths
+from kvbench.serving.trace import Trace, TraceRequest, make_trace, parse_arrivals, parse_lengths, trace_from_dict
 
 LLAMA = preset_config("llama-tiny", vocab_size=128, max_length=96)
 
@@ -395,3 +396,88 @@ def test_a_malformed_serving_record_is_one_line_and_show_refuses_any(capsys, tmp
     else:
         assert f"{record}: malformed serving record ('kvbench.serving/1'): kinds: expected list, got NoneType" in err
     assert not (tmp_path / "out.json").exists()
+
+
+def test_token_ids_are_drawn_from_the_seed_and_the_request_id():
+    """Request r of seed s: torch's generator seeded s * 1_000_003 + r + 1 (-1: the shared prefix), so a trace's
+    ids are the same in every run and version; seed 0 and seed 1 pinned, the prefix the same for every request."""
+    prefixed, plain = TraceRequest(0, 5, 3, 0.0, prefix=3), TraceRequest(1, 4, 2, 0.0)
+    for seed, prefix, own, other in ((0, [21, 28, 26], [45, 39, 24, 18], [48, 37, 1, 44, 8]),
+                                     (1, [3, 27, 30], [13, 7, 16, 43], [46, 11, 17, 35, 47])):
+        source = TokenSource(50, seed, 3)
+        assert source.prefix.tolist() == [prefix]
+        assert source.ids(prefixed).tolist() == [prefix + own]  # prompt 5 + output 3 - 1 positions
+        assert source.ids(plain).tolist() == [other] and source.prompt(plain).tolist() == [other[:4]]
+        drawn = torch.randint(0, 50, (1, 5), generator=torch.Generator().manual_seed(seed * 1_000_003 + 2))
+        assert torch.equal(source.ids(plain), drawn)
+    assert TokenSource(50, 0, 0).prefix is None
+
+
+def test_a_generating_peers_continuations_replace_the_drawn_outputs():
+    request = TraceRequest(0, 4, 3, 0.0)
+    source = TokenSource(50, 0, 0, continuations={0: [7, 8, 9]})
+    drawn = TokenSource(50, 0, 0).ids(request)
+    assert source.ids(request).tolist() == [drawn[0, :4].tolist() + [7, 8]]  # the prompt, then output - 1 fed back
+    assert torch.equal(source.prompt(request), drawn[:, :4])
+
+
+def test_a_reserving_kind_saves_nothing_and_reserves_each_running_requests_capacity():
+    model = MODELS["gpt2"]
+    trace = trace_of("fixed:8,4", requests=3)
+    _, ledger, outcome = replay(model, trace, "static", 10**6, keep_logits=False)
+    per_request = admission.reservation("static", model.config, 11)
+    assert [it["saved"] for it in outcome["iterations"]] == [0] * len(outcome["iterations"])
+    assert outcome["iterations"][0]["reserved"] == 3 * per_request and ledger.held == 0
+
+
+@pytest.mark.parametrize("tokens", [0, -1, True, 1.5])
+def test_a_token_budget_that_is_not_a_positive_integer_is_refused(tokens):
+    with pytest.raises(ValueError, match=f"max_batched_tokens must be a positive integer or None, got {tokens!r}"):
+        replay(MODELS["gpt2"], trace_of(), "static", 10**6, max_batched_tokens=tokens)
+
+
+def test_idle_gaps_are_skipped_and_every_request_is_admitted_at_its_arrival():
+    """Arrivals at 0.6 s and 3 s on an ample budget: the clock jumps to each arrival (the replay takes a fraction
+    of those seconds), and each request is admitted when it arrives, never before or a jump too far."""
+    requests = (TraceRequest(0, 6, 3, 0.6), TraceRequest(1, 6, 3, 3.0))
+    trace = trace_from_dict(Trace(requests, "poisson", None, 0, {}).to_dict(), 96)
+    started = time.perf_counter()
+    _, _, outcome = replay(MODELS["gpt2"], trace, "static", 10**6, keep_logits=False)
+    assert time.perf_counter() - started < 2.4  # the 2.4 s without a request were skipped, not slept
+    for request, arrival in zip(outcome["requests"], (0.6, 3.0)):
+        assert 0 <= request["admitted"] - arrival < 0.2 and request["token_times"][0] >= arrival
+    assert outcome["iterations"][-1]["time"] < 3.5
+
+
+@pytest.mark.parametrize("prefix", [40, 64])
+def test_a_prefix_that_is_no_multiple_of_the_token_budget_is_prefilled_once(prefix):
+    trace = trace_of("fixed:16,4", requests=2, prefix=prefix)
+    _, ledger, outcome = replay(MODELS["llama"], trace, "paged", 10**6, max_batched_tokens=32, block_size=8,
+                                share_prefix=True)
+    assert sum(it["prefill_tokens"] for it in outcome["iterations"]) == prefix + 2 * 16  # its last chunk: the rest
+    assert ledger.pool.free_blocks == ledger.pool.num_blocks
+
+
+def test_closed_loop_clients_send_at_0_and_then_when_their_previous_request_ends():
+    _, _, outcome = replay(MODELS["gpt2"], trace_of("fixed:4,3", requests=5, arrivals="closed:2"), "static", 10**6,
+                           keep_logits=False)
+    done = outcome["requests"]
+    assert [r["arrival"] for r in done[:2]] == [0.0, 0.0]  # each client's first request, at the start
+    for earlier, later in zip(done, done[2:]):  # request i + 2 is client i % 2's next: sent when request i ends
+        assert later["arrival"] == earlier["finished"] == earlier["token_times"][-1]
+        assert later["admitted"] >= later["arrival"]
+
+
+def test_a_fork_takes_only_the_blocks_the_holder_does_not_hold():
+    """4 requests of a 16-token prefix and 5 own tokens, blocks of 8: a fork's prompt takes 1 block of its own (the
+    copied partial one) beside the holder's 2, so all four are admitted in the iteration the holder is filled, in
+    2 + 4 = 6 of 12 blocks (2 + 4 x 2 = 10 by their last tokens); counting the shared blocks again (3 + 2 a fork)
+    would admit two, then one an iteration."""
+    model = MODELS["llama"]
+    trace = trace_of("fixed:5,6", requests=4, prefix=16)
+    budget = 12 * admission.block_bytes(model.config, 8)
+    _, ledger, outcome = replay(model, trace, "paged", budget, keep_logits=False, block_size=8, share_prefix=True)
+    assert ledger.pool.num_blocks == 12
+    first = outcome["iterations"][0]
+    assert (first["admitted"], first["running"], first["free_blocks"]) == (4, 4, 12 - 2 - 4)
+    assert sum(it["preempted"] for it in outcome["iterations"]) == 0

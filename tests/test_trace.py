@@ -9,7 +9,8 @@ import pytest
 
 from kvbench.config import PlainConfig
 from kvbench.serving import admission
-from kvbench.serving.trace import PUBLISHED_MEANS, make_trace, parse_arrivals, parse_lengths, trace_from_dict
+from kvbench.serving.trace import (PUBLISHED_MEANS, Trace, TraceRequest, check_rate, check_spec, make_trace,
+                                   parse_arrivals, parse_lengths, trace_from_dict)
 
 CONFIG = PlainConfig.from_preset("llama-mini")
 
@@ -62,6 +63,47 @@ def test_every_request_draws_its_own_ids_from_the_trace_seed():
     assert ids[0](first)[0, :8].tolist() == ids[0](second)[0, :8].tolist() != ids[1](first)[0, :8].tolist()
 
 
+def test_seed_0_draws_the_same_trace_in_every_version():
+    """The draw order is part of the seed's meaning: prefix share, output, prompt, cancellation, then the gap."""
+    trace = make_trace(spec(arrivals="poisson:5", requests=4, prefix=3, prefix_fraction=0.5, cancel_fraction=0.5,
+                            cancel_after=2), seed=0, max_positions=CONFIG.max_length)
+    assert [(r.prompt, r.output, r.arrival, r.prefix, r.cancel_after) for r in trace.requests] == [
+        (17, 3, 0.204673, 0, 2), (16, 8, 0.435612, 0, None), (8, 9, 0.780099, 3, 2), (11, 10, 1.301312, 3, None)]
+    plain = make_trace(spec(arrivals="poisson:5", requests=3), seed=0, max_positions=CONFIG.max_length)
+    assert [(r.prompt, r.output, r.arrival) for r in plain.requests] == [
+        (11, 10, 0.080143), (16, 10, 0.114047), (18, 6, 0.12094)]  # no prefix, no cancellation: no draws for them
+    assert trace.prefix == 3 and plain.prefix == 0
+
+
+def test_a_request_holds_its_prompt_and_every_output_but_the_last():
+    request = TraceRequest(0, prompt=10, output=5, arrival=0.0)
+    assert (request.positions, request.emits) == (14, 5)
+    assert TraceRequest(0, 10, 5, 0.0, cancel_after=2).emits == 2
+    assert make_trace(spec("fixed:4000,97"), seed=0, max_positions=4096).requests[0].positions == 4096  # just fits
+    with pytest.raises(ValueError, match="holds 4097 positions, beyond max_length 4096"):
+        make_trace(spec("fixed:4000,98"), seed=0, max_positions=4096)
+
+
+def test_a_cancellation_at_the_whole_output_is_no_cancellation():
+    trace = make_trace(spec("fixed:4,3", cancel_fraction=1.0, cancel_after=3), seed=0, max_positions=64)
+    assert [r.cancel_after for r in trace.requests] == [None] * 8
+    assert [r.cancel_after for r in make_trace(spec("fixed:4,4", cancel_fraction=1.0, cancel_after=3), seed=0,
+                                               max_positions=64).requests] == [3] * 8
+
+
+def test_a_drawn_trace_is_checked_against_the_model_too():
+    """Chat lengths are capped by max_positions, but a shared prefix can still carry a request past it."""
+    with pytest.raises(ValueError, match="beyond max_length 10"):
+        make_trace(spec("chat", requests=20, prefix=8), seed=0, max_positions=10)
+
+
+@pytest.mark.parametrize("text, parse", [("bogus", parse_lengths), ("fixed:4", parse_lengths), ("chat:3", parse_lengths),
+                                         ("all:5", parse_arrivals), ("poisson", parse_arrivals), ("x:1", parse_arrivals)])
+def test_bad_length_and_arrival_texts_are_refused(text, parse):
+    with pytest.raises(ValueError, match=f"got {text!r}"):
+        parse(text)
+
+
 def test_closed_loop_requests_belong_to_clients_in_turn():
     trace = make_trace(spec(arrivals="closed:3", requests=7), seed=0, max_positions=CONFIG.max_length)
     assert [r.client for r in trace.requests] == [0, 1, 2, 0, 1, 2, 0]
@@ -77,6 +119,8 @@ def test_closed_loop_requests_belong_to_clients_in_turn():
     (spec(arrivals="closed:0"), "closed-loop clients"),
     (spec("fixed:0,4"), "prompt length must be a positive integer"),
     (spec("uniform:9-3,2-4"), "low <= high"),
+    (spec("uniform:3-0,2-4"), "prompt length must be a positive integer, got 0"),  # the high end checked too
+    (spec("uniform:0-3,2-4"), "prompt length must be a positive integer, got 0"),  # and the low end
     (spec("fixed:4000,200"), "beyond max_length 4096"),
     (spec(cancel_fraction=0.5, cancel_after=0), "cancel after must be a positive integer"),
     # a rate so low its arrivals are beyond float seconds' resolution, or so high its gaps round to 0
@@ -90,6 +134,10 @@ def test_bad_specs_are_refused_naming_the_value(bad, fragment):
     with pytest.raises(ValueError) as refused:
         make_trace(bad, seed=0, max_positions=CONFIG.max_length)
     assert fragment in str(refused.value)
+
+
+def closed_file():
+    return make_trace(spec(arrivals="closed:2", requests=3), seed=0, max_positions=CONFIG.max_length).to_dict()
 
 
 def saved(**change):
@@ -109,6 +157,10 @@ def saved(**change):
     (saved(cancel_after=10_000), "beyond its output"),
     (saved(prompt=5000), "beyond max_length"),
     (saved(prefix=10_000), "shared prefix must be in"),
+    (saved(prompt=0), "request 1 prompt must be a positive integer"),
+    (saved(cancel_after=0), "request 1 cancel_after must be a positive integer"),
+    (saved(output=4, cancel_after=4), "cancellation after 4 tokens is beyond its output of 4"),
+    ({**saved(), "requests": [{**row, "prefix": 1 + (row["id"] > 0)} for row in saved()["requests"]]}, "one prefix length, got [1, 2]"),
     ({**saved(), "spec": 5}, "spec: expected an object (how the trace was drawn), got int"),
     ({**saved(), "spec": ["chat"]}, "spec: expected an object (how the trace was drawn), got list"),
     (saved(client=0), "request 1: client is only a closed-loop request's (null with arrivals 'poisson'), got 0"),
@@ -116,6 +168,8 @@ def saved(**change):
     (saved(arrival=1e300), "request 1: arrival must be at most 1e+07 s after the start, got 1e+300"),
     (saved(id=True), "ids must count from 0 in order, got id True"),
     (saved(prefix=[1]), "request 1: shared prefix must be in [0, prompt"),
+    ({**saved(), "seed": -1}, "a trace's seed must be an integer >= 0, got -1"),
+    ({**closed_file(), "clients": 0}, "clients must be a positive integer, got 0"),
 ])
 def test_bad_trace_files_are_refused(data, fragment):
     with pytest.raises(ValueError) as refused:
@@ -137,6 +191,43 @@ def test_a_trace_file_holds_no_more_requests_than_a_run_may_draw():
     assert len(trace_from_dict({**data, "requests": rows(100_000)}, CONFIG.max_length).requests) == 100_000
     with pytest.raises(CliError, match=r"--requests: expected an integer in \[1, 100000\]"):  # the same cap
         build_parser().parse_args(["run", "--trace", "chat", "--requests", "100001"])
+
+
+def test_a_file_of_too_many_requests_is_refused_before_one_is_built(monkeypatch):
+    from kvbench.serving import trace as module
+
+    def built(**row):
+        raise AssertionError("a request was built from a file that holds too many")
+
+    monkeypatch.setattr(module, "TraceRequest", built)
+    row = {"id": 0, "prompt": 4, "output": 3, "arrival": 0.0, "client": None, "prefix": 0, "cancel_after": None}
+    data = {"schema": "kvbench.trace/1", "seed": 0, "arrivals": "all", "clients": None, "spec": {},
+            "requests": [row] * 100_001}
+    with pytest.raises(ValueError, match="a trace holds at most 100000 requests, got 100001"):
+        trace_from_dict(data, CONFIG.max_length)
+
+
+def test_the_caps_themselves_are_allowed():
+    """Each limit is a maximum, not a bound never reached: 100,000 requests, 1e6 requests/s, a trace spanning
+    1e7 s, a request of exactly max_length positions (its output's high end counted)."""
+    check_spec(spec(requests=100_000), CONFIG.max_length)
+    check_rate(1e6, 8)
+    check_rate(1.0, 10_000_000)  # 1e7 requests at 1/s: about 1e7 s
+    data = saved()
+    data["requests"][2]["arrival"] = 1e7
+    assert trace_from_dict(data, CONFIG.max_length).requests[2].arrival == 1e7
+    check_spec(spec("uniform:4-4,2-97"), 100)
+    with pytest.raises(ValueError, match="holds 101 positions, beyond max_length 100"):  # the output's high end
+        check_spec(spec("uniform:4-4,2-98"), 100)
+
+
+def test_a_trace_is_frozen_and_one_without_requests_shares_no_prefix():
+    import dataclasses
+
+    trace = make_trace(spec(), seed=0, max_positions=CONFIG.max_length)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        trace.seed = 1  # a record keeps the trace it was measured on: nothing changes it after the draw
+    assert Trace((), "all", None, 0, {}).prefix == 0
 
 
 def test_budget_parsing():
