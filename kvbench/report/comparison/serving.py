@@ -7,19 +7,29 @@ records NEW / OLD with the interval, minimum detectable effect and verdict every
 (kvbench.report.comparison.verdicts), each record's interval widened by stats.BETWEEN_RUN["seconds"], how much a run-level
 median moves between runs. A measure that is zero on either side (no preemption, no waste) has no ratio: the
 comparison shows NEW - OLD instead.
+
+Two more guards keep a compare of two runs of the same code from crying wolf, as a loop compare's do:
+- the A/A floor: each record's A/A control (one kind replayed twice per rotation) measures how far two replays of
+  the same code drift apart in that run; a change inside the wider of the two records' floors is "within noise";
+- Holm–Bonferroni over every measure of every kind compared (about 16 per kind): each verdict other than "within
+  noise" must also be significant after Holm's step-down correction of its two-sided p-value (from the same
+  standard error its interval uses) at --alpha. Holm controls the chance of any false "worse" or "better" among
+  them at alpha without assuming the measures independent (TTFT p50, p90 and p99 move together), and rejects
+  everything Bonferroni does and more. A verdict it withdraws becomes "within noise".
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
+import math
 
 from kvbench.measure import stats
 from kvbench.measure.latency import median_with_interval
-from kvbench.record.serving import SERVING_SCHEMA, check_serving_record, is_serving
+from kvbench.record import RecordView
 from kvbench.report.comparison.differences import Difference, environment_diff
-from kvbench.report.record.serving import figures_by_mode, pick
-from kvbench.report.comparison.verdicts import FASTER, SLOWER, Change, change
+from kvbench.report.record.serving import figures_by_mode, pick, summarise
+from kvbench.report.comparison.verdicts import FASTER, SLOWER, WITHIN_NOISE, Change, change
 
 
 @dataclass(frozen=True)
@@ -54,24 +64,20 @@ MEASURES = (
 )
 
 
-def serving_record(document: object, source: Path | str) -> dict | None:
-    """A document read from `source` as a serving record with a replay to compare or export; None for any other
-    JSON (a kvbench record: the caller, which read the file once, validates it as one), ValueError naming the file
-    and the field for a malformed serving record (kvbench.record.serving checks it before anything is computed)."""
-    if not is_serving(document):
-        return None
-    check_serving_record(document, source)
-    if not document["samples"]:
-        raise ValueError(f"{source}: a serving record ({SERVING_SCHEMA!r}) without a replay: samples: none was kept "
-                         f"({'every kind failed its check' if document.get('complete', True) else 'interrupted'})")
-    return document
+def replayed(view: RecordView) -> RecordView:
+    """The view of a serving record with a replay to compare or export; ValueError naming the file when it kept
+    none (every kind failed its check, or the run was interrupted before a replay)."""
+    if not view.serving.replays:
+        raise ValueError(f"{view.source}: a serving record without a replay: repetitions: none was kept "
+                         f"({'every kind failed its check' if view.complete else 'interrupted'})")
+    return view
 
 
-def per_rotation(record: dict) -> dict[str, dict[str, dict[int, float]]]:
+def per_rotation(view: RecordView) -> dict[str, dict[str, dict[int, float]]]:
     """kind -> measure name -> rotation -> value, for the record's kinds (not its A/A control's replays)."""
-    found = figures_by_mode(record)
+    found = figures_by_mode(view)
     out = {}
-    for kind in record["kinds"]:
+    for kind in view.modes:
         if kind not in found:
             continue
         out[kind] = {measure.name: {rotation: pick(figures, measure.key) for rotation, figures in found[kind].items()}
@@ -99,6 +105,7 @@ class MeasureChange:
     new: tuple[float, float, float]
     change: Change | None  # NEW / OLD with interval, MDE and verdict; None when either side has a zero
     verdict: str  # "better", "worse", "unchanged", "within noise", or "-" without a ratio
+    p_value: float | None = None  # two-sided, of NEW / OLD = 1; None without a ratio
 
     @property
     def difference(self) -> float:
@@ -113,6 +120,7 @@ class ServingComparison:
     changes: list[MeasureChange]
     skipped: list[str]
     notes: list[str]
+    floor: float = 0.0  # the A/A floor: the wider of the two records' control intervals, as |log ratio|
 
     @property
     def regressions(self) -> list[MeasureChange]:
@@ -124,34 +132,59 @@ def estimate(values: list[float]) -> stats.RatioEstimate:
 
 
 def measure_change(kind: str, old_kind: str, measure: Measure, old: list[float], new: list[float], factor: float,
-                   alpha: float) -> MeasureChange:
+                   alpha: float, floor: float = 0.0) -> MeasureChange:
+    """One measure's change, its verdict held to the MDE and to the A/A `floor` (|log ratio| the same code drifts
+    by in these runs); Holm's correction comes after, over every measure (holm)."""
     shown = median_low_high(old), median_low_high(new)
     if min(old + new) <= 0:
         return MeasureChange(kind, old_kind, measure, *shown, None, "-")
     judged = change(estimate(old), estimate(new), factor=factor, alpha=alpha)
+    p_value = math.erfc(abs(math.log(judged.ratio)) / judged.log_error / math.sqrt(2)) if judged.log_error else 0.0
     # the verdict's words are about cost: a higher throughput is what a lower latency is
     worse, better = (FASTER, SLOWER) if measure.higher_is_better else (SLOWER, FASTER)
     verdict = {worse: "worse", better: "better"}.get(judged.verdict, judged.verdict)
-    return MeasureChange(kind, old_kind, measure, *shown, judged, verdict)
+    if verdict in ("worse", "better") and abs(math.log(judged.ratio)) <= floor:
+        verdict = WITHIN_NOISE
+    return MeasureChange(kind, old_kind, measure, *shown, judged, verdict, p_value)
 
 
-def same_trace_problem(old: dict, new: dict) -> str | None:
+def holm(changes: list[MeasureChange], alpha: float) -> list[MeasureChange]:
+    """Holm–Bonferroni over every change with a ratio: the k-th smallest p-value (from 0) of m must be at most
+    alpha / (m - k), and once one is not, none after it is; a "worse" or "better" not significant so becomes
+    "within noise". The family-wise error (any false alarm among all the measures) stays at most alpha."""
+    tested = sorted((item for item in changes if item.p_value is not None), key=lambda item: item.p_value)
+    significant, m = set(), len(tested)
+    for k, item in enumerate(tested):
+        if item.p_value > alpha / (m - k):
+            break
+        significant.add(id(item))
+    return [item if item.verdict not in ("worse", "better") or id(item) in significant
+            else dataclasses.replace(item, verdict=WITHIN_NOISE) for item in changes]
+
+
+def aa_floor(view: RecordView) -> float:
+    """How far the record's A/A control's throughput ratio interval reaches from 1, as |log ratio| (0 without a
+    control): what two replays of the same code differ by in that run."""
+    control = summarise(view)["control"]
+    found = control and control["throughput"]
+    return max(abs(math.log(found["low"])), abs(math.log(found["high"]))) if found else 0.0
+
+
+def same_trace_problem(old: RecordView, new: RecordView) -> str | None:
     """Why two serving records did not replay the same work, or None."""
-    for key, what in (("trace", "trace"), ("config", "model"), ("budget", "KV budget")):
-        left, right = old[key], new[key]
-        if key == "budget":
-            left, right = left.get("bytes"), right.get("bytes")
+    for left, right, what in ((old.serving.trace, new.serving.trace, "trace"), (old.config, new.config, "model"),
+                              (old.serving.budget["bytes"], new.serving.budget["bytes"], "KV budget")):
         if left != right:
             return f"a different {what}"
     return None
 
 
-def compare_serving(old: dict, new: dict, old_source: str, new_source: str, *, factor: float, alpha: float,
+def compare_serving(old: RecordView, new: RecordView, *, factor: float, alpha: float,
                     mapping: dict[str, str] | None = None) -> ServingComparison:
     """Every kind both records replayed (`mapping` {NEW kind: OLD kind} lines up differently named kinds)."""
     mapping = mapping or {}
     old_values, new_values = per_rotation(old), per_rotation(new)
-    changes, skipped = [], []
+    changes, skipped, floor = [], [], max(aa_floor(old), aa_floor(new))
     for kind, measured in new_values.items():
         old_kind = mapping.get(kind, kind)
         if old_kind not in old_values:
@@ -161,14 +194,14 @@ def compare_serving(old: dict, new: dict, old_source: str, new_source: str, *, f
             if measure.name in measured and measure.name in old_values[old_kind]:
                 changes.append(measure_change(kind, old_kind, measure, list(old_values[old_kind][measure.name]
                                                                             .values()),
-                                              list(measured[measure.name].values()), factor, alpha))
+                                              list(measured[measure.name].values()), factor, alpha, floor))
     skipped += [f"OLD's {kind}" for kind in old_values if kind not in {mapping.get(k, k) for k in new_values}]
     notes = [f"{name} is INCOMPLETE (interrupted run): only its completed replays are compared"
-             for name, record in (("OLD", old), ("NEW", new)) if not record.get("complete", True)]
-    notes += [f"{name}'s {kind} FAILED its gate" for name, record in (("OLD", old), ("NEW", new))
-              for kind, check in record["checks"].items() if not check["passed"]]
-    return ServingComparison(old_source, new_source, environment_diff(old["environment"], new["environment"]),
-                             changes, skipped, notes)
+             for name, view in (("OLD", old), ("NEW", new)) if not view.complete]
+    notes += [f"{name}'s {kind} FAILED its gate" for name, view in (("OLD", old), ("NEW", new))
+              for kind, check in view.serving.checks.items() if not check["passed"]]
+    return ServingComparison(old.source, new.source, environment_diff(old.environment, new.environment),
+                             holm(changes, alpha), skipped, notes, floor)
 
 
 def scaled(measure: Measure, values: tuple[float, ...]) -> tuple[list[str], str]:
