@@ -197,23 +197,23 @@ def count(where: str, value: object, low: int = 0) -> int:
 def check_kinds(kinds: list) -> list[str]:
     """Plain words (kvbench.kinds.KIND_NAME), as a loop record's modes: every layout prints them as they are."""
     if not kinds or not all(isinstance(kind, str) and KIND_NAME.fullmatch(kind) and kind != CONTROL for kind in kinds):
-        raise Malformed("kinds", f"expected a non-empty list of kind names ({KIND_NAME.pattern}, not {CONTROL!r}), "
+        raise Malformed("run/modes", f"expected a non-empty list of kind names ({KIND_NAME.pattern}, not {CONTROL!r}), "
                                  f"got {kinds!r}")
     if len(set(kinds)) < len(kinds):
-        raise Malformed("kinds", f"expected each kind once, got {kinds!r}")
+        raise Malformed("run/modes", f"expected each kind once, got {kinds!r}")
     return kinds
 
 
 def check_budget(budget: dict) -> None:
-    count("budget/bytes", budget.get("bytes"), low=1)
+    count("serving/budget/bytes", budget.get("bytes"), low=1)
     if not isinstance(budget.get("reserve"), (str, type(None))):
-        raise Malformed("budget/reserve", f"expected a policy name or null, got {budget['reserve']!r}")
+        raise Malformed("serving/budget/reserve", f"expected a policy name or null, got {budget['reserve']!r}")
 
 
 def check_settings(settings: object) -> None:
-    of_type("settings", settings, dict)
+    of_type("serving/settings", settings, dict)
     for kind, setting in settings.items():
-        of_type(f"settings/{kind}", setting, dict)
+        of_type(f"serving/settings/{kind}", setting, dict)
 
 
 def check_environment(environment: dict, schema: dict) -> None:
