@@ -69,6 +69,8 @@ def load_trace(args: argparse.Namespace, config) -> trace.Trace:
                 spec.update(prefix=args.prefix, prefix_fraction=args.prefix_fraction)
             return trace.make_trace(spec, args.seed, config.max_length)
         data = files.read_json(args.trace, "trace file")
+        if isinstance(data, dict) and isinstance(data.get("serving"), dict):  # a serving record (kvbench.record/4)
+            data = data["serving"]
         return trace.trace_from_dict(data.get("trace", data) if isinstance(data, dict) else data, config.max_length)
     except (ValueError, OSError) as error:
         raise CliError(f"--trace {args.trace}: {getattr(error, 'strerror', None) or error}") from None
