@@ -322,7 +322,7 @@ def cmd_compare_serving(args: argparse.Namespace, views: list[record.RecordView]
                        "to line them up anyway")
     comparison = serving_compare.compare_serving(old, new, factor=args.factor, alpha=args.alpha, mapping=mapping)
     print_layout(args.format, lambda: serving_compare.render_markdown(comparison),
-                 lambda: serving_compare.compare_renderables(comparison))
+                 lambda: serving_compare.compare_renderables(comparison, stdout_console().width))
     if args.fail_on_regression and comparison.regressions:
         worst = comparison.regressions[0]
         print(f"kvbench: regression: {len(comparison.regressions)} measure(s) worse beyond their MDE and "

@@ -28,7 +28,7 @@ from kvbench.measure import stats
 from kvbench.measure.latency import median_with_interval
 from kvbench.record import RecordView
 from kvbench.report.comparison.differences import Difference, environment_diff
-from kvbench.report.record.serving import figures_by_mode, pick, summarise
+from kvbench.report.record.serving import figures_by_mode, pick, plain, seconds_unit, summarise
 from kvbench.report.comparison.verdicts import FASTER, SLOWER, WITHIN_NOISE, Change, change
 
 
@@ -204,42 +204,55 @@ def compare_serving(old: RecordView, new: RecordView, *, factor: float, alpha: f
                              holm(changes, alpha), skipped, notes, floor)
 
 
+LABELS = {"output_tokens_per_second": "output tok/s", "requests_per_second": "req/s"}  # what a row calls a measure
+
+
+def label(measure: Measure) -> str:
+    """A measure as a narrow table names it: "output tok/s", "TTFT p99", "waste"."""
+    figure, _, level = measure.key.partition(".")
+    return LABELS.get(measure.key) or (f"{figure.upper()} {level}" if level else figure)
+
+
 def scaled(measure: Measure, values: tuple[float, ...]) -> tuple[list[str], str]:
-    """The values as one row shows them, and their unit: seconds below one as ms, a fraction as %."""
-    if measure.unit == "s" and max(values) < 1:
-        return [f"{value * 1e3:.3g}" for value in values], "ms"
+    """The values as one row shows them, and their unit: times in the unit their largest reads best in (s, ms,
+    µs), never in scientific notation; a fraction as %; a rate as a plain number (its unit is in its label)."""
+    if measure.unit == "s":
+        scale, unit = seconds_unit(values)
+        return [plain(value * scale) for value in values], unit
     if measure.unit == "fraction":
         return [f"{value:.1%}" for value in values], ""
     if measure.unit == "count":
-        return [f"{value:g}" for value in values], ""
-    return [f"{value:.4g}" for value in values], measure.unit
+        return [f"{value:g}" if abs(value) < 1e6 else plain(value) for value in values], ""
+    return [plain(value, 4) for value in values], ""
 
 
-def shown(measure: Measure, figure: tuple[float, float, float]) -> str:
+def shown(measure: Measure, figure: tuple[float, float, float], newline: str = "\n") -> str:
     (median, low, high), unit = scaled(measure, figure)
-    return f"{median} [{low}, {high}]" + (f" {unit}" if unit else "")
+    return f"{median}{' ' + unit if unit else ''}{newline}[{low}, {high}]"
 
 
-def change_texts(item: MeasureChange) -> list[str]:
+def change_texts(item: MeasureChange, newline: str = "\n") -> list[str]:
     """kind, measure, OLD [interval], NEW [interval], NEW / OLD [interval] (or NEW - OLD), MDE, verdict."""
     kind = item.kind if item.kind == item.old_kind else f"{item.kind} (OLD {item.old_kind})"
     if item.change is None:
         delta = item.difference
         (size,), unit = scaled(item.measure, (abs(delta),))
-        ratio = f"{'+' if delta >= 0 else '-'}{size}{' ' + unit if unit else ''} (NEW - OLD)"
+        ratio = f"{'+' if delta >= 0 else '-'}{size}{' ' + unit if unit else ''}{newline}(NEW - OLD)"
         mde = "-"
     else:
-        ratio = f"{item.change.ratio:.3f}x [{item.change.low:.3f}, {item.change.high:.3f}]"
+        ratio = f"{item.change.ratio:.3f}x{newline}[{item.change.low:.3f}, {item.change.high:.3f}]"
         mde = f"±{item.change.mde:.1%}"
-    return [kind, item.measure.key, shown(item.measure, item.old), shown(item.measure, item.new), ratio, mde,
-            item.verdict]
+    return [kind, label(item.measure), shown(item.measure, item.old, newline), shown(item.measure, item.new, newline),
+            ratio, mde, item.verdict]
 
 
-HEADER = ("kind", "measure", "OLD median [95% interval]", "NEW median [95% interval]", "NEW / OLD [95% interval]",
-          "MDE", "verdict")
+HEADER = ("kind", "measure", "OLD median [95%]", "NEW median [95%]", "NEW / OLD [95%]", "MDE", "verdict")
+NARROW = ("MDE", "kind")  # what a narrow terminal drops, in order (kind then heads each kind's rows); never the verdict
 
-ABOUT = ("serving records: per kind, each measure's median over rotations [95% order-statistic interval]; NEW / OLD "
-         "[95% interval, each side widened by between-run variation], MDE and verdict (kvbench.report.comparison.verdicts)")
+ABOUT = ("serving records: per kind, each measure's median over rotations [95% order-statistic interval] on the wall "
+         "clock; NEW / OLD [95% interval, each side widened by between-run variation], MDE and verdict "
+         "(kvbench.report.comparison.verdicts), a worse or better verdict held to the A/A floor and to Holm–Bonferroni "
+         "over every measure compared")
 
 
 def environment_lines(c: ServingComparison) -> list[str]:
@@ -253,19 +266,48 @@ def other_lines(c: ServingComparison) -> list[str]:
         [f"note: {note}" for note in c.notes]
 
 
-def compare_renderables(c: ServingComparison) -> list:
+def floor_line(c: ServingComparison) -> str:
+    return (f"A/A floor: ±{math.expm1(c.floor):.1%} (the wider of the two records' A/A control intervals); "
+            f"{len([item for item in c.changes if item.p_value is not None])} measures under Holm–Bonferroni"
+            if c.floor else "A/A floor: none (neither record ran an A/A control); Holm–Bonferroni over the measures")
+
+
+def comparison_table(c: ServingComparison, shown: tuple[str, ...]):
     from rich import box
     from rich.table import Table
 
     from kvbench.report.format import rich_escape
 
-    out: list = [f"[bold]kvbench compare[/]  OLD {rich_escape(c.old_source)}  →  NEW {rich_escape(c.new_source)}",
-                 *map(rich_escape, environment_lines(c)), rich_escape(ABOUT)]
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    for name in HEADER:
+    for name in shown:
         table.add_column(name, justify="left" if name in ("kind", "measure", "verdict") else "right", no_wrap=True)
+    previous = None
     for item in c.changes:
-        table.add_row(*map(rich_escape, change_texts(item)))
+        texts = dict(zip(HEADER, change_texts(item)))
+        if "kind" not in shown and texts["kind"] != previous:  # the kind heads its rows instead of a column
+            table.add_row(f"[bold]{rich_escape(texts['kind'])}[/]", *[""] * (len(shown) - 1))
+        previous = texts["kind"]
+        table.add_row(*(rich_escape(texts[name]) for name in shown))
+    return table
+
+
+def compare_renderables(c: ServingComparison, width: int | None = None) -> list:
+    """The comparison on a terminal of `width` columns (None: every column): where the table is wider, the MDE
+    column goes, then the kind becomes a heading row; the verdict column is never dropped or cut."""
+    from kvbench.report.format import rich_escape
+    from kvbench.report.record.terminal import natural_width
+
+    out: list = [f"[bold]kvbench compare[/]  OLD {rich_escape(c.old_source)}  →  NEW {rich_escape(c.new_source)}",
+                 *map(rich_escape, environment_lines(c)), rich_escape(ABOUT), rich_escape(floor_line(c))]
+    shown, hidden = HEADER, []
+    table = comparison_table(c, shown)
+    for name in NARROW:
+        if width is None or natural_width(table) <= width:
+            break
+        shown, hidden = tuple(column for column in shown if column != name), [*hidden, name]
+        table = comparison_table(c, shown)
+    if "MDE" in hidden:
+        table.caption, table.caption_justify = "not shown at this width: MDE (COLUMNS wider shows it)", "left"
     return [*out, table, *map(rich_escape, other_lines(c))]
 
 
@@ -274,7 +316,8 @@ def render_markdown(c: ServingComparison) -> str:
 
     lines = [f"**kvbench compare** OLD `{c.old_source}` → NEW `{c.new_source}`", "",
              *(f"- {escape_markdown(line)}" for line in environment_lines(c)), "", escape_markdown(ABOUT), ""]
-    lines += markdown_table(HEADER, [[escape_markdown(text) for text in change_texts(item)] for item in c.changes],
+    lines += [escape_markdown(floor_line(c)), ""]
+    lines += markdown_table(HEADER, [[escape_markdown(text) for text in change_texts(item, " ")] for item in c.changes],
                             left=("kind", "measure", "verdict"))
     lines += ["", *(f"- {escape_markdown(line)}" for line in other_lines(c))]
     return "\n".join(lines).rstrip() + "\n"

@@ -7,6 +7,7 @@ every layout. Torch-free."""
 from __future__ import annotations
 
 import io
+import math
 
 from kvbench.measure import stats
 from kvbench.measure.latency import median_with_interval
@@ -85,16 +86,46 @@ LEFT = ("kind", "gate")
 LATENCIES = ("ttft.p50", "ttft.p99", "tpot.p50", "tpot.p99", "itl.p99", "e2e.p99", "queueing.p99")
 
 
-def interval_text(entry: dict | None, scale: float = 1.0, digits: str = ".3g", newline: str = "\n") -> str:
+UNITS = ((1.0, "s"), (1e-3, "ms"), (0.0, "µs"))  # a time's unit: the largest its values reach
+
+
+def plain(value: float, figures: int = 3) -> str:
+    """A number with at least `figures` significant digits, never in scientific notation (1920, not 1.92e+03)."""
+    size = abs(value)
+    decimals = 0 if size >= 10 ** (figures - 1) else max(0, figures - 1 - math.floor(math.log10(size))) if size else 0
+    return f"{value:.{min(decimals, 6)}f}"
+
+
+def seconds_unit(values) -> tuple[float, str]:
+    """The scale and unit (s, ms or µs) the largest of `values` reads best in, for all of them."""
+    largest = max((abs(value) for value in values), default=0.0)
+    limit, unit = next((limit, unit) for limit, unit in UNITS if largest >= limit)
+    return {"s": 1.0, "ms": 1e3, "µs": 1e6}[unit], unit
+
+
+def interval_text(entry: dict | None, figures: int = 4, newline: str = "\n") -> str:
     """The median, and its interval (on a second line in a terminal, where tables must stay narrow)."""
     if not entry:
         return "-"
-    return (f"{entry['median'] * scale:{digits}}{newline}[{entry['low'] * scale:{digits}}, "
-            f"{entry['high'] * scale:{digits}}]")
+    return f"{plain(entry['median'], figures)}{newline}[{plain(entry['low'], figures)}, {plain(entry['high'], figures)}]"
+
+
+def seconds_text(entry: dict | None, newline: str = "\n") -> str:
+    """A time's median with its unit, and its interval in the same unit: "1.30 s", "[1.28, 1.51]"."""
+    if not entry:
+        return "-"
+    scale, unit = seconds_unit((entry["median"], entry["low"], entry["high"]))
+    low, high = (plain(entry[name] * scale) for name in ("low", "high"))
+    return f"{plain(entry['median'] * scale)} {unit}{newline}[{low}, {high}]"
 
 
 def ratio_text(entry: dict | None, newline: str = "\n") -> str:
     return "-" if not entry else f"{entry['ratio']:.2f}x{newline}[{entry['low']:.2f}, {entry['high']:.2f}]"
+
+
+def clock_name(view: RecordView) -> str:
+    """The clock every time of a table is read on: the replay's wall clock, by the timer the protocol names."""
+    return f"wall clock ({view.protocol.get('clock') or 'time.perf_counter_ns'})"
 
 
 def heading(view: RecordView) -> str:
@@ -105,7 +136,8 @@ def serving_title(view: RecordView) -> str:
     trace, budget = view.serving.trace, view.serving.budget
     lengths = trace["spec"].get("lengths")  # a record's own text: only a known name is shown
     return (f"serving: {len(trace['requests'])} requests ({lengths if lengths in LENGTHS else 'saved'}, arrivals "
-            f"{trace['arrivals']}), KV budget {format_bytes(budget['bytes'])}; medians over rotations [95% interval]")
+            f"{trace['arrivals']}), KV budget {format_bytes(budget['bytes'])}; {clock_name(view)}; medians over "
+            "rotations [95% interval]")
 
 
 def columns_of(names: tuple[str, ...]) -> tuple[Column, ...]:
@@ -121,7 +153,7 @@ def serving_section(view: RecordView, summary: dict, newline: str = "\n") -> Sec
     for kind, figures in summary["kinds"].items():
         passed = view.serving.checks.get(kind, {}).get("passed", False)
         cells = [kind, "pass" if passed else "FAIL",
-                 interval_text(figures.get("output_tokens_per_second"), digits=".4g", newline=newline),
+                 interval_text(figures.get("output_tokens_per_second"), newline=newline),
                  ratio_text(summary["ratios"].get(kind, {}).get("throughput"), newline),
                  f"{figures['requests_per_second']['median']:.2f}"]
         if "max_concurrency" not in figures:  # a peer that schedules itself: tokens and times, no iterations
@@ -134,19 +166,22 @@ def serving_section(view: RecordView, summary: dict, newline: str = "\n") -> Sec
                       f"{figures['waste']['median']:.1%}", format_bytes(figures["saved_bytes_max"]["median"])]
         rows.append(tuple(Cell(text, "failed" if text == "FAIL" else None) for text in cells))
     return Section("serving", serving_title(view), columns_of(names), tuple(rows),
-                   narrow=("saved by sharing", "prefill tokens", "prefill/decode s", "used", "concurrency max/mean"))
+                   narrow=("saved by sharing", "prefill tokens", "prefill/decode s", "used", "concurrency max/mean",
+                           "req/s", "preempt", "reserved"))
 
 
-def latency_section(summary: dict, newline: str = "\n") -> Section:
-    """The throughput-latency table: what each kind's throughput costs a client, in milliseconds."""
+def latency_section(view: RecordView, summary: dict, newline: str = "\n") -> Section:
+    """The throughput-latency table: what each kind's throughput costs a client, each time in the unit it reads
+    best in (s, ms, µs), all on the one clock its title names."""
     names = ("kind", "output tok/s", *(name.replace(".", " ") for name in LATENCIES),
              f"p99 TPOT x {summary['baseline']}")
-    rows = [(kind, f"{figures['output_tokens_per_second']['median']:.4g}",
-             *(interval_text(figures.get(name), 1e3, newline=newline) for name in LATENCIES),
+    rows = [(kind, plain(figures["output_tokens_per_second"]["median"], 4),
+             *(seconds_text(figures.get(name), newline=newline) for name in LATENCIES),
              ratio_text(summary["ratios"].get(kind, {}).get("tpot_p99"), newline))
             for kind, figures in summary["kinds"].items()]
-    return Section("latency", "throughput and latency (ms; medians over rotations [95% interval])", columns_of(names),
-                   tuple(tuple(Cell(text) for text in row) for row in rows), narrow=("queueing p99", "itl p99"))
+    return Section("latency", f"throughput and latency on the {clock_name(view)}; medians over rotations [95% "
+                              "interval]", columns_of(names), tuple(tuple(Cell(text) for text in row) for row in rows),
+                   narrow=("queueing p99", "itl p99", "e2e p99", "output tok/s", "ttft p50", "tpot p50"))
 
 
 def serving_sections(view: RecordView, newline: str = "\n", banner: bool = True) -> list[Section]:
@@ -154,7 +189,7 @@ def serving_sections(view: RecordView, newline: str = "\n", banner: bool = True)
     warning as a section of its own; the HTML page draws its banner instead)."""
     summary = summarise(view)
     out = [Section("incomplete", warnings=(INCOMPLETE_NOTE,))] if banner and not view.complete else []
-    out += [serving_section(view, summary, newline), latency_section(summary, newline)]
+    out += [serving_section(view, summary, newline), latency_section(view, summary, newline)]
     control = control_sentence(summary)
     items = cpu_sentences(summary) + ([control] if control else [])
     out += [Section("ratios", items=tuple(items))] if items else []
