@@ -9,13 +9,13 @@ median moves between runs. A measure that is zero on either side (no preemption,
 comparison shows NEW - OLD instead.
 
 Two more guards keep a compare of two runs of the same code from crying wolf, as a loop compare's do:
-- the A/A floor: each record's A/A control (one kind replayed twice per rotation) measures how far two replays of
-  the same code drift apart in that run; a change inside the wider of the two records' floors is "within noise";
-- Holm–Bonferroni over every measure of every kind compared (about 16 per kind): each verdict other than "within
-  noise" must also be significant after Holm's step-down correction of its two-sided p-value (from the same
-  standard error its interval uses) at --alpha. Holm controls the chance of any false "worse" or "better" among
-  them at alpha without assuming the measures independent (TTFT p50, p90 and p99 move together), and rejects
-  everything Bonferroni does and more. A verdict it withdraws becomes "within noise".
+- the A/A floor, per measure: each record's A/A control (one kind replayed twice per rotation) shows how far the
+  same measure of two replays of the same code lies apart in that run, rotation by rotation; a change no larger
+  than the largest such gap of either record is "within noise";
+- Holm–Bonferroni over every measure of every kind compared (about 16 per kind;
+  kvbench.report.comparison.significance): a "worse" or "better" must also be significant after Holm's step-down
+  correction of its Welch p-value at --alpha, or it becomes "within noise". Holm keeps the chance of any false
+  alarm among them at alpha without assuming the measures independent (TTFT p50, p90 and p99 move together).
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from kvbench.measure.latency import median_with_interval
 from kvbench.record import RecordView
 from kvbench.report.comparison.differences import Difference, environment_diff
 from kvbench.report.record.serving import figures_by_mode, pick, plain, seconds_unit, summarise
+from kvbench.modes import CONTROL
+from kvbench.report.comparison.significance import holm, welch_p
 from kvbench.report.comparison.verdicts import FASTER, SLOWER, WITHIN_NOISE, Change, change
 
 
@@ -120,7 +122,7 @@ class ServingComparison:
     changes: list[MeasureChange]
     skipped: list[str]
     notes: list[str]
-    floor: float = 0.0  # the A/A floor: the wider of the two records' control intervals, as |log ratio|
+    floors: dict[str, float] = dataclasses.field(default_factory=dict)  # measure -> A/A floor, as |log ratio|
 
     @property
     def regressions(self) -> list[MeasureChange]:
@@ -139,7 +141,7 @@ def measure_change(kind: str, old_kind: str, measure: Measure, old: list[float],
     if min(old + new) <= 0:
         return MeasureChange(kind, old_kind, measure, *shown, None, "-")
     judged = change(estimate(old), estimate(new), factor=factor, alpha=alpha)
-    p_value = math.erfc(abs(math.log(judged.ratio)) / judged.log_error / math.sqrt(2)) if judged.log_error else 0.0
+    p_value = welch_p(old, new)
     # the verdict's words are about cost: a higher throughput is what a lower latency is
     worse, better = (FASTER, SLOWER) if measure.higher_is_better else (SLOWER, FASTER)
     verdict = {worse: "worse", better: "better"}.get(judged.verdict, judged.verdict)
@@ -148,26 +150,28 @@ def measure_change(kind: str, old_kind: str, measure: Measure, old: list[float],
     return MeasureChange(kind, old_kind, measure, *shown, judged, verdict, p_value)
 
 
-def holm(changes: list[MeasureChange], alpha: float) -> list[MeasureChange]:
-    """Holm–Bonferroni over every change with a ratio: the k-th smallest p-value (from 0) of m must be at most
-    alpha / (m - k), and once one is not, none after it is; a "worse" or "better" not significant so becomes
-    "within noise". The family-wise error (any false alarm among all the measures) stays at most alpha."""
-    tested = sorted((item for item in changes if item.p_value is not None), key=lambda item: item.p_value)
-    significant, m = set(), len(tested)
-    for k, item in enumerate(tested):
-        if item.p_value > alpha / (m - k):
-            break
-        significant.add(id(item))
-    return [item if item.verdict not in ("worse", "better") or id(item) in significant
+def held_to_holm(changes: list[MeasureChange], alpha: float) -> list[MeasureChange]:
+    """Holm–Bonferroni over every change with a ratio (significance.holm): a "worse" or "better" it does not reject
+    becomes "within noise"."""
+    tested = [item for item in changes if item.p_value is not None]
+    rejected = {id(item) for item, kept in zip(tested, holm([item.p_value for item in tested], alpha)) if kept}
+    return [item if item.verdict not in ("worse", "better") or id(item) in rejected
             else dataclasses.replace(item, verdict=WITHIN_NOISE) for item in changes]
 
 
-def aa_floor(view: RecordView) -> float:
-    """How far the record's A/A control's throughput ratio interval reaches from 1, as |log ratio| (0 without a
-    control): what two replays of the same code differ by in that run."""
-    control = summarise(view)["control"]
-    found = control and control["throughput"]
-    return max(abs(math.log(found["low"])), abs(math.log(found["high"]))) if found else 0.0
+def aa_floors(view: RecordView) -> dict[str, float]:
+    """measure -> the largest |log(control's value / its kind's value)| over the record's rotations: how far that
+    measure of two replays of the same code lay apart in this run (empty without an A/A control)."""
+    found = figures_by_mode(view)
+    control, kind = found.get(CONTROL, {}), found.get(view.control, {})
+    floors = {}
+    for measure in MEASURES:
+        gaps = [abs(math.log(a / b)) for rotation in control.keys() & kind.keys()
+                for a, b in [(pick(control[rotation], measure.key), pick(kind[rotation], measure.key))]
+                if a and b and a > 0 and b > 0]
+        if gaps:
+            floors[measure.name] = max(gaps)
+    return floors
 
 
 def same_trace_problem(old: RecordView, new: RecordView) -> str | None:
@@ -184,7 +188,9 @@ def compare_serving(old: RecordView, new: RecordView, *, factor: float, alpha: f
     """Every kind both records replayed (`mapping` {NEW kind: OLD kind} lines up differently named kinds)."""
     mapping = mapping or {}
     old_values, new_values = per_rotation(old), per_rotation(new)
-    changes, skipped, floor = [], [], max(aa_floor(old), aa_floor(new))
+    changes, skipped = [], []
+    old_floors, new_floors = aa_floors(old), aa_floors(new)
+    floors = {name: max(old_floors.get(name, 0.0), new_floors.get(name, 0.0)) for name in old_floors | new_floors}
     for kind, measured in new_values.items():
         old_kind = mapping.get(kind, kind)
         if old_kind not in old_values:
@@ -194,14 +200,15 @@ def compare_serving(old: RecordView, new: RecordView, *, factor: float, alpha: f
             if measure.name in measured and measure.name in old_values[old_kind]:
                 changes.append(measure_change(kind, old_kind, measure, list(old_values[old_kind][measure.name]
                                                                             .values()),
-                                              list(measured[measure.name].values()), factor, alpha, floor))
+                                              list(measured[measure.name].values()), factor, alpha,
+                                              floors.get(measure.name, 0.0)))
     skipped += [f"OLD's {kind}" for kind in old_values if kind not in {mapping.get(k, k) for k in new_values}]
     notes = [f"{name} is INCOMPLETE (interrupted run): only its completed replays are compared"
              for name, view in (("OLD", old), ("NEW", new)) if not view.complete]
     notes += [f"{name}'s {kind} FAILED its gate" for name, view in (("OLD", old), ("NEW", new))
               for kind, check in view.serving.checks.items() if not check["passed"]]
     return ServingComparison(old.source, new.source, environment_diff(old.environment, new.environment),
-                             holm(changes, alpha), skipped, notes, floor)
+                             held_to_holm(changes, alpha), skipped, notes, floors)
 
 
 LABELS = {"output_tokens_per_second": "output tok/s", "requests_per_second": "req/s"}  # what a row calls a measure
@@ -267,9 +274,13 @@ def other_lines(c: ServingComparison) -> list[str]:
 
 
 def floor_line(c: ServingComparison) -> str:
-    return (f"A/A floor: ±{math.expm1(c.floor):.1%} (the wider of the two records' A/A control intervals); "
-            f"{len([item for item in c.changes if item.p_value is not None])} measures under Holm–Bonferroni"
-            if c.floor else "A/A floor: none (neither record ran an A/A control); Holm–Bonferroni over the measures")
+    tested = len([item for item in c.changes if item.p_value is not None])
+    if not c.floors:
+        return f"A/A floor: none (neither record ran an A/A control); Holm–Bonferroni over {tested} measures"
+    throughput = c.floors.get("output_tokens_per_second")
+    return (f"A/A floor per measure: the largest gap between the A/A control's replays and its kind's in either "
+            f"record" + (f" (output tok/s: ±{math.expm1(throughput):.1%})" if throughput is not None else "")
+            + f"; Holm–Bonferroni over {tested} measures (Welch p-values)")
 
 
 def comparison_table(c: ServingComparison, shown: tuple[str, ...]):
