@@ -291,7 +291,8 @@ def comparison_table(c: ServingComparison, shown: tuple[str, ...]):
 
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     for name in shown:
-        table.add_column(name, justify="left" if name in ("kind", "measure", "verdict") else "right", no_wrap=True)
+        table.add_column(name, justify="left" if name in ("kind", "measure", "verdict") else "right", no_wrap=True,
+                         min_width=len(WITHIN_NOISE) if name == "verdict" else None)  # the longest verdict, whole
     previous = None
     for item in c.changes:
         texts = dict(zip(HEADER, change_texts(item)))
@@ -313,7 +314,7 @@ def compare_renderables(c: ServingComparison, width: int | None = None) -> list:
     shown, hidden = HEADER, []
     table = comparison_table(c, shown)
     for name in NARROW:
-        if width is None or natural_width(table) <= width:
+        if width is None or natural_width(table) < width:  # rich keeps the last column off the terminal's edge
             break
         shown, hidden = tuple(column for column in shown if column != name), [*hidden, name]
         table = comparison_table(c, shown)
