@@ -258,8 +258,8 @@ NARROW = ("MDE", "kind")  # what a narrow terminal drops, in order (kind then he
 
 ABOUT = ("serving records: per kind, each measure's median over rotations [95% order-statistic interval] on the wall "
          "clock; NEW / OLD [95% interval, each side widened by between-run variation], MDE and verdict "
-         "(kvbench.report.comparison.verdicts), a worse or better verdict held to the A/A floor and to Holm–Bonferroni "
-         "over every measure compared")
+         "(kvbench.report.comparison.verdicts); a change is judged beyond noise only past its A/A floor and under "
+         "Holm–Bonferroni over every measure compared")
 
 
 def environment_lines(c: ServingComparison) -> list[str]:
