@@ -61,8 +61,8 @@ def load_view(path: Path) -> RecordView:
 
 def cmd_show(args: argparse.Namespace, view: RecordView | None = None) -> int:
     """`view`: the record of args.record where the caller has read it already."""
-    console = stdout_console(args.wide)
-    for item in terminal.quick_renderables(model.build_report(view or load_view(args.record)), console.width, args.wide):
+    console, report = stdout_console(args.wide), model.build_report(view or load_view(args.record))
+    for item in terminal.quick_renderables(report, console.width, args.wide):
         console.print(item)
     return 0
 

@@ -297,8 +297,6 @@ def cmd_report_serving(args: argparse.Namespace, result: record.RecordView) -> i
 def cmd_compare_any(args: argparse.Namespace) -> int:
     """`kvbench compare`: two serving records line their kinds' measures up (kvbench.report.comparison.serving); any
     other records go to cmd_compare."""
-    from kvbench.report.comparison import serving as serving_compare
-
     check_compare_arguments(args)
     views = [load_view(path) for path in (args.old, args.new, *args.more)]  # each read once, or one line, exit 2
     if all(view.serving is None for view in views):

@@ -76,7 +76,8 @@ def assemble(*, complete: bool, created_utc: str, command: list, preset: str, co
     check and every replay keyed by its cell (mode, trace, budget) instead of the length 0 they were sampled
     under, and the run section every record has, copied from the protocol (a serving run has no lengths)."""
     key = {"trace": trace_name(trace), "budget": budget.get("bytes")}
-    unkeyed = lambda entry: {name: value for name, value in entry.items() if name not in ("length", "mode")}  # noqa: E731
+    unkeyed = lambda entry: {name: value for name, value in entry.items()  # noqa: E731
+                             if name not in ("length", "mode")}
     return {
         "schema": V4, "status": "complete" if complete else "incomplete", "created_utc": created_utc,
         "command": list(command), "config": config,
@@ -84,7 +85,8 @@ def assemble(*, complete: bool, created_utc: str, command: list, preset: str, co
                 "lengths": [], "control": control, **{name: protocol.get(name) for name in RUN_FROM_PROTOCOL},
                 "plugins": [], "cache_options": {}, "per_step_length": None},
         "protocol": protocol, "environment": environment,
-        # a check's "length" was the most positions one request of the trace held: kept, by its own name
+        # a check's "length" is the steps compared in the request whose logits differed most (its worst request's
+        # check, kvbench.serving.replay.gate): no cell length, so kept by a name of its own
         "checks": [{"mode": mode, **key, "positions": check.get("length"), **unkeyed(check)}
                    for mode, check in checks.items()],
         "repetitions": [{"mode": sample.get("mode"), **key, **unkeyed(sample)} for sample in samples],

@@ -114,7 +114,7 @@ def serving_to_v4(document: dict) -> dict:
     - `complete` (absent: true) becomes `status`; `created_utc` is the environment's capture time (serving/1
       kept no other), the kinds become `run.modes` and the control `run.control`;
     - each kind's check and every kept replay are keyed by the cell (mode, trace, budget) in place of the length
-      0 they were sampled under; a check's length, the most positions one request held, becomes `positions`;
+      0 they were sampled under; a check's length (the steps compared in its worst request) becomes `positions`;
     - `sampling`, keyed by that length 0, becomes one entry per cell; the trace, budget, settings and outputs
       go to `serving`."""
     document = copy.deepcopy(document)

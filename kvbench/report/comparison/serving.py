@@ -28,7 +28,7 @@ from kvbench.measure import stats
 from kvbench.measure.latency import median_with_interval
 from kvbench.record import RecordView
 from kvbench.report.comparison.differences import Difference, environment_diff
-from kvbench.report.record.serving import figures_by_mode, pick, plain, seconds_unit, summarise
+from kvbench.report.record.serving import figures_by_mode, pick, plain, seconds_unit
 from kvbench.modes import CONTROL
 from kvbench.report.comparison.significance import holm, welch_p
 from kvbench.report.comparison.verdicts import FASTER, SLOWER, WITHIN_NOISE, Change, change
@@ -278,8 +278,8 @@ def floor_line(c: ServingComparison) -> str:
     if not c.floors:
         return f"A/A floor: none (neither record ran an A/A control); Holm–Bonferroni over {tested} measures"
     throughput = c.floors.get("output_tokens_per_second")
-    return (f"A/A floor per measure: the largest gap between the A/A control's replays and its kind's in either "
-            f"record" + (f" (output tok/s: ±{math.expm1(throughput):.1%})" if throughput is not None else "")
+    return ("A/A floor per measure: the largest gap between the A/A control's replays and its kind's in either "
+            "record" + (f" (output tok/s: ±{math.expm1(throughput):.1%})" if throughput is not None else "")
             + f"; Holm–Bonferroni over {tested} measures (Welch p-values)")
 
 

@@ -107,7 +107,8 @@ def interval_text(entry: dict | None, figures: int = 4, newline: str = "\n") -> 
     """The median, and its interval (on a second line in a terminal, where tables must stay narrow)."""
     if not entry:
         return "-"
-    return f"{plain(entry['median'], figures)}{newline}[{plain(entry['low'], figures)}, {plain(entry['high'], figures)}]"
+    low, high = plain(entry["low"], figures), plain(entry["high"], figures)
+    return f"{plain(entry['median'], figures)}{newline}[{low}, {high}]"
 
 
 def seconds_text(entry: dict | None, newline: str = "\n") -> str:
