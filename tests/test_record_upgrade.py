@@ -44,7 +44,10 @@ def run(capsys, *argv) -> tuple[int, str, str]:
 
 def test_the_committed_records_are_of_every_older_version_and_stay_as_written():
     versions = {raw(name)["schema"] for name in committed_records()}
-    assert versions == {"kvbench.record/1", "kvbench.record/2"} and SCHEMA == "kvbench.record/4"
+    # version 4: the serving A/A pairs (results/serving/aa), the first serving runs written in the one record
+    assert versions == {"kvbench.record/1", "kvbench.record/2", "kvbench.record/4"} and SCHEMA == "kvbench.record/4"
+    assert {name for name in committed_records() if raw(name)["schema"] == SCHEMA} == \
+        {f"results/serving/aa/pair{pair}-{run}.json" for pair in (1, 2, 3) for run in "ab"}
     assert READABLE == ("kvbench.record/1", "kvbench.record/2", "kvbench.record/3", "kvbench.record/4")
     assert {raw(name)["schema"] for name in V1} == {"kvbench.record/1"}
     assert {raw(name)["schema"] for name in V2} == {"kvbench.record/2"}
