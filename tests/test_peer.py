@@ -81,9 +81,10 @@ def test_the_peer_as_a_mode_end_to_end(capsys, tmp_path):
                               "--modes", "paged,hf-continuous", "--repeats", "1", "--output", record)
     assert code == 0, err
     data = json.loads(record.read_text())
-    assert data["checks"]["hf-continuous"]["passed"] and data["checks"]["paged"]["passed"]
-    assert data["outputs"]["source"].startswith("the full path's greedy") and len(data["outputs"]["ids"]) == 3
-    peer = [s for s in data["samples"] if s["mode"] == "hf-continuous"]
+    assert {check["mode"]: check["passed"] for check in data["checks"]} == {"hf-continuous": True, "paged": True}
+    outputs = data["serving"]["outputs"]
+    assert outputs["source"].startswith("the full path's greedy") and len(outputs["ids"]) == 3
+    peer = [s for s in data["repetitions"] if s["mode"] == "hf-continuous"]
     assert peer and all(len(r["token_times"]) == 5 for r in peer[0]["replay"]["requests"])
     assert "hf-continuous" in out and "output tok/s" in out
     code, out, err = run_main(capsys, "report", record)

@@ -99,7 +99,7 @@ def test_round_trip(make_record, tmp_path):
     assert path == tmp_path / "sub" / "run.json"
     assert load_record(path) == record
     assert set(RECORD_SCHEMA["required"]) <= set(record)
-    assert record["schema"] == SCHEMA == "kvbench.record/3"
+    assert record["schema"] == SCHEMA == "kvbench.record/4"
     assert os.listdir(path.parent) == ["run.json"]  # no temp file left behind
 
 
@@ -168,8 +168,8 @@ def test_load_foreign_json(tmp_path, data):
 
 def test_load_future_schema_version(make_record, tmp_path):
     record = make_record(SECONDS)
-    record["schema"] = "kvbench.record/4"
-    with pytest.raises(RecordError, match="unsupported schema version 'kvbench.record/4'"):
+    record["schema"] = "kvbench.record/5"
+    with pytest.raises(RecordError, match="unsupported schema version 'kvbench.record/5'"):
         load_record(dump(tmp_path / "x.json", record))
 
 

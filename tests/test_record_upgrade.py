@@ -44,9 +44,13 @@ def run(capsys, *argv) -> tuple[int, str, str]:
 
 def test_the_committed_records_are_of_every_older_version_and_stay_as_written():
     versions = {raw(name)["schema"] for name in committed_records()}
-    # every older version is committed; records re-measured today are of the current one (results/real/quality-*)
-    assert {"kvbench.record/1", "kvbench.record/2"} <= versions <= set(READABLE) and SCHEMA == "kvbench.record/3"
-    assert READABLE == ("kvbench.record/1", "kvbench.record/2", "kvbench.record/3")
+    # every older version is committed: /3 by the real model's re-measured records (results/real/quality-*), /4 by
+    # the serving A/A pairs (results/serving/aa), the first serving runs written in the one record
+    assert {"kvbench.record/1", "kvbench.record/2", "kvbench.record/4"} <= versions <= set(READABLE)
+    assert SCHEMA == "kvbench.record/4"
+    assert {name for name in committed_records() if raw(name)["schema"] == SCHEMA} == \
+        {f"results/serving/aa/pair{pair}-{run}.json" for pair in (1, 2, 3) for run in "ab"}
+    assert READABLE == ("kvbench.record/1", "kvbench.record/2", "kvbench.record/3", "kvbench.record/4")
     assert {raw(name)["schema"] for name in V1} == {"kvbench.record/1"}
     assert {raw(name)["schema"] for name in V2} == {"kvbench.record/2"}
 
@@ -191,11 +195,11 @@ def test_a_malformed_older_record_is_refused_in_one_line(tmp_path, capsys):
     assert code == 2 and len(err.strip().splitlines()) == 1 and "repetitions/0: 'order' is a required property" in err
 
 
-def test_a_current_record_without_a_later_section_reads_as_its_schema_2_twin(tmp_path, capsys):
+def test_a_schema_3_record_without_a_later_section_reads_as_its_schema_2_twin(tmp_path, capsys):
     """A record labelled /3 that lacks what schema 2 left optional (say a file edited by hand) is filled by the
     same step as a schema 2 record, not refused, and the same file relabelled /2 reads the same."""
     older_shape = raw("results/noise/random/run-00.json")  # no workload, plugins, between-run or estimation
-    record = {**older_shape, "schema": SCHEMA}
+    record = {**older_shape, "schema": "kvbench.record/3"}
     current, older = tmp_path / "current.json", tmp_path / "older.json"
     current.write_text(json.dumps(record))
     older.write_text(json.dumps(older_shape))
@@ -229,3 +233,47 @@ def test_the_upgrade_derives_no_per_token_median_from_a_length_it_cannot_divide_
     cells = upgrade(record)["summary"]["cells"]
     assert cells[0]["per_token_median"] is None
     assert cells[1]["per_token_median"] == pytest.approx(second["median"] / second["length"])
+
+
+def test_a_schema_3_record_upgrades_to_4_unchanged_but_its_label_and_4_needs_every_section(tmp_path, capsys):
+    """/3 to /4 changes no value of a loop, request or contexts record; a file labelled /4 lacking a section /3
+    requires is refused (only a /3 label is read as its /2 twin), in one line."""
+    three = {**load_record(ROOT / "results/noise/random/run-00.json"), "schema": "kvbench.record/3"}
+    four = upgrade(three)
+    assert four == {**three, "schema": "kvbench.record/4"} and three["schema"] == "kvbench.record/3"
+    del four["run"]["workload"]
+    path = tmp_path / "four.json"
+    path.write_text(json.dumps(four))
+    code, _, err = run(capsys, "show", path)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "'workload' is a required property" in err
+
+
+@pytest.mark.parametrize("name", sorted(str(p.relative_to(ROOT)) for p in (ROOT / "results/serving").glob("*.json")))
+def test_a_serving_1_record_upgrades_to_4_with_the_same_numbers(name):
+    """Every committed kvbench.serving/1 record loads as a /4 record of the serving workload: its replays, checks,
+    trace and budget are the file's, keyed by the cell (mode, trace, budget) instead of the length 0, and the
+    figures every reader derives are those of the file's own stamps."""
+    from kvbench.record import CellKey, RecordView
+    from kvbench.serving.figures import replay_figures
+
+    original = raw(name)
+    assert original["schema"] == "kvbench.serving/1"
+    record = load_record(ROOT / name)
+    assert record["schema"] == SCHEMA and record["run"]["workload"]["kind"] == "serving"
+    assert record["run"]["modes"] == original["kinds"] and record["run"]["control"] == original["control"]
+    assert [rep["seconds"] for rep in record["repetitions"]] == [kept["seconds"] for kept in original["samples"]]
+    assert [rep["replay"] for rep in record["repetitions"]] == [kept["replay"] for kept in original["samples"]]
+    assert all("length" not in rep for rep in record["repetitions"])
+    assert record["serving"]["trace"] == original["trace"] and record["serving"]["budget"] == original["budget"]
+    assert {check["mode"]: check["passed"] for check in record["checks"]} == \
+        {kind: check["passed"] for kind, check in original["checks"].items()}
+    view = RecordView(record, name)
+    budget, trace = original["budget"]["bytes"], view.workload.trace
+    assert view.cells()[0] == CellKey(original["kinds"][0], trace=trace, budget=budget)
+    assert view.cells()[0].length is None and view.cells()[0].budget == budget
+    kept = original["samples"][0]
+    cell = CellKey(kept["mode"], trace=trace, budget=budget)
+    assert view.serving.figures(cell)[kept["repetition"]] == replay_figures(kept["replay"])
+    per_request = view.serving.request_figures(cell)[kept["repetition"]]
+    first = kept["replay"]["requests"][0]
+    assert per_request["ttft"][0] == first["token_times"][0] - first["arrival"]

@@ -333,7 +333,7 @@ def test_compare_markdown(records, capsys):
 @pytest.mark.parametrize("content, message", [
     ('{"schema": "kvbench.record/1", "status": "comp', "not valid JSON (truncated or corrupt?)"),
     ("", "not valid JSON"),
-    ('{"results": {}, "version": 2}', "not a kvbench record: expected schema 'kvbench.record/3', got None"),
+    ('{"results": {}, "version": 2}', "not a kvbench record: expected schema 'kvbench.record/4', got None"),
     ('{"schema": "kvbench.record/9"}', "unsupported schema version 'kvbench.record/9'"),
     ('[1, 2]', "expected a JSON object"),
 ])

@@ -230,7 +230,8 @@ def test_into_splices_the_markdown_block_with_a_relative_image_link(record_file,
     ('{"schema": "kvbench.record/1", "stat', "not valid JSON (truncated or corrupt?)"),
     ('{"machine": "asv"}', "not a kvbench record"),
     ('{"schema": "kvbench.record/9"}', "unsupported schema version 'kvbench.record/9'; this kvbench reads "
-                                       "'kvbench.record/1', 'kvbench.record/2' and 'kvbench.record/3'"),
+                                       "'kvbench.record/1', 'kvbench.record/2', 'kvbench.record/3' and "
+                                       "'kvbench.record/4'"),
 ])
 def test_bad_records_exit_2_with_one_precise_line(tmp_path, capsys, content, message):
     bad = tmp_path / "bad.json"

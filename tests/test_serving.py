@@ -3,6 +3,7 @@ command line refuses bad input before measuring."""
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from kvbench.serving.replay import gate
 from kvbench.serving.scheduler import Scheduler, TokenSource, make_ledger
 from kvbench.serving.trace import Trace, TraceRequest, make_trace, parse_arrivals, parse_lengths, trace_from_dict
 
+ROOT = Path(__file__).resolve().parents[1]
 LLAMA = preset_config("llama-tiny", vocab_size=128, max_length=96)
 
 
@@ -324,11 +326,14 @@ def test_a_serving_run_end_to_end_and_its_report(capsys, tmp_path):
                               "--share-prefix")
     assert code == 0, err
     data = json.loads(record.read_text())
-    assert data["schema"] == "kvbench.serving/1" and len(data["trace"]["requests"]) == 4
-    assert sorted({s["mode"] for s in data["samples"]}) == ["control", "paged", "static"]
-    assert all(len(s["replay"]["iterations"]) > 0 for s in data["samples"])
+    assert data["schema"] == "kvbench.record/4" and len(data["serving"]["trace"]["requests"]) == 4
+    assert data["run"]["workload"] == {"kind": "serving", "trace": "fixed"}
+    budget = data["serving"]["budget"]["bytes"]
+    assert {(s["mode"], s["trace"], s["budget"]) for s in data["repetitions"]} == \
+        {(mode, "fixed", budget) for mode in ("control", "paged", "static")}  # each a cell of its own: no length 0
+    assert all("length" not in s and len(s["replay"]["iterations"]) > 0 for s in data["repetitions"])
     assert "output tok/s" in out and "A/A control" in out and "on the replay thread's CPU time, paged / static" in out
-    for sample in data["samples"]:  # every token also stamped on the replay thread's CPU clock, never ahead of wall
+    for sample in data["repetitions"]:  # every token also stamped on the replay thread's CPU clock, never ahead of wall
         for request in sample["replay"]["requests"]:
             cpu, wall = request["token_cpu_times"], request["token_times"]
             assert len(cpu) == len(wall) and cpu == sorted(cpu) and cpu[-1] <= wall[-1] + 1e-3
@@ -336,7 +341,9 @@ def test_a_serving_run_end_to_end_and_its_report(capsys, tmp_path):
     assert code == 0 and "p99 TPOT x static" in out and plot.read_bytes().startswith(b"\x89PNG")
     code, _, err = run_main(capsys, "run", "--trace", record, "--repeats", "1", "--output", tmp_path / "again.json")
     assert code == 0, err  # a record's trace replays
-    assert json.loads((tmp_path / "again.json").read_text())["trace"] == data["trace"]
+    assert json.loads((tmp_path / "again.json").read_text())["serving"]["trace"] == data["serving"]["trace"]
+    code, out, err = run_main(capsys, "show", record)
+    assert code == 0 and "p99 TPOT x static" in out, err
 
 
 def synthetic_replay(scale, reserved, used):
@@ -350,13 +357,17 @@ def synthetic_replay(scale, reserved, used):
 
 
 def test_the_summary_reads_ratios_the_right_way_round():
+    from kvbench.record import RecordView
+    from kvbench.record.upgrade import serving_to_v4
     from kvbench.report.record.serving import summarise
 
-    samples = [{"mode": mode, "repetition": r, "replay": synthetic_replay(scale * (1 + 0.01 * r), 1000, used)}
-               for r in range(3) for mode, scale, used in (("static", 1.0, 600), ("paged", 0.5, 970),
-                                                            ("control", 1.0, 600))]
-    record = {"samples": samples, "kinds": ["static", "paged"], "control": "static", "protocol": {"between_run": 0.01}}
-    summary = summarise(record)
+    record = serving_to_v4(json.loads((ROOT / "results/serving/llama-mini-prefix-64.json").read_text()))
+    record["repetitions"] = [{"mode": mode, "trace": "fixed", "budget": record["serving"]["budget"]["bytes"],
+                              "repetition": r, "replay": synthetic_replay(scale * (1 + 0.01 * r), 1000, used)}
+                             for r in range(3) for mode, scale, used in (("static", 1.0, 600), ("paged", 0.5, 970),
+                                                                          ("control", 1.0, 600))]
+    record["protocol"]["between_run"] = 0.01
+    summary = summarise(RecordView(record))
     assert summary["ratios"]["paged"]["throughput"]["ratio"] == pytest.approx(2.0)  # paged twice as fast
     assert summary["ratios"]["paged"]["tpot_p99"]["ratio"] == pytest.approx(0.5)  # at half static's TPOT
     assert summary["control"]["throughput"]["ratio"] == pytest.approx(1.0)
@@ -380,21 +391,18 @@ def test_a_kind_that_fails_the_gate_is_recorded_and_not_timed(capsys, tmp_path, 
                             "--repeats", "1", "--output", record)
     data = json.loads(record.read_text())
     assert code == 1 and "EQUIVALENCE FAILED: paged" in out
-    assert data["checks"]["paged"]["passed"] is False and data["samples"] == []
+    assert [check["passed"] for check in data["checks"]] == [False] and data["repetitions"] == []
 
 
 @pytest.mark.parametrize("command", [["compare", "{record}", "{record}"], ["show", "{record}"],
                                      ["export", "--format", "bmf", "--output", "{out}", "{record}"]])
-def test_a_malformed_serving_record_is_one_line_and_show_refuses_any(capsys, tmp_path, command):
-    """show reads loop records only; compare and export read serving records, and say what a malformed one lacks."""
+def test_a_malformed_serving_record_is_one_line_for_every_reader(capsys, tmp_path, command):
+    """show, compare and export read serving records through one loader, and say what a malformed one lacks."""
     record = tmp_path / "serving.json"
     record.write_text(json.dumps({"schema": "kvbench.serving/1"}))
     code, _, err = run_main(capsys, *[part.format(record=record, out=tmp_path / "out.json") for part in command])
     assert code == 2 and len(err.splitlines()) == 1, err
-    if command[0] == "show":
-        assert "a serving record ('kvbench.serving/1'): this command reads 'kvbench.record/3'" in err
-    else:
-        assert f"{record}: malformed serving record ('kvbench.serving/1'): kinds: expected list, got NoneType" in err
+    assert f"{record}: malformed serving record ('kvbench.serving/1'): kinds: expected list, got NoneType" in err
     assert not (tmp_path / "out.json").exists()
 
 

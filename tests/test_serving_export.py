@@ -17,6 +17,7 @@ import pytest
 from test_export import PYTEST_BENCHMARK, REPOSITORY, export, schema
 
 from kvbench.cli import main
+from kvbench.report.record.serving import plain
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAT = ROOT / "results" / "serving" / "llama-mini-chat-16.json"  # static, paged under 5.7 MiB
@@ -92,24 +93,25 @@ def test_compare_lines_up_every_measure_with_its_interval_and_ratio(capsys, tmp_
     out = out.replace("\\", "")  # markdown's escapes
     rows = {tuple(cell.strip() for cell in line.strip("|").split("|")[:2]): line
             for line in out.splitlines() if line.startswith("| static") or line.startswith("| paged")}
-    names = ["output_tokens_per_second", "requests_per_second",
-             *(f"{f}.p{level}" for f in ("ttft", "tpot", "itl", "e2e") for level in (50, 90, 99)), "waste",
+    names = ["output tok/s", "req/s",
+             *(f"{f} p{level}" for f in ("TTFT", "TPOT", "ITL", "E2E") for level in (50, 90, 99)), "waste",
              "preemptions"]
     assert set(rows) == {(kind, name) for kind in ("static", "paged") for name in names}
     for kind in ("static", "paged"):
         values = chat_truth[kind]
-        tokens = rows[(kind, "output_tokens_per_second")]
+        tokens = rows[(kind, "output tok/s")]
         median, low, high = statistics.median(values["output_tokens_per_second"]), \
             *sorted(values["output_tokens_per_second"])[::2]
-        assert f"{median:.4g} [{low:.4g}, {high:.4g}] tokens/s" in tokens  # three rotations: the range
+        assert f"| {plain(median, 4)} [{plain(low, 4)}, {plain(high, 4)}] |" in tokens  # three rotations: the range
         assert "| 0.500x [" in tokens and tokens.rstrip(" |").endswith("worse")
-        assert f"{statistics.median(values['tpot_p99']) * 1e3:.3g} [" in rows[(kind, "tpot.p99")]
-        assert "| 2.000x [" in rows[(kind, "tpot.p99")] and "| 2.000x [" in rows[(kind, "e2e.p50")]
+        tpot = statistics.median(values['tpot_p99'])
+        assert tpot < 1 and f"| {plain(tpot * 1e3)} ms [" in rows[(kind, "TPOT p99")]  # in ms, as its size reads
+        assert "| 2.000x [" in rows[(kind, "TPOT p99")] and "| 2.000x [" in rows[(kind, "E2E p50")]
         assert "| 1.000x [" in rows[(kind, "waste")] and "within noise" in rows[(kind, "waste")]
     assert "| 0 [0, 0] | 0 [0, 0] | +0 (NEW - OLD) |" in rows[("static", "preemptions")]
     assert "| 14 [14, 14] | 14 [14, 14] | 1.000x [" in rows[("paged", "preemptions")]
     code, out, err = run_main(capsys, "compare", CHAT, slower, "--fail-on-regression")
-    assert code == 1 and "kvbench: regression:" in err and "output_tokens_per_second" in out
+    assert code == 1 and "kvbench: regression:" in err and "output tok/s" in out
 
 
 def test_compare_of_the_same_record_is_unchanged_and_text_shows_both_kinds(capsys):

@@ -25,13 +25,15 @@ from hypothesis import strategies as st
 from kvbench.cli import main
 from kvbench.export import FORMATS
 from kvbench.files import read_json
-from kvbench.record.serving import check_serving_record
+from kvbench.record import load_record, validate_record
+from kvbench.record.upgrade import serving_to_v4
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "results/serving/llama-mini-prefix-64.json"  # static and paged, 8 requests with a 64-token prefix: small
-ORIGINAL = json.loads((ROOT / NAME).read_text())
+# the committed record is kvbench.serving/1, upgraded on load; the mutations are made to the record a run writes today
+ORIGINAL = serving_to_v4(json.loads((ROOT / NAME).read_text()))
 SERVING = sorted((ROOT / "results" / "serving").glob("*.json"))
-PREFIX = "malformed serving record ('kvbench.serving/1'): "
+PREFIX = "malformed serving record: "
 
 
 def run(*argv) -> tuple[int, str, str]:
@@ -44,7 +46,7 @@ def run(*argv) -> tuple[int, str, str]:
 
 def reading_commands(path: Path, output: Path) -> list[list]:
     """Every command that reads a serving record, on `path` (compare: against the record it was made from)."""
-    commands = [*(["report", path, "--format", layout] for layout in ("text", "markdown", "html")),
+    commands = [["show", path], *(["report", path, "--format", layout] for layout in ("text", "markdown", "html")),
                 ["compare", ROOT / NAME, path, "--force"]]
     for layout in FORMATS:
         commands.append(["export", path, "--format", layout, "--output", output / f"{layout}.json", "--force",
@@ -59,69 +61,83 @@ def changed(change) -> dict:
 
 
 def first_request(record: dict, sample: int = 0) -> dict:
-    return record["samples"][sample]["replay"]["requests"][0]
+    return record["repetitions"][sample]["replay"]["requests"][0]
 
 
 def zero_every_time(record: dict) -> None:
     """Every stamp of every replay at 0: no time passed, so every throughput would divide by zero."""
-    for kept in record["samples"]:
+    for kept in record["repetitions"]:
         for request in kept["replay"]["requests"]:
             request.update(arrival=0.0, admitted=0.0, token_times=[0.0] * len(request["token_times"]),
                            token_cpu_times=[0.0] * len(request["token_cpu_times"]))
 
 
 def without_paged_replays(record: dict) -> None:
-    record["samples"] = [kept for kept in record["samples"] if kept["mode"] != "paged"]
+    record["repetitions"] = [kept for kept in record["repetitions"] if kept["mode"] != "paged"]
 
 
+def check_of(record: dict, kind: str) -> dict:
+    return next(check for check in record["checks"] if check["mode"] == kind)
+
+
+REPLAY = "repetitions/0/replay/requests/0"
 # mutation -> the field and what is wrong with it, as the one line says them
 HOSTILE = {
     "no between-run allowance": (lambda r: r["protocol"].pop("between_run"),
                                  "protocol/between_run: expected a relative standard deviation in [0, 0.5), got None"),
-    "a sample without seconds": (lambda r: r["samples"][3].pop("seconds"),
-                                 "samples/3/seconds: expected a finite number > 0, got None"),
-    "a trace without requests": (lambda r: r["trace"].pop("requests"),
-                                 "trace: a trace's requests are a list of objects with exactly the fields"),
-    "a trace spec that is a list": (lambda r: r["trace"].update(spec=["chat"]),
-                                    "trace/spec: expected dict, got list"),
-    "checks that are true": (lambda r: r.update(checks={kind: True for kind in r["checks"]}),
-                             "checks/static: expected dict, got bool"),
-    "a check without passed": (lambda r: r["checks"]["paged"].pop("passed"),
-                               "checks/paged/passed: expected true or false, got None"),
-    "a kind without its check": (lambda r: r["checks"].pop("paged"),
+    "a sample without seconds": (lambda r: r["repetitions"][3].pop("seconds"),
+                                 "repetitions/3/seconds: expected a finite number > 0, got None"),
+    "a sample of another trace": (lambda r: r["repetitions"][3].update(trace="chat"),
+                                  "repetitions/3/trace: expected the run's 'fixed', got 'chat'"),
+    "a sample of another budget": (lambda r: r["repetitions"][3].update(budget=1),
+                                   "repetitions/3/budget: expected the run's 8388608, got 1"),
+    "a trace without requests": (lambda r: r["serving"]["trace"].pop("requests"),
+                                 "serving/trace: a trace's requests are a list of objects with exactly the fields"),
+    "a trace spec that is a list": (lambda r: r["serving"]["trace"].update(spec=["chat"]),
+                                    "serving/trace/spec: expected dict, got list"),
+    "checks that are true": (lambda r: r.update(checks=[True for _ in r["checks"]]),
+                             "checks/0: expected dict, got bool"),
+    "a check without passed": (lambda r: check_of(r, "paged").pop("passed"),
+                               "checks/1/passed: expected true or false, got None"),
+    "a kind without its check": (lambda r: r["checks"].pop(1),
                                  "checks: expected a check of every kind ['static', 'paged'], got none of 'paged'"),
-    "every token at time 0": (zero_every_time, "samples/0/replay/requests/0/token_times/"),
-    "a budget of 'lots'": (lambda r: r["budget"].update(bytes="lots"),
-                           "budget/bytes: expected an integer >= 1, got 'lots'"),
+    "every token at time 0": (zero_every_time, f"{REPLAY}/token_times/"),
+    "a budget of 'lots'": (lambda r: r["serving"]["budget"].update(bytes="lots"),
+                           "serving/budget/bytes: expected an integer >= 1, got 'lots'"),
     "a negative token time": (lambda r: first_request(r)["token_times"].__setitem__(0, -1.0),
-                              "samples/0/replay/requests/0/token_times/0: expected a finite number >= 0, got -1.0"),
+                              f"{REPLAY}/token_times/0: expected a finite number >= 0, got -1.0"),
     "token times out of order": (lambda r: first_request(r)["token_times"].__setitem__(1, 0.0),
-                                 "samples/0/replay/requests/0/token_times/1: expected a finite number >= "),
+                                 f"{REPLAY}/token_times/1: expected a finite number >= "),
     "a first token before its admission": (lambda r: first_request(r).update(admitted=1e6),
-                                           "samples/0/replay/requests/0/token_times/0: expected the first token at "
+                                           f"{REPLAY}/token_times/0: expected the first token at "
                                            "or after its admission at 1e+06 s"),
     "fewer CPU stamps than wall stamps": (
         lambda r: first_request(r)["token_cpu_times"].pop(),
-        "samples/0/replay/requests/0/token_cpu_times: expected one CPU stamp per token ("),
+        f"{REPLAY}/token_cpu_times: expected one CPU stamp per token ("),
     "more tokens than the request's output": (
         lambda r: first_request(r)["token_times"].extend([1e3] * 4096),
-        "samples/0/replay/requests/0/token_times: expected 1 to "),
-    "a replay of other requests": (lambda r: r["samples"][0]["replay"]["requests"].pop(),
-                                   "samples/0/replay/requests: expected the trace's 8 requests, got 7"),
-    "more used than reserved": (lambda r: r["samples"][0]["replay"]["iterations"][0].update(used=1e15),
-                                "samples/0/replay/iterations/0/used: expected at most the "),
-    "a replay of an unknown mode": (lambda r: r["samples"][0].update(mode="fast"),
-                                    "samples/0/mode: expected one of ['control', 'paged', 'static'], got 'fast'"),
-    "one rotation twice": (lambda r: r["samples"].append(copy.deepcopy(r["samples"][0])),
-                           "samples/9/repetition: expected one replay of "),
+        f"{REPLAY}/token_times: expected 1 to "),
+    "a replay of other requests": (lambda r: r["repetitions"][0]["replay"]["requests"].pop(),
+                                   "repetitions/0/replay/requests: expected the trace's 8 requests, got 7"),
+    "more used than reserved": (lambda r: r["repetitions"][0]["replay"]["iterations"][0].update(used=1e15),
+                                "repetitions/0/replay/iterations/0/used: expected at most the "),
+    "a replay of an unknown mode": (lambda r: r["repetitions"][0].update(mode="fast"),
+                                    "repetitions/0/mode: expected one of ['control', 'paged', 'static'], got 'fast'"),
+    "one rotation twice": (lambda r: r["repetitions"].append(copy.deepcopy(r["repetitions"][0])),
+                           "repetitions/9/repetition: expected one replay of "),
     "a passed kind without a replay": (without_paged_replays,
-                                       "samples: kinds ['paged'] passed their check but have no replay"),
-    "complete as a word": (lambda r: r.update(complete="yes"), "complete: expected true or false, got 'yes'"),
-    "a kind named in markup": (lambda r: r.update(kinds=["static", "[bold]paged"]),
-                               "kinds: expected a non-empty list of kind names ([a-z][a-z0-9_-]{0,39}, not 'control'), "
+                                       "repetitions: kinds ['paged'] passed their check but have no replay"),
+    "a status that is a word": (lambda r: r.update(status="yes"),
+                                "status: expected 'complete' or 'incomplete', got 'yes'"),
+    "a kind named in markup": (lambda r: r["run"].update(modes=["static", "[bold]paged"]),
+                               "run/modes: expected a non-empty list of kind names ([a-z][a-z0-9_-]{0,39}, not 'control'), "
                                "got ['static', '[bold]paged']"),
-    "a kind named twice": (lambda r: r.update(kinds=["static", "static"]),
-                           "kinds: expected each kind once, got ['static', 'static']"),
+    "a kind named twice": (lambda r: r["run"].update(modes=["static", "static"]),
+                           "run/modes: expected each kind once, got ['static', 'static']"),
+    "repeats other than the protocol's": (lambda r: r["run"].update(repeats=4),
+                                          "run/repeats: expected the protocol's 3, got 4"),
+    "a workload of another trace": (lambda r: r["run"]["workload"].update(trace="chat"),
+                                    "run/workload: expected {'kind': 'serving', 'trace': 'fixed'}, got "),
     "a model of no width": (lambda r: r["config"].update(width="x"),
                             "config: width must be a positive integer, got 'x'"),
     "a hostname that is a list": (lambda r: r["environment"]["os"].update(hostname=["bench", "1"]),
@@ -142,13 +158,14 @@ def test_a_hostile_serving_record_is_one_line_naming_the_file_and_the_field(case
 
 
 def test_the_committed_serving_records_read_and_a_failed_kind_is_no_malformed_record(tmp_path):
-    """Every committed record passes the check; a kind that failed its gate has no replay and is said to."""
+    """Every committed record (kvbench.serving/1) upgrades and passes the check; a kind that failed its gate has
+    no replay and is said to."""
     for path in SERVING:
-        assert check_serving_record(json.loads(path.read_text()), path)["kinds"]
+        assert load_record(path)["run"]["modes"]
 
     def failed(record):
         without_paged_replays(record)
-        record["checks"]["paged"].update(passed=False, failed_requests=[{"request": 3, "position": 7}])
+        check_of(record, "paged").update(passed=False, failed_requests=[{"request": 3, "position": 7}])
     path = tmp_path / "failed.json"
     path.write_text(json.dumps(changed(failed)))
     status, out, err = run("report", path)
@@ -173,7 +190,7 @@ def paths(value: object, prefix: tuple = ()) -> list[tuple]:
     return found
 
 
-PATHS = [path for path in paths(ORIGINAL) if path != ("schema",)]  # without it, a loop record (RecordError)
+PATHS = paths(ORIGINAL)
 VALUES = ([], {}, "", "junk", 10**30, -1, -1e300, 0, 0.5, 1e300, float("nan"), None, True)
 
 
@@ -192,7 +209,7 @@ def test_a_mutated_serving_record_works_everywhere_or_is_refused_in_one_line(pat
         path = Path(directory) / "mutated.json"
         path.write_text(json.dumps(record))  # NaN is written as NaN: the reader refuses it, naming the field
         try:  # as a reader reads it: NaN anywhere is refused by the file reader, naming the field
-            check_serving_record(read_json(path, "record"), path)
+            validate_record(read_json(path, "record"), str(path))
             sound = True
         except ValueError as error:
             sound = False
@@ -215,7 +232,7 @@ def interrupted(tmp_path_factory):
     the signal sent to this process from inside the sampler, as `timeout` or a CI runner would send it."""
     import torch
 
-    from kvbench.serving import replay as serving
+    from kvbench.serving import replay as serving  # where the sampler is called from (the layout moved it)
 
     real, sent = serving.sample, []
 
@@ -242,8 +259,9 @@ def test_an_interrupted_serving_run_keeps_what_it_measured_and_says_so(interrupt
     record, status, out, err = interrupted
     data = json.loads(record.read_text())
     assert status == 128 + signal.SIGTERM and f"marked incomplete: {record}" in err
-    assert data["complete"] is False and len(data["samples"]) == 4 and set(data["checks"]) == {"static", "paged"}
-    assert check_serving_record(data, record) is data  # an incomplete record is a sound one
+    assert data["status"] == "incomplete" and len(data["repetitions"]) == 4
+    assert {check["mode"] for check in data["checks"]} == {"static", "paged"}
+    assert load_record(record) == data  # an incomplete record is a sound one
     assert "kvbench serving: seed, kinds static, paged (INCOMPLETE: interrupted run)" in out
     assert "INCOMPLETE record: the run was interrupted; only the completed replays are shown" in out
 
@@ -287,8 +305,9 @@ def test_a_run_interrupted_in_its_gates_reports_what_it_has_and_exports_nothing(
     """Cut before any replay: one check of two, no sample. The report says so under the kinds' headers; compare
     and export have nothing to line up and say why in one line."""
     def in_the_gates(record):
-        record.update(complete=False, samples=[], control=None)
-        record["checks"].pop("paged")
+        record.update(status="incomplete", repetitions=[])
+        record["run"]["control"] = None
+        record["checks"].pop(1)
     path = tmp_path / "gates.json"
     path.write_text(json.dumps(changed(in_the_gates)))
     status, out, err = run("report", path)
@@ -296,5 +315,5 @@ def test_a_run_interrupted_in_its_gates_reports_what_it_has_and_exports_nothing(
         not in out, err
     for argv in (["compare", ROOT / NAME, path], ["export", path, "--format", "bmf", "--output", tmp_path / "o.json"]):
         status, _, err = run(*argv)
-        assert (status, err) == (2, f"kvbench: error: {path}: a serving record ('kvbench.serving/1') without a replay: "
-                                    "samples: none was kept (interrupted)\n")
+        assert (status, err) == (2, f"kvbench: error: {path}: a serving record without a replay: "
+                                    "repetitions: none was kept (interrupted)\n")

@@ -20,19 +20,18 @@ from kvbench.cli.commands import (
     cmd_env,
     cmd_export,
     cmd_history,
-    cmd_show,
 )
 from kvbench.cli.options import build_parser
 from kvbench.cli.parser import CliError
 from kvbench.cli.run import cmd_run
-from kvbench.cli.serve import cmd_compare_any, cmd_report_any
+from kvbench.cli.serve import cmd_compare_any, cmd_report_any, cmd_show_any
 from kvbench.files import OutputExistsError
 from kvbench.report.format import visible
 from kvbench.measure.signals import Interrupted, SignalGuard
 
 __all__ = ["COMMANDS", "CliError", "build_parser", "main"]
 
-COMMANDS = {"run": cmd_run, "show": cmd_show, "report": cmd_report_any, "compare": cmd_compare_any, "export": cmd_export,
+COMMANDS = {"run": cmd_run, "show": cmd_show_any, "report": cmd_report_any, "compare": cmd_compare_any, "export": cmd_export,
             "history": cmd_history, "env": cmd_env, "budget": cmd_budget, "asv-machine": cmd_asv_machine, "asv-show": cmd_asv_show}
 
 

@@ -59,9 +59,10 @@ def load_view(path: Path) -> RecordView:
     return RecordView.load(path)
 
 
-def cmd_show(args: argparse.Namespace) -> int:
-    console = stdout_console(args.wide)
-    for item in terminal.quick_renderables(model.build_report(load_view(args.record)), console.width, args.wide):
+def cmd_show(args: argparse.Namespace, view: RecordView | None = None) -> int:
+    """`view`: the record of args.record where the caller has read it already."""
+    console, report = stdout_console(args.wide), model.build_report(view or load_view(args.record))
+    for item in terminal.quick_renderables(report, console.width, args.wide):
         console.print(item)
     return 0
 
@@ -84,9 +85,9 @@ def check_report_options(args: argparse.Namespace) -> None:
         raise CliError(f"--into {args.into}: no such file")
 
 
-def cmd_report(args: argparse.Namespace) -> int:
+def cmd_report(args: argparse.Namespace, view: RecordView | None = None) -> int:
     check_report_options(args)
-    report = model.build_report(load_view(args.record))
+    report = model.build_report(view or load_view(args.record))
     if args.plot is not None:
         from kvbench.report.record import plots
 
@@ -199,13 +200,13 @@ def cmd_compare(args: argparse.Namespace, views: list[RecordView] | None = None)
 
 
 def exportable(path: Path):
-    """A record as the exporters take it: a RecordView, or a serving record's Source (kvbench.export.serving)."""
+    """A record as the exporters take it: its RecordView, or for a serving record the Source its view gives
+    (kvbench.export.serving)."""
     from kvbench.export.serving import serving_source
-    from kvbench.report.comparison.serving import serving_record
+    from kvbench.report.comparison.serving import replayed
 
-    document = files.read_json(path, "record")  # read once; a file that cannot be read is one line, exit 2
-    served = serving_record(document, path)  # None for a kvbench record
-    return RecordView.of(document, path) if served is None else serving_source(served, str(path))
+    view = load_view(path)
+    return view if view.serving is None else serving_source(replayed(view))
 
 
 def cmd_export(args: argparse.Namespace) -> int:

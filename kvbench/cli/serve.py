@@ -16,8 +16,10 @@ from kvbench.cli.commands import (
     check_report_options,
     cmd_compare,
     cmd_report,
+    cmd_show,
     config_from_args,
     deliver_report,
+    load_view,
     plot_link,
     print_layout,
     same_file,
@@ -27,7 +29,7 @@ from kvbench.cli.parser import CliError, did_you_mean
 from kvbench.cli.serving_options import DEFAULT_KINDS, DEFAULT_REPEATS, DEFAULT_BUDGET_REQUESTS
 from kvbench.cli.usage import REPLAY, SERVING, check_read
 from kvbench.modes import CONTROL
-from kvbench.record.serving import SERVING_SCHEMA, check_serving_record, is_serving
+from kvbench.record.serving import assemble
 from kvbench.report.format import format_bytes, render_plain, stdout_console
 
 FILE_WIDTH = 220  # a text report written to a file: wide enough that no column of the serving table is dropped
@@ -67,6 +69,8 @@ def load_trace(args: argparse.Namespace, config) -> trace.Trace:
                 spec.update(prefix=args.prefix, prefix_fraction=args.prefix_fraction)
             return trace.make_trace(spec, args.seed, config.max_length)
         data = files.read_json(args.trace, "trace file")
+        if isinstance(data, dict) and isinstance(data.get("serving"), dict):  # a serving record (kvbench.record/4)
+            data = data["serving"]
         return trace.trace_from_dict(data.get("trace", data) if isinstance(data, dict) else data, config.max_length)
     except (ValueError, OSError) as error:
         raise CliError(f"--trace {args.trace}: {getattr(error, 'strerror', None) or error}") from None
@@ -208,18 +212,21 @@ def cmd_serve(args: argparse.Namespace, checked: tuple) -> int:
             raise
         interrupted, outcome = True, {"checks": checks, "control": interrupted_control(protocol, kinds, checks, state),
                                       "sampling": state}
-    result = {"complete": not interrupted, "schema": SERVING_SCHEMA, "command": ["kvbench", *args.argv], "preset": args.preset,
-              "config": config.to_dict(), "trace": served.to_dict(), "kinds": kinds, "settings": settings,
-              "budget": {"bytes": budget, "given": args.kv_budget, "reserve": args.reserve, "minimum": minimum},
-              "protocol": protocol.describe(in_effect), "environment": environment, "checks": outcome["checks"],
-              "control": outcome["control"], "outputs": outputs_of(outcome.get("continuations"), kinds), "samples": [kept.to_dict() for kept in outcome["sampling"].samples],
-              "sampling": {length: state.to_dict() for length, state in outcome["sampling"].lengths.items()}}
-    path = files.write_json_atomic(result, output, args.force)
-    print_serving(result, args.wide)
+    # the one record every workload writes (kvbench.record.serving), validated on write as every record is
+    result = record.validate_record(assemble(
+        complete=not interrupted, created_utc=record.utc_now(), command=["kvbench", *args.argv], preset=args.preset,
+        config=config.to_dict(), trace=served.to_dict(), kinds=kinds, settings=settings,
+        budget={"bytes": budget, "given": args.kv_budget, "reserve": args.reserve, "minimum": minimum},
+        protocol=protocol.describe(in_effect), environment=environment, checks=outcome["checks"],
+        control=outcome["control"], outputs=outputs_of(outcome.get("continuations"), kinds),
+        samples=[kept.to_dict() for kept in outcome["sampling"].samples],
+        sampling={length: state.to_dict() for length, state in outcome["sampling"].lengths.items()}))
+    path = record.write_record(result, output, args.force)
+    print_serving(record.RecordView(result, str(path)), args.wide)
     stdout_console().print(f"record: {path}")
     failed = [kind for kind, check in outcome["checks"].items() if not check["passed"]]
     if interrupted:
-        print(f"kvbench: interrupted: the record keeps {len(result['samples'])} replays and "
+        print(f"kvbench: interrupted: the record keeps {len(result['repetitions'])} replays and "
               f"{len(checks)} of {len(kinds)} checks, marked incomplete: {path}", file=sys.stderr)
         return 130
     return 1 if failed else 0
@@ -244,36 +251,35 @@ def outputs_of(continuations: dict | None, kinds: list[str]) -> dict:
             "ids": {str(request): ids for request, ids in continuations.items()}}
 
 
-def print_serving(result: dict, wide: bool = False) -> None:
+def print_serving(view: record.RecordView, wide: bool = False) -> None:
     from kvbench.report.record import serving as serving_report
 
     console = stdout_console(wide)
-    for item in serving_report.terminal_renderables(result, None if wide else console.width):
+    for item in serving_report.terminal_renderables(view, None if wide else console.width):
         console.print(item)
 
 
-def serving_document(path: Path) -> dict | None:
-    """The record at `path` when it is a serving record, checked (one line naming the file and the field if it is
-    malformed); None for anything else, which cmd_report reads and judges itself."""
-    try:
-        data = files.read_json(path, "record")
-    except (OSError, ValueError):
-        return None
-    return check_serving_record(data, path) if is_serving(data) else None
+def cmd_show_any(args: argparse.Namespace) -> int:
+    """`kvbench show`: the record through its RecordView; a serving one shows its tables."""
+    view = load_view(args.record)
+    if view.serving is None:
+        return cmd_show(args, view)
+    print_serving(view, args.wide)
+    return 0
 
 
 def cmd_report_any(args: argparse.Namespace) -> int:
-    """`kvbench report`: a serving record has its own tables and plot; any other goes to cmd_report."""
-    served = serving_document(args.record)
-    return cmd_report(args) if served is None else cmd_report_serving(args, served)
+    """`kvbench report`: the record through its RecordView; a serving one has its own tables and plot."""
+    check_report_options(args)  # before the record is read, whatever its workload
+    view = load_view(args.record)
+    return cmd_report(args, view) if view.serving is None else cmd_report_serving(args, view)
 
 
-def cmd_report_serving(args: argparse.Namespace, result: dict) -> int:
+def cmd_report_serving(args: argparse.Namespace, result: record.RecordView) -> int:
     """A serving record's report in the layout asked (its tables as sections, as a loop record's), and --plot its
     memory over time."""
     from kvbench.report.record import serving as serving_report
 
-    check_report_options(args)
     if args.plot is not None:
         files.write_bytes_atomic(args.plot, serving_report.memory_plot(result, args.plot.suffix.lower()), args.force)
     if args.format == "text" and args.output is None:
@@ -291,36 +297,30 @@ def cmd_report_serving(args: argparse.Namespace, result: dict) -> int:
 def cmd_compare_any(args: argparse.Namespace) -> int:
     """`kvbench compare`: two serving records line their kinds' measures up (kvbench.report.comparison.serving); any
     other records go to cmd_compare."""
-    from kvbench.report.comparison import serving as serving_compare
-
     check_compare_arguments(args)
-    paths = (args.old, args.new, *args.more)
-    documents = [files.read_json(path, "record") for path in paths]  # each read once, or one line, exit 2
-    served = [serving_compare.serving_record(document, path) for document, path in zip(documents, paths)]
-    if all(found is None for found in served):
-        return cmd_compare(args, [record.RecordView.of(document, path) for document, path in zip(documents, paths)])
-    return cmd_compare_serving(args, served)
+    views = [load_view(path) for path in (args.old, args.new, *args.more)]  # each read once, or one line, exit 2
+    if all(view.serving is None for view in views):
+        return cmd_compare(args, views)
+    return cmd_compare_serving(args, views)
 
 
-def cmd_compare_serving(args: argparse.Namespace, served: list) -> int:
+def cmd_compare_serving(args: argparse.Namespace, views: list[record.RecordView]) -> int:
     from kvbench.report.comparison import serving as serving_compare
 
-    if None in served:
-        other = [str(path) for path, record in zip((args.old, args.new, *args.more), served) if record is None][0]
-        raise CliError(f"{other} is not a serving record: compare a serving record with another serving record "
-                       f"({serving_compare.SERVING_SCHEMA!r})")
+    if any(view.serving is None for view in views):
+        other = next(view.source for view in views if view.serving is None)
+        raise CliError(f"{other} is not a serving record: compare a serving record with another serving record")
     if args.more or args.across_machines:
         raise CliError("compare of serving records takes OLD and NEW (no --across-machines)")
     mapping = dict(args.pair)
-    old, new = served
+    old, new = (serving_compare.replayed(view) for view in views)
     problem = serving_compare.same_trace_problem(old, new)
     if problem and not args.force:
         raise CliError(f"{args.old} and {args.new} replayed {problem}: their measures do not compare; pass --force "
                        "to line them up anyway")
-    comparison = serving_compare.compare_serving(old, new, str(args.old), str(args.new), factor=args.factor,
-                                                 alpha=args.alpha, mapping=mapping)
+    comparison = serving_compare.compare_serving(old, new, factor=args.factor, alpha=args.alpha, mapping=mapping)
     print_layout(args.format, lambda: serving_compare.render_markdown(comparison),
-                 lambda: serving_compare.compare_renderables(comparison))
+                 lambda: serving_compare.compare_renderables(comparison, stdout_console().width))
     if args.fail_on_regression and comparison.regressions:
         worst = comparison.regressions[0]
         print(f"kvbench: regression: {len(comparison.regressions)} measure(s) worse beyond their MDE and "

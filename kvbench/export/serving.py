@@ -1,4 +1,5 @@
-"""A serving record (`kvbench run --trace`, schema kvbench.serving/1) as the exporters see it: one Source whose
+"""A serving record (`kvbench run --trace`: a record whose workload is "serving") as the exporters see it, through
+its RecordView: one Source whose
 cells are its kinds, on the measures `kvbench compare` lines up (kvbench.report.comparison.serving.MEASURES).
 
 Per kind, one cell `<case>/<kind>/<requests>`: the case names the preset, the model fields changed from it and
@@ -15,6 +16,7 @@ from __future__ import annotations
 from kvbench.measure import stats
 from kvbench.export.common import Cell, Quantity, Source, changed_fields
 from kvbench.export.figures import Figure
+from kvbench.record import RecordView
 from kvbench.report.record.serving import summarise
 from kvbench.report.comparison.serving import MEASURES, median_low_high, per_rotation
 
@@ -22,15 +24,16 @@ SAMPLE = "one whole trace replay: every request, from the first arrival to the l
 THROUGHPUT_RATIO = "median over rotations of output tokens/s, this kind / the first kind, paired by rotation"
 
 
-def serving_case(record: dict) -> str:
+def serving_case(view: RecordView) -> str:
     """The preset, its changed fields and the serving work: two records of one case replayed the same work."""
-    spec, budget = record["trace"].get("spec") or {}, record["budget"]
-    parts = [record["preset"], *changed_fields(record["preset"], record["config"]),
-             f"serving={spec.get('lengths', 'saved-trace')}", f"arrivals={record['trace'].get('arrivals')}",
+    trace, budget, preset = view.serving.trace, view.serving.budget, view.run["preset"]
+    spec = trace.get("spec") or {}
+    parts = [preset, *changed_fields(preset, view.record["config"]),
+             f"serving={spec.get('lengths', 'saved-trace')}", f"arrivals={trace.get('arrivals')}",
              f"budget={budget['bytes']}"]
     if budget.get("reserve"):
         parts.append(f"reserve={budget['reserve']}")
-    if any(setting.get("share_prefix") for setting in record.get("settings", {}).values()):
+    if any(setting.get("share_prefix") for setting in view.serving.settings.values()):
         parts.append("share-prefix")
     return ",".join(parts)
 
@@ -43,8 +46,8 @@ def speedup_of(summary: dict, kind: str) -> stats.RatioEstimate | None:
                                "rerun")
 
 
-def kind_cell(record: dict, kind: str, measured: dict[str, dict[int, float]], summary: dict) -> Cell:
-    seconds = [kept["seconds"] for kept in record["samples"] if kept["mode"] == kind]
+def kind_cell(view: RecordView, kind: str, measured: dict[str, dict[int, float]], summary: dict) -> Cell:
+    seconds = [kept["seconds"] for kept in view.serving.replays if kept["mode"] == kind]
     figures, series, quantities = [], {}, []
     for measure in MEASURES:
         if measure.name not in measured:
@@ -58,18 +61,17 @@ def kind_cell(record: dict, kind: str, measured: dict[str, dict[int, float]], su
         else:
             quantities.append(Quantity(measure.name, measure.unit, median, low, high, values,
                                        measure.higher_is_better, f"{measure.meaning}; median over rotations"))
-    baseline, checks = record["kinds"][0], record["checks"]
+    baseline, checks = view.modes[0], view.serving.checks
     passed = bool(checks.get(kind, {}).get("passed"))
     median = stats.rerun_interval(stats.median_estimate(seconds, stats.BETWEEN_RUN["seconds"]))
-    return Cell(serving_case(record), kind, len(record["trace"]["requests"]), seconds, median,
+    return Cell(serving_case(view), kind, len(view.serving.trace["requests"]), seconds, median,
                 speedup_of(summary, kind), passed and bool(checks.get(baseline, {}).get("passed")), passed,
                 baseline, SAMPLE, figures, series, quantities)
 
 
-def serving_source(record: dict, path: str) -> Source:
-    """The record's kinds as cells (kvbench.report.comparison.serving.serving_record checked it)."""
-    summary, measured = summarise(record), per_rotation(record)
-    cells = [kind_cell(record, kind, measured[kind], summary) for kind in record["kinds"] if kind in measured]
-    status = "complete" if record.get("complete", True) else "incomplete"
-    return Source(str(path), record["environment"].get("timestamp_utc", ""), status, record["environment"],
-                  record["protocol"], cells)
+def serving_source(view: RecordView) -> Source:
+    """The record's kinds as cells (kvbench.report.comparison.serving.replayed: it kept a replay)."""
+    summary, measured = summarise(view), per_rotation(view)
+    cells = [kind_cell(view, kind, measured[kind], summary) for kind in view.modes if kind in measured]
+    return Source(view.source, view.environment.get("timestamp_utc", ""), view.status, view.environment,
+                  view.protocol, cells)

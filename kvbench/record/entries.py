@@ -66,6 +66,7 @@ class Workload:
     request: a prompt of `prompt` tokens, then `generate` tokens (TTFT, then generate - 1 steps).
     contexts: per length, a prefill, `warmup_steps` untimed steps and `timed_steps` timed ones; both
     None in a contexts record from before the timed window (one cold step, its cache's release timed).
+    serving: one replay of the trace named `trace` (kvbench.record.serving.trace_name) under a KV budget.
     """
 
     kind: str
@@ -73,17 +74,22 @@ class Workload:
     generate: int | None = None
     warmup_steps: int | None = None
     timed_steps: int | None = None
+    trace: str | None = None
 
     @classmethod
     def from_dict(cls, entry: dict) -> Workload:
         return cls(entry["kind"], entry.get("prompt"), entry.get("generate"), entry.get("warmup_steps"),
-                   entry.get("timed_steps"))
+                   entry.get("timed_steps"), entry.get("trace"))
 
     def to_dict(self) -> dict:
         """The record's own form: the kind and the parameters it has."""
         return {"kind": self.kind, **{name: value for name, value in (
             ("prompt", self.prompt), ("generate", self.generate), ("warmup_steps", self.warmup_steps),
-            ("timed_steps", self.timed_steps)) if value is not None}}
+            ("timed_steps", self.timed_steps), ("trace", self.trace)) if value is not None}}
+
+    @property
+    def is_serving(self) -> bool:
+        return self.kind == "serving"
 
     @property
     def is_request(self) -> bool:

@@ -18,19 +18,19 @@ from kvbench.kinds import FAILURES, KIND_NAME, WORKLOADS
 from kvbench.measure import capture, estimation
 from kvbench.measure.sampling import STOPS
 from kvbench.measure.stats import ESTIMATORS, INTERVALS
+from kvbench.record import serving
 from kvbench.record.entries import TELEMETRY
 from kvbench.record.meaning import MEANING_CHECKS, RecordError
-from kvbench.record.upgrade import CURRENT, LATER_CELL, LATER_SUMMARY, complete_run, lacks_a_later_section, upgrade
+from kvbench.record.upgrade import CURRENT, LATER_CELL, LATER_SUMMARY, V3, complete_run, lacks_a_later_section, upgrade
 
-SCHEMA = CURRENT  # "kvbench.record/3"
+SCHEMA = CURRENT  # "kvbench.record/4"
 SCHEMA_NAME, SCHEMA_VERSION = SCHEMA.split("/")
-# version 1: fixed repetitions, no telemetry, medians-ratio speedups; version 2: sections added over time.
-# Both are upgraded on load (kvbench.record.upgrade), then checked as a record of this version.
-READABLE = ("kvbench.record/1", "kvbench.record/2", SCHEMA)
+# 1: fixed repetitions, medians-ratio speedups; 2: sections added; 3: every section there; 4: the serving workload.
+# Older ones (and kvbench.serving/1) are upgraded on load (kvbench.record.upgrade), then checked as this one.
+READABLE = ("kvbench.record/1", "kvbench.record/2", V3, SCHEMA)
 MAX_SAMPLE_SECONDS = 1e6  # one decode loop of more than 11 days is not a measurement (and overflows ratios)
 STATUSES = ("complete", "incomplete")
 MODE_NAME = f"^{KIND_NAME.pattern}$"  # plain words: nothing a terminal, markdown or HTML would interpret
-
 
 _count = {"type": "integer", "minimum": 0}
 _scalar = {"type": ["string", "number", "boolean", "null"]}
@@ -166,7 +166,6 @@ RECORD_SCHEMA_V1 = {
 }
 
 
-
 def machine_sections() -> dict:
     """The machine probe (every run since 2026-12-01) and the machine's limits (request and contexts runs)."""
     seconds = {"type": "array", "minItems": 1, "items": {"type": "number", "exclusiveMinimum": 0,
@@ -189,10 +188,10 @@ def machine_sections() -> dict:
                        "memory_bandwidth": {"type": "object", "required": ["copy", "triad"], "additionalProperties": {
                            "type": "object", "minProperties": 1, "propertyNames": {"pattern": "^[0-9]+$"},
                            "additionalProperties": rate}},
-                       "matmul": {"type": "array", "minItems": 1, "items": {  # the roof: one shape at least"type": "object", "required": ["shape", "flops_per_second"],
-                                                            "properties": {"shape": {"type": "array", "items": _positive,
-                                                                                     "minItems": 3, "maxItems": 3},
-                                                                           "flops_per_second": rate}}}}}
+                       "matmul": {"type": "array", "minItems": 1, "items": {  # the roof: one shape at least
+                           "type": "object", "required": ["shape", "flops_per_second"],
+                           "properties": {"shape": {"type": "array", "items": _positive, "minItems": 3, "maxItems": 3},
+                                          "flops_per_second": rate}}}}}
     # compiled modes (kvbench.models.compiled): each compiled function's first call in the run's process, compile
     # included, never inside a sample
     compiled = {"type": "object", "propertyNames": {"pattern": MODE_NAME}, "additionalProperties": seconds}
@@ -331,7 +330,7 @@ def _schema_v3() -> dict:
     time everywhere, no start time or telemetry for schema 1's samples."""
     schema = copy.deepcopy(RECORD_SCHEMA_V2)
     properties = schema["properties"]
-    properties["schema"] = {"const": SCHEMA}
+    properties["schema"] = {"const": V3}
     run = properties["run"]
     run["required"] = [*run["required"], "workload", "control", "plugins", "cache_options", "per_step_length"]
     summary = properties["summary"]
@@ -343,16 +342,14 @@ def _schema_v3() -> dict:
     speedup = summary["properties"]["speedups"]["items"]
     speedup["properties"] = {**speedup["properties"], "low": {"type": ["number", "null"]},
                              "high": {"type": ["number", "null"]}, "pairs": {"type": ["integer", "null"], "minimum": 0}}
-    started = properties["repetitions"]["items"]["properties"]["started"]
-    started["type"] = ["number", "null"]
+    properties["repetitions"]["items"]["properties"]["started"]["type"] = ["number", "null"]
     return schema
 
 
 def _schema_v3_unfilled() -> dict:
-    """Version 3 less what the v2-to-v3 step fills (kvbench.record.upgrade.LATER_SUMMARY, ...): a file labelled /3
-    that lacks some of it is checked against this before the step reads its cells' medians and lengths (a length
-    of 0 was a ZeroDivisionError), then filled and held to version 3 itself."""
-    schema = copy.deepcopy(RECORD_SCHEMA)
+    """Version 3 less what the v2-to-v3 step fills (upgrade.LATER_SUMMARY, ...): a /3 file lacking some of it is checked
+    against this before the step reads its cells (a length of 0 was a ZeroDivisionError), then held to /3 itself."""
+    schema = copy.deepcopy(RECORD_SCHEMA_V3)
     run, summary = schema["properties"]["run"], schema["properties"]["summary"]
     run["required"] = [name for name in run["required"] if name not in complete_run({})]
     summary["required"] = [name for name in summary["required"] if name not in LATER_SUMMARY]
@@ -362,10 +359,12 @@ def _schema_v3_unfilled() -> dict:
 
 
 RECORD_SCHEMA_V2 = _schema_v2()
-RECORD_SCHEMA = _schema_v3()
-UNFILLED = f"{SCHEMA} before the upgrade fills it"
-SCHEMAS = {"kvbench.record/1": RECORD_SCHEMA_V1, "kvbench.record/2": RECORD_SCHEMA_V2, SCHEMA: RECORD_SCHEMA,
-           UNFILLED: _schema_v3_unfilled()}
+RECORD_SCHEMA_V3 = _schema_v3()
+# Version 4 is version 3 for a loop, request or contexts record (a serving one: kvbench.record.serving checks it)
+RECORD_SCHEMA = {**RECORD_SCHEMA_V3, "properties": {**RECORD_SCHEMA_V3["properties"], "schema": {"const": SCHEMA}}}
+UNFILLED = f"{V3} before the upgrade fills it"
+SCHEMAS = {"kvbench.record/1": RECORD_SCHEMA_V1, "kvbench.record/2": RECORD_SCHEMA_V2, V3: RECORD_SCHEMA_V3,
+           SCHEMA: RECORD_SCHEMA, UNFILLED: _schema_v3_unfilled()}
 
 
 def check_shape(record: dict, schema: str, source: str) -> None:
@@ -382,20 +381,19 @@ def validate_record(record: object, source: str = "record") -> dict:
     if not isinstance(record, dict):
         raise RecordError(f"{source}: expected a JSON object with schema {SCHEMA!r}, got {type(record).__name__}")
     found = record.get("schema")
-    if found not in READABLE:
+    if found not in READABLE and found != serving.SERVING_V1:
         if isinstance(found, str) and found.startswith(SCHEMA_NAME + "/"):
             raise RecordError(f"{source}: unsupported schema version {found!r}; this kvbench reads "
                               f"{', '.join(map(repr, READABLE[:-1]))} and {READABLE[-1]!r}")
-        if found == "kvbench.serving/1":  # a serving run's record (kvbench.cli.serve): its own tables and plot
-            raise RecordError(f"{source}: a serving record ('kvbench.serving/1'): this command reads {SCHEMA!r} "
-                              "records; `kvbench report` reads serving records")
         raise RecordError(f"{source}: not a kvbench record: expected schema {SCHEMA!r}, got {found!r}")
     non_finite = first_non_finite(record)
     if non_finite is not None:
         raise RecordError(f"{source}: {non_finite[0]}: not a finite number")
+    if serving.is_serving(record):
+        return validate_serving(record, found, source)
     # A /3 file lacking what schema 2 left optional is checked without it, then filled, then checked whole: the
     # filling reads only what the first check passed.
-    check_shape(record, UNFILLED if found == SCHEMA and lacks_a_later_section(record) else found, source)
+    check_shape(record, UNFILLED if found == V3 and lacks_a_later_section(record) else found, source)
     upgraded = upgrade(record)
     if upgraded is not record:  # an older record: upgraded, then held to this version like a record written today
         record = upgraded
@@ -405,6 +403,16 @@ def validate_record(record: object, source: str = "record") -> dict:
         if problem:
             raise RecordError(f"{source}: {problem}")
     return record
+
+
+def validate_serving(record: dict, found: str, source: str) -> dict:
+    """A serving record (kvbench.record.serving), upgraded from its own older format; every field readers read."""
+    if found == serving.SERVING_V1:
+        serving.check_v1_shape(record, source)
+        record, source = upgrade(record), f"{source} (upgraded from {found})"
+    elif found != SCHEMA:
+        raise RecordError(f"{source}: run/workload: the serving workload is new in {SCHEMA!r}, got it in {found!r}")
+    return serving.check(record, environment_schema(), source)
 
 
 __all__ = ["MODE_NAME", "RECORD_SCHEMA", "SCHEMA", "SCHEMA_NAME", "SCHEMA_VERSION", "STATUSES", "RecordError",

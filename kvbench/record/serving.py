@@ -1,16 +1,24 @@
-"""A serving record (`kvbench run --trace`, schema kvbench.serving/1) read back: checked for type and range once,
-when it is read, before anything is computed from it. Torch-free.
+"""A serving run's record (`kvbench run --trace`): the one versioned record (kvbench.record/4) with the workload
+"serving", assembled here, and checked here field by field for what its readers read. Torch-free.
 
-Every reader of a serving record (`kvbench report`, `compare`, `export`) goes through `check_serving_record`:
-the figures (kvbench.serving_figures) divide by makespans, token counts and reserved bytes, the report formats
-bytes and reads each kind's check, the exporters copy fields as they are; a field of the wrong type or out of
-range would end in a traceback, a division by zero or a nonsense figure. A problem is one ValueError naming the
-file and the field ("samples/3/replay/requests/0/token_times/2: ..."), as a loop record's RecordError does.
+A serving record holds the envelope every record holds (schema, status, created_utc, command, config, run,
+protocol, environment) and, in place of a loop's grid, one cell per kind keyed by (mode, trace, budget)
+(kvbench.record.entries.CellKey): `checks` (each kind's gate over the whole trace), `repetitions` (every kept
+replay, its raw per-token stamps and per-iteration memory under `replay`), `sampling` (how many rotations, why they
+stopped) and `serving` (the trace, the budget, each kind's settings, where the output ids came from). The figures
+(kvbench.serving.figures) are derived from the stamps by every reader, never stored, so a record cannot disagree
+with its own samples.
 
-What is checked is what the readers read: the trace as `--trace FILE` checks it (kvbench.trace), the model
-config, the environment as a loop record's, the budget, the protocol's between-run allowance, each kind's check,
-and every replay's per-token stamps (wall and CPU) and per-iteration memory. An interrupted record
-(`complete: false`) may lack a kind's check or replays; a complete one has a replay of every kind that passed.
+`check` runs after the schema's common checks (kvbench.record.schema.validate_record): the figures divide by
+makespans, token counts and reserved bytes, the report formats bytes and reads each kind's check, the exporters
+copy fields as they are; a field of the wrong type or out of range would end in a traceback, a division by zero or
+a nonsense figure. A problem is one RecordError naming the source and the field
+("repetitions/3/replay/requests/0/token_times/2: ..."). An interrupted record (status "incomplete") may lack a
+kind's check or replays; a complete one has a replay of every kind that passed.
+
+Records written before 2026-12-04 carry their own marker, kvbench.serving/1, and are upgraded on load
+(kvbench.record.upgrade.serving_to_v4, which calls `assemble` as the writer does): `check_v1_shape` first makes
+sure the upgrade has the containers it reshapes.
 """
 
 from __future__ import annotations
@@ -22,12 +30,17 @@ import jsonschema
 from kvbench.config import PlainConfig
 from kvbench.kinds import KIND_NAME
 from kvbench.modes import CONTROL  # a sample's mode for the A/A control's replays: not a kind
-from kvbench.record.schema import environment_schema
-from kvbench.serving.trace import trace_from_dict
+from kvbench.record.meaning import RecordError
+from kvbench.serving.trace import LENGTHS, trace_from_dict
 
-SERVING_SCHEMA = "kvbench.serving/1"
-TOP_LEVEL = (("kinds", list), ("samples", list), ("trace", dict), ("checks", dict), ("protocol", dict),
-             ("environment", dict), ("budget", dict), ("config", dict), ("preset", str))
+V4 = "kvbench.record/4"
+SERVING_V1 = "kvbench.serving/1"  # the serving run's own format until 2026-12-04, upgraded on load
+SERVING = "serving"  # run.workload.kind
+V1_TOP_LEVEL = (("kinds", list), ("samples", list), ("trace", dict), ("checks", dict), ("protocol", dict),
+                ("environment", dict), ("budget", dict), ("config", dict), ("preset", str), ("sampling", dict))
+TOP_LEVEL = (("command", list), ("created_utc", str), ("config", dict), ("run", dict), ("protocol", dict),
+             ("environment", dict), ("checks", list), ("repetitions", list), ("sampling", dict), ("serving", dict))
+RUN_FROM_PROTOCOL = ("repeats", "warmup", "batch", "seed", "threads")  # the run section's copy of the protocol's
 ITERATION_COUNTS = ("running", "preempted")
 ITERATION_BYTES = ("used", "reserved", "saved")
 ITERATION_OPTIONAL = ("prefill_seconds", "decode_seconds", "prefill_tokens")  # absent in older records
@@ -40,51 +53,128 @@ class Malformed(ValueError):
         super().__init__(f"{where}: {what}")
 
 
-def is_serving(document: object) -> bool:
-    return isinstance(document, dict) and document.get("schema") == SERVING_SCHEMA
+def is_serving(record: object) -> bool:
+    """A serving record of either format: kvbench.serving/1, or a record whose workload is "serving"."""
+    if not isinstance(record, dict):
+        return False
+    workload = record.get("run", {}).get("workload") if isinstance(record.get("run"), dict) else None
+    return record.get("schema") == SERVING_V1 or (isinstance(workload, dict) and workload.get("kind") == SERVING)
 
 
-def check_serving_record(document: dict, source: object) -> dict:
-    """The document read from `source`, when it is a sound serving record; else ValueError naming the source and
-    the first wrong field."""
+def trace_name(trace: dict) -> str:
+    """The trace's name in a cell's key: how its lengths were drawn (chat, alpaca, fixed, uniform), or "saved" for
+    a trace read from a file whose spec names no known draw (its text is not shown: it is the file's own)."""
+    spec = trace.get("spec") if isinstance(trace.get("spec"), dict) else {}
+    lengths = spec.get("lengths")
+    return lengths if isinstance(lengths, str) and lengths in LENGTHS else "saved"
+
+
+def assemble(*, complete: bool, created_utc: str, command: list, preset: str, config: dict, trace: dict,
+             kinds: list, settings: dict, budget: dict, protocol: dict, environment: dict, checks: dict,
+             control: str | None, outputs: dict, samples: list[dict], sampling: dict) -> dict:
+    """The record of a serving run from its parts (the writer's, or a kvbench.serving/1 document's): each kind's
+    check and every replay keyed by its cell (mode, trace, budget) instead of the length 0 they were sampled
+    under, and the run section every record has, copied from the protocol (a serving run has no lengths)."""
+    key = {"trace": trace_name(trace), "budget": budget.get("bytes")}
+    unkeyed = lambda entry: {name: value for name, value in entry.items()  # noqa: E731
+                             if name not in ("length", "mode")}
+    return {
+        "schema": V4, "status": "complete" if complete else "incomplete", "created_utc": created_utc,
+        "command": list(command), "config": config,
+        "run": {"preset": preset, "workload": {"kind": SERVING, "trace": key["trace"]}, "modes": list(kinds),
+                "lengths": [], "control": control, **{name: protocol.get(name) for name in RUN_FROM_PROTOCOL},
+                "plugins": [], "cache_options": {}, "per_step_length": None},
+        "protocol": protocol, "environment": environment,
+        # a check's "length" is the steps compared in the request whose logits differed most (its worst request's
+        # check, kvbench.serving.replay.gate): no cell length, so kept by a name of its own
+        "checks": [{"mode": mode, **key, "positions": check.get("length"), **unkeyed(check)}
+                   for mode, check in checks.items()],
+        "repetitions": [{"mode": sample.get("mode"), **key, **unkeyed(sample)} for sample in samples],
+        "sampling": {"cells": [{**key, **unkeyed(entry)} for entry in sampling.values()]},
+        "serving": {"trace": trace, "budget": budget, "settings": settings, "outputs": outputs},
+    }
+
+
+def check_v1_shape(document: dict, source: object) -> None:
+    """What the upgrade of a kvbench.serving/1 document reshapes is there with its type: else RecordError naming
+    the field (the values inside are checked once upgraded, by `check`)."""
     try:
-        check_document(document)
+        for key, kind in V1_TOP_LEVEL:
+            of_type(key, document.get(key), kind)
+        for name, entries in (("checks", document["checks"].values()), ("samples", document["samples"]),
+                              ("sampling", document["sampling"].values())):
+            for index, entry in enumerate(entries):
+                of_type(f"{name}/{index}", entry, dict)
     except Malformed as error:
-        raise ValueError(f"{source}: malformed serving record ({SERVING_SCHEMA!r}): {error}") from None
-    return document
+        raise RecordError(f"{source}: malformed serving record ({SERVING_V1!r}): {error}") from None
 
 
-def check_document(record: dict) -> None:
+def check(record: dict, environment_schema: dict, source: object) -> dict:
+    """The record, when it is a sound serving record; else RecordError naming the source and the first wrong
+    field. `environment_schema`: a loop record's (kvbench.record.schema.environment_schema)."""
+    try:
+        check_document(record, environment_schema)
+    except Malformed as error:
+        raise RecordError(f"{source}: malformed serving record: {error}") from None
+    return record
+
+
+def check_document(record: dict, environment_schema: dict) -> None:
     for key, kind in TOP_LEVEL:
         of_type(key, record.get(key), kind)
-    if not isinstance(record.get("complete", True), bool):
-        raise Malformed("complete", f"expected true or false, got {record['complete']!r}")
-    kinds = check_kinds(record["kinds"])
-    control = record.get("control")
+    if record.get("status") not in ("complete", "incomplete"):
+        raise Malformed("status", f"expected 'complete' or 'incomplete', got {record.get('status')!r}")
+    run, serving = record["run"], record["serving"]
+    for key, kind in (("trace", dict), ("budget", dict), ("settings", dict), ("outputs", dict)):
+        of_type(f"serving/{key}", serving.get(key), kind)
+    of_type("run/modes", run.get("modes"), list)
+    kinds = check_kinds(run["modes"])
+    control = run.get("control")
     if control is not None and control not in kinds:
-        raise Malformed("control", f"expected null or one of the kinds {kinds}, got {control!r}")
+        raise Malformed("run/control", f"expected null or one of the kinds {kinds}, got {control!r}")
+    for name in RUN_FROM_PROTOCOL:
+        if run.get(name) != record["protocol"].get(name):
+            raise Malformed(f"run/{name}", f"expected the protocol's {record['protocol'].get(name)!r}, got "
+                                           f"{run.get(name)!r}")
+    if not isinstance(run.get("preset"), str):
+        raise Malformed("run/preset", f"expected a preset name, got {run.get('preset')!r}")
     try:
         config = PlainConfig.from_dict(record["config"])
     except (ValueError, TypeError) as error:  # a field of the wrong type fails in the dataclass's own checks
         raise Malformed("config", str(error)) from None
-    of_type("trace/spec", record["trace"].get("spec"), dict)  # a record's trace says how it was drawn, or read
+    of_type("serving/trace/spec", serving["trace"].get("spec"), dict)  # a trace says how it was drawn, or read
     try:
-        requests = trace_from_dict(record["trace"], config.max_length).requests
+        requests = trace_from_dict(serving["trace"], config.max_length).requests
     except ValueError as error:
-        raise Malformed("trace", str(error)) from None
+        raise Malformed("serving/trace", str(error)) from None
     between = record["protocol"].get("between_run")
     if isinstance(between, bool) or not isinstance(between, (int, float)) or not 0 <= between < 0.5:
         raise Malformed("protocol/between_run", f"expected a relative standard deviation in [0, 0.5), got {between!r}")
-    check_budget(record["budget"])
-    check_settings(record.get("settings", {}))
-    check_environment(record["environment"])
-    complete = record.get("complete", True)
-    check_checks(record["checks"], kinds, complete)
-    replayed = check_samples(record["samples"], kinds, [request.output for request in requests])
+    check_budget(serving["budget"])
+    check_settings(serving["settings"])
+    check_environment(record["environment"], environment_schema)
+    key = {"trace": trace_name(serving["trace"]), "budget": serving["budget"]["bytes"]}
+    if run.get("workload") != {"kind": SERVING, "trace": key["trace"]}:
+        raise Malformed("run/workload", f"expected {{'kind': 'serving', 'trace': {key['trace']!r}}}, got "
+                                        f"{run.get('workload')!r}")
+    complete = record["status"] == "complete"
+    checks = check_checks(record["checks"], kinds, complete, key)
+    of_type("sampling/cells", record["sampling"].get("cells"), list)
+    for index, entry in enumerate(record["sampling"]["cells"]):
+        of_type(f"sampling/cells/{index}", entry, dict)
+        check_key(f"sampling/cells/{index}", entry, key)
+    replayed = check_samples(record["repetitions"], kinds, [request.output for request in requests], key)
     if complete:
-        missing = [kind for kind in kinds if record["checks"][kind]["passed"] and kind not in replayed]
+        missing = [kind for kind in kinds if checks[kind]["passed"] and kind not in replayed]
         if missing:
-            raise Malformed("samples", f"kinds {missing} passed their check but have no replay")
+            raise Malformed("repetitions", f"kinds {missing} passed their check but have no replay")
+
+
+def check_key(where: str, entry: dict, key: dict) -> None:
+    """An entry of the run's one cell per kind: the trace and the budget of the run."""
+    for name, expected in key.items():
+        if entry.get(name) != expected or isinstance(entry.get(name), bool):
+            raise Malformed(f"{where}/{name}", f"expected the run's {expected!r}, got {entry.get(name)!r}")
 
 
 def of_type(where: str, value: object, kind: type) -> None:
@@ -109,55 +199,64 @@ def count(where: str, value: object, low: int = 0) -> int:
 def check_kinds(kinds: list) -> list[str]:
     """Plain words (kvbench.kinds.KIND_NAME), as a loop record's modes: every layout prints them as they are."""
     if not kinds or not all(isinstance(kind, str) and KIND_NAME.fullmatch(kind) and kind != CONTROL for kind in kinds):
-        raise Malformed("kinds", f"expected a non-empty list of kind names ({KIND_NAME.pattern}, not {CONTROL!r}), "
+        raise Malformed("run/modes", f"expected a non-empty list of kind names ({KIND_NAME.pattern}, not {CONTROL!r}), "
                                  f"got {kinds!r}")
     if len(set(kinds)) < len(kinds):
-        raise Malformed("kinds", f"expected each kind once, got {kinds!r}")
+        raise Malformed("run/modes", f"expected each kind once, got {kinds!r}")
     return kinds
 
 
 def check_budget(budget: dict) -> None:
-    count("budget/bytes", budget.get("bytes"), low=1)
+    count("serving/budget/bytes", budget.get("bytes"), low=1)
     if not isinstance(budget.get("reserve"), (str, type(None))):
-        raise Malformed("budget/reserve", f"expected a policy name or null, got {budget['reserve']!r}")
+        raise Malformed("serving/budget/reserve", f"expected a policy name or null, got {budget['reserve']!r}")
 
 
 def check_settings(settings: object) -> None:
-    of_type("settings", settings, dict)
+    of_type("serving/settings", settings, dict)
     for kind, setting in settings.items():
-        of_type(f"settings/{kind}", setting, dict)
+        of_type(f"serving/settings/{kind}", setting, dict)
 
 
-def check_environment(environment: dict) -> None:
+def check_environment(environment: dict, schema: dict) -> None:
     """As a loop record's: what capture.py writes, with its types (kvbench.record.schema.environment_schema)."""
-    validator = jsonschema.Draft202012Validator(environment_schema())
+    validator = jsonschema.Draft202012Validator(schema)
     error = jsonschema.exceptions.best_match(validator.iter_errors(environment))
     if error is not None:
         where = "/".join(["environment", *(str(part) for part in error.absolute_path)])
         raise Malformed(where, error.message)
 
 
-def check_checks(checks: dict, kinds: list[str], complete: bool) -> None:
-    """Each kind's gate: passed true or false, and the requests that failed it; an interrupted run may lack one."""
-    for kind in kinds:
-        if kind not in checks and complete:
-            raise Malformed("checks", f"expected a check of every kind {kinds}, got none of {kind!r}")
-    for kind, check in checks.items():
-        of_type(f"checks/{kind}", check, dict)
-        if not isinstance(check.get("passed"), bool):
-            raise Malformed(f"checks/{kind}/passed", f"expected true or false, got {check.get('passed')!r}")
-        if not check["passed"]:
-            of_type(f"checks/{kind}/failed_requests", check.get("failed_requests"), list)
+def check_checks(checks: list, kinds: list[str], complete: bool, key: dict) -> dict[str, dict]:
+    """Each kind's gate, once: passed true or false, and the requests that failed it; an interrupted run may lack
+    one. Returns them by kind."""
+    found: dict[str, dict] = {}
+    for index, entry in enumerate(checks):
+        where = f"checks/{index}"
+        of_type(where, entry, dict)
+        if entry.get("mode") not in kinds or entry["mode"] in found:
+            raise Malformed(f"{where}/mode", f"expected one check of each kind {kinds}, got {entry.get('mode')!r}")
+        check_key(where, entry, key)
+        if not isinstance(entry.get("passed"), bool):
+            raise Malformed(f"{where}/passed", f"expected true or false, got {entry.get('passed')!r}")
+        if not entry["passed"]:
+            of_type(f"{where}/failed_requests", entry.get("failed_requests"), list)
+        found[entry["mode"]] = entry
+    missing = [kind for kind in kinds if kind not in found]
+    if missing and complete:
+        raise Malformed("checks", f"expected a check of every kind {kinds}, got none of {missing[0]!r}")
+    return found
 
 
-def check_samples(samples: list, kinds: list[str], outputs: list[int]) -> set[str]:
+def check_samples(samples: list, kinds: list[str], outputs: list[int], key: dict) -> set[str]:
     """Every kept replay of the trace (`outputs`: each request's output length); the modes replayed."""
     # an interrupted run recorded its control replays without naming their kind (control null) until 2026-12-04:
     # they are read, and left out of the figures, rather than the record refused
     modes, seen = {*kinds, CONTROL}, set()
     for index, kept in enumerate(samples):
-        where = f"samples/{index}"
+        where = f"repetitions/{index}"
         of_type(where, kept, dict)
+        check_key(where, kept, key)
         if kept.get("mode") not in modes:
             raise Malformed(f"{where}/mode", f"expected one of {sorted(modes)}, got {kept.get('mode')!r}")
         rotation = (kept["mode"], count(f"{where}/repetition", kept.get("repetition")))

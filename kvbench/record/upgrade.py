@@ -10,17 +10,20 @@ What stays optional in the current schema is optional by workload, not by age: `
 (a run with a profile), `limits` (request and contexts runs, since 2026-12-01), `machine_probe`
 (runs since 2026-12-01), `summary.latency` (request runs), a repetition's `ttft_seconds` and
 `step_seconds`, a contexts workload's `warmup_steps` and `timed_steps` (since 2026-12-03);
-RecordView presents each as None (or empty) where a run has none.
+RecordView presents each as None (or empty) where a run has none. Schema 4 added the serving workload, whose
+record keeps the common envelope and its own cells (kvbench.record.serving); a serving run's own format
+(kvbench.serving/1) is upgraded to it by `serving_to_v4`.
 """
 
 from __future__ import annotations
 
 import copy
 
+from kvbench.record import serving
 from kvbench.record.entries import TELEMETRY
 from kvbench.record.meaning import RecordError
 
-V1, V2, V3 = "kvbench.record/1", "kvbench.record/2", "kvbench.record/3"
+V1, V2, V3, V4 = "kvbench.record/1", "kvbench.record/2", "kvbench.record/3", serving.V4
 # What schema 2 left optional and schema 3 requires, which v2_to_v3 fills: the run's keys (complete_run), these
 # of the summary, and each cell's per-token median.
 LATER_SUMMARY = ("baseline", "between_run", "estimation")
@@ -97,8 +100,37 @@ def complete_run(run: dict) -> dict:
             "per_step_length": None, **run}
 
 
-STEPS = {V1: (v1_to_v2, V2), V2: (v2_to_v3, V3)}  # each version: its step and the version it gives
-CURRENT = V3
+def v3_to_v4(record: dict) -> dict:
+    """Schema 3 to schema 4, which added the serving workload (its cells keyed by trace and budget, its
+    `serving` section): a loop, request or contexts record of schema 3 means in schema 4 what it meant, so only
+    its label changes."""
+    return {**copy.deepcopy(record), "schema": V4}
+
+
+def serving_to_v4(document: dict) -> dict:
+    """A serving run's own format (kvbench.serving/1, until 2026-12-04) to schema 4, by the function the writer
+    builds a serving record with (kvbench.record.serving.assemble): every value kept as it was measured.
+
+    - `complete` (absent: true) becomes `status`; `created_utc` is the environment's capture time (serving/1
+      kept no other), the kinds become `run.modes` and the control `run.control`;
+    - each kind's check and every kept replay are keyed by the cell (mode, trace, budget) in place of the length
+      0 they were sampled under; a check's length (the steps compared in its worst request) becomes `positions`;
+    - `sampling`, keyed by that length 0, becomes one entry per cell; the trace, budget, settings and outputs
+      go to `serving`."""
+    document = copy.deepcopy(document)
+    return serving.assemble(
+        complete=document.get("complete", True), created_utc=document["environment"].get("timestamp_utc") or "",
+        command=document.get("command", []), preset=document["preset"], config=document["config"],
+        trace=document["trace"], kinds=document["kinds"], settings=document.get("settings", {}),
+        budget=document["budget"], protocol=document["protocol"], environment=document["environment"],
+        checks=document["checks"], control=document.get("control"),
+        outputs=document.get("outputs", {"source": "not recorded"}), samples=document["samples"],
+        sampling=document["sampling"])
+
+
+# each version: its step and the version it gives
+STEPS = {V1: (v1_to_v2, V2), V2: (v2_to_v3, V3), V3: (v3_to_v4, V4), serving.SERVING_V1: (serving_to_v4, V4)}
+CURRENT = V4
 
 
 def lacks_a_later_section(record: dict) -> bool:
@@ -116,17 +148,19 @@ def upgrade(record: dict) -> dict:
     """The record in the current schema: a new dict for an older one (each step in turn), the record itself
     for a current one (so upgrading is idempotent).
 
-    A record labelled current that lacks a section schema 2 left optional (a file edited by hand, or one
-    made by a tool that copied an older record's shape) is read as its schema 2 twin would be: the last
-    step fills the same sections the same way, so a missing workload is the loop, as it always was."""
+    A record labelled /3 that lacks a section schema 2 left optional (a file edited by hand, or one made by a
+    tool that copied an older record's shape) is read as its schema 2 twin would be: v2_to_v3 fills the same
+    sections the same way, so a missing workload is the loop, as it always was."""
     found = record.get("schema")
     if found not in (*STEPS, CURRENT):
         raise RecordError(f"no upgrade from schema {found!r}; expected one of {[*STEPS, CURRENT]}")
+    if found == V3 and lacks_a_later_section(record):
+        record = v2_to_v3(record)
     while found in STEPS:
         step, found = STEPS[found]
         record = step(record)
-    return v2_to_v3(record) if lacks_a_later_section(record) else record
+    return record
 
 
-__all__ = ["CURRENT", "LATER_CELL", "LATER_SUMMARY", "STEPS", "complete_run", "lacks_a_later_section", "upgrade",
-           "v1_to_v2", "v2_to_v3"]
+__all__ = ["CURRENT", "LATER_CELL", "LATER_SUMMARY", "STEPS", "complete_run", "lacks_a_later_section",
+           "serving_to_v4", "upgrade", "v1_to_v2", "v2_to_v3", "v3_to_v4"]

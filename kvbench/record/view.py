@@ -12,6 +12,7 @@ from kvbench.record.schema import validate_record
 from kvbench.record.store import load_record
 from kvbench.record.summary import by_cell, control_interval, samples_by_cell
 from kvbench.record.upgrade import upgrade
+from kvbench.serving.figures import replay_figures, request_latencies
 
 
 class RecordView:
@@ -39,16 +40,20 @@ class RecordView:
         self.run: dict = record["run"]
         self.protocol: dict = record["protocol"]
         self.environment: dict = record["environment"]
+        self.workload = Workload.from_dict(self.run["workload"])
+        self.modes: list[str] = list(self.run["modes"])
+        self.control: str | None = self.run["control"]
+        self.serving: ServingView | None = None
+        if self.workload.is_serving:  # its own cells, no grid of lengths: kvbench.record.serving
+            self._index_serving(record)
+            return
         summary = record["summary"]
         self.baseline: str = summary["baseline"]
-        self.modes: list[str] = list(self.run["modes"])
         self.lengths: list[int] = list(self.run["lengths"])
         self.planned_repeats: int = self.run["repeats"]
-        self.workload = Workload.from_dict(self.run["workload"])
         self.batch: int = self.run["batch"]
         self.threads: int = self.run["threads"]
         self.per_step: list[dict] = record.get("per_step", [])  # a run with a profile (--per-step) has one
-        self.control: str | None = self.run["control"]
         self.estimator: str | None = summary["estimator"]  # None: schema 1, ratio of medians
         self.interval: str | None = summary["interval"]
         self.controls: list[dict] = summary["controls"]
@@ -82,6 +87,18 @@ class RecordView:
         self._summaries = by_cell(record["summary"]["cells"])
         self._speedups = by_cell(record["summary"]["speedups"])
 
+    def _index_serving(self, record: dict) -> None:
+        """A serving record: the loop's sections are empty (no lengths, no summary: its figures are derived from
+        the replays' stamps), its own are under `serving` (a ServingView)."""
+        self.lengths, self.per_step, self.baseline = [], [], self.modes[0]
+        self.planned_repeats, self.batch, self.threads = self.run["repeats"], self.run["batch"], self.run["threads"]
+        self.machine_probe = self.limits = self.model_file = self.token_ids = self.quality = None
+        self.serving = ServingView(record)
+        self.sampling = record["sampling"]
+        for name in ("_repetitions", "_samples", "_latency", "_estimation", "_clocked", "_checks", "_memory",
+                     "_summaries", "_speedups", "_sampling"):
+            setattr(self, name, {})
+
     @classmethod
     def load(cls, path: Path | str) -> RecordView:
         return cls(load_record(path), str(path))
@@ -93,11 +110,16 @@ class RecordView:
         return cls(validate_record(document, str(source)), str(source))
 
     def grid(self) -> list[CellKey]:
-        """Every planned cell in the run's order: lengths outer, modes inner."""
+        """Every planned cell in the run's order: lengths outer, modes inner (a serving run's: one per kind)."""
+        if self.serving is not None:
+            return [self.serving.cell(mode) for mode in self.modes]
         return [CellKey(mode, length) for length in self.lengths for mode in self.modes]
 
     def cells(self) -> list[CellKey]:
-        """The planned cells that have at least one repetition, in the run's order."""
+        """The planned cells that have at least one repetition, in the run's order (a serving run's: the A/A
+        control's too)."""
+        if self.serving is not None:
+            return self.serving.cells()
         return [cell for cell in self.grid() if cell in self._samples]
 
     def samples(self, mode: str, length: int) -> dict[int, float]:
@@ -177,3 +199,44 @@ class RecordView:
     def passed(self, mode: str, length: int) -> bool:
         check = self.check(mode, length)
         return bool(check and check["passed"])
+
+
+class ServingView:
+    """A serving record's own parts (kvbench.record.serving), for every reader of one: its trace, its KV budget,
+    each kind's settings and check, its cells (CellKey(mode, trace=..., budget=...), one per kind and the A/A
+    control's), every kept replay and the figures derived from their stamps (kvbench.serving.figures)."""
+
+    def __init__(self, record: dict) -> None:
+        section = record["serving"]
+        self.trace: dict = section["trace"]  # kvbench.serving.trace's form: spec, arrivals, requests
+        self.budget: dict = section["budget"]  # bytes, as given, the reserve policy, each kind's minimum
+        self.settings: dict = section["settings"]
+        self.outputs: dict = section["outputs"]
+        self.trace_name: str = record["run"]["workload"]["trace"]
+        self.kinds: list[str] = list(record["run"]["modes"])
+        self.checks: dict[str, dict] = {check["mode"]: check for check in record["checks"]}
+        self.replays: list[dict] = record["repetitions"]  # each: mode, repetition, order, seconds, ..., replay
+        self.rotations: dict = {entry["trace"]: entry for entry in record["sampling"]["cells"]}
+
+    def cell(self, mode: str) -> CellKey:
+        return CellKey(mode, trace=self.trace_name, budget=self.budget["bytes"])
+
+    def cells(self) -> list[CellKey]:
+        """The kinds (then the A/A control) that have at least one kept replay, in the run's order."""
+        replayed = {kept["mode"] for kept in self.replays}
+        return [self.cell(mode) for mode in [*self.kinds, *sorted(replayed - set(self.kinds))] if mode in replayed]
+
+    def replays_of(self, cell: CellKey) -> dict[int, dict]:
+        """{rotation: the replay's raw stamps and memory} of one cell."""
+        return {kept["repetition"]: kept["replay"] for kept in self.replays if self.cell(kept["mode"]) == cell}
+
+    def figures(self, cell: CellKey) -> dict[int, dict]:
+        """{rotation: that replay's figures} (kvbench.serving.figures.replay_figures)."""
+        return {rotation: replay_figures(replay) for rotation, replay in self.replays_of(cell).items()}
+
+    def request_figures(self, cell: CellKey) -> dict[int, dict[str, list[float]]]:
+        """{rotation: per-request TTFT, TPOT, E2E, queueing and every ITL} in seconds."""
+        return {rotation: request_latencies(replay) for rotation, replay in self.replays_of(cell).items()}
+
+    def check(self, cell: CellKey) -> dict | None:
+        return self.checks.get(cell.mode) if cell == self.cell(cell.mode) else None

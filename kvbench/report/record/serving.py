@@ -7,24 +7,22 @@ every layout. Torch-free."""
 from __future__ import annotations
 
 import io
+import math
 
 from kvbench.measure import stats
 from kvbench.measure.latency import median_with_interval
-from kvbench.record.serving import CONTROL
+from kvbench.modes import CONTROL
+from kvbench.record import RecordView
 from kvbench.report.format import escape_markdown, format_bytes, rich_escape
 from kvbench.report.record.sections import Cell, Column, Section
-from kvbench.serving.figures import replay_figures
 from kvbench.serving.trace import LENGTHS
 
 HEADLINE = ("output_tokens_per_second", "requests_per_second", "mean_concurrency", "waste")
 
 
-def figures_by_mode(record: dict) -> dict[str, dict[int, dict]]:
-    """mode -> rotation -> that replay's figures (kvbench.serving.figures)."""
-    found: dict[str, dict[int, dict]] = {}
-    for kept in record["samples"]:
-        found.setdefault(kept["mode"], {})[kept["repetition"]] = replay_figures(kept["replay"])
-    return found
+def figures_by_mode(view: RecordView) -> dict[str, dict[int, dict]]:
+    """mode -> rotation -> that replay's figures (kvbench.serving.figures, through the record's view)."""
+    return {cell.mode: view.serving.figures(cell) for cell in view.serving.cells()}
 
 
 def pick(figures: dict, name: str) -> float | None:
@@ -57,23 +55,23 @@ SUMMARISED = ("output_tokens_per_second", "requests_per_second", "ttft.p50", "tt
               "prefill_tokens", "output_tokens_per_cpu_second", "tpot_cpu.p50", "tpot_cpu.p99")
 
 
-def summarise(record: dict) -> dict:
+def summarise(view: RecordView) -> dict:
     """{kinds: {kind: {figure: median with interval}}, ratios: {kind: {throughput, tpot_p99}}, control}."""
-    found = figures_by_mode(record)
-    between_run = record["protocol"]["between_run"]
-    kinds = [kind for kind in record["kinds"] if kind in found]
+    found = figures_by_mode(view)
+    between_run = view.protocol["between_run"]
+    kinds = [kind for kind in view.modes if kind in found]
     summary = {"kinds": {}, "ratios": {}, "control": None}
     for kind in kinds:
         summary["kinds"][kind] = {name: median_interval([pick(f, name) for f in found[kind].values()])
                                   for name in SUMMARISED if all(pick(f, name) is not None for f in found[kind].values())}
-    baseline = kinds[0] if kinds else record["kinds"][0]  # the first kind, replayed or not (its header names it)
+    baseline = kinds[0] if kinds else view.modes[0]  # the first kind, replayed or not (its header names it)
     for kind in kinds[1:]:
         summary["ratios"][kind] = {
             "throughput": paired(found, kind, baseline, "output_tokens_per_second", between_run),
             "tpot_p99": paired(found, kind, baseline, "tpot.p99", between_run),
             "throughput_cpu": paired(found, kind, baseline, "output_tokens_per_cpu_second", between_run),
             "tpot_p99_cpu": paired(found, kind, baseline, "tpot_cpu.p99", between_run)}
-    control = record.get("control")
+    control = view.control
     if control and CONTROL in found:
         summary["control"] = {"kind": control, "throughput": paired(found, CONTROL, control,
                                                                      "output_tokens_per_second", between_run),
@@ -88,43 +86,75 @@ LEFT = ("kind", "gate")
 LATENCIES = ("ttft.p50", "ttft.p99", "tpot.p50", "tpot.p99", "itl.p99", "e2e.p99", "queueing.p99")
 
 
-def interval_text(entry: dict | None, scale: float = 1.0, digits: str = ".3g", newline: str = "\n") -> str:
+UNITS = ((1.0, "s"), (1e-3, "ms"), (0.0, "µs"))  # a time's unit: the largest its values reach
+
+
+def plain(value: float, figures: int = 3) -> str:
+    """A number with at least `figures` significant digits, never in scientific notation (1920, not 1.92e+03)."""
+    size = abs(value)
+    decimals = 0 if size >= 10 ** (figures - 1) else max(0, figures - 1 - math.floor(math.log10(size))) if size else 0
+    return f"{value:.{min(decimals, 6)}f}"
+
+
+def seconds_unit(values) -> tuple[float, str]:
+    """The scale and unit (s, ms or µs) the largest of `values` reads best in, for all of them."""
+    largest = max((abs(value) for value in values), default=0.0)
+    limit, unit = next((limit, unit) for limit, unit in UNITS if largest >= limit)
+    return {"s": 1.0, "ms": 1e3, "µs": 1e6}[unit], unit
+
+
+def interval_text(entry: dict | None, figures: int = 4, newline: str = "\n") -> str:
     """The median, and its interval (on a second line in a terminal, where tables must stay narrow)."""
     if not entry:
         return "-"
-    return (f"{entry['median'] * scale:{digits}}{newline}[{entry['low'] * scale:{digits}}, "
-            f"{entry['high'] * scale:{digits}}]")
+    low, high = plain(entry["low"], figures), plain(entry["high"], figures)
+    return f"{plain(entry['median'], figures)}{newline}[{low}, {high}]"
+
+
+def seconds_text(entry: dict | None, newline: str = "\n") -> str:
+    """A time's median with its unit, and its interval in the same unit: "1.30 s", "[1.28, 1.51]"."""
+    if not entry:
+        return "-"
+    scale, unit = seconds_unit((entry["median"], entry["low"], entry["high"]))
+    low, high = (plain(entry[name] * scale) for name in ("low", "high"))
+    return f"{plain(entry['median'] * scale)} {unit}{newline}[{low}, {high}]"
 
 
 def ratio_text(entry: dict | None, newline: str = "\n") -> str:
     return "-" if not entry else f"{entry['ratio']:.2f}x{newline}[{entry['low']:.2f}, {entry['high']:.2f}]"
 
 
-def heading(record: dict) -> str:
-    return f"kvbench serving: {record['preset']}, kinds {', '.join(record['kinds'])}"
+def clock_name(view: RecordView) -> str:
+    """The clock every time of a table is read on: the replay's wall clock, by the timer the protocol names."""
+    return f"wall clock ({view.protocol.get('clock') or 'time.perf_counter_ns'})"
 
 
-def serving_title(record: dict) -> str:
-    trace, budget = record["trace"], record["budget"]
+def heading(view: RecordView) -> str:
+    return f"kvbench serving: {view.run['preset']}, kinds {', '.join(view.modes)}"
+
+
+def serving_title(view: RecordView) -> str:
+    trace, budget = view.serving.trace, view.serving.budget
     lengths = trace["spec"].get("lengths")  # a record's own text: only a known name is shown
     return (f"serving: {len(trace['requests'])} requests ({lengths if lengths in LENGTHS else 'saved'}, arrivals "
-            f"{trace['arrivals']}), KV budget {format_bytes(budget['bytes'])}; medians over rotations [95% interval]")
+            f"{trace['arrivals']}), KV budget {format_bytes(budget['bytes'])}; {clock_name(view)}; medians over "
+            "rotations [95% interval]")
 
 
 def columns_of(names: tuple[str, ...]) -> tuple[Column, ...]:
     return tuple(Column(name, left=name in LEFT, from_record=name == "kind") for name in names)
 
 
-def serving_section(record: dict, summary: dict, newline: str = "\n") -> Section:
+def serving_section(view: RecordView, summary: dict, newline: str = "\n") -> Section:
     """Per kind: its gate, throughput with its ratio to the first kind, concurrency, preemptions, where the time
     went, and the KV memory reserved, used, wasted and saved by sharing."""
     names = ("kind", "gate", "output tok/s", f"x {summary['baseline']}", "req/s", "concurrency max/mean", "preempt",
              "prefill tokens", "prefill/decode s", "reserved", "used", "waste", "saved by sharing")
     rows = []
     for kind, figures in summary["kinds"].items():
-        passed = record["checks"].get(kind, {}).get("passed", False)
+        passed = view.serving.checks.get(kind, {}).get("passed", False)
         cells = [kind, "pass" if passed else "FAIL",
-                 interval_text(figures.get("output_tokens_per_second"), digits=".4g", newline=newline),
+                 interval_text(figures.get("output_tokens_per_second"), newline=newline),
                  ratio_text(summary["ratios"].get(kind, {}).get("throughput"), newline),
                  f"{figures['requests_per_second']['median']:.2f}"]
         if "max_concurrency" not in figures:  # a peer that schedules itself: tokens and times, no iterations
@@ -136,33 +166,36 @@ def serving_section(record: dict, summary: dict, newline: str = "\n") -> Section
                       format_bytes(figures["reserved_bytes"]["median"]), format_bytes(figures["used_bytes"]["median"]),
                       f"{figures['waste']['median']:.1%}", format_bytes(figures["saved_bytes_max"]["median"])]
         rows.append(tuple(Cell(text, "failed" if text == "FAIL" else None) for text in cells))
-    return Section("serving", serving_title(record), columns_of(names), tuple(rows),
-                   narrow=("saved by sharing", "prefill tokens", "prefill/decode s", "used", "concurrency max/mean"))
+    return Section("serving", serving_title(view), columns_of(names), tuple(rows),
+                   narrow=("saved by sharing", "prefill tokens", "prefill/decode s", "used", "concurrency max/mean",
+                           "req/s", "preempt", "reserved"))
 
 
-def latency_section(summary: dict, newline: str = "\n") -> Section:
-    """The throughput-latency table: what each kind's throughput costs a client, in milliseconds."""
+def latency_section(view: RecordView, summary: dict, newline: str = "\n") -> Section:
+    """The throughput-latency table: what each kind's throughput costs a client, each time in the unit it reads
+    best in (s, ms, µs), all on the one clock its title names."""
     names = ("kind", "output tok/s", *(name.replace(".", " ") for name in LATENCIES),
              f"p99 TPOT x {summary['baseline']}")
-    rows = [(kind, f"{figures['output_tokens_per_second']['median']:.4g}",
-             *(interval_text(figures.get(name), 1e3, newline=newline) for name in LATENCIES),
+    rows = [(kind, plain(figures["output_tokens_per_second"]["median"], 4),
+             *(seconds_text(figures.get(name), newline=newline) for name in LATENCIES),
              ratio_text(summary["ratios"].get(kind, {}).get("tpot_p99"), newline))
             for kind, figures in summary["kinds"].items()]
-    return Section("latency", "throughput and latency (ms; medians over rotations [95% interval])", columns_of(names),
-                   tuple(tuple(Cell(text) for text in row) for row in rows), narrow=("queueing p99", "itl p99"))
+    return Section("latency", f"throughput and latency on the {clock_name(view)}; medians over rotations [95% "
+                              "interval]", columns_of(names), tuple(tuple(Cell(text) for text in row) for row in rows),
+                   narrow=("queueing p99", "itl p99", "e2e p99", "output tok/s", "ttft p50", "tpot p50"))
 
 
-def serving_sections(record: dict, newline: str = "\n", banner: bool = True) -> list[Section]:
+def serving_sections(view: RecordView, newline: str = "\n", banner: bool = True) -> list[Section]:
     """Everything a serving record's report shows, in order, for every layout (`banner`: the incomplete record's
     warning as a section of its own; the HTML page draws its banner instead)."""
-    summary = summarise(record)
-    out = [Section("incomplete", warnings=(INCOMPLETE_NOTE,))] if banner and not record.get("complete", True) else []
-    out += [serving_section(record, summary, newline), latency_section(summary, newline)]
+    summary = summarise(view)
+    out = [Section("incomplete", warnings=(INCOMPLETE_NOTE,))] if banner and not view.complete else []
+    out += [serving_section(view, summary, newline), latency_section(view, summary, newline)]
     control = control_sentence(summary)
     items = cpu_sentences(summary) + ([control] if control else [])
     out += [Section("ratios", items=tuple(items))] if items else []
     failed = [f"EQUIVALENCE FAILED: {kind}: requests {check['failed_requests'][:5]} left the full path; it was not "
-              "timed" for kind, check in record["checks"].items() if not check["passed"]]
+              "timed" for kind, check in view.serving.checks.items() if not check["passed"]]
     return out + ([Section("failures", warnings=tuple(failed))] if failed else [])
 
 
@@ -187,31 +220,31 @@ def control_sentence(summary: dict) -> str | None:
             f"[{found['low']:.3f}, {found['high']:.3f}]{on_cpu}, the run's noise floor")
 
 
-def terminal_renderables(record: dict, width: int | None = None) -> list:
+def terminal_renderables(view: RecordView, width: int | None = None) -> list:
     """The report on a terminal (`width`: the columns a narrow one drops; None keeps every one)."""
     from kvbench.report.record.terminal import INCOMPLETE, PLAIN, section_renderables
 
-    out: list = [f"[bold]{rich_escape(heading(record))}[/]" + ("" if record.get("complete", True) else INCOMPLETE)]
-    for section in serving_sections(record):
+    out: list = [f"[bold]{rich_escape(heading(view))}[/]" + ("" if view.complete else INCOMPLETE)]
+    for section in serving_sections(view):
         out += section_renderables(section, width, **PLAIN, show_lines=True)
     return out
 
 
-def render_markdown(record: dict, source: str, image: str | None = None) -> str:
+def render_markdown(view: RecordView, source: str, image: str | None = None) -> str:
     """The report as markdown; `image` is a relative link to the memory plot, if one was written."""
     from kvbench.report.record.markdown import section_lines
 
-    lines = [f"**{escape_markdown(heading(record))}**"
-             + ("" if record.get("complete", True) else " — **INCOMPLETE: interrupted run**"), "",
-             f"Record `{source}`, created {escape_markdown(record['environment'].get('timestamp_utc', '-'))}.", ""]
-    for section in serving_sections(record, newline=" "):
+    lines = [f"**{escape_markdown(heading(view))}**"
+             + ("" if view.complete else " — **INCOMPLETE: interrupted run**"), "",
+             f"Record `{source}`, created {escape_markdown(view.environment.get('timestamp_utc', '-'))}.", ""]
+    for section in serving_sections(view, newline=" "):
         lines += section_lines(section)
     if image:
         lines += [f"![kvbench: KV memory over time, per kind]({image})", ""]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
-def render_html(record: dict, source: str) -> str:
+def render_html(view: RecordView, source: str) -> str:
     """One self-contained page, as a loop record's (kvbench.report.record.html): its memory plot as a data: URI."""
     from kvbench.report.format import Html
     from kvbench.report.record.html import CSS, POLICY, data_uri, section_html
@@ -219,21 +252,21 @@ def render_html(record: dict, source: str) -> str:
     parts = [Html('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
                   '<meta http-equiv="Content-Security-Policy" content="{policy}">\n'
                   "<title>{title}</title><style>{css}</style></head><body>\n<h1>{title}</h1>").format(
-                 policy=POLICY, title=heading(record), css=Html(CSS)),
+                 policy=POLICY, title=heading(view), css=Html(CSS)),
              Html('<p class="meta">record <code>{}</code> · created {}</p>').format(
-                 source, record["environment"].get("timestamp_utc", "-"))]
-    if not record.get("complete", True):
+                 source, view.environment.get("timestamp_utc", "-"))]
+    if not view.complete:
         parts.append(Html('<div class="banner">{}.</div>').format(INCOMPLETE_NOTE))
-    for section in serving_sections(record, newline=" ", banner=False):
+    for section in serving_sections(view, newline=" ", banner=False):
         parts += section_html(section)
-    image = data_uri(memory_plot(record, ".png"), "image/png")
+    image = data_uri(memory_plot(view, ".png"), "image/png")
     parts.append(Html('<figure><img src="{}" alt="KV memory over time"><figcaption>{}</figcaption></figure>').format(
         image, "KV memory used, reserved and saved by sharing over each kind's first replay, against the budget"))
     parts.append(Html("</body></html>"))
     return str(Html("\n").join(parts)) + "\n"
 
 
-def memory_plot(record: dict, suffix: str = ".png") -> bytes:
+def memory_plot(view: RecordView, suffix: str = ".png") -> bytes:
     """Used, reserved and shared-saved KV bytes over time, one panel per kind, from each kind's first rotation."""
     from matplotlib import rc_context  # only a plot pays for matplotlib
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -242,8 +275,8 @@ def memory_plot(record: dict, suffix: str = ".png") -> bytes:
     from kvbench.report.record.plots import DPI, RC, color
 
     first = {}
-    for kind in record["kinds"]:  # in the run's order of kinds, whatever order the rotation ran them in
-        first.update({kind: kept["replay"]["iterations"] for kept in record["samples"][::-1]
+    for kind in view.modes:  # in the run's order of kinds, whatever order the rotation ran them in
+        first.update({kind: kept["replay"]["iterations"] for kept in view.serving.replays[::-1]
                       if kept["mode"] == kind and kept["replay"]["iterations"]})  # a peer records no memory
     with rc_context(RC):
         figure = Figure(figsize=(4.2 * max(1, len(first)), 3.2), dpi=DPI, layout="constrained")
@@ -259,7 +292,7 @@ def memory_plot(record: dict, suffix: str = ".png") -> bytes:
             if any(it["saved"] for it in iterations):
                 ax.step(times, [it["saved"] * mib for it in iterations], where="post", label="saved by sharing",
                         color="#17becf", linestyle="--")
-            ax.axhline(record["budget"]["bytes"] * mib, color="#d62728", linewidth=0.8, linestyle=":", label="budget")
+            ax.axhline(view.serving.budget["bytes"] * mib, color="#d62728", linewidth=0.8, linestyle=":", label="budget")
             ax.set_title(kind)
             ax.set_xlabel("replay time (s)")
             ax.legend(loc="lower left")
