@@ -53,13 +53,14 @@ class TokenSource:
 
     def _draw(self, length: int, key: int) -> Tensor:
         generator = torch.Generator().manual_seed((self.seed * 1_000_003 + key) % 2**63)
-        return torch.randint(0, self.vocab_size, (1, length), generator=generator)
+        # On the host by the host's generator: the same ids whatever the model's device (the scheduler moves them).
+        return torch.randint(0, self.vocab_size, (1, length), generator=generator, device="cpu")
 
     def ids(self, request: TraceRequest) -> Tensor:
         own = self._draw(request.positions - request.prefix, request.id + 1)
         ids = torch.cat((self.prefix[:, : request.prefix], own), dim=1) if request.prefix else own
         if self.continuations is not None:
-            outputs = torch.tensor(self.continuations[request.id][: request.output - 1], dtype=torch.long)
+            outputs = torch.tensor(self.continuations[request.id][: request.output - 1], dtype=torch.long, device="cpu")
             ids = torch.cat((ids[:, : request.prompt], outputs.view(1, -1)), dim=1)
         return ids
 
@@ -124,7 +125,7 @@ class Ledger:
         need = admission.reservation(self.kind, self.config, capacity, options)
         if self.held + need > self.budget:
             return False
-        live.cache = make_cache(self.kind, self.config, 1, capacity, **options)
+        live.cache = make_cache(self.kind, self.config, 1, capacity, device=self.model.device, **options)
         live.reserved, self.held = need, self.held + need
         return True
 
@@ -154,7 +155,8 @@ class PagedLedger(Ledger):
 
     def __init__(self, model: Decoder, budget: int, block_size: int, share_prefix: bool) -> None:
         super().__init__(model, "paged", budget, "request", None)
-        self.pool = BlockPool(self.config, budget // admission.block_bytes(self.config, block_size), block_size)
+        self.pool = BlockPool(self.config, budget // admission.block_bytes(self.config, block_size), block_size,
+                              model.device)
         self.share_prefix, self.holder, self.promised = share_prefix, None, 0
 
     def _forks(self, live: Live) -> bool:
@@ -202,7 +204,7 @@ class PagedLedger(Ledger):
         count = head.spec.prefix - start if tokens is None else min(tokens, head.spec.prefix - start)
         if count < 1 or self.holder.blocks_needed(count) + self.promised > self.pool.free_blocks:
             return 0
-        self.model(source.prefix[:, start : start + count], self.holder)
+        self.model(source.prefix[:, start : start + count].to(self.model.device), self.holder)
         return count
 
     def release(self, live: Live) -> int:
@@ -226,7 +228,7 @@ class PagedLedger(Ledger):
         filled: dict[int, int] = {}
         caches = [live.cache for live in running] + ([self.holder] if self.holder is not None else [])
         for cache in caches:
-            for index, block in enumerate(cache.block_table[0].tolist()):
+            for index, block in enumerate(cache.table_row):  # the Python list: no read of a device tensor
                 filled[block] = max(filled.get(block, 0), min(size, cache.length - index * size))
         used = sum(filled.values()) * per_position
         return {"used": used, "reserved": self.held_bytes(), "saved": max(0, logical - used), "free_blocks": self.pool.free_blocks}
@@ -255,7 +257,7 @@ class Scheduler:
             raise ValueError(f"max_batched_tokens must be a positive integer or None, got {max_batched_tokens!r}")
         self.model, self.trace, self.ledger, self.source = model, trace, ledger, source
         self.keep_logits, self.max_batched_tokens = keep_logits, max_batched_tokens
-        self.lives = [Live(spec, source.ids(spec), spec.arrival) for spec in trace.requests]
+        self.lives = [Live(spec, source.ids(spec).to(model.device), spec.arrival) for spec in trace.requests]
         self.waiting: deque[Live] = deque()
         self.running: list[Live] = []
         self.iterations: list[dict] = []
@@ -363,7 +365,7 @@ class Scheduler:
         if not rows:
             return []
         width = max(counts)
-        ids = torch.zeros(len(rows), width, dtype=torch.long)  # padding: token 0, never written to a cache
+        ids = torch.zeros(len(rows), width, dtype=torch.long, device=self.model.device)  # padding: token 0, never cached
         ending = [live.pending == count for live, count in zip(rows, counts)]
         for b, (live, count) in enumerate(zip(rows, counts)):
             start = live.cache.length
