@@ -28,7 +28,6 @@ in the future) are skipped, not slept: the clock jumps to that arrival.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -37,6 +36,7 @@ from torch import Tensor
 
 from kvbench.cache import BlockPool, Cache, PagedCache, make_cache
 from kvbench.cache.batch import BatchedCache
+from kvbench.measure.clock import HOST, Clock
 from kvbench.model import Decoder
 from kvbench.serving import admission
 from kvbench.serving.trace import Trace, TraceRequest
@@ -251,12 +251,12 @@ class Scheduler:
     """Replays one trace on one kind; `run()` returns every request's outcome and every iteration's memory."""
 
     def __init__(self, model: Decoder, trace: Trace, ledger: Ledger, source: TokenSource,
-                 keep_logits: bool = False, max_batched_tokens: int | None = None) -> None:
+                 keep_logits: bool = False, max_batched_tokens: int | None = None, clock: Clock = HOST) -> None:
         if max_batched_tokens is not None and (isinstance(max_batched_tokens, bool) or not isinstance(
                 max_batched_tokens, int) or max_batched_tokens < 1):
             raise ValueError(f"max_batched_tokens must be a positive integer or None, got {max_batched_tokens!r}")
         self.model, self.trace, self.ledger, self.source = model, trace, ledger, source
-        self.keep_logits, self.max_batched_tokens = keep_logits, max_batched_tokens
+        self.keep_logits, self.max_batched_tokens, self.clock = keep_logits, max_batched_tokens, clock
         self.lives = [Live(spec, source.ids(spec).to(model.device), spec.arrival) for spec in trace.requests]
         self.waiting: deque[Live] = deque()
         self.running: list[Live] = []
@@ -268,10 +268,11 @@ class Scheduler:
         self.pending = deque(live for live in self.lives if live.arrival is not None)
 
     def now(self) -> float:
-        return time.perf_counter() - self.start + self.skew
+        """Seconds on the replay's clock since run() began, plus the idle gaps it skipped."""
+        return (self.clock.now_ns() - self.start) / 1e9 + self.skew
 
     def run(self) -> dict:
-        self.start, self.cpu_start = time.perf_counter(), time.thread_time()
+        self.start, self.cpu_start = self.clock.now_ns(), self.clock.cpu_ns()
         with torch.inference_mode():
             try:
                 while self.pending or self.waiting or self.running:
@@ -371,7 +372,8 @@ class Scheduler:
             start = live.cache.length
             ids[b, :count] = live.ids[0, start : start + count]
         logits, _ = self.model(ids, BatchedCache([live.cache for live in rows], counts))
-        stamp, cpu = self.now(), time.thread_time() - self.cpu_start
+        self.clock.synchronize()  # the tokens exist once the call's work is done, not when it was issued
+        stamp, cpu = self.now(), (self.clock.cpu_ns() - self.cpu_start) / 1e9
         emitted = []
         for b, (live, count, ends) in enumerate(zip(rows, counts, ending)):
             if not ends:
