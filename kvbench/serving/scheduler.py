@@ -1,6 +1,7 @@
 """Iteration-level scheduling (Orca, vLLM) of a trace under a KV budget, with one model.
 
-Each iteration:
+Each iteration (the choices of order, admission and preemption are kvbench.serving.disciplines'; the
+defaults named here):
   1. requests whose arrival time has come join the waiting queue (arrival order; preempted
      requests go back to its head);
   2. the running requests' next decode token must fit: when the pool cannot hold it, the newest
@@ -9,7 +10,7 @@ Each iteration:
   3. waiting requests are admitted in order while the budget allows (kvbench.serving.admission: static
      and quantized reserve their capacity, quantized with the full-precision window its prompt's
      chunks will reach, paged needs the blocks of its prompt); the first that does not fit stops
-     admission (first come, first served);
+     admission (first come, first served, head of line);
   4. one forward over every running request: every request whose prompt is in its cache decodes its
      next token, all of them in one batched call (each row at its own positions, kvbench.cache.batch);
      requests still prefilling take chunks of their prompts, one call each, in admission order,
@@ -39,6 +40,7 @@ from kvbench.cache.batch import BatchedCache
 from kvbench.measure.clock import HOST, Clock
 from kvbench.model import Decoder
 from kvbench.serving import admission
+from kvbench.serving.disciplines import Disciplines
 from kvbench.serving.trace import Trace, TraceRequest
 
 
@@ -251,12 +253,14 @@ class Scheduler:
     """Replays one trace on one kind; `run()` returns every request's outcome and every iteration's memory."""
 
     def __init__(self, model: Decoder, trace: Trace, ledger: Ledger, source: TokenSource,
-                 keep_logits: bool = False, max_batched_tokens: int | None = None, clock: Clock = HOST) -> None:
+                 keep_logits: bool = False, max_batched_tokens: int | None = None, clock: Clock = HOST,
+                 disciplines: Disciplines | None = None) -> None:
         if max_batched_tokens is not None and (isinstance(max_batched_tokens, bool) or not isinstance(
                 max_batched_tokens, int) or max_batched_tokens < 1):
             raise ValueError(f"max_batched_tokens must be a positive integer or None, got {max_batched_tokens!r}")
         self.model, self.trace, self.ledger, self.source = model, trace, ledger, source
         self.keep_logits, self.max_batched_tokens, self.clock = keep_logits, max_batched_tokens, clock
+        self.disciplines = Disciplines() if disciplines is None else disciplines
         self.lives = [Live(spec, source.ids(spec).to(model.device), spec.arrival) for spec in trace.requests]
         self.waiting: deque[Live] = deque()
         self.running: list[Live] = []
@@ -289,7 +293,7 @@ class Scheduler:
             self.skew += self.pending[0].arrival - now  # nothing to do until then
             now = self.now()
         while self.pending and self.pending[0].arrival <= now:
-            self.waiting.append(self.pending.popleft())
+            self.disciplines.order.arrive(self.waiting, self.pending.popleft())
         preempted = self.make_room()
         admitted = self.admit(now)
         begun = self.now()
@@ -339,24 +343,23 @@ class Scheduler:
         return prefilled, self.admit(now) if prefilled else []
 
     def make_room(self) -> int:
-        """Preempt the newest running requests until every other one's next token fits (asked even with none
-        running, so that nothing stays promised from the last iteration)."""
+        """Preempt the preemption discipline's victims until every other one's next token fits (asked even with
+        none running, so that nothing stays promised from the last iteration)."""
         preempted = 0
         while not self.ledger.growth_fits(self.running):
-            victim = max(self.running, key=lambda live: live.spec.id)
+            victim = self.disciplines.preemption.victim(self.running)
             self.running.remove(victim)
             self.ledger.release(victim)
             victim.preemptions += 1
-            self.waiting.appendleft(victim)
+            self.disciplines.order.requeue(self.waiting, victim)
             preempted += 1
         return preempted
 
     def admit(self, now: float) -> list[Live]:
-        admitted = []
-        while self.waiting and self.ledger.admit(self.waiting[0], self.max_batched_tokens):
-            live = self.waiting.popleft()
+        admitted = self.disciplines.admission.admit(self.waiting,
+                                                    lambda live: self.ledger.admit(live, self.max_batched_tokens))
+        for live in admitted:
             live.admitted = now if live.admitted is None else live.admitted
-            admitted.append(live)
             self.running.append(live)
         return admitted
 
