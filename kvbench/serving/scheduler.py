@@ -261,7 +261,8 @@ class Scheduler:
         self.model, self.trace, self.ledger, self.source = model, trace, ledger, source
         self.keep_logits, self.max_batched_tokens, self.clock = keep_logits, max_batched_tokens, clock
         self.disciplines = Disciplines() if disciplines is None else disciplines
-        self.lives = [Live(spec, source.ids(spec).to(model.device), spec.arrival) for spec in trace.requests]
+        self.device = model.device  # read once: every iteration's ids are made there
+        self.lives = [Live(spec, source.ids(spec).to(self.device), spec.arrival) for spec in trace.requests]
         self.waiting: deque[Live] = deque()
         self.running: list[Live] = []
         self.iterations: list[dict] = []
@@ -369,7 +370,7 @@ class Scheduler:
         if not rows:
             return []
         width = max(counts)
-        ids = torch.zeros(len(rows), width, dtype=torch.long, device=self.model.device)  # padding: token 0, never cached
+        ids = torch.zeros(len(rows), width, dtype=torch.long, device=self.device)  # padding: token 0, never cached
         ending = [live.pending == count for live, count in zip(rows, counts)]
         for b, (live, count) in enumerate(zip(rows, counts)):
             start = live.cache.length

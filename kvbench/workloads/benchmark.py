@@ -212,12 +212,13 @@ def rotation_seconds(gate: float, full_loop: float, checked_modes: int, with_con
 
 
 def given_ids(ids, model: Decoder, protocol: Protocol, positions: int):
-    """The first `positions` of the given ids, or random ids from the protocol's seed when none were given."""
+    """The first `positions` of the given ids, or random ids from the protocol's seed when none were given, on the
+    model's device (a text's ids are read on the host)."""
     if ids is None:
-        return token_ids(model.config, protocol.batch, positions, protocol.seed)
+        return token_ids(model.config, protocol.batch, positions, protocol.seed, device=model.device)
     if ids.shape[0] != protocol.batch or ids.shape[1] < positions:
         raise ValueError(f"expected token ids of shape ({protocol.batch}, >= {positions}), got {tuple(ids.shape)}")
-    return ids[:, :positions]
+    return ids[:, :positions].to(model.device)
 
 
 def machine_limits(model: Decoder, workload, lengths: list[int], protocol: Protocol) -> dict:
