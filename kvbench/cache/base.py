@@ -49,7 +49,8 @@ class Cache:
         self.batch = batch
         self.capacity = capacity
         self.length = 0
-        self.device = torch.device("cpu" if device is None else device)
+        # As torch places a tensor ("cuda" is "cuda:0"), so that it compares equal to the model's parameters' device.
+        self.device = torch.empty(0, device="cpu" if device is None else device).device
 
     def check_append(self, config: DecoderConfig, batch: int, length: int) -> None:
         """Raise ValueError (naming expected and actual) unless `length` positions can be appended."""

@@ -26,7 +26,7 @@ class BlockPool:
         self.config = config
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.device = torch.device("cpu" if device is None else device)
+        self.device = torch.empty(0, device="cpu" if device is None else device).device  # "cuda" as "cuda:0"
         shape = (config.layers, 2, config.kv_heads, num_blocks, block_size, config.head_dim)
         # Like the other kinds, the pool belongs to the mode it is made in: made under
         # torch.inference_mode() it is an inference tensor (cheap views in the decode step,
