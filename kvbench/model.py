@@ -72,7 +72,7 @@ class RMSNorm(nn.Module):
 
     def __init__(self, width: int) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(width))
+        self.weight = nn.Parameter(torch.ones(width))  # device-less as nn.Linear's: moved with the module
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -93,7 +93,7 @@ def llama3_frequencies(inverse: Tensor, scaling: RopeScaling) -> Tensor:
     return torch.where(between, (1 - smooth) * stretched / scaling.factor + smooth * stretched, stretched)
 
 
-def rotary_tables(config: DecoderConfig) -> tuple[Tensor, Tensor]:
+def rotary_tables(config: DecoderConfig, device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
     """cos and signed sin (max_length, 1, D) of every position, in float32 (the model casts them to its dtype);
     the 1 broadcasts over heads.
 
@@ -101,12 +101,12 @@ def rotary_tables(config: DecoderConfig) -> tuple[Tensor, Tensor]:
     published weights need no permutation). sin carries the rotation's sign, -sin on the
     first half, so that apply_rotary needs a roll where rotate_half needs four ops.
     """
-    D = config.head_dim
-    inverse = 1.0 / (config.rope_theta ** (torch.arange(0, D, 2, dtype=torch.float) / D))  # (D/2,)
+    D = config.head_dim  # device None: torch's default, so that a model built under torch.device("meta") stays there
+    inverse = 1.0 / (config.rope_theta ** (torch.arange(0, D, 2, dtype=torch.float, device=device) / D))  # (D/2,)
     if config.rope_scaling is not None:
         inverse = llama3_frequencies(inverse, config.rope_scaling)
-    angles = torch.arange(config.max_length, dtype=torch.float)[:, None] * inverse  # (max_length, D/2)
-    sign = torch.cat((-torch.ones(D // 2), torch.ones(D // 2)))
+    angles = torch.arange(config.max_length, dtype=torch.float, device=device)[:, None] * inverse  # (max_length, D/2)
+    sign = torch.cat((-torch.ones(D // 2, device=device), torch.ones(D // 2, device=device)))
     angles = torch.cat((angles, angles), dim=-1)[:, None]  # (max_length, 1, D)
     return angles.cos(), angles.sin() * sign
 
@@ -170,17 +170,26 @@ class Decoder(nn.Module):
             self.register_buffer("cos", cos, persistent=False)
             self.register_buffer("sin", sin, persistent=False)
 
+    @property
+    def device(self) -> torch.device:
+        """Where its weights are: its caches and its ids must be there too (make_cache(..., device=model.device))."""
+        return self.token.weight.device
+
     def forward(self, ids: Tensor, cache: Cache | None = None) -> tuple[Tensor, Cache]:
         """ids (B, L) -> logits (B, L, V) and the cache, now holding L more positions."""
-        B, L = check_token_ids(ids, self.config)
+        embedding = self.token.weight  # read once: a module attribute costs microseconds at one token a step
+        device = embedding.device
+        B, L = check_token_ids(ids, self.config, device)
         if cache is None:
-            cache = ConcatCache(self.config, batch=B)
+            cache = ConcatCache(self.config, batch=B, device=device)
         elif not isinstance(cache, Cache):
             raise ValueError(f"expected a kvbench Cache (see kvbench.cache.make_cache), got {type(cache).__name__}")
+        elif cache.device != device:
+            raise ValueError(f"cache device mismatch: the model is on device {device}, the cache on device {cache.device}")
         offset = cache.length
         cache.check_append(self.config, batch=B, length=L)
         try:
-            x = F.embedding(ids, self.token.weight)  # (B, L, C)
+            x = F.embedding(ids, embedding)  # (B, L, C)
         except IndexError:  # only reached on bad ids; the happy path pays nothing
             raise ValueError(token_range_message(ids, self.config)) from None
         # Positions offset..offset+L-1 are a slice of a table (check_append kept them in range).
@@ -210,13 +219,13 @@ class Decoder(nn.Module):
         return F.linear(x, self.token.weight if self.head is None else self.head.weight)
 
 
-def check_token_ids(ids: Tensor, config: DecoderConfig) -> tuple[int, int]:
+def check_token_ids(ids: Tensor, config: DecoderConfig, device: torch.device = torch.device("cpu")) -> tuple[int, int]:
     if not isinstance(ids, Tensor):
         raise ValueError(f"ids must be a LongTensor of shape (batch, length), got {type(ids).__name__}")
     if ids.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"ids must have dtype int64, got {dtype_name(ids.dtype)}")
-    if not ids.is_cpu:  # the model and every cache kind live on the CPU
-        raise ValueError(f"ids must be on device cpu, where the model and its caches are, got device {ids.device}")
+    if ids.device != device:  # the embedding would fail later, with a message that names neither device
+        raise ValueError(f"ids must be on device {device}, where the model and its caches are, got device {ids.device}")
     if ids.dim() != 2:
         raise ValueError(f"ids must have shape (batch, length), got {ids.dim()} dimensions {tuple(ids.shape)}")
     batch, length = ids.shape
@@ -238,13 +247,14 @@ def decoder_with_weights(config: DecoderConfig, weights: dict[str, Tensor]) -> D
         model = Decoder(config)
     model.load_state_dict(weights, strict=True, assign=True)
     if config.family != "gpt2":
-        model.cos, model.sin = (table.to(config.dtype) for table in rotary_tables(config))
+        model.cos, model.sin = (table.to(config.dtype) for table in rotary_tables(config, model.device))
     model.eval().requires_grad_(False)
     return model
 
 
-def build_model(config: DecoderConfig | None = None, seed: int = 0) -> Decoder:
-    """Random weights that depend only on (config, seed); eval mode, no gradients."""
+def build_model(config: DecoderConfig | None = None, seed: int = 0, device: torch.device | str | None = None) -> Decoder:
+    """Random weights that depend only on (config, seed), whatever the device: drawn on the CPU, then moved to
+    `device` (None: the CPU); eval mode, no gradients."""
     config = config or DecoderConfig()
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
         raise ValueError(f"seed must be an integer in [0, 2**63), got {seed!r}")
@@ -252,5 +262,7 @@ def build_model(config: DecoderConfig | None = None, seed: int = 0) -> Decoder:
         torch.manual_seed(seed)
         model = Decoder(config)
     model = model.to(config.dtype).eval()
+    if device is not None:
+        model = model.to(device)
     model.requires_grad_(False)
     return model

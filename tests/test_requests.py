@@ -54,15 +54,13 @@ def test_a_timed_request_keeps_the_prefill_and_every_step():
     assert timed["ttft_seconds"] + sum(timed["step_seconds"]) <= whole
 
 
-def test_each_step_runs_from_the_end_of_the_one_before(tiny_model, monkeypatch):
+def test_each_step_runs_from_the_end_of_the_one_before(tiny_model):
     """A clock whose k-th reading is k * (k + 1) / 2 ms: the k-th step took exactly k ms."""
     from types import SimpleNamespace
 
-    from kvbench.workloads import requests
-
     readings = iter(k * (k + 1) // 2 * 1_000_000 for k in range(100))
-    monkeypatch.setattr(requests, "time", SimpleNamespace(perf_counter_ns=lambda: next(readings)))
-    timed = time_request(tiny_model, token_ids(tiny_model.config, 1, 12), "static", prompt=8)
+    clock = SimpleNamespace(now_ns=lambda: next(readings), synchronize=lambda: None)
+    timed = time_request(tiny_model, token_ids(tiny_model.config, 1, 12), "static", prompt=8, clock=clock)
     assert timed["ttft_seconds"] == pytest.approx(0.001)
     assert timed["step_seconds"] == pytest.approx([0.002, 0.003, 0.004, 0.005])
 

@@ -322,3 +322,46 @@ def test_a_patch_through_an_old_path_patches_the_module_itself():
 
     with mock.patch("kvbench.timing.time_call", lambda run: -1.0):
         assert timing.time_call(None) == -1.0
+
+
+# -- every tensor is made on a device someone chose --------------------------------------------------------------
+
+CONSTRUCTORS = {"zeros", "empty", "arange", "full", "ones", "randint", "tensor", "rand", "randn", "as_tensor", "eye",
+                "frombuffer", "linspace"}
+DEVICE_SCANNED = ("kvbench/cache", "kvbench/attention.py", "kvbench/model.py", "kvbench/serving/scheduler.py",
+                  "kvbench/workloads/decode.py")
+# (file, the call as ast.unparse writes it) -> why it takes no device
+DEVICE_LESS = {
+    ("kvbench/model.py", "torch.ones(width)"):
+        "a parameter: built on the CPU from the seed like nn.Linear's, then moved with the module (build_model)",
+    ("kvbench/cache/batch.py", "torch.frombuffer(padded, dtype=torch.long)"):
+        "frombuffer reads host memory only; the table is moved to the cache's device at once (.to(self.device))",
+}
+
+
+def device_less_constructions(path: Path) -> list[str]:
+    """Every torch.<constructor>(...) call in the file that has no device= keyword, as ast.unparse writes it."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in CONSTRUCTORS
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "torch"
+                and not any(keyword.arg == "device" for keyword in node.keywords)):
+            found.append(ast.unparse(node))
+    return found
+
+
+def test_every_tensor_the_model_caches_and_scheduler_make_names_its_device():
+    """A tensor made without device= lands on the CPU whatever the model's device: the GPU run would then copy
+    (or fail) at every step. Each exception names its reason in DEVICE_LESS."""
+    paths = [path for scanned in DEVICE_SCANNED for path in sorted((ROOT / scanned).rglob("*.py"))
+             if path.suffix == ".py"] + [ROOT / scanned for scanned in DEVICE_SCANNED if scanned.endswith(".py")]
+    found = {(path.relative_to(ROOT).as_posix(), call) for path in paths for call in device_less_constructions(path)}
+    assert sorted(found - set(DEVICE_LESS)) == []
+    assert sorted(set(DEVICE_LESS) - found) == []  # an exception whose call is gone goes too
+
+
+def test_the_device_scan_sees_a_construction_without_device(tmp_path):
+    module = tmp_path / "cache.py"
+    module.write_text("import torch\n\ndef f(n, d):\n    a = torch.zeros(n, device=d)\n"
+                      "    return torch.arange(n) + torch.tensor([1], dtype=torch.long)\n")
+    assert device_less_constructions(module) == ["torch.arange(n)", "torch.tensor([1], dtype=torch.long)"]

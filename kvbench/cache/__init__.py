@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import MutableMapping
 
+import torch
+
 from kvbench import modes
 from kvbench.cache.base import Cache, expected_cache_bytes
 from kvbench.cache.contiguous import ConcatCache, StaticCache
@@ -71,8 +73,13 @@ def register_kind(name: str, factory: type[Cache]) -> None:
     modes.register(modes.spec_of_cache(name, factory))
 
 
-def make_cache(kind: str, config: DecoderConfig, batch: int = 1, capacity: int | None = None, **options) -> Cache:
-    """A fresh, empty cache of `kind` for one request of `batch` sequences."""
+def make_cache(kind: str, config: DecoderConfig, batch: int = 1, capacity: int | None = None, device=None,
+               **options) -> Cache:
+    """A fresh, empty cache of `kind` for one request of `batch` sequences, its storage on `device` (the model's:
+    `model.device`; None is the CPU)."""
     if kind not in KINDS:
         raise ValueError(f"cache kind must be one of {list(KINDS)}, got {kind!r}")
+    # Passed only off the CPU, every kind's default: a plugin's kind written before devices keeps working there.
+    if device is not None and torch.device(device).type != "cpu":
+        options = {**options, "device": device}
     return KINDS[kind](config, batch, capacity, **options)

@@ -16,6 +16,7 @@ head width.
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from kvbench.config import DecoderConfig, positive_int
@@ -36,8 +37,10 @@ class Cache:
     # A batch of requests at their own lengths (kvbench.cache.batch) sets both; one request leaves them None.
     row_positions: Tensor | None = None  # (B, L) absolute position of every new token, row by row
     key_mask: Tensor | None = None  # (B, 1, L, S) True where a query may attend: each row's own keys, no padding
+    device = torch.device("cpu")  # where its storage lives: the model's device (make_cache(..., device=))
 
-    def __init__(self, config: DecoderConfig, batch: int = 1, capacity: int | None = None) -> None:
+    def __init__(self, config: DecoderConfig, batch: int = 1, capacity: int | None = None,
+                 device: torch.device | str | None = None) -> None:
         capacity = config.max_length if capacity is None else capacity
         positive_int("batch", batch)
         if isinstance(capacity, bool) or not isinstance(capacity, int) or not 1 <= capacity <= config.max_length:
@@ -46,6 +49,8 @@ class Cache:
         self.batch = batch
         self.capacity = capacity
         self.length = 0
+        # As torch places a tensor ("cuda" is "cuda:0"), so that it compares equal to the model's parameters' device.
+        self.device = torch.empty(0, device="cpu" if device is None else device).device
 
     def check_append(self, config: DecoderConfig, batch: int, length: int) -> None:
         """Raise ValueError (naming expected and actual) unless `length` positions can be appended."""

@@ -38,15 +38,20 @@ class BatchedCache(Cache):
             raise ValueError(f"every row takes at least one new token, got {new}")
         if any(row.batch != 1 or row.key_positions is not None for row in rows):
             raise ValueError("every row must be one sequence whose keys are its positions 0..T-1 (no window ring)")
-        super().__init__(rows[0].config, batch=len(rows))
+        devices = {row.device for row in rows}
+        if len(devices) != 1:
+            raise ValueError(f"every row's cache must be on one device, got devices {sorted(map(str, devices))}")
+        super().__init__(rows[0].config, batch=len(rows), device=rows[0].device)
         self.rows, self.new = rows, new
         self.slots: tuple[Tensor, Tensor, Tensor] | None = None  # set by reserve() when every row is in one pool
-        width = max(new)
-        starts = torch.tensor([row.length for row in rows])[:, None]  # (B, 1)
-        steps = torch.minimum(torch.arange(width)[None, :], torch.tensor(new)[:, None] - 1)  # (B, L): padding repeats
+        width, device = max(new), self.device
+        starts = torch.tensor([row.length for row in rows], device=device)[:, None]  # (B, 1)
+        steps = torch.minimum(torch.arange(width, device=device)[None, :],
+                              torch.tensor(new, device=device)[:, None] - 1)  # (B, L): padding repeats
         self.row_positions = starts + steps  # (B, L)
         self.appended = self.row_positions  # (B, L) where each new token is stored: the positions the model reads
-        keys = torch.arange(int(self.row_positions.max()) + 1)
+        # The keys' count from the Python ints, not row_positions.max(): reading a device tensor would wait for it.
+        keys = torch.arange(max(row.length + count for row, count in zip(rows, new)), device=device)
         self.key_mask = (keys[None, None, :] <= self.row_positions[:, :, None])[:, None]  # (B, 1, L, S)
 
     def check_append(self, config: DecoderConfig, batch: int, length: int) -> None:
@@ -83,13 +88,15 @@ class BatchedCache(Cache):
             owned = row.table_row[:blocks]
             padded.extend(owned)
             padded.extend([0] * (blocks - len(owned)))
-        table = torch.frombuffer(padded, dtype=torch.long).view(len(self.rows), blocks)  # (B, blocks)
+        # frombuffer reads host memory only; .to() is free on the CPU
+        table = torch.frombuffer(padded, dtype=torch.long).to(self.device).view(len(self.rows), blocks)  # (B, blocks)
         positions = self.appended  # (B, L): padded queries repeat their row's last position
         slots = table.gather(1, positions // size) * size + positions % size  # (B, L)
         if all(count == width for count in self.new):  # every row takes L tokens (a decode step): no padding
-            return torch.arange(len(self.rows) * width), slots.view(-1), table.view(-1)
-        taken = torch.arange(width)[None, :] < torch.tensor(self.new)[:, None]  # (B, L): not a padded query
-        picked = taken.view(-1).nonzero().squeeze(1)
+            return torch.arange(len(self.rows) * width, device=self.device), slots.view(-1), table.view(-1)
+        # The unpadded queries' flat indices from the Python counts: nonzero() on a device tensor would wait for it.
+        picked = torch.tensor([b * width + i for b, count in enumerate(self.new) for i in range(count)],
+                              dtype=torch.long, device=self.device)
         return picked, slots.view(-1).index_select(0, picked), table.view(-1)
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:

@@ -14,9 +14,10 @@ class ConcatCache(Cache):
 
     kind = "concat"
 
-    def __init__(self, config: DecoderConfig, batch: int = 1, capacity: int | None = None) -> None:
-        super().__init__(config, batch, capacity)
-        empty = torch.empty(batch, config.kv_heads, 0, config.head_dim, dtype=config.dtype)
+    def __init__(self, config: DecoderConfig, batch: int = 1, capacity: int | None = None,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__(config, batch, capacity, device)
+        empty = torch.empty(batch, config.kv_heads, 0, config.head_dim, dtype=config.dtype, device=self.device)
         self._keys = [empty] * config.layers
         self._values = [empty] * config.layers
         # New tensors are staged and swapped in by commit(), so a call that fails
@@ -57,12 +58,13 @@ class StaticCache(Cache):
 
     kind = "static"
 
-    def __init__(self, config: DecoderConfig, batch: int = 1, capacity: int | None = None, spare: int = 0) -> None:
-        super().__init__(config, batch, capacity)
+    def __init__(self, config: DecoderConfig, batch: int = 1, capacity: int | None = None, spare: int = 0,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__(config, batch, capacity, device)
         # `spare` positions beyond the capacity are never valid (kvbench.models.compiled: no span is the whole buffer)
         shape = (batch, config.kv_heads, self.capacity + spare, config.head_dim)
-        self._key_buffers = [torch.zeros(shape, dtype=config.dtype) for _ in range(config.layers)]
-        self._value_buffers = [torch.zeros(shape, dtype=config.dtype) for _ in range(config.layers)]
+        self._key_buffers = [torch.zeros(shape, dtype=config.dtype, device=self.device) for _ in range(config.layers)]
+        self._value_buffers = [torch.zeros(shape, dtype=config.dtype, device=self.device) for _ in range(config.layers)]
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         start, new = self.length, k.shape[-2]

@@ -19,17 +19,19 @@ class BlockPool:
     a block shared by forked requests returns to the free list when its last holder releases it.
     """
 
-    def __init__(self, config: DecoderConfig, num_blocks: int, block_size: int = 16) -> None:
+    def __init__(self, config: DecoderConfig, num_blocks: int, block_size: int = 16,
+                 device: torch.device | str | None = None) -> None:
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
             positive_int(name, value)
         self.config = config
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.device = torch.empty(0, device="cpu" if device is None else device).device  # "cuda" as "cuda:0"
         shape = (config.layers, 2, config.kv_heads, num_blocks, block_size, config.head_dim)
         # Like the other kinds, the pool belongs to the mode it is made in: made under
         # torch.inference_mode() it is an inference tensor (cheap views in the decode step,
         # writable only in inference mode); made outside, it works in and out of it.
-        self.storage = torch.zeros(shape, dtype=config.dtype)
+        self.storage = torch.zeros(shape, dtype=config.dtype, device=self.device)
         # Per layer, keys and values as (1, KVH, num_blocks * block_size, D), slot = block * bs + offset:
         # a run of consecutive slots is then already a (B=1, KVH, T, D) attention operand.
         self.slots = [
@@ -123,11 +125,15 @@ class PagedCache(Cache):
         capacity: int | None = None,
         block_size: int | None = None,
         pool: BlockPool | None = None,
+        device: torch.device | str | None = None,
     ) -> None:
-        super().__init__(config, batch, capacity)
+        # A cache in a given pool lives where the pool does; asked for another device, it is refused below.
+        super().__init__(config, batch, capacity, pool.device if pool is not None and device is None else device)
         if pool is None:
             size = positive_int("block_size", 16 if block_size is None else block_size)
-            pool = BlockPool(config, batch * ceil_div(self.capacity, size), size)
+            pool = BlockPool(config, batch * ceil_div(self.capacity, size), size, self.device)
+        elif pool.device != self.device:
+            raise ValueError(f"pool device mismatch: cache needs device {self.device}, pool is on device {pool.device}")
         elif block_size is not None and block_size != pool.block_size:
             raise ValueError(f"block_size mismatch: pool has block_size {pool.block_size}, got block_size={block_size}")
         for name in ("layers", "kv_heads", "head_dim", "dtype"):
@@ -234,7 +240,7 @@ class PagedCache(Cache):
     @property
     def block_table(self) -> Tensor:
         """(B, blocks held per sequence) pool block indices, a copy."""
-        return torch.tensor(self._rows, dtype=torch.long).view(self.batch, self._held)
+        return torch.tensor(self._rows, dtype=torch.long, device=self.device).view(self.batch, self._held)
 
     @property
     def nbytes(self) -> int:
@@ -285,8 +291,9 @@ class PagedCache(Cache):
 
     def _slot_indices(self, start: int, end: int) -> Tensor:
         """Pool slots (block * block_size + offset) of positions start..end-1 of every row, row-major."""
-        positions = torch.arange(start, end)
-        blocks = torch.tensor(self._rows, dtype=torch.long).view(self.batch, -1)[:, positions // self.block_size]
+        positions = torch.arange(start, end, device=self.device)
+        table = torch.tensor(self._rows, dtype=torch.long, device=self.device).view(self.batch, -1)
+        blocks = table[:, positions // self.block_size]
         return (blocks * self.block_size + positions % self.block_size).view(-1)
 
     def blocks_needed(self, length: int) -> int:

@@ -37,12 +37,13 @@ class QuantizedCache(Cache):
     bits = modes.SPECS[kind].bits  # the spec also holds its drift limits, by family
 
     def __init__(self, config: DecoderConfig, batch: int = 1, capacity: int | None = None,
-                 group_size: int = GROUP_SIZE, residual: int = RESIDUAL, recent_positions: int | None = None) -> None:
+                 group_size: int = GROUP_SIZE, residual: int = RESIDUAL, recent_positions: int | None = None,
+                 device: torch.device | str | None = None) -> None:
         """`recent_positions`: how many full-precision positions to allocate up front (default, and at least,
         min(capacity, residual + group_size)). A chunk appended to a window that cannot take it grows the window
         for good, so a server that prefills long chunks passes the peak its chunk rule reaches
         (kvbench.admission.quantized_window): then what it reserves is what the cache allocates, from the start."""
-        super().__init__(config, batch, capacity)
+        super().__init__(config, batch, capacity, device)
         self.drift_limits = modes.spec(self.kind).limits_for(config)  # this cache's model's family's
         check_quantized_options(self.bits, config.head_dim, group_size, residual)
         least = min(self.capacity, residual + group_size)
@@ -58,11 +59,13 @@ class QuantizedCache(Cache):
         stored = group_size * max(0, (self.capacity - residual) // group_size)
         lead = (config.layers, batch, config.kv_heads)
         packed = D * self.bits // 8
-        self._key_codes = torch.zeros(*lead, stored, packed, dtype=torch.uint8)
-        self._value_codes = torch.zeros(*lead, stored, packed, dtype=torch.uint8)
-        self._key_scales = torch.zeros(*lead, stored // group_size, 2, D, dtype=SCALE_DTYPE)  # [scale, minimum]
-        self._value_scales = torch.zeros(*lead, stored, D // self.value_group, 2, dtype=SCALE_DTYPE)
-        self._recent = torch.zeros(*lead, 2, recent_positions, D, dtype=config.dtype)
+        self._key_codes = torch.zeros(*lead, stored, packed, dtype=torch.uint8, device=self.device)
+        self._value_codes = torch.zeros(*lead, stored, packed, dtype=torch.uint8, device=self.device)
+        self._key_scales = torch.zeros(*lead, stored // group_size, 2, D, dtype=SCALE_DTYPE,
+                                       device=self.device)  # [scale, minimum]
+        self._value_scales = torch.zeros(*lead, stored, D // self.value_group, 2, dtype=SCALE_DTYPE,
+                                         device=self.device)
+        self._recent = torch.zeros(*lead, 2, recent_positions, D, dtype=config.dtype, device=self.device)
         self.quantized = 0  # positions in the integer store; the rest (length - quantized) are recent
 
     # -- the protocol ---------------------------------------------------------------------
@@ -71,7 +74,8 @@ class QuantizedCache(Cache):
         """Stage the new positions among the recent ones; return every position, dequantized."""
         recent, new = self.length - self.quantized, k.shape[-2]
         if recent + new > self._recent.shape[-2]:  # a long chunk: grow, keeping what is committed
-            grown = torch.zeros(*self._recent.shape[:-2], recent + new, self._recent.shape[-1], dtype=self._recent.dtype)
+            grown = torch.zeros(*self._recent.shape[:-2], recent + new, self._recent.shape[-1],
+                                dtype=self._recent.dtype, device=self.device)
             grown[..., :recent, :] = self._recent[..., :recent, :]
             self._recent = grown
         self._recent[layer, :, :, 0, recent : recent + new] = k  # beyond the committed ones: invisible until commit
@@ -91,8 +95,8 @@ class QuantizedCache(Cache):
     def _read(self, layer: int, end: int) -> tuple[Tensor, Tensor]:
         """Positions 0..end-1 of one layer as (B, KVH, end, D) keys and values in the model's dtype."""
         B, KVH, D, stored = self.batch, self.config.kv_heads, self.config.head_dim, self.quantized
-        keys = torch.empty(B, KVH, end, D, dtype=self.config.dtype)
-        values = torch.empty(B, KVH, end, D, dtype=self.config.dtype)
+        keys = torch.empty(B, KVH, end, D, dtype=self.config.dtype, device=self.device)
+        values = torch.empty(B, KVH, end, D, dtype=self.config.dtype, device=self.device)
         if stored:
             self._dequantize_keys(layer, stored, keys[:, :, :stored])
             self._dequantize_values(layer, stored, values[:, :, :stored])

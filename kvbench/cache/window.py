@@ -31,8 +31,9 @@ from kvbench.config import DecoderConfig
 class WindowCache(Cache):
     kind = "window"
 
-    def __init__(self, config: DecoderConfig, batch: int = 1, capacity: int | None = None) -> None:
-        super().__init__(config, batch, capacity)
+    def __init__(self, config: DecoderConfig, batch: int = 1, capacity: int | None = None,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__(config, batch, capacity, device)
         if config.window is None:
             raise ValueError("the window kind needs a model with a sliding window: expected DecoderConfig(window=W), "
                              "got window=None")
@@ -42,8 +43,8 @@ class WindowCache(Cache):
                             for window in config.layer_windows]
         self.slots = min(self.layer_slots)
         shapes = [(batch, config.kv_heads, slots, config.head_dim) for slots in self.layer_slots]
-        self._keys = [torch.zeros(shape, dtype=config.dtype) for shape in shapes]
-        self._values = [torch.zeros(shape, dtype=config.dtype) for shape in shapes]
+        self._keys = [torch.zeros(shape, dtype=config.dtype, device=self.device) for shape in shapes]
+        self._values = [torch.zeros(shape, dtype=config.dtype, device=self.device) for shape in shapes]
         self._overwritten: list[tuple[int, int | Tensor, Tensor, Tensor]] = []  # (layer, slot(s), keys, values)
         self.key_positions = None
 
@@ -54,9 +55,9 @@ class WindowCache(Cache):
         sinks, size = self.layer_sinks[layer], self.layer_slots[layer] - self.layer_sinks[layer]
         ring = length - sinks  # positions from the sinks on
         if ring <= 0:
-            return torch.arange(length)
-        slots = torch.arange(min(ring, size))
-        return torch.cat((torch.arange(sinks), sinks + ring - 1 - (ring - 1 - slots) % size))
+            return torch.arange(length, device=self.device)
+        slots = torch.arange(min(ring, size), device=self.device)
+        return torch.cat((torch.arange(sinks, device=self.device), sinks + ring - 1 - (ring - 1 - slots) % size))
 
     def slot_of(self, positions: Tensor | int, layer: int):
         """The slot of each position on a layer: its own below the sinks' count, the ring's after."""
@@ -80,12 +81,13 @@ class WindowCache(Cache):
             valid = min(start + 1, size)
             return keys.narrow(2, 0, valid), values.narrow(2, 0, valid)
         before = min(start, size)
-        positions = torch.cat((self.ring_positions(start, layer), torch.arange(start, start + new)))
+        positions = torch.cat((self.ring_positions(start, layer), torch.arange(start, start + new, device=self.device)))
         all_keys = torch.cat((keys.narrow(2, 0, before), k), dim=2)  # (B, KVH, before + new, D)
         all_values = torch.cat((values.narrow(2, 0, before), v), dim=2)
         end = start + new
-        kept = torch.cat((torch.arange(start, max(start, min(sinks, end))),  # the chunk's sinks, its last W positions
-                          torch.arange(min(end, max(start, sinks, end - (size - sinks))), end)))
+        device = self.device  # the chunk's sinks, then its last W positions:
+        kept = torch.cat((torch.arange(start, max(start, min(sinks, end)), device=device),
+                          torch.arange(min(end, max(start, sinks, end - (size - sinks))), end, device=device)))
         slots = self.slot_of(kept, layer)
         self._overwritten.append((layer, slots, keys.index_select(2, slots), values.index_select(2, slots)))
         keys.index_copy_(2, slots, k[:, :, kept - start])

@@ -1,6 +1,7 @@
 """Iteration-level scheduling (Orca, vLLM) of a trace under a KV budget, with one model.
 
-Each iteration:
+Each iteration (the choices of order, admission and preemption are kvbench.serving.disciplines'; the
+defaults named here):
   1. requests whose arrival time has come join the waiting queue (arrival order; preempted
      requests go back to its head);
   2. the running requests' next decode token must fit: when the pool cannot hold it, the newest
@@ -9,7 +10,7 @@ Each iteration:
   3. waiting requests are admitted in order while the budget allows (kvbench.serving.admission: static
      and quantized reserve their capacity, quantized with the full-precision window its prompt's
      chunks will reach, paged needs the blocks of its prompt); the first that does not fit stops
-     admission (first come, first served);
+     admission (first come, first served, head of line);
   4. one forward over every running request: every request whose prompt is in its cache decodes its
      next token, all of them in one batched call (each row at its own positions, kvbench.cache.batch);
      requests still prefilling take chunks of their prompts, one call each, in admission order,
@@ -28,7 +29,6 @@ in the future) are skipped, not slept: the clock jumps to that arrival.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -37,8 +37,10 @@ from torch import Tensor
 
 from kvbench.cache import BlockPool, Cache, PagedCache, make_cache
 from kvbench.cache.batch import BatchedCache
+from kvbench.measure.clock import HOST, Clock
 from kvbench.model import Decoder
 from kvbench.serving import admission
+from kvbench.serving.disciplines import Disciplines
 from kvbench.serving.trace import Trace, TraceRequest
 
 
@@ -53,13 +55,14 @@ class TokenSource:
 
     def _draw(self, length: int, key: int) -> Tensor:
         generator = torch.Generator().manual_seed((self.seed * 1_000_003 + key) % 2**63)
-        return torch.randint(0, self.vocab_size, (1, length), generator=generator)
+        # On the host by the host's generator: the same ids whatever the model's device (the scheduler moves them).
+        return torch.randint(0, self.vocab_size, (1, length), generator=generator, device="cpu")
 
     def ids(self, request: TraceRequest) -> Tensor:
         own = self._draw(request.positions - request.prefix, request.id + 1)
         ids = torch.cat((self.prefix[:, : request.prefix], own), dim=1) if request.prefix else own
         if self.continuations is not None:
-            outputs = torch.tensor(self.continuations[request.id][: request.output - 1], dtype=torch.long)
+            outputs = torch.tensor(self.continuations[request.id][: request.output - 1], dtype=torch.long, device="cpu")
             ids = torch.cat((ids[:, : request.prompt], outputs.view(1, -1)), dim=1)
         return ids
 
@@ -124,7 +127,7 @@ class Ledger:
         need = admission.reservation(self.kind, self.config, capacity, options)
         if self.held + need > self.budget:
             return False
-        live.cache = make_cache(self.kind, self.config, 1, capacity, **options)
+        live.cache = make_cache(self.kind, self.config, 1, capacity, device=self.model.device, **options)
         live.reserved, self.held = need, self.held + need
         return True
 
@@ -154,7 +157,8 @@ class PagedLedger(Ledger):
 
     def __init__(self, model: Decoder, budget: int, block_size: int, share_prefix: bool) -> None:
         super().__init__(model, "paged", budget, "request", None)
-        self.pool = BlockPool(self.config, budget // admission.block_bytes(self.config, block_size), block_size)
+        self.pool = BlockPool(self.config, budget // admission.block_bytes(self.config, block_size), block_size,
+                              model.device)
         self.share_prefix, self.holder, self.promised = share_prefix, None, 0
 
     def _forks(self, live: Live) -> bool:
@@ -202,7 +206,7 @@ class PagedLedger(Ledger):
         count = head.spec.prefix - start if tokens is None else min(tokens, head.spec.prefix - start)
         if count < 1 or self.holder.blocks_needed(count) + self.promised > self.pool.free_blocks:
             return 0
-        self.model(source.prefix[:, start : start + count], self.holder)
+        self.model(source.prefix[:, start : start + count].to(self.model.device), self.holder)
         return count
 
     def release(self, live: Live) -> int:
@@ -226,7 +230,7 @@ class PagedLedger(Ledger):
         filled: dict[int, int] = {}
         caches = [live.cache for live in running] + ([self.holder] if self.holder is not None else [])
         for cache in caches:
-            for index, block in enumerate(cache.block_table[0].tolist()):
+            for index, block in enumerate(cache.table_row):  # the Python list: no read of a device tensor
                 filled[block] = max(filled.get(block, 0), min(size, cache.length - index * size))
         used = sum(filled.values()) * per_position
         return {"used": used, "reserved": self.held_bytes(), "saved": max(0, logical - used), "free_blocks": self.pool.free_blocks}
@@ -249,13 +253,16 @@ class Scheduler:
     """Replays one trace on one kind; `run()` returns every request's outcome and every iteration's memory."""
 
     def __init__(self, model: Decoder, trace: Trace, ledger: Ledger, source: TokenSource,
-                 keep_logits: bool = False, max_batched_tokens: int | None = None) -> None:
+                 keep_logits: bool = False, max_batched_tokens: int | None = None, clock: Clock = HOST,
+                 disciplines: Disciplines | None = None) -> None:
         if max_batched_tokens is not None and (isinstance(max_batched_tokens, bool) or not isinstance(
                 max_batched_tokens, int) or max_batched_tokens < 1):
             raise ValueError(f"max_batched_tokens must be a positive integer or None, got {max_batched_tokens!r}")
         self.model, self.trace, self.ledger, self.source = model, trace, ledger, source
-        self.keep_logits, self.max_batched_tokens = keep_logits, max_batched_tokens
-        self.lives = [Live(spec, source.ids(spec), spec.arrival) for spec in trace.requests]
+        self.keep_logits, self.max_batched_tokens, self.clock = keep_logits, max_batched_tokens, clock
+        self.disciplines = Disciplines() if disciplines is None else disciplines
+        self.device = model.device  # read once: every iteration's ids are made there
+        self.lives = [Live(spec, source.ids(spec).to(self.device), spec.arrival) for spec in trace.requests]
         self.waiting: deque[Live] = deque()
         self.running: list[Live] = []
         self.iterations: list[dict] = []
@@ -266,10 +273,11 @@ class Scheduler:
         self.pending = deque(live for live in self.lives if live.arrival is not None)
 
     def now(self) -> float:
-        return time.perf_counter() - self.start + self.skew
+        """Seconds on the replay's clock since run() began, plus the idle gaps it skipped."""
+        return (self.clock.now_ns() - self.start) / 1e9 + self.skew
 
     def run(self) -> dict:
-        self.start, self.cpu_start = time.perf_counter(), time.thread_time()
+        self.start, self.cpu_start = self.clock.now_ns(), self.clock.cpu_ns()
         with torch.inference_mode():
             try:
                 while self.pending or self.waiting or self.running:
@@ -286,7 +294,7 @@ class Scheduler:
             self.skew += self.pending[0].arrival - now  # nothing to do until then
             now = self.now()
         while self.pending and self.pending[0].arrival <= now:
-            self.waiting.append(self.pending.popleft())
+            self.disciplines.order.arrive(self.waiting, self.pending.popleft())
         preempted = self.make_room()
         admitted = self.admit(now)
         begun = self.now()
@@ -336,24 +344,23 @@ class Scheduler:
         return prefilled, self.admit(now) if prefilled else []
 
     def make_room(self) -> int:
-        """Preempt the newest running requests until every other one's next token fits (asked even with none
-        running, so that nothing stays promised from the last iteration)."""
+        """Preempt the preemption discipline's victims until every other one's next token fits (asked even with
+        none running, so that nothing stays promised from the last iteration)."""
         preempted = 0
         while not self.ledger.growth_fits(self.running):
-            victim = max(self.running, key=lambda live: live.spec.id)
+            victim = self.disciplines.preemption.victim(self.running)
             self.running.remove(victim)
             self.ledger.release(victim)
             victim.preemptions += 1
-            self.waiting.appendleft(victim)
+            self.disciplines.order.requeue(self.waiting, victim)
             preempted += 1
         return preempted
 
     def admit(self, now: float) -> list[Live]:
-        admitted = []
-        while self.waiting and self.ledger.admit(self.waiting[0], self.max_batched_tokens):
-            live = self.waiting.popleft()
+        admitted = self.disciplines.admission.admit(self.waiting,
+                                                    lambda live: self.ledger.admit(live, self.max_batched_tokens))
+        for live in admitted:
             live.admitted = now if live.admitted is None else live.admitted
-            admitted.append(live)
             self.running.append(live)
         return admitted
 
@@ -363,13 +370,14 @@ class Scheduler:
         if not rows:
             return []
         width = max(counts)
-        ids = torch.zeros(len(rows), width, dtype=torch.long)  # padding: token 0, never written to a cache
+        ids = torch.zeros(len(rows), width, dtype=torch.long, device=self.device)  # padding: token 0, never cached
         ending = [live.pending == count for live, count in zip(rows, counts)]
         for b, (live, count) in enumerate(zip(rows, counts)):
             start = live.cache.length
             ids[b, :count] = live.ids[0, start : start + count]
         logits, _ = self.model(ids, BatchedCache([live.cache for live in rows], counts))
-        stamp, cpu = self.now(), time.thread_time() - self.cpu_start
+        self.clock.synchronize()  # the tokens exist once the call's work is done, not when it was issued
+        stamp, cpu = self.now(), (self.clock.cpu_ns() - self.cpu_start) / 1e9
         emitted = []
         for b, (live, count, ends) in enumerate(zip(rows, counts, ending)):
             if not ends:

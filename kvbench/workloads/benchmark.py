@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from kvbench.measure import machine
+from kvbench.measure.clock import HOST, Clock
 from kvbench.measure.sampling import Sample, Sampling, sample
 from kvbench.measure.timing import Protocol, collector_paused, control_mode
 from kvbench.model import Decoder
@@ -162,7 +163,7 @@ def gate_and_measure(workload, model: Decoder, longest, lengths: list[int], mode
 
 
 def per_step_seconds(model: Decoder, ids: Tensor, mode: str, warmup: int = 1,
-                     options: dict | None = None) -> list[float]:
+                     options: dict | None = None, clock: Clock = HOST) -> list[float]:
     """Duration of every decode step of one loop (step t = position t): the run's per-step profile."""
     import torch
 
@@ -172,10 +173,11 @@ def per_step_seconds(model: Decoder, ids: Tensor, mode: str, warmup: int = 1,
     with collector_paused(), torch.inference_mode():
         stepping = steps(model, ids, mode, options=options)
         while True:
-            start = time.perf_counter_ns()
+            start = clock.now_ns()
             if next(stepping, None) is None:
                 break
-            durations.append((time.perf_counter_ns() - start) / 1e9)
+            clock.synchronize()
+            durations.append((clock.now_ns() - start) / 1e9)
     return durations
 
 
@@ -210,12 +212,13 @@ def rotation_seconds(gate: float, full_loop: float, checked_modes: int, with_con
 
 
 def given_ids(ids, model: Decoder, protocol: Protocol, positions: int):
-    """The first `positions` of the given ids, or random ids from the protocol's seed when none were given."""
+    """The first `positions` of the given ids, or random ids from the protocol's seed when none were given, on the
+    model's device (a text's ids are read on the host)."""
     if ids is None:
-        return token_ids(model.config, protocol.batch, positions, protocol.seed)
+        return token_ids(model.config, protocol.batch, positions, protocol.seed, device=model.device)
     if ids.shape[0] != protocol.batch or ids.shape[1] < positions:
         raise ValueError(f"expected token ids of shape ({protocol.batch}, >= {positions}), got {tuple(ids.shape)}")
-    return ids[:, :positions]
+    return ids[:, :positions].to(model.device)
 
 
 def machine_limits(model: Decoder, workload, lengths: list[int], protocol: Protocol) -> dict:

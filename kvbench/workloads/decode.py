@@ -41,13 +41,14 @@ def check_modes(mode_names: list[str] | tuple[str, ...]) -> list[str]:
     return registry.check_modes(mode_names)
 
 
-def token_ids(config: DecoderConfig, batch: int, length: int, seed: int = 0) -> Tensor:
-    """Predetermined ids (B, T); a shorter length gives a prefix of a longer one."""
+def token_ids(config: DecoderConfig, batch: int, length: int, seed: int = 0, device=None) -> Tensor:
+    """Predetermined ids (B, T) on `device` (None: the CPU); a shorter length gives a prefix of a longer one."""
     if length > config.max_length:
         raise ValueError(f"length must be <= max_length {config.max_length}, got {length}")
     generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, config.vocab_size, (batch, config.max_length), generator=generator)
-    return ids[:, :length].clone()
+    # Drawn on the host by the host's generator, whatever the device: every device runs the same ids.
+    ids = torch.randint(0, config.vocab_size, (batch, config.max_length), generator=generator, device="cpu")
+    return ids[:, :length].clone().to(device or "cpu")
 
 
 def steps(model: Decoder, ids: Tensor, mode: str, prompt: int = 1, cache=None,
@@ -84,7 +85,7 @@ def cache_steps(model: Decoder, ids: Tensor, mode: str, prompt: int, cache: Cach
     B, T = ids.shape
     owned = cache is None
     if owned:
-        cache = make_cache(mode, model.config, batch=B, capacity=T, **options)
+        cache = make_cache(mode, model.config, batch=B, capacity=T, device=model.device, **options)
     else:
         check_callers_cache(mode, cache, prompt)
     try:
@@ -131,7 +132,8 @@ def drain(model: Decoder, ids: Tensor, mode: str, keep_logits: bool, options: di
           prompt: int = 1) -> Tensor | None:
     """Run every step of `mode` over ids; (B, steps, V) logits when kept."""
     B, T = ids.shape
-    kept = torch.empty(B, T - prompt + 1, model.config.vocab_size, dtype=model.config.dtype) if keep_logits else None
+    kept = torch.empty(B, T - prompt + 1, model.config.vocab_size, dtype=model.config.dtype,
+                       device=model.device) if keep_logits else None
     with torch.inference_mode():
         for t, (logits, _) in enumerate(steps(model, ids, mode, prompt, options=options)):
             if kept is not None:

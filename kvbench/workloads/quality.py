@@ -88,7 +88,7 @@ def interval(values: list[float]) -> dict:
 def greedy(model: Decoder, prompt: Tensor, mode: str, generate: int, options: dict | None) -> list[int]:
     """`generate` greedy tokens after `prompt` (1, P): each step's choice is written into the ids the steps read
     next (decode.steps reads them lazily), so every mode runs its own cache as in a request."""
-    ids = torch.cat((prompt, torch.zeros(1, generate - 1, dtype=prompt.dtype)), dim=1)
+    ids = torch.cat((prompt, torch.zeros(1, generate - 1, dtype=prompt.dtype, device=prompt.device)), dim=1)
     chosen = []
     with torch.inference_mode():
         for step, (logits, _) in enumerate(steps(model, ids, mode, prompt.shape[1], options=options)):

@@ -15,7 +15,6 @@ Every one of them drives kvbench.workloads.decode.steps and goes through the sam
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from itertools import islice
 
@@ -23,6 +22,7 @@ import torch
 from torch import Tensor
 
 from kvbench.kinds import CONTEXT_TIMED_STEPS, CONTEXT_WARMUP_STEPS
+from kvbench.measure.clock import HOST, Clock
 from kvbench.model import Decoder
 from kvbench.modes import FULL
 from kvbench.workloads.decode import drain, is_trained, judge_logits, model_tolerances, steps
@@ -43,35 +43,38 @@ def check_request(model: Decoder, ids: Tensor, modes: list[str], prompt: int,
                                reference, atol, rtol, model.config, is_trained(model)).to_dict() for mode in modes}
 
 
-def step_durations(stepping: Iterator, count: int | None = None) -> list[float]:
-    """Seconds of each of the next `count` steps (every step left, by default). The clock is read once between
-    two steps, so a step's time runs from the end of the one before it to its own logits."""
+def step_durations(stepping: Iterator, count: int | None = None, clock: Clock = HOST) -> list[float]:
+    """Seconds of each of the next `count` steps (every step left, by default) on `clock`. The clock is read once
+    between two steps, so a step's time runs from the end of the one before it to its own logits."""
     durations = []
-    last = time.perf_counter_ns()
+    now_ns, synchronize = clock.now_ns, clock.synchronize  # bound once: read at every step
+    last = now_ns()
     for _ in islice(stepping, count):
-        now = time.perf_counter_ns()
+        synchronize()
+        now = now_ns()
         durations.append((now - last) / 1e9)
         last = now
     return durations
 
 
-def time_request(model: Decoder, ids: Tensor, mode: str, prompt: int, options: dict | None = None) -> dict:
+def time_request(model: Decoder, ids: Tensor, mode: str, prompt: int, options: dict | None = None,
+                 clock: Clock = HOST) -> dict:
     """One request, every step timed on its own: {"ttft_seconds", "step_seconds": [N - 1 values]}; the N
     durations add up to the request's end-to-end time."""
     with torch.inference_mode():
-        durations = step_durations(steps(model, ids, mode, prompt, options=options))
+        durations = step_durations(steps(model, ids, mode, prompt, options=options), clock=clock)
     return {"ttft_seconds": durations[0], "step_seconds": durations[1:]}
 
 
-def step_timer_seconds(count: int = 20_000) -> float:
+def step_timer_seconds(count: int = 20_000, clock: Clock = HOST) -> float:
     """What step_durations' clock costs a step: the same loop over a generator that does nothing."""
     def nothing():
         for _ in range(count):
             yield None
 
-    start = time.perf_counter_ns()
-    step_durations(nothing())
-    return (time.perf_counter_ns() - start) / count / 1e9
+    start = clock.now_ns()
+    step_durations(nothing(), clock=clock)
+    return (clock.now_ns() - start) / count / 1e9
 
 
 class ContextSteps:
