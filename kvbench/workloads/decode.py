@@ -20,6 +20,7 @@ from torch import Tensor
 
 from kvbench import modes as registry  # `modes` is the gate's parameter: a list of mode names
 from kvbench.cache import Cache, make_cache
+from kvbench.cache.evicting import masked_reference
 from kvbench.config import DecoderConfig, dtype_name
 from kvbench.kinds import DIVERGED, DRIFTED, NOT_FINITE, REFERENCE_NOT_FINITE, tolerance_for, within_limits
 from kvbench.kinds import TOLERANCES as TOLERANCES_BY_NAME
@@ -121,22 +122,44 @@ def decode_full(model: Decoder, ids: Tensor, keep_logits: bool = False) -> Tenso
     return drain(model, ids, FULL, keep_logits, None)
 
 
-def decode_cached(model: Decoder, ids: Tensor, kind: str, keep_logits: bool = False,
-                  options: dict | None = None) -> Tensor | None:
+def decode_cached(model: Decoder, ids: Tensor, kind: str, keep_logits=False, options=None) -> Tensor | None:
     """Feed one token per step into a fresh `kind` cache sized for the whole sequence."""
     return drain(model, ids, kind, keep_logits, options)
 
 
 def drain(model: Decoder, ids: Tensor, mode: str, keep_logits: bool, options: dict | None,
-          prompt: int = 1) -> Tensor | None:
-    """Run every step of `mode` over ids; (B, steps, V) logits when kept."""
+          prompt: int = 1, cache: Cache | None = None) -> Tensor | None:
+    """Run every step of `mode` over ids (continuing `cache` when given); (B, steps, V) logits when kept."""
     B, T = ids.shape
     kept = torch.empty(B, T - prompt + 1, model.config.vocab_size, dtype=model.config.dtype) if keep_logits else None
     with torch.inference_mode():
-        for t, (logits, _) in enumerate(steps(model, ids, mode, prompt, options=options)):
+        for t, (logits, _) in enumerate(steps(model, ids, mode, prompt, cache, options)):
             if kept is not None:
                 kept[:, t] = logits
     return kept
+
+
+def evicting_logits(model: Decoder, ids: Tensor, mode: str, prompt=1, options=None) -> tuple[Tensor, Tensor]:
+    """An evicting kind's (B, steps, V) last-position logits over ids from `prompt` on, and the reference its
+    mechanics are judged by: the same rows of the full path masked to exactly the positions it kept."""
+    cache = make_cache(mode, model.config, batch=ids.shape[0], capacity=ids.shape[1], **(options or {}).get(mode, {}))
+    cache.history = []  # the positions each step's keys had: the reference's mask
+    try:
+        kept = drain(model, ids, mode, True, options, prompt, cache)
+    finally:
+        cache.release()
+    return kept, masked_reference(model, ids, cache.history)[:, prompt - 1 :]
+
+
+def gated_logits(model: Decoder, ids: Tensor, mode: str, prompt: int, reference: Tensor, options=None) -> tuple:
+    """(candidate, reference) a mode is judged on from `prompt` on: its logits and full's (`reference`), or for a
+    kind that evicts by its own rule, its logits and the full path masked to what it kept."""
+    spec = registry.spec(mode)
+    if spec.evicts:
+        return evicting_logits(model, ids, mode, prompt, options)
+    if spec.source == registry.FULL_PREFIX:  # the reference is full's own logits: judging them needs no second run
+        return reference, reference
+    return drain(model, ids, mode, True, options, prompt), reference
 
 
 def cache_footprint(model: Decoder, ids: Tensor, mode: str, options: dict | None = None) -> dict:
@@ -338,9 +361,8 @@ def check_equivalence(
     reference = reference[:, :T]
     results = {}
     for mode in check_modes(modes):
-        # the reference is full's own logits: judging full against them needs no second run
-        candidate = reference if mode == FULL else decode(model, ids, mode, keep_logits=True, options=options)
-        results[mode] = judge_logits(mode, candidate, reference, atol, rtol, model.config, is_trained(model))
+        candidate, judged_by = gated_logits(model, ids, mode, 1, reference, options)
+        results[mode] = judge_logits(mode, candidate, judged_by, atol, rtol, model.config, is_trained(model))
     return results
 
 
