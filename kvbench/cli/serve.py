@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from kvbench import files, record
+from kvbench import files, plugins, record
 from kvbench.measure import memory, timing
 from kvbench.serving import admission, trace
 from kvbench.cli.commands import (
@@ -134,7 +134,9 @@ def check_serve(args: argparse.Namespace) -> tuple:
 
 
 def check_serving(args: argparse.Namespace):
-    """Everything a serving run needs, torch-free: (config, kinds, trace, budget, settings, protocol)."""
+    """Everything a serving run needs, torch-free but for a --plugin file's kinds: (config, kinds, trace, budget,
+    settings, protocol)."""
+    args.plugins = [plugins.load_plugin(path) for path in args.plugin]  # before the kinds are checked
     config = config_from_args(args)
     kinds = list(args.modes) if "--modes" in args.given else list(DEFAULT_KINDS)  # run's default modes are not its
     served_kinds = admission.serving_kinds()  # a plugin's kind too, when its spec says how it is served

@@ -23,7 +23,7 @@ CHOOSERS = {"--lengths": LOOP, "--prompt": REQUEST, "--generate": REQUEST, "--co
 USED_BY = {
     "--lengths": (LOOP,), "--prompt": (REQUEST,), "--generate": (REQUEST,), "--contexts": (CONTEXTS,),
     "--trace": SERVED, "--modes": EVERY,
-    "--plugin": TIMED,  # a serving run takes the kinds kvbench.admission schedules, no plugin's
+    "--plugin": EVERY,  # a serving run takes a plugin's kind too when its spec says how it is held (ModeSpec.serving)
     "--repeats": EVERY, "--precision": EVERY,
     "--min-repeats": TIMED,  # a serving run's minimum under --precision is --repeats
     "--max-repeats": EVERY, "--max-seconds": EVERY, "--between-run": EVERY, "--order": EVERY, "--cpu": EVERY,
