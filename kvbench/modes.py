@@ -232,15 +232,10 @@ def expected_bytes(mode: str, config, batch: int, length: int, measured: int | N
     return measured
 
 
-def option_modes(modes: list[str]) -> list[str]:
-    """The modes of `modes` that take the quantized cache options."""
-    return [mode for mode in modes if mode in _specs and _specs[mode].options]
-
-
 def spec_of_cache(name: str, factory: type) -> ModeSpec:
     """A plugin kind's spec from its Cache subclass: the spec of the registered kind it extends (its formula,
     options, requirements, asv model), with what its own class sets: `exact`, `drift_limits`,
-    `family_drift_limits`, `trained_drift_limits`, an `expected_bytes` classmethod."""
+    `family_drift_limits`, `trained_drift_limits`, an `expected_bytes` classmethod, `evicts` (an evicting kind's)."""
     registered: dict[type, ModeSpec] = {}
     for found in _specs.values():  # a class's first spec: static, not static-compiled, which steps it otherwise
         if found.cache is not None and found.source in (KVBENCH, PLUGIN):
@@ -260,6 +255,8 @@ def spec_of_cache(name: str, factory: type) -> ModeSpec:
         fields["trained_drift_limits"] = own["trained_drift_limits"]
     if "expected_bytes" in own:
         fields["bytes"] = factory.expected_bytes
+    if own.get("evicts"):  # a kvbench.cache.evicting.EvictingCache: gated against the full path masked to what it kept
+        fields.update(evicts=True, keeps_every_position=False)
     return replace(base, **fields)
 
 

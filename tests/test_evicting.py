@@ -171,3 +171,16 @@ def test_kept_masks_rows_are_what_each_step_saw():
     history = [(torch.arange(3), {0: torch.arange(3)}), (torch.tensor([3]), {0: torch.tensor([0, 2, 3])})]
     mask = kept_masks(history, 1, 4)[0]
     assert mask.int().tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 0, 1, 1]]
+
+
+def test_register_kind_makes_an_evicting_subclass_an_evicting_mode(clean_kinds):
+    from kvbench import modes
+    from kvbench.cache import register_kind
+    from kvbench.workloads.decode import check_equivalence
+
+    register_kind("lying", Lying)
+    spec = modes.spec("lying")
+    assert (spec.evicts, spec.keeps_every_position, spec.exact) == (True, False, True)
+    model = build_model(GPT2)
+    check = check_equivalence(model, token_ids(GPT2, 1, 20), ["lying"])["lying"]
+    assert not check.passed and check.first_divergent_position is not None  # it reads positions from an index

@@ -196,3 +196,30 @@ class Digits:
 
     def decode(self, ids):
         return " ".join(str(i) for i in ids)
+
+
+def test_a_kind_is_served_and_given_options_by_its_spec_not_its_name(clean_kinds):
+    """The command line gives a kind the cache options its spec takes, and admission reserves by its spec."""
+    from argparse import Namespace
+
+    from kvbench.cli.usage import cache_options, option_readers
+    from kvbench.serving import admission
+
+    modes.register(modes.ModeSpec("grouped", modes.PLUGIN, cache=StaticCache, options=("group_size",),
+                                  bytes=lambda config, batch, length, **options: 3 * length, serving=modes.RESERVE))
+    args = Namespace(quant_group=4, quant_residual=3)
+    assert cache_options(args, "grouped") == {"group_size": 4}
+    assert cache_options(args, "quantized-int8") == {"group_size": 4, "residual": 3}
+    assert cache_options(args, "static") == {} and cache_options(args, admission.PEER) == {}
+    assert option_readers(["static", "grouped"]) == {"--quant-group": ["grouped"], "--quant-residual": []}
+    config = DecoderConfig()
+    assert admission.reservation("grouped", config, 10) == 30  # its formula at the capacity
+    assert admission.reservation("static", config, 10) == 2 * 4 * 10 * 8 * 4
+    assert "grouped" in admission.serving_kinds() and not admission.holds_pages("grouped")
+    assert admission.holds_pages("paged") and admission.holds_pages(admission.PEER)
+    with pytest.raises(ValueError, match=r"a reserving kind is one of \['static', .*'grouped'\]; got 'paged'"):
+        admission.reservation("paged", config, 10)
+    with pytest.raises(ValueError, match="serving is one of"):
+        modes.ModeSpec("odd", modes.PLUGIN, serving="lease")
+    with pytest.raises(ValueError, match="evicts: expected keeps_every_position=False"):
+        modes.ModeSpec("odd", modes.PLUGIN, evicts=True)

@@ -41,6 +41,7 @@ class EvictingCache(Cache):
     """Keys, values and absolute positions of the retained tokens of each layer, (B, KVH, T_kept, D) and (T_kept,)."""
 
     kind = "evicting"  # abstract: a subclass names its mode, whose spec says evicts=True
+    evicts = True  # what register_kind's spec of a subclass says (kvbench.modes.spec_of_cache)
 
     def __init__(self, config: DecoderConfig, batch: int = 1, capacity: int | None = None, history: bool = False) -> None:
         super().__init__(config, batch, capacity)
