@@ -34,6 +34,34 @@ def visibility(query_positions: Tensor, key_positions: Tensor, window: int | Non
     return seen
 
 
+SUMMED, WEIGHTS = "summed", "weights"
+SCORES = (SUMMED, WEIGHTS)  # what a cache's wants_scores may ask for
+
+
+def attention_scores(q: Tensor, k: Tensor, offset: int, window: int | None = None, key_positions: Tensor | None = None,
+                     key_mask: Tensor | None = None, sinks: int = 0, summary: str = SUMMED) -> Tensor:
+    """The softmax weights the new queries give the keys causal_attention saw (same arguments, same mask).
+
+    summary "summed": (B, KVH, S), each key's weight summed over the new queries and the query heads that
+    share its key/value head (H2O's accumulated attention, TOVA's last row when L = 1); "weights": every
+    weight, (B, H, L, S) (SnapKV pools its observation window's rows). A key no query sees weighs 0.
+    """
+    if summary not in SCORES:
+        raise ValueError(f"attention scores are one of {list(SCORES)}, got {summary!r}")
+    B, H, L, D = q.shape
+    KVH, S = k.shape[1], k.shape[2]
+    if key_mask is not None:
+        mask = key_mask[:, :, None]  # (B, 1, 1, L, S)
+    else:
+        keys = torch.arange(offset + L - S, offset + L, device=q.device) if key_positions is None else key_positions
+        mask = visibility(torch.arange(offset, offset + L, device=q.device), keys, window, sinks)  # (L, S)
+    logits = torch.einsum("bkgld,bksd->bkgls", q.reshape(B, KVH, H // KVH, L, D), k) * D**-0.5
+    weights = logits.masked_fill(~mask, float("-inf")).softmax(dim=-1)  # (B, KVH, H / KVH, L, S)
+    if summary == WEIGHTS:
+        return weights.reshape(B, H, L, S)
+    return weights.sum(dim=(2, 3))
+
+
 def one_query(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """One new position attending to every key. Under grouped-query attention the query heads that share a
     key/value head become that head's queries (B, KVH, H / KVH, D): one plain attention call, about twice as
@@ -70,6 +98,8 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, offset: int, window: int |
         return F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, enable_gqa=H != KVH)
     length, key_length = q.shape[-2], k.shape[-2]
     grouped = q.shape[1] != k.shape[1]
+    if key_positions is not None and length == 1 and window is None:  # an evicting kind's step: every key kept is older
+        return one_query(q, k, v)
     if key_positions is None:  # contiguous keys: check them, drop what no query sees, take a shortcut if one fits
         start = offset + length - key_length  # absolute position of the first key
         if start < 0 or (start > 0 and window is None):

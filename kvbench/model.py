@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from kvbench.attention import causal_attention
+from kvbench.attention import attention_scores, causal_attention
 from kvbench.cache import Cache, ConcatCache
 
 # Re-exported: `from kvbench.model import DecoderConfig` is part of the public contract; a preset's model is
@@ -59,6 +59,9 @@ class Block(nn.Module):
         k, v = cache.update(layer, k, v)  # (B, KVH, T, D), T = offset + L (fewer in a window's ring)
         y = causal_attention(q, k, v, offset, self.window, cache.key_positions, cache.key_mask,
                              self.sinks)  # (B, H, L, D)
+        if cache.wants_scores is not None:  # only a cache that scores its positions pays for the weights
+            cache.observe(layer, attention_scores(q, k, offset, self.window, cache.key_positions, cache.key_mask,
+                                                  self.sinks, cache.wants_scores))
         x = x + F.linear(y.transpose(1, 2).reshape(B, L, H * D), self.out.weight, self.out.bias)
         h = F.layer_norm(x, (C,), self.norm2.weight, self.norm2.bias, self.eps)
         # GPT-2's tanh GELU: exact (erf) GELU has a fixed ~17 us per call on small
@@ -145,6 +148,9 @@ class LlamaBlock(nn.Module):
         k, v = cache.update(layer, k, v)  # (B, KVH, T, D), T = offset + L (fewer in a window's ring)
         y = causal_attention(q, k, v, offset, self.window, cache.key_positions, cache.key_mask,
                              self.sinks)  # (B, H, L, D)
+        if cache.wants_scores is not None:  # only a cache that scores its positions pays for the weights
+            cache.observe(layer, attention_scores(q, k, offset, self.window, cache.key_positions, cache.key_mask,
+                                                  self.sinks, cache.wants_scores))
         x = x + F.linear(y.transpose(1, 2).reshape(B, L, H * D), self.out.weight)
         gate, up = F.linear(rms_norm(x, self.norm2.weight, self.eps), self.gate_up.weight).chunk(2, dim=-1)  # (B, L, I)
         return x + F.linear(F.silu(gate) * up, self.down.weight)

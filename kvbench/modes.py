@@ -31,6 +31,8 @@ CONTROL = "control"  # the A/A label: a cached mode timed a second time in the s
 FULL_PREFIX, KVBENCH, TRANSFORMERS, PLUGIN = "full", "kvbench", "transformers", "plugin"
 SOURCES = (FULL_PREFIX, KVBENCH, TRANSFORMERS, PLUGIN)
 QUANTIZED_OPTIONS = ("group_size", "residual")  # --quant-group and --quant-residual
+RESERVE, PAGES = "reserve", "pages"  # how a serving run holds a kind under its budget (ModeSpec.serving)
+SERVING = (None, RESERVE, PAGES)
 
 
 def float_bytes(config, batch: int, length: int, **options) -> int:
@@ -77,6 +79,13 @@ class ModeSpec:
     families: tuple[str, ...] | None = None  # the model families it runs on (None: every family)
     keeps_state: bool = True  # False: every step is computed afresh (full), so its last step alone ends a loop
     keeps_every_position: bool = True  # False: it evicts positions (a window), so it changes what is kept
+    # Drops positions by a rule of its own (kvbench.cache.evicting), on any model: the gate holds it to the full path
+    # masked to exactly the positions it kept at each step, and quality runs it on the full model. The window kind
+    # is not one: its model's window is the rule, so its full path is the masked one (requires_window).
+    evicts: bool = False
+    # How a serving run holds it under a KV budget (kvbench.serving.admission): "reserve" sets a request's capacity
+    # aside at admission, "pages" takes blocks of a shared pool on demand; None: it is not served.
+    serving: str | None = None
     copies_weights: bool = False  # computes with a second copy of the weights (transformers' model)
     default: bool = False  # among `kvbench run`'s default modes
     asv_config: Mapping = field(default_factory=dict)  # config overrides of the model asv times it on
@@ -99,6 +108,12 @@ class ModeSpec:
         if trained and self.trained_drift_limits is not None:
             limits = self.trained_drift_limits
         return None if limits is None else dict(limits)
+
+    def __post_init__(self) -> None:
+        if self.evicts and self.keeps_every_position:
+            raise ValueError(f"mode {self.name!r} evicts: expected keeps_every_position=False, got True")
+        if self.serving not in SERVING:
+            raise ValueError(f"mode {self.name!r}: serving is one of {list(SERVING)}, got {self.serving!r}")
 
     def require(self, config) -> None:
         """ValueError unless this mode can run on a model of `config`: its lazy `check` first (its words are the
@@ -231,15 +246,10 @@ def quantized_positions(mode: str, length: int, recorded: int | None = None, **o
     return kinds.quantized_positions(length, **{name: options[name] for name in QUANTIZED_OPTIONS if name in options})
 
 
-def option_modes(modes: list[str]) -> list[str]:
-    """The modes of `modes` that take the quantized cache options."""
-    return [mode for mode in modes if mode in _specs and _specs[mode].options]
-
-
 def spec_of_cache(name: str, factory: type) -> ModeSpec:
     """A plugin kind's spec from its Cache subclass: the spec of the registered kind it extends (its formula,
     options, requirements, asv model), with what its own class sets: `exact`, `drift_limits`,
-    `family_drift_limits`, `trained_drift_limits`, an `expected_bytes` classmethod."""
+    `family_drift_limits`, `trained_drift_limits`, an `expected_bytes` classmethod, `evicts` (an evicting kind's)."""
     registered: dict[type, ModeSpec] = {}
     for found in _specs.values():  # a class's first spec: static, not static-compiled, which steps it otherwise
         if found.cache is not None and found.source in (KVBENCH, PLUGIN):
@@ -259,6 +269,8 @@ def spec_of_cache(name: str, factory: type) -> ModeSpec:
         fields["trained_drift_limits"] = own["trained_drift_limits"]
     if "expected_bytes" in own:
         fields["bytes"] = factory.expected_bytes
+    if own.get("evicts"):  # a kvbench.cache.evicting.EvictingCache: gated against the full path masked to what it kept
+        fields.update(evicts=True, keeps_every_position=False)
     return replace(base, **fields)
 
 
@@ -309,12 +321,12 @@ def transformers_cache(name: str, backend: str, **fields) -> ModeSpec:
 for _spec in (
     ModeSpec(FULL, FULL_PREFIX, stepper="kvbench.workloads.decode:full_steps", keeps_state=False, default=True),
     ModeSpec("concat", KVBENCH, cache="kvbench.cache.contiguous:ConcatCache", default=True),
-    ModeSpec("static", KVBENCH, cache="kvbench.cache.contiguous:StaticCache", default=True),
-    ModeSpec("paged", KVBENCH, cache="kvbench.cache.paged:PagedCache", default=True),
+    ModeSpec("static", KVBENCH, cache="kvbench.cache.contiguous:StaticCache", default=True, serving=RESERVE),
+    ModeSpec("paged", KVBENCH, cache="kvbench.cache.paged:PagedCache", default=True, serving=PAGES),
     quantized("quantized-int8", KVBENCH, 8, cache="kvbench.cache.quantized:QuantizedCache",
-              bytes=functools.partial(quantized_bytes, bits=8)),
+              bytes=functools.partial(quantized_bytes, bits=8), serving=RESERVE),
     quantized("quantized-int4", KVBENCH, 4, cache="kvbench.cache.quantized:QuantizedInt4Cache",
-              bytes=functools.partial(quantized_bytes, bits=4)),
+              bytes=functools.partial(quantized_bytes, bits=4), serving=RESERVE),
     ModeSpec("window", KVBENCH, cache="kvbench.cache.window:WindowCache", bytes=windowed_bytes,
              requires_window=True, keeps_every_position=False, asv_config=MappingProxyType({"window": ASV_WINDOW})),
     transformers_cache("hf-dynamic", "DynamicCache"),

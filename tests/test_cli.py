@@ -132,7 +132,7 @@ def saved_trace(tmp_path_factory) -> Path:
     (["--trace", "chat", "--model", "smollm2-135m"],  # it served the seed preset under the record's --model
      "--model is not used by a serving run (--trace LENGTHS), only by loop, request and contexts runs"),
     (["--trace", "chat", "--gguf", "missing.gguf"], "--gguf is not used by a serving run"),
-    (["--trace", "chat", "--plugin", "missing.py"], "--plugin is not used by a serving run"),
+    (["--trace", "chat", "--plugin", "missing.py"], "missing.py: no such file"),  # a plugin's kind may be served
     (["--trace", "chat", "--lengths", "8"], "--lengths and --trace choose different workloads: give one of them"),
     (["--trace", "chat", "--warmup", "1", "--batch", "1"],  # the defaults' values, given all the same
      "--warmup, --batch are not used by a serving run (--trace LENGTHS): leave them out"),

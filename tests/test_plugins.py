@@ -141,3 +141,85 @@ def test_the_worked_example_a_kind_of_one_class_and_one_spec_runs_through_the_ga
     assert {check["mode"]: check["exact"] for check in record["checks"]}["half"] is False
     modes.unregister("half")  # read where the plugin is not loaded: the record still reads and reports
     assert main(["report", str(output)]) == 0 and "half" in capsys.readouterr().out
+
+
+THINNED = Path(__file__).resolve().parent / "plugins" / "thinned.py"
+
+
+def test_the_evicting_worked_example_runs_through_every_workload_gated_against_the_full_path_masked_to_what_it_kept(
+        clean_kinds, tmp_path, capsys):
+    """docs/extending.md's evicting example: tests/plugins/thinned.py, one class (its policy) and one spec."""
+    from kvbench.serving import admission
+    from kvbench.workloads import quality
+
+    assert load_plugin(THINNED)["kinds"] == ["thinned"]
+    thinned = modes.spec("thinned")
+    assert (thinned.exact, thinned.evicts, thinned.keeps_every_position) == (True, True, False)
+    model = build_model(DecoderConfig(layers=2, max_length=64))
+    ids = token_ids(model.config, 1, 40)
+    check = check_equivalence(model, ids, ["thinned"])["thinned"]
+    assert check.passed and check.exact and check.max_abs_diff < 1e-5
+    # The eviction is real: against the unmasked full path its logits are far apart.
+    assert (decode(model, ids, "thinned", keep_logits=True) - decode(model, ids, "full", keep_logits=True)).abs().max() > 1e-2
+    assert "thinned" in admission.serving_kinds()
+    common = ["--plugin", str(THINNED), "--repeats", "1", "--warmup", "0", "--no-progress"]
+    for name, workload in (("loop", ["--lengths", "16,32"]), ("request", ["--prompt", "12", "--generate", "8"]),
+                           ("contexts", ["--contexts", "16"])):
+        modes.unregister("thinned")  # `kvbench run` loads the file afresh, as a new process would
+        output = tmp_path / f"{name}.json"
+        code = main(["run", *common, "--modes", "full,static,thinned", *workload, "--output", str(output)])
+        assert code == 0, (name, capsys.readouterr().err)
+        record = load_record(output)
+        assert all(check["passed"] for check in record["checks"]), (name, record["checks"])
+        if name == "loop":  # the first 8 positions, then the even ones: 8 + 12 of 32, each with its int64 position
+            memory = {entry["mode"]: entry for entry in record["memory"] if entry["length"] == 32}
+            assert memory["thinned"]["measured_bytes"] == memory["thinned"]["expected_bytes"] == (
+                20 * (memory["static"]["measured_bytes"] // 32 + 8))
+    served = tmp_path / "served.json"
+    modes.unregister("thinned")
+    code = main(["run", "--plugin", str(THINNED), "--trace", "fixed:12,6", "--requests", "3", "--modes", "static,thinned",
+                 "--repeats", "1", "--max-batched-tokens", "5", "--output", str(served)])
+    assert code == 0, capsys.readouterr().err
+    checks = {check["mode"]: check for check in json.loads(served.read_text())["checks"]}
+    assert checks["thinned"]["passed"] and checks["thinned"]["tokens_checked"] == 18
+    llama = build_model(DecoderConfig(family="llama", layers=2, vocab_size=96, max_length=64, heads=4, kv_heads=2),
+                        seed=1)
+    text = torch.randint(0, 96, (1, 2 * 24), generator=torch.Generator().manual_seed(2))
+    rows = {row["mode"]: row for row in quality.measure(llama, text, ["full", "thinned"], Digits(), chunks=2, prompt=6,
+                                                        generate=6)["modes"]}
+    assert rows["thinned"]["kl_mean"] > 0 and "window" not in rows["thinned"]  # measured on the full model
+    assert 0 < rows["thinned"]["top1_agreement"] <= 1
+
+
+class Digits:
+    """A stand-in tokenizer for the quality workload: ids as text."""
+
+    def decode(self, ids):
+        return " ".join(str(i) for i in ids)
+
+
+def test_a_kind_is_served_and_given_options_by_its_spec_not_its_name(clean_kinds):
+    """The command line gives a kind the cache options its spec takes, and admission reserves by its spec."""
+    from argparse import Namespace
+
+    from kvbench.cli.usage import cache_options, option_readers
+    from kvbench.serving import admission
+
+    modes.register(modes.ModeSpec("grouped", modes.PLUGIN, cache=StaticCache, options=("group_size",),
+                                  bytes=lambda config, batch, length, **options: 3 * length, serving=modes.RESERVE))
+    args = Namespace(quant_group=4, quant_residual=3)
+    assert cache_options(args, "grouped") == {"group_size": 4}
+    assert cache_options(args, "quantized-int8") == {"group_size": 4, "residual": 3}
+    assert cache_options(args, "static") == {} and cache_options(args, admission.PEER) == {}
+    assert option_readers(["static", "grouped"]) == {"--quant-group": ["grouped"], "--quant-residual": []}
+    config = DecoderConfig()
+    assert admission.reservation("grouped", config, 10) == 30  # its formula at the capacity
+    assert admission.reservation("static", config, 10) == 2 * 4 * 10 * 8 * 4
+    assert "grouped" in admission.serving_kinds() and not admission.holds_pages("grouped")
+    assert admission.holds_pages("paged") and admission.holds_pages(admission.PEER)
+    with pytest.raises(ValueError, match=r"a reserving kind is one of \['static', .*'grouped'\]; got 'paged'"):
+        admission.reservation("paged", config, 10)
+    with pytest.raises(ValueError, match="serving is one of"):
+        modes.ModeSpec("odd", modes.PLUGIN, serving="lease")
+    with pytest.raises(ValueError, match="evicts: expected keeps_every_position=False"):
+        modes.ModeSpec("odd", modes.PLUGIN, evicts=True)

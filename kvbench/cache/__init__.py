@@ -15,6 +15,7 @@ import torch
 from kvbench import modes
 from kvbench.cache.base import Cache, expected_cache_bytes
 from kvbench.cache.contiguous import ConcatCache, StaticCache
+from kvbench.cache.evicting import EvictingCache
 from kvbench.cache.paged import BlockPool, PagedCache
 from kvbench.cache.quantized import QuantizedCache, QuantizedInt4Cache
 from kvbench.cache.window import WindowCache
@@ -53,7 +54,7 @@ class Kinds(MutableMapping):
 
 KINDS = Kinds()
 
-__all__ = ["CACHE_KINDS", "KIND_NAME", "KINDS", "BlockPool", "Cache", "ConcatCache", "PagedCache", "QuantizedCache",
+__all__ = ["CACHE_KINDS", "KIND_NAME", "KINDS", "BlockPool", "Cache", "ConcatCache", "EvictingCache", "PagedCache", "QuantizedCache",
            "QuantizedInt4Cache", "StaticCache", "WindowCache", "expected_bytes", "expected_cache_bytes", "make_cache",
            "quantized_cache_bytes", "register_kind"]
 

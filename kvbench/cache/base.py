@@ -12,6 +12,17 @@ Until ``commit`` the valid prefix is untouched and ``rollback`` undoes what ``re
 ``update`` did, so a rejected or failed call leaves the cache exactly as it was. ``release()`` ends the request (a pool takes its blocks back; other
 kinds have nothing to return). Shapes: (B, KVH, T, D) = batch, key/value heads, positions,
 head width.
+
+Positions. ``length`` counts the positions appended, so the next token's position (its rotary angle, its
+learned embedding) is ``length`` whatever a kind still holds. A kind that keeps fewer (the window kind's
+ring, an evicting kind) says which absolute position each retained key has: ``positions(layer)`` for the
+valid keys, ``key_positions`` for the keys ``update`` just returned, from which attention builds its mask.
+Nothing reads a position from an index into the cache.
+
+Eviction (kvbench.cache.evicting): a kind that scores its positions sets ``wants_scores`` ("summed" or
+"weights", kvbench.attention.SCORES) and the model hands it the attention weights through ``observe``
+after each layer's attention; ``evict(positions)`` drops retained positions. Every other kind leaves
+``wants_scores`` None, so the model computes no weights for it, and refuses ``evict``.
 """
 
 from __future__ import annotations
@@ -38,6 +49,7 @@ class Cache:
     row_positions: Tensor | None = None  # (B, L) absolute position of every new token, row by row
     key_mask: Tensor | None = None  # (B, 1, L, S) True where a query may attend: each row's own keys, no padding
     device = torch.device("cpu")  # where its storage lives: the model's device (make_cache(..., device=))
+    wants_scores: str | None = None  # "summed" or "weights": the attention weights observe() receives (None: none)
 
     def __init__(self, config: DecoderConfig, batch: int = 1, capacity: int | None = None,
                  device: torch.device | str | None = None) -> None:
@@ -89,6 +101,22 @@ class Cache:
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
+
+    def observe(self, layer: int, scores: Tensor) -> None:
+        """The attention weights of the keys update(layer) returned (kvbench.attention.attention_scores, in the
+        summary wants_scores asks for); called only when wants_scores is set."""
+        raise NotImplementedError(f"cache kind {self.kind!r} asks for attention scores but does not observe them")
+
+    def positions(self, layer: int = 0) -> Tensor:
+        """The absolute position of each valid key of one layer, in the order keys(layer) holds them: (T,) long.
+        A kind that keeps every position holds 0..length-1."""
+        return torch.arange(self.length, device=self.device)
+
+    def evict(self, positions, layer: int | None = None) -> None:
+        """Drop retained `positions` (absolute) from one layer, or every layer when `layer` is None. Only an
+        evicting kind can; the others keep every position they are given."""
+        raise ValueError(f"cache kind {self.kind!r} keeps every position: expected an evicting kind "
+                         "(kvbench.cache.evicting.EvictingCache), got one that cannot evict")
 
     def keys(self, layer: int = 0) -> Tensor:
         """Valid keys of one layer, (B, KVH, T, D)."""

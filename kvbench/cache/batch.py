@@ -53,6 +53,7 @@ class BatchedCache(Cache):
         # The keys' count from the Python ints, not row_positions.max(): reading a device tensor would wait for it.
         keys = torch.arange(max(row.length + count for row, count in zip(rows, new)), device=device)
         self.key_mask = (keys[None, None, :] <= self.row_positions[:, :, None])[:, None]  # (B, 1, L, S)
+        self._own_mask = False  # whether key_mask is this batch's copy, rewritten row by row for evicting rows
 
     def check_append(self, config: DecoderConfig, batch: int, length: int) -> None:
         if batch != len(self.rows) or length != max(self.new):
@@ -110,7 +111,16 @@ class BatchedCache(Cache):
             row_keys, row_values = row.update(layer, k[b : b + 1, :, :count], v[b : b + 1, :, :count])  # (1, KVH, T, D)
             keys[b, :, : row_keys.shape[-2]] = row_keys[0]
             values[b, :, : row_values.shape[-2]] = row_values[0]
+            if row.key_positions is not None:  # an evicting row: its keys are visible by their positions, not slots
+                self._mask_row(b, row.key_positions)
         return keys, values
+
+    def _mask_row(self, b: int, held: Tensor) -> None:
+        """Row b's visibility from the absolute positions of the keys its cache returned (this layer's)."""
+        if not self._own_mask:
+            self.key_mask, self._own_mask = self.key_mask.clone(), True
+        self.key_mask[b, 0] = False
+        self.key_mask[b, 0, :, : len(held)] = held[None, :] <= self.row_positions[b][:, None]
 
     def _through_pool(self, layer: int, index: int, new: Tensor) -> Tensor:
         picked, written, read = self.slots

@@ -114,6 +114,10 @@ class WindowCache(Cache):
         order = torch.argsort(self.ring_positions(self.length, layer))
         return buffers[layer].index_select(2, order)
 
+    def positions(self, layer: int = 0) -> Tensor:
+        """The positions the ring holds, oldest first (as keys() returns them)."""
+        return self.ring_positions(self.length, layer).sort().values
+
     def keys(self, layer: int = 0) -> Tensor:
         """The last min(T, W) keys of one layer, oldest first."""
         return self._in_order(self._keys, layer)

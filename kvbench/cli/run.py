@@ -17,7 +17,8 @@ from kvbench.cli.commands import check_output, config_from_args
 from kvbench.cli.parser import CliError, did_you_mean
 from kvbench.cli.progress import ProgressBar
 from kvbench.cli.serve import check_serve, cmd_serve
-from kvbench.cli.usage import CONTEXTS, REQUEST, SERVED, check_read, check_used, given_options
+from kvbench.cli.usage import (CONTEXTS, REQUEST, SERVED, cache_options, check_read, check_used, given_options,
+                               option_readers)
 from kvbench.config import DecoderConfig, PlainConfig
 from kvbench.report.record import model as report_model
 from kvbench.report.record import columns, terminal
@@ -122,10 +123,8 @@ def settings(args: argparse.Namespace) -> tuple[PlainConfig, Protocol]:
             modes.spec(mode).require(config)  # an hf-* mode imports transformers here, only to check its version
         except ValueError as error:
             raise CliError(f"--modes {mode}: {error}") from None
-    args.cache_options = {mode: {"group_size": args.quant_group, "residual": args.quant_residual}
-                          for mode in modes.option_modes(args.modes)}
-    check_read(args.given, {"--quant-group": list(args.cache_options), "--quant-residual": list(args.cache_options)},
-               args.modes)
+    args.cache_options = {mode: options for mode in args.modes if (options := cache_options(args, mode))}
+    check_read(args.given, option_readers(args.modes), args.modes)
     workload_settings(args, config)
     too_long = [n for n in [*args.lengths, args.per_step or 0] if n > config.max_length]
     if too_long:

@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from kvbench import files, record
+from kvbench import files, plugins, record
 from kvbench.measure import memory, timing
 from kvbench.serving import admission, trace
 from kvbench.cli.commands import (
@@ -27,8 +27,8 @@ from kvbench.cli.commands import (
 from kvbench.cli.options import fraction
 from kvbench.cli.parser import CliError, did_you_mean
 from kvbench.cli.serving_options import DEFAULT_KINDS, DEFAULT_REPEATS, DEFAULT_BUDGET_REQUESTS
-from kvbench.cli.usage import REPLAY, SERVING, check_read
-from kvbench.modes import CONTROL
+from kvbench.cli.usage import REPLAY, SERVING, cache_options, check_read
+from kvbench.modes import CONTROL, PAGES, SPECS
 from kvbench.record.serving import assemble
 from kvbench.report.format import format_bytes, render_plain, stdout_console
 
@@ -77,13 +77,13 @@ def load_trace(args: argparse.Namespace, config) -> trace.Trace:
 
 
 def serving_settings(args: argparse.Namespace, config, kinds: list[str]) -> dict[str, dict]:
-    options = {"group_size": args.quant_group, "residual": args.quant_residual}
     settings = {}
     for kind in kinds:
-        if kind in ("paged", admission.PEER):  # the peer's pages: block_size positions, shared only if asked
+        if admission.holds_pages(kind):  # the peer's pages too: block_size positions, shared only if asked
             settings[kind] = {"block_size": args.block_size, "share_prefix": args.share_prefix}
         else:
-            settings[kind] = {"policy": args.reserve, **({"options": options} if kind.startswith("quantized") else {})}
+            options = cache_options(args, kind)
+            settings[kind] = {"policy": args.reserve, **({"options": options} if options else {})}
         settings[kind]["max_batched_tokens"] = args.max_batched_tokens  # the scheduler's, the same for every kind
     return settings
 
@@ -138,16 +138,19 @@ def check_serve(args: argparse.Namespace) -> tuple:
 
 
 def check_serving(args: argparse.Namespace):
-    """Everything a serving run needs, torch-free: (config, kinds, trace, budget, settings, protocol)."""
+    """Everything a serving run needs, torch-free but for a --plugin file's kinds: (config, kinds, trace, budget,
+    settings, protocol)."""
+    args.plugins = [plugins.load_plugin(path) for path in args.plugin]  # before the kinds are checked
     config = config_from_args(args)
     kinds = list(args.modes) if "--modes" in args.given else list(DEFAULT_KINDS)  # run's default modes are not its
-    unknown = [kind for kind in kinds if kind not in admission.SERVING_KINDS]
+    served_kinds = admission.serving_kinds()  # a plugin's kind too, when its spec says how it is served
+    unknown = [kind for kind in kinds if kind not in served_kinds]
     if unknown:
-        raise CliError(f"--modes {unknown[0]}: a serving run takes kinds {list(admission.SERVING_KINDS)}"
-                       f"{did_you_mean(unknown[0], admission.SERVING_KINDS)}")
+        raise CliError(f"--modes {unknown[0]}: a serving run takes kinds {list(served_kinds)}"
+                       f"{did_you_mean(unknown[0], served_kinds)}")
     if config.window is not None:
         raise CliError(f"--trace: a serving run needs full attention; preset {args.preset!r} slides a window")
-    if args.share_prefix and "paged" not in kinds:
+    if args.share_prefix and not any(kind in SPECS and SPECS[kind].serving == PAGES for kind in kinds):
         raise CliError("--share-prefix forks paged blocks: add paged to --modes")
     served = load_trace(args, config)
     if args.share_prefix and not any(request.prefix for request in served.requests):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 
+from kvbench import modes
 from kvbench.cli.options import run_parser
 from kvbench.cli.parser import CliError
 from kvbench.serving.trace import LENGTHS as TRACE_LENGTHS
@@ -22,7 +23,7 @@ CHOOSERS = {"--lengths": LOOP, "--prompt": REQUEST, "--generate": REQUEST, "--co
 USED_BY = {
     "--lengths": (LOOP,), "--prompt": (REQUEST,), "--generate": (REQUEST,), "--contexts": (CONTEXTS,),
     "--trace": SERVED, "--modes": EVERY,
-    "--plugin": TIMED,  # a serving run takes the kinds kvbench.admission schedules, no plugin's
+    "--plugin": EVERY,  # a serving run takes a plugin's kind too when its spec says how it is held (ModeSpec.serving)
     "--repeats": EVERY, "--precision": EVERY,
     "--min-repeats": TIMED,  # a serving run's minimum under --precision is --repeats
     "--max-repeats": EVERY, "--max-seconds": EVERY, "--between-run": EVERY, "--order": EVERY, "--cpu": EVERY,
@@ -54,6 +55,9 @@ NEEDS = {  # option -> (the workloads where it does something only beside one of
                                                 "--repeats rotations"),
     "--quality": (TIMED, ("--model", "--gguf"), "it measures a trained model on text"),
 }
+# The options that become a cache's keyword options (ModeSpec.options), with the argument each is read from: a kind
+# whose spec takes the keyword gets the option's value, whatever its name.
+CACHE_OPTIONS = {"--quant-group": ("group_size", "quant_group"), "--quant-residual": ("residual", "quant_residual")}
 KIND_OPTIONS = {  # options only some kinds read (kvbench.cli.run and .serve tell which do): who reads each
     "--quant-group": "the quantized kinds", "--quant-residual": "the quantized kinds",
     "--block-size": "paged and hf-continuous", "--reserve": "static and the quantized kinds",
@@ -100,6 +104,22 @@ def check_used(given: list[str], trace: str | None) -> str:
         if workload in workloads and not set(needed) & set(given):
             raise CliError(f"{option} needs {' or '.join(needed)} in a {workload} run: {why}")
     return workload
+
+
+def takes(kind: str) -> tuple[str, ...]:
+    """The cache options a kind's spec takes (none for a kind the registry does not hold: the serving peer)."""
+    found = modes.SPECS.get(kind)
+    return found.options if found is not None else ()
+
+
+def cache_options(args: argparse.Namespace, kind: str) -> dict:
+    """The keyword options the command line gives `kind`'s cache: those of CACHE_OPTIONS its spec takes."""
+    return {keyword: getattr(args, dest) for keyword, dest in CACHE_OPTIONS.values() if keyword in takes(kind)}
+
+
+def option_readers(kinds: list[str]) -> dict[str, list[str]]:
+    """Each cache option's readers among `kinds` (check_read's `readers`)."""
+    return {option: [kind for kind in kinds if keyword in takes(kind)] for option, (keyword, _) in CACHE_OPTIONS.items()}
 
 
 def check_read(given: list[str], readers: dict[str, list[str]], kinds: list[str]) -> None:

@@ -19,12 +19,25 @@ import math
 import re
 
 from kvbench.kinds import GROUP_SIZE, RESIDUAL, expected_cache_bytes
-from kvbench.modes import KVBENCH, names, spec
+from kvbench.modes import KVBENCH, PAGES, RESERVE, SPECS, names, spec
 
 QUANTIZED_BITS = {name: spec(name).bits for name in names(KVBENCH) if spec(name).bits}  # quantized kinds, from their specs
 
 PEER = "hf-continuous"  # transformers' continuous batching over its own paged cache (kvbench.serving.peer)
-SERVING_KINDS = ("static", "paged", "quantized-int8", "quantized-int4", PEER)
+
+
+def serving_kinds() -> tuple[str, ...]:
+    """The kinds a serving run takes: every registered one whose spec says how it is held (ModeSpec.serving, a
+    plugin's included), and the peer."""
+    return (*(name for name, found in SPECS.items() if found.serving), PEER)
+
+
+def holds_pages(kind: str) -> bool:
+    """Whether `kind` takes blocks of a shared pool on demand (ModeSpec.serving "pages"; the peer's own pages)."""
+    return kind == PEER or (kind in SPECS and SPECS[kind].serving == PAGES)  # the peer is no mode of the registry
+
+
+SERVING_KINDS = serving_kinds()  # the shipped ones, for the command line's help
 RESERVE_POLICIES = ("request", "max-length")
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default block size
 UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
@@ -114,11 +127,13 @@ def cache_options(kind: str, request, capacity: int, options: dict | None = None
 def reservation(kind: str, config, positions: int, options: dict | None = None) -> int:
     """Bytes a reserving kind takes at admission for a cache of `positions` capacity made with `options` (for a
     request, cache_options': a quantized cache's window sized for its prefill)."""
-    if kind == "static":
-        return expected_cache_bytes(config, 1, positions)
-    if kind in QUANTIZED_BITS:
-        return quantized_reserved_bytes(config, positions, QUANTIZED_BITS[kind], **(options or {}))
-    raise ValueError(f"a reserving kind is one of static, {', '.join(QUANTIZED_BITS)}; got {kind!r}")
+    found = SPECS.get(kind)
+    if found is None or found.serving != RESERVE:
+        raise ValueError(f"a reserving kind is one of {[name for name, s in SPECS.items() if s.serving == RESERVE]}; "
+                         f"got {kind!r}")
+    if found.bits:  # what a quantized cache allocates, its window of recent positions included
+        return quantized_reserved_bytes(config, positions, found.bits, **(options or {}))
+    return found.bytes(config, 1, positions, **(options or {}))  # the most it holds: its formula at its capacity
 
 
 def minimum_budget(kind: str, config, trace, policy: str = "request", block_size: int = DEFAULT_BLOCK_SIZE,
@@ -127,9 +142,9 @@ def minimum_budget(kind: str, config, trace, policy: str = "request", block_size
     """The least budget that serves every request of `trace` alone: its largest request's need (for paged
     with a shared prefix, plus the prefix's blocks, which the pool keeps while a request may fork them; for
     quantized, prefilled in chunks of max_batched_tokens, None being whole prompts: the largest window)."""
-    if kind not in SERVING_KINDS:
-        raise ValueError(f"a serving kind is one of {list(SERVING_KINDS)}, got {kind!r}")
-    if kind in ("paged", PEER):  # the peer's pages are blocks of block_size positions in every layer
+    if kind not in serving_kinds():
+        raise ValueError(f"a serving kind is one of {list(serving_kinds())}, got {kind!r}")
+    if holds_pages(kind):  # the peer's pages are blocks of block_size positions in every layer
         held = blocks_for(trace.prefix, block_size) if share_prefix else 0  # the prefix holder's blocks
         largest = max(blocks_for(request.positions, block_size) for request in trace.requests)
         return (held + largest) * block_bytes(config, block_size)

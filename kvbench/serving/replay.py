@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import torch
 
+from kvbench.cache.evicting import masked_reference
 from kvbench.measure import stats
+from kvbench.modes import spec
 from kvbench.workloads.decode import judge_logits, tolerances
 from kvbench.model import Decoder
 from kvbench.serving.peer import PEER, PeerReplay, greedy_continuations, peer_gate
@@ -62,6 +64,8 @@ def gate(model: Decoder, trace: Trace, kind: str, budget: int, settings: dict,
     worst request's figures and where the first failing one failed. A request given more or fewer tokens than
     the trace asks fails too, at the first position it should not have (a scheduler that retires requests
     early does less work, and would otherwise be timed as if it did it all)."""
+    if spec(kind).evicts:  # its caches record what each step saw: its reference is the full path masked to that
+        settings = {**settings, "options": {**settings.get("options", {}), "history": True}}
     replay = Replay(model, trace, kind, budget, settings, keep_logits=True, continuations=continuations)
     replay.prepare()
     replay()
@@ -74,7 +78,8 @@ def gate(model: Decoder, trace: Trace, kind: str, budget: int, settings: dict,
             check = None
             if compared:
                 start = live.spec.prompt - 1
-                reference = model(live.ids)[0][:, start : start + compared]  # (1, compared, V)
+                reference = (model(live.ids)[0] if live.history is None else
+                             masked_reference(model, live.ids, live.history))[:, start : start + compared]  # (1, n, V)
                 check = judge_logits(kind, torch.stack(live.logits[:compared])[None], reference, atol, rtol,
                                      model.config).to_dict()
                 checked += compared

@@ -39,6 +39,7 @@ from kvbench.cache import BlockPool, Cache, PagedCache, make_cache
 from kvbench.cache.batch import BatchedCache
 from kvbench.measure.clock import HOST, Clock
 from kvbench.model import Decoder
+from kvbench.modes import PAGES, spec
 from kvbench.serving import admission
 from kvbench.serving.disciplines import Disciplines
 from kvbench.serving.trace import Trace, TraceRequest
@@ -86,6 +87,7 @@ class Live:
     preemptions: int = 0
     reserved: int = 0  # bytes a reserving kind set aside for it
     logits: list[Tensor] | None = None
+    history: list | None = None  # an evicting cache's record of the positions each step saw (replay's gate)
     finished: float | None = None
 
     @property
@@ -128,6 +130,7 @@ class Ledger:
         if self.held + need > self.budget:
             return False
         live.cache = make_cache(self.kind, self.config, 1, capacity, device=self.model.device, **options)
+        live.history = getattr(live.cache, "history", None)  # kept past release: the gate masks the full path by it
         live.reserved, self.held = need, self.held + need
         return True
 
@@ -242,7 +245,7 @@ class PagedLedger(Ledger):
 def make_ledger(model: Decoder, kind: str, budget: int, policy: str = "request",
                 block_size: int = admission.DEFAULT_BLOCK_SIZE, share_prefix: bool = False,
                 options: dict | None = None) -> Ledger:
-    if kind == "paged":
+    if spec(kind).serving == PAGES:
         return PagedLedger(model, budget, block_size, share_prefix)
     if share_prefix:
         raise ValueError(f"--share-prefix forks paged blocks: expected kind 'paged', got {kind!r}")

@@ -1,13 +1,9 @@
 """Teacher-forced decode loops, the one stepper every loop drives, and the equivalence gate. No timing here.
 
-Every mode consumes the same predetermined token ids, so generation choices never
-change the workload. ``full`` re-runs the whole prefix at every step; a cache kind
-feeds one new token per step and keeps the rest. Both produce, for every step t,
-the logits at the last position (the prediction for token t + 1).
-
-Every loop in kvbench -- the timed loop, a request, the steps at a context, the per-step
-profile, the cache footprint, the gate and the asv suites -- drives one stepper,
-:func:`steps`; each mode's spec (kvbench.modes) names the stepper behind it.
+Every mode consumes the same predetermined token ids, so generation choices never change the workload: ``full``
+re-runs the whole prefix at every step, a cache kind feeds one new token per step; both give, for every step t, the
+logits at the last position. Every loop in kvbench (timed loop, request, steps at a context, per-step profile,
+footprint, gate, asv suites) drives one stepper, :func:`steps`; each mode's spec (kvbench.modes) names it.
 """
 
 from __future__ import annotations
@@ -20,6 +16,7 @@ from torch import Tensor
 
 from kvbench import modes as registry  # `modes` is the gate's parameter: a list of mode names
 from kvbench.cache import Cache, make_cache
+from kvbench.cache.evicting import masked_reference
 from kvbench.config import DecoderConfig, dtype_name
 from kvbench.kinds import DIVERGED, DRIFTED, NOT_FINITE, REFERENCE_NOT_FINITE, tolerance_for, within_limits
 from kvbench.kinds import TOLERANCES as TOLERANCES_BY_NAME
@@ -122,23 +119,46 @@ def decode_full(model: Decoder, ids: Tensor, keep_logits: bool = False) -> Tenso
     return drain(model, ids, FULL, keep_logits, None)
 
 
-def decode_cached(model: Decoder, ids: Tensor, kind: str, keep_logits: bool = False,
-                  options: dict | None = None) -> Tensor | None:
+def decode_cached(model: Decoder, ids: Tensor, kind: str, keep_logits=False, options=None) -> Tensor | None:
     """Feed one token per step into a fresh `kind` cache sized for the whole sequence."""
     return drain(model, ids, kind, keep_logits, options)
 
 
 def drain(model: Decoder, ids: Tensor, mode: str, keep_logits: bool, options: dict | None,
-          prompt: int = 1) -> Tensor | None:
-    """Run every step of `mode` over ids; (B, steps, V) logits when kept."""
+          prompt: int = 1, cache: Cache | None = None) -> Tensor | None:
+    """Run every step of `mode` over ids (continuing `cache` when given); (B, steps, V) logits when kept."""
     B, T = ids.shape
     kept = torch.empty(B, T - prompt + 1, model.config.vocab_size, dtype=model.config.dtype,
                        device=model.device) if keep_logits else None
     with torch.inference_mode():
-        for t, (logits, _) in enumerate(steps(model, ids, mode, prompt, options=options)):
+        for t, (logits, _) in enumerate(steps(model, ids, mode, prompt, cache, options)):
             if kept is not None:
                 kept[:, t] = logits
     return kept
+
+
+def evicting_logits(model: Decoder, ids: Tensor, mode: str, prompt=1, options=None) -> tuple[Tensor, Tensor]:
+    """An evicting kind's (B, steps, V) last-position logits over ids from `prompt` on, and the reference its
+    mechanics are judged by: the same rows of the full path masked to exactly the positions it kept."""
+    cache = make_cache(mode, model.config, batch=ids.shape[0], capacity=ids.shape[1], device=model.device,
+                       **(options or {}).get(mode, {}))
+    cache.history = []  # the positions each step's keys had: the reference's mask
+    try:
+        kept = drain(model, ids, mode, True, options, prompt, cache)
+    finally:
+        cache.release()
+    return kept, masked_reference(model, ids, cache.history)[:, prompt - 1 :]
+
+
+def gated_logits(model: Decoder, ids: Tensor, mode: str, prompt: int, reference: Tensor, options=None) -> tuple:
+    """(candidate, reference) a mode is judged on from `prompt` on: its logits and full's (`reference`), or for a
+    kind that evicts by its own rule, its logits and the full path masked to what it kept."""
+    spec = registry.spec(mode)
+    if spec.evicts:
+        return evicting_logits(model, ids, mode, prompt, options)
+    if spec.source == registry.FULL_PREFIX:  # the reference is full's own logits: judging them needs no second run
+        return reference, reference
+    return drain(model, ids, mode, True, options, prompt), reference
 
 
 def cache_footprint(model: Decoder, ids: Tensor, mode: str, options: dict | None = None) -> dict:
@@ -198,15 +218,13 @@ def is_trained(model: Decoder) -> bool:
 
 
 def model_tolerances(model: Decoder) -> tuple[float, float]:
-    """The gate's (atol, rtol) for a model: its dtype's, or those a trained model carries (kvbench.models.gguf sets
-    `gate_tolerance`: thirty layers of trained weights round differently along two paths, docs/drift.md)."""
+    """The gate's (atol, rtol): its dtype's, or those a trained model carries (`gate_tolerance`, docs/drift.md)."""
     return getattr(model, "gate_tolerance", None) or tolerances(model.config.dtype, model.config.layers)
 
 
 def first_step(bad: Tensor) -> int | None:
     """The earliest step t at which `bad` (B, T, V) is True for any sequence and logit."""
-    steps = bad.any(dim=-1).any(dim=0).nonzero()
-    return int(steps[0]) if len(steps) else None
+    return int(found[0]) if len(found := bad.any(dim=-1).any(dim=0).nonzero()) else None
 
 
 def compare_logits(mode: str, candidate: Tensor, reference: Tensor, atol: float, rtol: float) -> Equivalence:
@@ -343,9 +361,8 @@ def check_equivalence(
     reference = reference[:, :T]
     results = {}
     for mode in check_modes(modes):
-        # the reference is full's own logits: judging full against them needs no second run
-        candidate = reference if mode == FULL else decode(model, ids, mode, keep_logits=True, options=options)
-        results[mode] = judge_logits(mode, candidate, reference, atol, rtol, model.config, is_trained(model))
+        candidate, judged_by = gated_logits(model, ids, mode, 1, reference, options)
+        results[mode] = judge_logits(mode, candidate, judged_by, atol, rtol, model.config, is_trained(model))
     return results
 
 

@@ -1,7 +1,7 @@
 """What a lossy cache does to text: perplexity, KL, top-1 agreement, where greedy text departs, and the text.
 
 Every figure is against the full path of the same weights with nothing evicted or quantized
-(for the window kind: the same model without its window), on the corpus (kvbench.models.corpus):
+(for the window kind: the same model without its window; an evicting kind's own rule runs on that model), on the corpus (kvbench.models.corpus):
 
 - teacher-forced over `chunks` runs of `tokens` consecutive corpus tokens, each mode fed one token
   a step as in a decode loop (the window kind excepted: it equals the full prefix masked the same
@@ -28,9 +28,11 @@ from kvbench.modes import spec
 from kvbench.workloads.decode import FULL, steps
 
 
-def evicts(mode: str) -> bool:
-    """A kind that keeps only a window's positions: measured on the windowed model, against full's unwindowed."""
-    return not spec(mode).keeps_every_position
+def windowed(mode: str) -> bool:
+    """A kind whose rule is the model's window (the window kind): measured on the windowed model, its logits from
+    that model's full path, against full's unwindowed. A kind that evicts by its own rule (ModeSpec.evicts) runs on
+    the full model, stepped as in a decode loop, like every other kind."""
+    return spec(mode).requires_window
 
 
 def variant(model: Decoder, **fields) -> Decoder:
@@ -122,18 +124,18 @@ def measure(model: Decoder, ids: Tensor, modes: list[str], tokenizer, options: d
     `model` carries the run's config: a window kind is measured with its window and sinks, and beside
     it without sinks when it has some; the reference is the same weights with no window."""
     full_model = variant(model, window=None, window_pattern=None, sinks=0)
-    runs = [(mode, model if evicts(mode) else full_model) for mode in modes if spec(mode).keeps_state]
+    runs = [(mode, model if windowed(mode) else full_model) for mode in modes if spec(mode).keeps_state]
     if model.config.sinks:  # a windowed kind beside itself without sinks: what the sinks buy
         runs = [run for mode, chosen in runs
-                for run in ([(mode, variant(model, sinks=0)), (mode, chosen)] if evicts(mode) else [(mode, chosen)])]
+                for run in ([(mode, variant(model, sinks=0)), (mode, chosen)] if windowed(mode) else [(mode, chosen)])]
     pieces = ids.view(chunks, -1)
     references = [step_logits(full_model, piece[None], FULL, options)[0] for piece in pieces]
     full_tokens = greedy(full_model, pieces[0, :prompt][None], "concat", generate, options)  # concat: full, exactly
     rows = [summarise(FULL, full_model, [compare_chunk(r, r, p[None], model.config.window)
                                          for r, p in zip(references, pieces)], None, full_tokens, full_tokens, tokenizer)]
     for mode, chosen in runs:
-        beyond = chosen.config.window if evicts(mode) else None
-        path = FULL if evicts(mode) else mode  # the windowed model's full prefix: the window kind's logits
+        beyond = chosen.config.window if windowed(mode) else None
+        path = FULL if windowed(mode) else mode  # the windowed model's full prefix: the window kind's logits
         found, held = [], {}
         for r, p in zip(references, pieces):  # every chunk as long: the cache holds the same after each
             logits, held = step_logits(chosen, p[None], path, options)
@@ -154,7 +156,7 @@ def summarise(mode: str, model: Decoder, found: list[dict], full: list[dict] | N
            "top1_agreement": sum(c["top1"] for c in found) / len(found),
            "greedy_departure": first_departure(tokens, full_tokens), "sample": tokenizer.decode(tokens),
            "chunks": found}
-    if evicts(mode):
+    if windowed(mode):
         row.update(window=model.config.window, sinks=model.config.sinks)
     if full is not None:
         row["nll_difference"] = interval([c["nll"] - f["nll"] for c, f in zip(found, full)])

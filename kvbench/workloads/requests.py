@@ -25,7 +25,7 @@ from kvbench.kinds import CONTEXT_TIMED_STEPS, CONTEXT_WARMUP_STEPS
 from kvbench.measure.clock import HOST, Clock
 from kvbench.model import Decoder
 from kvbench.modes import FULL
-from kvbench.workloads.decode import drain, is_trained, judge_logits, model_tolerances, steps
+from kvbench.workloads.decode import drain, gated_logits, is_trained, judge_logits, model_tolerances, steps
 
 
 def request_logits(model: Decoder, ids: Tensor, mode: str, prompt: int, options: dict | None = None) -> Tensor:
@@ -38,9 +38,8 @@ def check_request(model: Decoder, ids: Tensor, modes: list[str], prompt: int,
     """Every mode's request against full's, token by token: {mode: check dict}, as the loop gate gives."""
     atol, rtol = model_tolerances(model)
     reference = request_logits(model, ids, FULL, prompt)
-    # the reference is full's own logits: judging full against them needs no second run
-    return {mode: judge_logits(mode, reference if mode == FULL else request_logits(model, ids, mode, prompt, options),
-                               reference, atol, rtol, model.config, is_trained(model)).to_dict() for mode in modes}
+    return {mode: judge_logits(mode, *gated_logits(model, ids, mode, prompt, reference, options), atol, rtol,
+                               model.config, is_trained(model)).to_dict() for mode in modes}
 
 
 def step_durations(stepping: Iterator, count: int | None = None, clock: Clock = HOST) -> list[float]:
