@@ -192,3 +192,14 @@ def test_a_run_on_a_gguf_records_the_file_and_the_corpus(tmp_path, original, cac
     assert record["model"]["sha256"] == kvgguf.file_sha256(path) and record["model"]["dequantized_to"] == "float32"
     assert record["token_ids"]["source"] == "corpus" and record["run"]["preset"] == "gguf"
     assert all(check["passed"] for check in record["checks"])
+
+
+def test_the_first_build_reports_each_layer_dequantized_and_a_cached_one_none(tmp_path, original, cache_dir):
+    source = kvgguf.read_gguf(write_gguf(tmp_path / "m.gguf", original))
+    events = []
+    kvgguf.build_gguf_model(source, on_progress=lambda *event: events.append(event))
+    layers = CONFIG.layers
+    assert events == [(n, layers, f"dequantizing layer {n} of {layers}") for n in range(1, layers + 1)]
+    events.clear()
+    _, origin = kvgguf.build_gguf_model(source, on_progress=lambda *event: events.append(event))
+    assert origin == "cache" and events == []  # read back whole: nothing to count, the caller's clock runs alone

@@ -286,3 +286,15 @@ def test_the_real_model_page_sets_transformers_int4_beside_kvbenchs_with_the_set
     matched = docs.peer_block(root / "results/real/quality-hf-int4-g16.json", beside)
     assert "ran with group 16 and residual 16, the settings of kvbench's quantized-int4" in matched
     assert "--quant-group 16 --quant-residual 16" in matched
+
+
+def test_the_progress_callback_counts_every_chunk_and_greedy_text_without_changing_a_figure(model, ids, measured):
+    """Full's 3 chunks and its text, then per run the same: int4, the window without its sinks and with them."""
+    events = []
+    found = quality.measure(model, ids, ["full", "quantized-int4", "window"], Digits(), OPTIONS, chunks=3, prompt=6,
+                            generate=8, on_progress=lambda *event: events.append(event))
+    assert [done for done, _, _ in events] == list(range(1, 17)) and {total for _, total, _ in events} == {16}
+    per_run = ["chunk 1 of 3", "chunk 2 of 3", "chunk 3 of 3", "greedy text"]
+    assert [what for _, _, what in events] == [f"{mode} {step}" for mode in
+                                               ["full", "quantized-int4", "window", "window"] for step in per_run]
+    assert found == measured

@@ -489,3 +489,21 @@ def test_a_fork_takes_only_the_blocks_the_holder_does_not_hold():
     first = outcome["iterations"][0]
     assert (first["admitted"], first["running"], first["free_blocks"]) == (4, 4, 12 - 2 - 4)
     assert sum(it["preempted"] for it in outcome["iterations"]) == 0
+
+
+def test_serve_reports_each_gate_and_each_replay_kept_to_its_progress_callback():
+    """Two kinds and the A/A control, 2 fixed rotations: the gates, a count of 0 before the first replay is timed,
+    then one call per replay kept, named by its kind, as many as the record keeps samples."""
+    from kvbench.measure.timing import Protocol
+    from kvbench.serving.replay import serve
+
+    model, trace = MODELS["llama"], trace_of(requests=4)
+    budget = 2 * max(admission.minimum_budget(kind, model.config, trace) for kind in ("static", "paged"))
+    settings = {"static": {"policy": "request"}, "paged": {"block_size": 16, "share_prefix": False}}
+    events = []
+    outcome = serve(model, trace, ["static", "paged"], budget, settings, Protocol.fixed(2, warmup=0),
+                    on_progress=lambda *event: events.append(event))
+    samples = outcome["sampling"].samples
+    assert outcome["control"] == "static" and len(samples) == 2 * 3
+    assert events[:3] == [(0, 2, "gate 1 of 2: static"), (1, 2, "gate 2 of 2: paged"), (0, 6, "replay")]
+    assert events[3:] == [(k, 6, f"replay {k} of 6: {kept.mode}") for k, kept in enumerate(samples, 1)]

@@ -1,5 +1,7 @@
 """`kvbench run`'s progress on stderr: a bar per stage that moves, the estimate of a long stage, and a warning
-up front when the minimum rotations cannot fit in the time budget."""
+up front when the minimum rotations cannot fit in the time budget; and the one line of every other stage that can
+take minutes (a real model's load, --quality, a serving run's gates and replays): its elapsed clock, or its count and
+an estimate once it has one."""
 
 from __future__ import annotations
 
@@ -115,3 +117,82 @@ class ProgressBar:
         self.stopped.set()
         if self.progress is not None:
             self.progress.__exit__(*exc)
+
+
+KEEP = object()  # Stage.update's default: the total stays what it was
+
+
+class Stage:
+    """One stage that can take minutes outside run_benchmark's bars (a real model's load, the quality measurement,
+    a serving run's gates and replays) on stderr: its elapsed clock, and once it has a count, a bar, the count and
+    an estimate of what is left from the pace so far. Nothing is drawn with `disabled` (--no-progress) or when the
+    console is not a terminal: a log or a pipe gets no redrawn lines.
+
+    As in ProgressBar, a thread redraws the clock every TICK_SECONDS only while nothing is timed; an update with
+    `timed=True` (a serving replay, which the sampler times) stops it until an untimed update, and from then on
+    the line moves with the updates, which come between samples."""
+
+    TICK_SECONDS = 1.0
+
+    def __init__(self, console, description: str, total: float | None = None, disabled: bool = False) -> None:
+        from rich.progress import BarColumn, Progress as Bars, TextColumn, TimeElapsedColumn
+
+        class CountedBar(BarColumn):  # no pulsing bar while there is nothing to count: the clock says enough
+            def render(self, task):
+                return "" if task.total is None else super().render(task)
+
+        self.progress = None if disabled or not console.is_terminal else Bars(
+            TextColumn("{task.description}"), CountedBar(), TextColumn("{task.fields[count]}"), TimeElapsedColumn(),
+            TextColumn("{task.fields[estimate]}"), console=console, transient=True, auto_refresh=False,
+        )
+        self.description, self.total, self.done = description, total, 0.0
+        self.untimed, self.stopped = threading.Event(), threading.Event()
+        self.untimed.set()
+        self.started, self.task = time.monotonic(), None
+
+    def __enter__(self):
+        if self.progress is not None:
+            self.progress.__enter__()
+            self.task = self.progress.add_task(self.description, total=self.total, **self.fields())
+            self.progress.refresh()
+            threading.Thread(target=self.tick, daemon=True, name="kvbench-stage").start()
+        return self.update
+
+    def fields(self) -> dict:
+        if self.total is None:
+            return {"count": "", "estimate": ""}
+        count = f"{self.done:.0f}/{self.total:.0f}"
+        if not 0 < self.done < self.total:
+            return {"count": count, "estimate": ""}
+        left = (time.monotonic() - self.started) / self.done * (self.total - self.done)  # at the pace so far
+        return {"count": count, "estimate": f"about {duration_text(left)} left"}
+
+    def update(self, done: float, total=KEEP, description: str | None = None, timed: bool = False) -> None:
+        """`done` of `total` (None: a count with no end known; left out: as before), under a new description."""
+        self.done = done
+        self.total = self.total if total is KEEP else total
+        self.description = description or self.description
+        if timed:
+            self.untimed.clear()
+        else:
+            self.untimed.set()
+        if self.progress is not None:
+            self.progress.update(self.task, completed=done, total=self.total, description=self.description,
+                                 **self.fields())
+            self.progress.refresh()
+
+    def tick(self) -> None:
+        while not self.stopped.wait(self.TICK_SECONDS):
+            if self.untimed.is_set():
+                self.progress.refresh()
+
+    def __exit__(self, *exc) -> None:
+        self.stopped.set()
+        if self.progress is not None:
+            self.progress.__exit__(*exc)
+
+
+def stage(console, description: str, total: float | None = None, disabled: bool = False) -> Stage:
+    """`with stage(console, "loading smollm2-135m") as update:` an elapsed clock; `update(k, n)` a count and an
+    estimate."""
+    return Stage(console, description, total, disabled)

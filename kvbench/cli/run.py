@@ -15,7 +15,7 @@ from kvbench import kinds, modes, plugins, record
 from kvbench.measure import memory, timing
 from kvbench.cli.commands import check_output, config_from_args
 from kvbench.cli.parser import CliError, did_you_mean
-from kvbench.cli.progress import ProgressBar
+from kvbench.cli.progress import ProgressBar, stage
 from kvbench.cli.serve import check_serve, cmd_serve
 from kvbench.cli.usage import (CONTEXTS, REQUEST, SERVED, cache_options, check_read, check_used, given_options,
                                option_readers)
@@ -41,8 +41,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                  "cpu_in_effect": timing.pin_cpu(protocol.cpu)}
     environment = capture.collect_environment()  # first, so that no interrupt can cost it
     workload = workloads.workload_from(**args.workload)
-    model, ids, tokenizer, sections = load_model(args, config, protocol, workload)
     stderr = Console(stderr=True)
+    model, ids, tokenizer, sections = load_model(args, config, protocol, workload, stderr)
     with ProgressBar(stderr, disabled=args.no_progress, protocol=protocol) as on_progress:
         outcome = benchmark.run_benchmark(model, args.lengths, args.modes, protocol, on_progress=on_progress,
                                           options=args.cache_options, workload=workload, ids=ids)
@@ -51,7 +51,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         from kvbench.workloads import quality
 
         text = corpus.corpus_ids(tokenizer, 1, args.quality * QUALITY_CHUNKS)
-        sections["quality"] = quality.measure(model, text, args.modes, tokenizer, args.cache_options, QUALITY_CHUNKS)
+        with stage(stderr, "quality", disabled=args.no_progress) as update:  # minutes on a real model
+            sections["quality"] = quality.measure(model, text, args.modes, tokenizer, args.cache_options,
+                                                  QUALITY_CHUNKS, on_progress=lambda done, total, what: update(
+                                                      done, total, f"quality: {what}"))
     with args.signals.deferred():  # from here on a signal is only counted: the record is saved first
         if outcome.interrupted and not (outcome.checks or outcome.repetitions):
             raise args.signals.first or KeyboardInterrupt()  # nothing was completed: nothing to save
@@ -95,9 +98,10 @@ def check_run(args: argparse.Namespace) -> tuple:
     return config, protocol, output
 
 
-def load_model(args: argparse.Namespace, config: PlainConfig, protocol: Protocol, workload):
+def load_model(args: argparse.Namespace, config: PlainConfig, protocol: Protocol, workload, console):
     """(model, ids, tokenizer, record sections): random weights from the seed (ids drawn later, tokenizer
-    None), or a GGUF file's weights with token ids from the corpus through its tokenizer."""
+    None), or a GGUF file's weights with token ids from the corpus through its tokenizer, with a line on
+    `console` while they load (the first load of a file dequantizes it: a minute and more of a blank screen)."""
     if args.real_model is None:
         from kvbench.model import build_model
 
@@ -105,7 +109,10 @@ def load_model(args: argparse.Namespace, config: PlainConfig, protocol: Protocol
     from kvbench.models import corpus, gguf
 
     positions = max(workload.positions(n) for n in [*args.lengths, protocol.per_step_length or 1])
-    model, ids, tokenizer, described = gguf.load(args.real_model, config, protocol.batch, positions)
+    with stage(console, f"loading {args.model_name}", disabled=args.no_progress) as update:
+        model, ids, tokenizer, described = gguf.load(args.real_model, config, protocol.batch, positions,
+                                                     on_progress=lambda done, total, what: update(
+                                                         done, total, f"loading {args.model_name}: {what}"))
     return model, ids, tokenizer, {"model": described, "token_ids": {"source": "corpus", **corpus.describe()}}
 
 

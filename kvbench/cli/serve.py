@@ -26,6 +26,7 @@ from kvbench.cli.commands import (
 )
 from kvbench.cli.options import fraction
 from kvbench.cli.parser import CliError, did_you_mean
+from kvbench.cli.progress import stage
 from kvbench.cli.serving_options import DEFAULT_KINDS, DEFAULT_REPEATS, DEFAULT_BUDGET_REQUESTS
 from kvbench.cli.usage import REPLAY, SERVING, cache_options, check_read
 from kvbench.modes import CONTROL, PAGES, SPECS
@@ -206,10 +207,14 @@ def cmd_serve(args: argparse.Namespace, checked: tuple) -> int:
     environment = capture.collect_environment()
     model = build_model(DecoderConfig.from_dict(config.to_dict()), seed=protocol.seed)
     from kvbench.measure.sampling import Sampling
+    from rich.console import Console
 
     state, checks, interrupted = Sampling(), {}, False
     try:
-        outcome = serving.serve(model, served, kinds, budget, settings, protocol, state=state, checks=checks)
+        with stage(Console(stderr=True), "serving", disabled=args.no_progress) as update:
+            outcome = serving.serve(model, served, kinds, budget, settings, protocol, state=state, checks=checks,
+                                    on_progress=lambda done, total, what: update(  # replays are timed: no ticking
+                                        done, total, what, timed=what.startswith(serving.REPLAY_STAGE)))
     except KeyboardInterrupt:  # keep what was measured, as every run does
         if not checks:
             raise

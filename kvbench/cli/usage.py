@@ -34,7 +34,7 @@ USED_BY = {
     "--quality": TIMED,  # with --model or --gguf (NEEDS), which a serving run has not
     "--per-step": (LOOP,),  # a request or contexts run times every step itself
     "--output": EVERY, "--force": EVERY,
-    "--no-progress": EVERY,  # a serving run draws no bars, so what the option asks holds
+    "--no-progress": EVERY,  # every workload draws its long stages (kvbench.cli.progress.stage) on stderr
     "--wide": EVERY,
     # a saved trace carries its own requests, arrivals, prefixes and cancellations
     "--requests": (SERVING,), "--arrivals": (SERVING,), "--prefix": (SERVING,), "--prefix-fraction": (SERVING,),

@@ -193,8 +193,9 @@ def dequantized(model: GgufModel, name: str):
     return torch.from_numpy(values.astype("float32", copy=True))
 
 
-def state_dict(model: GgufModel, dtype: str = "float32") -> dict:
-    """kvbench.model.Decoder's state dict (q, k and v fused, gate and up fused) in `dtype`."""
+def state_dict(model: GgufModel, dtype: str = "float32", on_progress=None) -> dict:
+    """kvbench.model.Decoder's state dict (q, k and v fused, gate and up fused) in `dtype`; `on_progress(done,
+    total, what)`, if given, after each layer (a 135M model's first load dequantizes for a minute and more)."""
     import torch
 
     config, target = model.config, getattr(torch, check_dtype_name(dtype))
@@ -220,6 +221,8 @@ def state_dict(model: GgufModel, dtype: str = "float32") -> dict:
             if permuted:
                 biases[:2] = unpermute(biases[0], config["heads"]), unpermute(biases[1], config["kv_heads"])
             weights[prefix + "qkv.bias"] = torch.cat(biases)
+        if on_progress is not None:
+            on_progress(layer + 1, config["layers"], f"dequantizing layer {layer + 1} of {config['layers']}")
     return {name: tensor.to(target) for name, tensor in weights.items()}
 
 
@@ -230,7 +233,7 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvbench"
 
 
-def cached_state_dict(model: GgufModel, dtype: str) -> tuple[dict, str]:
+def cached_state_dict(model: GgufModel, dtype: str, on_progress=None) -> tuple[dict, str]:
     """(the state dict, "cache" or "dequantized"): read from the cache when this file and dtype were seen before,
     else dequantized and written there (a cache that cannot be written is skipped, never an error)."""
     import torch
@@ -243,7 +246,7 @@ def cached_state_dict(model: GgufModel, dtype: str) -> tuple[dict, str]:
             return torch.load(path, weights_only=True, mmap=True), "cache"
         except Exception:  # noqa: BLE001 - a damaged cache entry is rebuilt below
             pass
-    weights = state_dict(model, dtype)
+    weights = state_dict(model, dtype, on_progress)
     buffer = io.BytesIO()
     torch.save(weights, buffer)
     try:
@@ -282,7 +285,7 @@ def tokenizer(model: GgufModel):
     return backend
 
 
-def build_gguf_model(model: GgufModel, dtype: str = "float32", **overrides):
+def build_gguf_model(model: GgufModel, dtype: str = "float32", on_progress=None, **overrides):
     """kvbench's Decoder holding the file's weights in `dtype` (eval mode, no gradients), and where the
     weights came from ("cache" or "dequantized"). `overrides`: config fields such as a window."""
     from kvbench.config import DecoderConfig
@@ -290,7 +293,7 @@ def build_gguf_model(model: GgufModel, dtype: str = "float32", **overrides):
 
     config = DecoderConfig.from_dict({**model.config, **overrides, "dtype": check_dtype_name(dtype)})
     check_fits(model, config)
-    weights, origin = cached_state_dict(model, dtype)
+    weights, origin = cached_state_dict(model, dtype, on_progress)
     decoder = decoder_with_weights(config, weights)
     decoder.gate_tolerance = TRAINED_TOLERANCES[check_dtype_name(dtype)]  # the gate's bound for trained weights
     return decoder, origin
@@ -313,17 +316,22 @@ def check_fits(model: GgufModel, config) -> None:
                          "memory are available")
 
 
-def load(model: GgufModel, config: PlainConfig, batch: int, positions: int):
+def load(model: GgufModel, config: PlainConfig, batch: int, positions: int, on_progress=None):
     """What a run on a real model needs: kvbench's Decoder with the file's weights in `config` (the file's shapes
     with a run's dtype, window or sinks), the corpus's token ids (batch, positions) through the file's
-    tokenizer, the tokenizer, and the record's account of them (the file, how long loading took, what was cached)."""
+    tokenizer, the tokenizer, and the record's account of them (the file, how long loading took, what was cached).
+    `on_progress(done, total, what)`: each layer dequantized (none when the cache has them), then the tokenizer
+    (total None: nothing to count)."""
     import time
 
     from kvbench.models import corpus
 
     started = time.perf_counter()
-    decoder, origin = build_gguf_model(model, config.dtype, **{name: getattr(config, name) for name in RUN_SETTINGS})
+    decoder, origin = build_gguf_model(model, config.dtype, on_progress,
+                                       **{name: getattr(config, name) for name in RUN_SETTINGS})
     built = time.perf_counter()
+    if on_progress is not None:
+        on_progress(0, None, "tokenizer and corpus ids")
     reader = tokenizer(model)
     ids = corpus.corpus_ids(reader, batch, positions)
     described = {**model.describe(config.dtype), "weights_from": origin, "build_seconds": round(built - started, 3),

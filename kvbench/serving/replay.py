@@ -25,6 +25,9 @@ from kvbench.serving.figures import replay_figures
 from kvbench.measure.timing import Protocol, control_mode
 from kvbench.serving.trace import Trace
 
+REPLAY_STAGE = "replay"  # what a sampled replay's progress starts with: the caller's display must not tick in it
+
+
 class Replay:
     """The call the sampler times: one whole trace on one kind. `prepare()` builds the pool or ledger outside
     the timed region (a server starts with its memory); `detail()` hands over what the replay recorded."""
@@ -96,9 +99,12 @@ def gate(model: Decoder, trace: Trace, kind: str, budget: int, settings: dict,
 
 
 def serve(model: Decoder, trace: Trace, kinds: list[str], budget: int, settings: dict[str, dict],
-          protocol: Protocol, on_sample=None, state=None, checks: dict | None = None) -> dict:
+          protocol: Protocol, on_sample=None, state=None, checks: dict | None = None, on_progress=None) -> dict:
     """The gate of every kind, then the sampled replays: {"checks", "control", "sampling"} (samples keep their
-    replays). Pass `checks` and `state` to keep what was done when an interrupt ends the run early."""
+    replays). Pass `checks` and `state` to keep what was done when an interrupt ends the run early.
+    `on_progress(done, total, what)`, if given, before each gate ("gate ...") and after each replay ("replay ...",
+    called between samples, outside the timed region; total None under a precision target, whose stop rule
+    decides the count)."""
     checks = checks if checks is not None else {}
     continuations, prompts = None, TokenSource(model.config.vocab_size, trace.seed, trace.prefix).prompt
     if PEER in kinds:  # a greedy peer: every kind's outputs become the full path's greedy continuation
@@ -110,7 +116,9 @@ def serve(model: Decoder, trace: Trace, kinds: list[str], budget: int, settings:
         return peer if kind == PEER else Replay(model, trace, kind, budget, settings[kind], continuations=continuations)
 
     try:
-        for kind in kinds:
+        for index, kind in enumerate(kinds):
+            if on_progress is not None:
+                on_progress(index, len(kinds), f"gate {index + 1} of {len(kinds)}: {kind}")
             checks[kind] = (peer_gate(peer, continuations) if kind == PEER
                             else gate(model, trace, kind, budget, settings[kind], continuations))
         runnable = [kind for kind in kinds if checks[kind]["passed"]]
@@ -121,12 +129,33 @@ def serve(model: Decoder, trace: Trace, kinds: list[str], budget: int, settings:
         control = control_mode(protocol.control, [kind for kind in runnable if kind != PEER])  # kvbench's own kinds
         if control is not None:
             loops["control"] = replay(control)
-        sampled = sample({0: loops}, protocol, baseline=runnable[0], on_sample=on_sample, state=state,
+        sampled = sample({0: loops}, protocol, baseline=runnable[0], on_sample=counted(on_sample, on_progress, protocol,
+                                                                                     len(loops)), state=state,
                          watch=lambda samples, length: makespan_half_widths(samples, runnable[0], protocol.between_run))
     finally:
         if peer is not None:
             peer.close()
     return {"checks": checks, "control": control, "sampling": sampled, "continuations": continuations}
+
+
+def counted(on_sample, on_progress, protocol: Protocol, loops: int):
+    """on_sample that also reports each replay kept as "replay k of N: kind" (N: the fixed protocol's rotations
+    times the kinds and control replayed in each); first a count of 0, before the first replay is timed."""
+    if on_progress is None:
+        return on_sample
+    total = protocol.repeats * loops if protocol.precision is None else None
+    on_progress(0, total, REPLAY_STAGE)
+    done = 0
+
+    def kept(replayed) -> None:
+        nonlocal done
+        done += 1
+        if on_sample is not None:
+            on_sample(replayed)
+        of = f" of {total}" if total is not None else ""
+        on_progress(done, total, f"{REPLAY_STAGE} {done}{of}: {replayed.mode}")
+
+    return kept
 
 
 def makespan_half_widths(samples, baseline: str, between_run: float) -> dict[str, float]:

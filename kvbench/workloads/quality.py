@@ -118,19 +118,33 @@ def compare_chunk(reference: Tensor, candidate: Tensor, ids: Tensor, beyond: int
 
 
 def measure(model: Decoder, ids: Tensor, modes: list[str], tokenizer, options: dict | None = None,
-            chunks: int = 4, prompt: int = 32, generate: int = 48) -> dict:
+            chunks: int = 4, prompt: int = 32, generate: int = 48, on_progress=None) -> dict:
     """The quality section of a record: `ids` (1, chunks * tokens) of the corpus, cut into `chunks` runs.
 
     `model` carries the run's config: a window kind is measured with its window and sinks, and beside
-    it without sinks when it has some; the reference is the same weights with no window."""
+    it without sinks when it has some; the reference is the same weights with no window. `on_progress(done,
+    total, what)`, if given, is called after each chunk's logits and each greedy generation (minutes in all on
+    a real model, each step as long as the next: a count the caller can estimate from)."""
     full_model = variant(model, window=None, window_pattern=None, sinks=0)
     runs = [(mode, model if windowed(mode) else full_model) for mode in modes if spec(mode).keeps_state]
     if model.config.sinks:  # a windowed kind beside itself without sinks: what the sinks buy
         runs = [run for mode, chosen in runs
                 for run in ([(mode, variant(model, sinks=0)), (mode, chosen)] if windowed(mode) else [(mode, chosen)])]
     pieces = ids.view(chunks, -1)
-    references = [step_logits(full_model, piece[None], FULL, options)[0] for piece in pieces]
+    done, total = 0, (len(runs) + 1) * (chunks + 1)
+
+    def advance(what: str) -> None:
+        nonlocal done
+        done += 1
+        if on_progress is not None:
+            on_progress(done, total, what)
+
+    references = []
+    for chunk, piece in enumerate(pieces):
+        references.append(step_logits(full_model, piece[None], FULL, options)[0])
+        advance(f"{FULL} chunk {chunk + 1} of {chunks}")
     full_tokens = greedy(full_model, pieces[0, :prompt][None], "concat", generate, options)  # concat: full, exactly
+    advance(f"{FULL} greedy text")
     rows = [summarise(FULL, full_model, [compare_chunk(r, r, p[None], model.config.window)
                                          for r, p in zip(references, pieces)], None, full_tokens, full_tokens, tokenizer)]
     for mode, chosen in runs:
@@ -140,7 +154,9 @@ def measure(model: Decoder, ids: Tensor, modes: list[str], tokenizer, options: d
         for r, p in zip(references, pieces):  # every chunk as long: the cache holds the same after each
             logits, held = step_logits(chosen, p[None], path, options)
             found.append(compare_chunk(r, logits, p[None], beyond))
+            advance(f"{mode} chunk {len(found)} of {chunks}")
         tokens = greedy(chosen, pieces[0, :prompt][None], mode, generate, options)
+        advance(f"{mode} greedy text")
         rows.append({**summarise(mode, chosen, found, rows[0]["chunks"], tokens, full_tokens, tokenizer), **held})
     return {"tokens": pieces.shape[1], "chunks": chunks, "prompt": prompt, "generate": generate,
             "prompt_text": tokenizer.decode(pieces[0, :prompt].tolist()), "options": dict(options or {}),
