@@ -129,7 +129,7 @@ def reservation(kind: str, config, positions: int, options: dict | None = None) 
     request, cache_options': a quantized cache's window sized for its prefill)."""
     found = SPECS.get(kind)
     if found is None or found.serving != RESERVE:
-        raise ValueError(f"a reserving kind is one of {[name for name, s in SPECS.items() if s.serving == RESERVE]}; "
+        raise ValueError(f"a reserving kind is one of {', '.join(name for name, s in SPECS.items() if s.serving == RESERVE)}; "
                          f"got {kind!r}")
     if found.bits:  # what a quantized cache allocates, its window of recent positions included
         return quantized_reserved_bytes(config, positions, found.bits, **(options or {}))
