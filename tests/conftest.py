@@ -1,6 +1,9 @@
 """Shared fixtures: a tiny model and the synthetic-record builder of tests/records.py."""
 
+import os
+
 import pytest
+from hypothesis import settings
 from records import synthetic_record
 
 from kvbench.model import DecoderConfig, build_model, preset_config
@@ -99,3 +102,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("virtualenv") is not None:
             item.add_marker(skip)
+
+
+# CI runs every property test on the same examples (derandomized), so a near-tie a fresh draw may hit -- int4's
+# top-1 agreement on random weights, docs/drift.md -- cannot turn a green commit red; a local run explores anew.
+settings.register_profile("ci", derandomize=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
