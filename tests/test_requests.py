@@ -58,10 +58,10 @@ def test_each_step_runs_from_the_end_of_the_one_before(tiny_model, monkeypatch):
     """A clock whose k-th reading is k * (k + 1) / 2 ms: the k-th step took exactly k ms."""
     from types import SimpleNamespace
 
-    from kvbench.workloads import requests
+    from kvbench.measure import timing  # the one per-step timer, timing.step_durations
 
     readings = iter(k * (k + 1) // 2 * 1_000_000 for k in range(100))
-    monkeypatch.setattr(requests, "time", SimpleNamespace(perf_counter_ns=lambda: next(readings)))
+    monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter_ns=lambda: next(readings)))
     timed = time_request(tiny_model, token_ids(tiny_model.config, 1, 12), "static", prompt=8)
     assert timed["ttft_seconds"] == pytest.approx(0.001)
     assert timed["step_seconds"] == pytest.approx([0.002, 0.003, 0.004, 0.005])

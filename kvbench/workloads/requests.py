@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from itertools import islice
 
 import torch
 from torch import Tensor
 
 from kvbench.kinds import CONTEXT_TIMED_STEPS, CONTEXT_WARMUP_STEPS
+from kvbench.measure.timing import step_durations
 from kvbench.model import Decoder
 from kvbench.modes import FULL
 from kvbench.workloads.decode import drain, is_trained, judge_logits, model_tolerances, steps
@@ -41,18 +41,6 @@ def check_request(model: Decoder, ids: Tensor, modes: list[str], prompt: int,
     # the reference is full's own logits: judging full against them needs no second run
     return {mode: judge_logits(mode, reference if mode == FULL else request_logits(model, ids, mode, prompt, options),
                                reference, atol, rtol, model.config, is_trained(model)).to_dict() for mode in modes}
-
-
-def step_durations(stepping: Iterator, count: int | None = None) -> list[float]:
-    """Seconds of each of the next `count` steps (every step left, by default). The clock is read once between
-    two steps, so a step's time runs from the end of the one before it to its own logits."""
-    durations = []
-    last = time.perf_counter_ns()
-    for _ in islice(stepping, count):
-        now = time.perf_counter_ns()
-        durations.append((now - last) / 1e9)
-        last = now
-    return durations
 
 
 def time_request(model: Decoder, ids: Tensor, mode: str, prompt: int, options: dict | None = None) -> dict:
