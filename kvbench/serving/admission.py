@@ -15,6 +15,7 @@ The budget is the pool: `parse_budget` reads bytes ('64MiB') or a share of free 
 
 from __future__ import annotations
 
+import math
 import re
 
 from kvbench.budget import SIZE_UNITS, NotASize, parse_size
@@ -41,12 +42,12 @@ def parse_budget(text: str, available: int | None) -> int:
                              + ("" if available is not None else ", and free memory is unknown here"))
         return int(available * value / 100)
     try:
-        size = parse_size(text, allow_zero=True, units=UNITS)
+        size = parse_size(text, allow_zero=True, units=UNITS, largest=math.inf)  # past memory: refused by the fit
     except NotASize:
         raise ValueError(f"--kv-budget must be bytes ('64MiB', '1048576') or a share of free memory ('25%'), "
                          f"got {text!r}") from None
-    except ValueError as exc:
-        raise ValueError(f"--kv-budget: {exc}") from None
+    except ValueError:  # not finite: no fit can hold it
+        size = 0
     if size < 1:
         raise ValueError(f"--kv-budget must be at least 1 byte, got {text!r}")
     return size
