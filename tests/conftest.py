@@ -1,5 +1,7 @@
 """Shared fixtures: a tiny model and the synthetic-record builder of tests/records.py."""
 
+import gc
+
 import pytest
 from records import synthetic_record
 
@@ -12,6 +14,39 @@ TEST_WINDOW = 5  # shorter than the tests' sequences, so the window really slide
 TINY = {"gpt2": DecoderConfig(max_length=64), "llama": preset_config("llama-tiny", vocab_size=128, max_length=64)}
 WINDOWED = {"gpt2": DecoderConfig(max_length=64, window=TEST_WINDOW),
             "llama": preset_config("gemma-tiny", vocab_size=128, max_length=64, window=TEST_WINDOW, qkv_bias=True)}
+
+
+# The machine probe's calls and the environment capture, as a `kvbench run` in a test makes them: cheap stand-ins
+# (autouse, below), since each real run paid ~4 s for them (a 32 MiB copy, a 200,000-step Python loop, five git
+# processes). The probe's timing code still runs (kvbench.measure.machine.probe_phase) on calls of the same names,
+# and the capture is tests/records.py's canned environment, which record validation accepts. Tests of the probe or
+# the capture themselves, or that assert on what they measured, opt out with @pytest.mark.real_machine
+# (a module: pytestmark = pytest.mark.real_machine).
+def cheap_probe_calls():
+    from kvbench.measure.machine import PROBE_CALLS
+
+    return {name: (lambda: sum(range(100))) for name in PROBE_CALLS}
+
+
+def canned_environment():
+    import copy
+    import datetime
+
+    from records import ENVIRONMENT
+
+    environment = copy.deepcopy(ENVIRONMENT)
+    environment["timestamp_utc"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return environment
+
+
+@pytest.fixture(autouse=True)
+def cheap_machine(request, monkeypatch):
+    if request.node.get_closest_marker("real_machine") is not None:
+        return
+    from kvbench.measure import capture, machine
+
+    monkeypatch.setattr(machine, "probe_calls", cheap_probe_calls)
+    monkeypatch.setattr(capture, "collect_environment", canned_environment)
 
 
 @pytest.fixture(scope="session", params=list(TINY))
@@ -85,6 +120,15 @@ def clean_kinds():
 def make_record():
     """make_record({(mode, length): [seconds, ...]}, failed={(mode, length)}, status=...) -> record dict."""
     return synthetic_record
+
+
+def pytest_collection_finish(session):
+    """Everything alive once the tests are collected (torch, transformers, every test module: ~10^6 objects) is
+    frozen out of the collector (gc.freeze): kvbench collects before every timed call (measure.timing), and in a
+    test process each full collection walked that heap again (tens of ms, hundreds of times a run). What the tests
+    themselves allocate is collected as before."""
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_addoption(parser):
