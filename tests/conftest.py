@@ -128,6 +128,11 @@ def pytest_configure(config):
         # an xdist worker starts with COLUMNS=80 (set by its start, not by the user), which kvbench's console honours
         # (kvbench.report.format); the tests expect what a piped stdout gets in one process: 200 columns
         os.environ.pop("COLUMNS", None)
+        # one torch thread per worker: two workers of torch's default (a thread per core) oversubscribe 2 cores,
+        # which made the suite slower in CPU and wall time than one process (tests that set threads restore them)
+        import torch
+
+        torch.set_num_threads(1)
 
 
 def pytest_collection_finish(session):
