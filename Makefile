@@ -24,8 +24,12 @@ $(STAMP): pyproject.toml Makefile
 bench: $(STAMP)
 	$(BIN)/kvbench run
 
+# Two workers (pytest-xdist), what measures time or sends signals kept on one of them (tests/conftest.py,
+# xdist_group + --dist loadgroup). TEST_JOBS=0 runs in one process.
+TEST_JOBS ?= 2
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(if $(filter-out 0,$(TEST_JOBS)),-n $(TEST_JOBS) --dist loadgroup)
 
 test-virtualenv: $(STAMP)
 	$(BIN)/python -m pytest -q -m virtualenv --run-virtualenv

@@ -34,14 +34,20 @@ SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12
               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
-def parse_size(text: str, allow_zero: bool = False) -> int:
-    """'24GiB', '80 GB', '1.5e9', '4096' -> bytes; zero only when `allow_zero`."""
+class NotASize(ValueError):
+    """The text is no number with a unit parse_size knows."""
+
+
+def parse_size(text: str, allow_zero: bool = False, units: dict[str, int] = SIZE_UNITS,
+               largest: float = MAX_SIZE) -> int:
+    """'24GiB', '80 GB', '1.5e9', '4096' -> bytes (whole: a fraction of a byte rounds down); zero only when
+    `allow_zero`. The one size parser: --memory, --reserved, --kv-budget (kvbench.serving.admission)."""
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", text)
-    if not match or match.group(2).lower() not in SIZE_UNITS:
-        raise ValueError(f"expected a size like 24GiB, 80GB or 1e9, got {text!r}")
-    size = float(match.group(1)) * SIZE_UNITS[match.group(2).lower()]
-    if not math.isfinite(size) or size > MAX_SIZE:
-        raise ValueError(f"expected a size of at most {MAX_SIZE:,} bytes (16 EiB), got {text!r}")
+    if not match or match.group(2).lower() not in units:
+        raise NotASize(f"expected a size like 24GiB, 80GB or 1e9, got {text!r}")
+    size = float(match.group(1)) * units[match.group(2).lower()]
+    if not math.isfinite(size) or size > largest:
+        raise ValueError(f"expected a size of at most {largest:,} bytes (16 EiB), got {text!r}")
     if size < 0 or (size == 0 and not allow_zero):
         raise ValueError(f"expected a positive size, got {text!r}")
     return int(size)

@@ -128,7 +128,7 @@ def quantized_positions(length: int, group_size: int = GROUP_SIZE, residual: int
 
 
 def quantized_cache_parts(config, batch: int, length: int, bits: int, group_size: int = GROUP_SIZE,
-                          residual: int = RESIDUAL) -> dict[str, int]:
+                          residual: int = RESIDUAL, recent_positions: int | None = None) -> dict[str, int]:
     """Retained bytes of a quantized cache holding `length` positions, by part. Assumptions, all counted:
 
     - the newest positions stay in the model's dtype: Tq = G * floor((T - R) / G) positions are
@@ -138,6 +138,9 @@ def quantized_cache_parts(config, batch: int, length: int, bits: int, group_size
     - values: one float16 scale and one float16 minimum per token per group of gcd(G, D) channels
       ("value_scales");
     - keys and values, every layer, every sequence of the batch, every key/value head.
+
+    `recent_positions`: the full-precision positions counted instead of T - Tq (what a cache allocates for its
+    window of recent positions rather than what it holds, kvbench.serving.admission).
     """
     _count(batch=batch, length=length)
     D, heads = config.head_dim, config.layers * batch * config.kv_heads
@@ -146,14 +149,15 @@ def quantized_cache_parts(config, batch: int, length: int, bits: int, group_size
         "codes": heads * 2 * quantized * D * bits // 8,
         "key_scales": heads * (quantized // group_size) * D * 2 * SCALE_BYTES,
         "value_scales": heads * quantized * (D // math.gcd(group_size, D)) * 2 * SCALE_BYTES,
-        "residual": heads * 2 * (length - quantized) * D * config.element_bytes,
+        "residual": heads * 2 * (length - quantized if recent_positions is None else recent_positions) * D
+                    * config.element_bytes,
     }
 
 
 def quantized_cache_bytes(config, batch: int, length: int, bits: int, group_size: int = GROUP_SIZE,
-                          residual: int = RESIDUAL) -> int:
+                          residual: int = RESIDUAL, recent_positions: int | None = None) -> int:
     """Retained bytes of a quantized cache holding `length` positions: the parts of quantized_cache_parts."""
-    return sum(quantized_cache_parts(config, batch, length, bits, group_size, residual).values())
+    return sum(quantized_cache_parts(config, batch, length, bits, group_size, residual, recent_positions).values())
 
 
 def check_quantized_options(bits: int | None, head_dim: int, group_size: int, residual: int) -> None:

@@ -1,5 +1,6 @@
 """Shared fixtures: a tiny model and the synthetic-record builder of tests/records.py."""
 
+import gc
 import os
 
 import pytest
@@ -15,6 +16,39 @@ TEST_WINDOW = 5  # shorter than the tests' sequences, so the window really slide
 TINY = {"gpt2": DecoderConfig(max_length=64), "llama": preset_config("llama-tiny", vocab_size=128, max_length=64)}
 WINDOWED = {"gpt2": DecoderConfig(max_length=64, window=TEST_WINDOW),
             "llama": preset_config("gemma-tiny", vocab_size=128, max_length=64, window=TEST_WINDOW, qkv_bias=True)}
+
+
+# The machine probe's calls and the environment capture, as a `kvbench run` in a test makes them: cheap stand-ins
+# (autouse, below), since each real run paid ~4 s for them (a 32 MiB copy, a 200,000-step Python loop, five git
+# processes). The probe's timing code still runs (kvbench.measure.machine.probe_phase) on calls of the same names,
+# and the capture is tests/records.py's canned environment, which record validation accepts. Tests of the probe or
+# the capture themselves, or that assert on what they measured, opt out with @pytest.mark.real_machine
+# (a module: pytestmark = pytest.mark.real_machine).
+def cheap_probe_calls():
+    from kvbench.measure.machine import PROBE_CALLS
+
+    return {name: (lambda: sum(range(100))) for name in PROBE_CALLS}
+
+
+def canned_environment():
+    import copy
+    import datetime
+
+    from records import ENVIRONMENT
+
+    environment = copy.deepcopy(ENVIRONMENT)
+    environment["timestamp_utc"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return environment
+
+
+@pytest.fixture(autouse=True)
+def cheap_machine(request, monkeypatch):
+    if request.node.get_closest_marker("real_machine") is not None:
+        return
+    from kvbench.measure import capture, machine
+
+    monkeypatch.setattr(machine, "probe_calls", cheap_probe_calls)
+    monkeypatch.setattr(capture, "collect_environment", canned_environment)
 
 
 @pytest.fixture(scope="session", params=list(TINY))
@@ -90,12 +124,59 @@ def make_record():
     return synthetic_record
 
 
+def pytest_configure(config):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # an xdist worker starts with COLUMNS=80 (set by its start, not by the user), which kvbench's console honours
+        # (kvbench.report.format); the tests expect what a piped stdout gets in one process: 200 columns
+        os.environ.pop("COLUMNS", None)
+        # one torch thread per worker: two workers of torch's default (a thread per core) oversubscribe 2 cores,
+        # which made the suite slower in CPU and wall time than one process (tests that set threads restore them)
+        import torch
+
+        torch.set_num_threads(1)
+
+
+def pytest_collection_finish(session):
+    """Everything alive once the tests are collected (torch, transformers, every test module: ~10^6 objects) is
+    frozen out of the collector (gc.freeze): kvbench collects before every timed call (measure.timing), and in a
+    test process each full collection walked that heap again (tens of ms, hundreds of times a run). What the tests
+    themselves allocate is collected as before."""
+    gc.collect()
+    gc.freeze()
+
+
 def pytest_addoption(parser):
     parser.addoption("--run-virtualenv", action="store_true", default=False,
                      help="also run tests marked virtualenv (asv builds a virtualenv per commit: minutes)")
 
 
+# Under pytest-xdist (make test: -n 2 --dist loadgroup), what measures time or sends signals runs on one worker, one
+# test at a time ("timing"): its bounds were set for a process that has a core to itself, not one that shares it with
+# another test of the suite. The compile-marked tests share one worker too ("compile"), so inductor's cold compile of
+# their one program is paid once, not by both workers at the same moment.
+TIMING_MODULES = {"test_timing.py", "test_telemetry.py", "test_requests.py", "test_estimation.py", "test_sampling.py"}
+SIGNAL_MODULES = {"test_cli_hostile.py", "test_serving_hostile.py", "test_history_hostile.py"}
+
+
+def xdist_group(item) -> str | None:
+    module = item.path.name
+    if item.get_closest_marker("compile") is not None:
+        return "compile"
+    if (module in TIMING_MODULES or item.get_closest_marker("timing") is not None
+            or (module in SIGNAL_MODULES and ("signal" in item.name or "subprocess" in item.keywords))):
+        return "timing"
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name == "test_cli_hostile.py" and "in_process" not in item.fixturenames:
+            item.add_marker(pytest.mark.subprocess)  # every test of that module but the in-process refusals
+        if item.get_closest_marker("compile") is not None or item.get_closest_marker("subprocess") is not None:
+            item.add_marker(pytest.mark.slow)  # `-m "not slow"`: a quick loop; make test and CI run them all
+        group = xdist_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
     if config.getoption("--run-virtualenv"):
         return
     skip = pytest.mark.skip(reason="builds asv virtualenvs per commit; run with --run-virtualenv (make test-virtualenv)")

@@ -30,6 +30,7 @@ def test_control_mode_repeats_a_cached_mode():
         control_mode("full", ["full", "static"])
 
 
+@pytest.mark.real_machine  # the real probe calls, timed before the gate and after the profile
 def test_run_benchmark_checks_memory_and_repetitions(tiny_model):
     lengths, modes, repeats = [4, 8], ["full", "concat", "static", "paged"], 2
     events = []

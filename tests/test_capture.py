@@ -18,6 +18,8 @@ import torch
 import kvbench
 from kvbench.measure import capture
 
+pytestmark = pytest.mark.real_machine  # the capture itself, never the canned one (tests/conftest.py)
+
 ON_LINUX = sys.platform.startswith("linux")
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid",
        "-c", "commit.gpgsign=false"]

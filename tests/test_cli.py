@@ -465,6 +465,7 @@ def test_env_prints_json(capsys):
     assert env["torch"]["version"] == torch.__version__
 
 
+@pytest.mark.subprocess  # a real interpreter: CI runs it (make test)
 def test_subprocess_run_end_to_end(tmp_path):
     output = tmp_path / "rec.json"
     command = [sys.executable, "-m", "kvbench", "run", "--lengths", "4", "--modes", "full,static",
@@ -521,6 +522,7 @@ def imported_by(*argv: str) -> tuple[int, list[str]]:
     (["run", "--trace", "fixed:8,4", "--kv-budget", "1e30"], 2),
     (["compare", "results/reference.json", "results/reference.json"], 0),
 ], ids=lambda value: " ".join(value) if isinstance(value, list) else str(value))
+@pytest.mark.subprocess  # a real interpreter: CI runs it (make test)
 def test_help_argument_checks_refusals_budget_and_compare_import_no_torch_scipy_or_matplotlib(argv, status,
                                                                                                monkeypatch):
     """What a user meets first answers at once: counted in modules, not timed, so it holds on any machine
@@ -530,6 +532,7 @@ def test_help_argument_checks_refusals_budget_and_compare_import_no_torch_scipy_
 
 
 @pytest.mark.parametrize("fmt", ["bmf", "conbench", "github-action-benchmark", "pytest-benchmark"])
+@pytest.mark.subprocess  # a real interpreter: CI runs it (make test)
 def test_export_imports_no_torch_scipy_or_matplotlib(tmp_path, fmt):
     """Publishing a record is reading it: numbers only."""
     output = tmp_path / "out.json"
@@ -539,12 +542,14 @@ def test_export_imports_no_torch_scipy_or_matplotlib(tmp_path, fmt):
     assert output.is_file()
 
 
+@pytest.mark.subprocess  # a real interpreter: CI runs it (make test)
 def test_history_imports_no_torch_scipy_or_matplotlib(tmp_path):
     output = tmp_path / "history.html"
     assert imported_by("history", "results/history/asv", "--output", str(output)) == (0, [])
     assert output.is_file()
 
 
+@pytest.mark.subprocess  # a real interpreter: CI runs it (make test)
 def test_reading_a_record_imports_no_torch_and_no_matplotlib_without_a_plot(tmp_path):
     """show and report read numbers only; scipy is theirs for the trend test and the scaling fit."""
     status, heavy = imported_by("show", "results/reference.json")

@@ -73,6 +73,28 @@ def with_signal_in(target: str, *args, cwd: Path, signals=(signal.SIGTERM,), aft
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
+@pytest.fixture
+def in_process(capsys, monkeypatch):
+    """The command line run in this process (kvbench.cli.main, from `cwd`), answered as `kvbench` answers: exit
+    status, stdout, stderr. For refusals, which end before anything is measured: a subprocess would pay Python's and
+    torch's start for each. The real process's exit status, its one line and no traceback are tested below by the
+    tests that keep `kvbench` (an existing output, a FIFO, a memory limit, every signal)."""
+    from kvbench.cli import main
+
+    def run(*args, cwd: Path, timeout: float | None = None) -> subprocess.CompletedProcess:
+        monkeypatch.chdir(cwd)
+        capsys.readouterr()
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as exc:
+            code = exc.code
+        out, err = capsys.readouterr()
+        assert "Traceback" not in err
+        return subprocess.CompletedProcess(["kvbench", *map(str, args)], code, out, err)
+
+    return run
+
+
 def one_line_error(done: subprocess.CompletedProcess, *fragments: str) -> str:
     assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
     lines = done.stderr.splitlines()
@@ -95,10 +117,10 @@ def no_temporaries(directory: Path) -> None:
     (lambda tmp: tmp, "already exists and is a directory"),
     (lambda tmp: Path("/proc/kvbench-record.json"), "cannot write in /proc"),
 ], ids=["under a regular file", "name too long", "a directory", "a read-only place"])
-def test_a_bad_output_is_refused_before_measuring(tmp_path, make_path, fragment):
+def test_a_bad_output_is_refused_before_measuring(tmp_path, make_path, fragment, in_process):
     (tmp_path / "file.txt").write_text("not a directory")
     started = time.monotonic()
-    done = kvbench("run", *SLOW, "--output", make_path(tmp_path), cwd=tmp_path)
+    done = in_process("run", *SLOW, "--output", make_path(tmp_path), cwd=tmp_path)
     one_line_error(done, fragment)
     assert time.monotonic() - started < 60  # the slow grid would take minutes: nothing was measured
     assert (tmp_path / "file.txt").read_text() == "not a directory"
@@ -114,7 +136,7 @@ def test_an_existing_output_without_force_is_refused_before_measuring(tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["fifo", "devnull", "symlink"])
-def test_force_never_replaces_what_is_not_a_regular_file(tmp_path, kind):
+def test_force_never_replaces_what_is_not_a_regular_file(tmp_path, kind, in_process):
     if kind == "fifo":
         target = tmp_path / "pipe"
         os.mkfifo(target)
@@ -124,7 +146,7 @@ def test_force_never_replaces_what_is_not_a_regular_file(tmp_path, kind):
         target.symlink_to(tmp_path / "real.json")
     else:
         target = Path(os.devnull)
-    done = kvbench("run", *TINY, "--output", target, "--force", cwd=tmp_path)
+    done = in_process("run", *TINY, "--output", target, "--force", cwd=tmp_path)
     one_line_error(done, "already exists and is a", "kvbench replaces only regular files")
     mode = os.lstat(target).st_mode
     assert {"fifo": stat.S_ISFIFO, "devnull": stat.S_ISCHR, "symlink": stat.S_ISLNK}[kind](mode)
@@ -366,8 +388,8 @@ def test_a_signal_at_the_fifth_sample_of_a_request_or_contexts_run_keeps_the_sam
     (["--max-length", "100000000000"], "the run would need about"),
     (["--threads", "100000"], "--threads: expected an integer in [1, "),
 ])
-def test_a_run_that_cannot_fit_is_refused_with_the_estimate(tmp_path, args, fragment):
-    done = kvbench("run", "--lengths", "4", "--no-progress", *args, "--output", tmp_path / "r.json", cwd=tmp_path)
+def test_a_run_that_cannot_fit_is_refused_with_the_estimate(tmp_path, args, fragment, in_process):
+    done = in_process("run", "--lengths", "4", "--no-progress", *args, "--output", tmp_path / "r.json", cwd=tmp_path)
     one_line_error(done, fragment)
     assert not (tmp_path / "r.json").exists()
 
@@ -402,8 +424,8 @@ def test_records_are_read_only_from_regular_files_of_bounded_size_and_depth(tmp_
 
 
 @pytest.mark.parametrize("memory", ["1e400", "1e30", "-5GiB", "nan", "inf"])
-def test_budget_sizes_must_be_finite_and_in_range(tmp_path, memory):
-    done = kvbench("budget", "--layers", "1", "--kv-heads", "1", "--head-dim", "8", "--tokens", "16",
+def test_budget_sizes_must_be_finite_and_in_range(tmp_path, memory, in_process):
+    done = in_process("budget", "--layers", "1", "--kv-heads", "1", "--head-dim", "8", "--tokens", "16",
                    "--memory", memory, cwd=tmp_path, timeout=60)
     one_line_error(done, "--memory")
 
@@ -415,7 +437,15 @@ def test_budget_sizes_must_be_finite_and_in_range(tmp_path, memory):
 def sound_record(tmp_path_factory) -> dict:
     directory = tmp_path_factory.mktemp("sound")
     run = [*TINY, "--modes", "full,concat,quantized-int8"]  # a lossy kind too: its check is a drift check
-    assert kvbench("run", *run, "--output", directory / "rec.json", cwd=directory).returncode == 0
+    from conftest import canned_environment, cheap_probe_calls
+
+    from kvbench.cli import main
+    from kvbench.measure import capture, machine
+
+    with pytest.MonkeyPatch.context() as patch:  # a real run, in this process, with the tests' probe and capture
+        patch.setattr(machine, "probe_calls", cheap_probe_calls)
+        patch.setattr(capture, "collect_environment", canned_environment)
+        assert main([str(a) for a in ["run", *run, "--output", directory / "rec.json"]]) == 0
     return json.loads((directory / "rec.json").read_text())
 
 
@@ -470,13 +500,13 @@ TAMPERING = {
 
 
 @pytest.mark.parametrize("case", list(TAMPERING))
-def test_a_record_that_means_something_impossible_is_rejected(tmp_path, sound_record, case, capsys):
+def test_a_record_that_means_something_impossible_is_rejected(tmp_path, sound_record, case, capsys, in_process):
     from kvbench.cli import main
 
     change, fragment = TAMPERING[case]
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(tampered(sound_record, change), allow_nan=True))
-    one_line_error(kvbench("show", path, cwd=tmp_path, timeout=60), str(path), fragment)
+    one_line_error(in_process("show", path, cwd=tmp_path, timeout=60), str(path), fragment)
     for command in (["report", path, "--format", "markdown"], ["compare", path, path]):  # the same reader
         assert main([str(a) for a in command]) == 2
         assert fragment in capsys.readouterr().err
@@ -524,5 +554,5 @@ def test_every_renderer_escapes_what_a_record_carries():
     (["budget", "--layers", "1", "--kv-heads", "1", "--head-dim", "8", "--tokens", "8", "--memory", "1GiB",
       "--block-size", "0"], "--block-size: expected an integer >= 1, got 0"),
 ])
-def test_numbers_are_plain_finite_and_in_range(tmp_path, args, fragment):
-    one_line_error(kvbench(*args, cwd=tmp_path, timeout=60), fragment)
+def test_numbers_are_plain_finite_and_in_range(tmp_path, args, fragment, in_process):
+    one_line_error(in_process(*args, cwd=tmp_path, timeout=60), fragment)

@@ -236,6 +236,7 @@ def test_nothing_else_in_kvbench_imports_transformers():
     assert sorted(importers) == ["models/hf.py", "serving/peer.py"] and at_top == []
 
 
+@pytest.mark.subprocess  # a real interpreter: CI runs it (make test)
 def test_importing_kvbench_hf_imports_no_transformers():
     import subprocess
 

@@ -279,6 +279,7 @@ SPECIAL = {
 
 @pytest.mark.parametrize("kind", SPECIAL)
 @pytest.mark.parametrize("which", ["result", "benchmarks.json"])
+@pytest.mark.subprocess  # a real interpreter: CI runs it (make test)
 def test_a_special_or_oversize_file_is_refused_quickly_and_named(results_copy, tmp_path, kind, which):
     path = result_files(results_copy, "history-a")[-1] if which == "result" else results_copy / "benchmarks.json"
     shown = path if which == "result" else result_files(results_copy, "history-b")[0]  # asv-show reads both
@@ -293,6 +294,7 @@ def test_a_special_or_oversize_file_is_refused_quickly_and_named(results_copy, t
     assert not page.exists()
 
 
+@pytest.mark.subprocess  # a real interpreter: CI runs it (make test)
 def test_a_special_capture_file_is_a_note(results_copy, tmp_path):
     path = capture_path_for_result(result_files(results_copy, "history-b")[-1])
     path.unlink()

@@ -125,3 +125,13 @@ def test_the_bandwidth_roof_is_the_most_threads_measured_at_or_below_the_runs():
     assert latency.bandwidth_limit(limits, 6) == 4e9 and latency.bandwidth_limit(limits, 16) == 8e9
     assert latency.bandwidth_limit(limits, 1) == 2e9  # below every count measured: the fewest threads
     assert latency.bandwidth_limit(None, 1) is None and latency.compute_limit({}) is None
+
+
+def test_percentiles_interpolate_linearly_and_name_their_levels():
+    """The one percentile function (serving figures and pooled ITLs read it): numpy's linear interpolation."""
+    from kvbench.measure.latency import percentiles
+
+    assert percentiles([1.0, 0.0, 0.5]) == {"p50": pytest.approx(0.5), "p90": pytest.approx(0.9),
+                                           "p99": pytest.approx(0.99)}
+    assert percentiles([2.0], prefix="itl_p") == {"itl_p50": 2.0, "itl_p90": 2.0, "itl_p99": 2.0}
+    assert percentiles([]) == {}

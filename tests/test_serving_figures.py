@@ -34,11 +34,6 @@ def test_per_request_latencies_from_the_timestamps():
     assert found["tpot"] == pytest.approx([0.75, 1.0])  # (last - first) / (tokens - 1); none for one token
 
 
-def test_percentiles_interpolate_between_the_requests():
-    assert serving_figures.percentiles([1.0, 0.0, 0.5]) == spread(0.5, 0.9, 0.99)  # linear, as numpy's default
-    assert serving_figures.percentiles([]) == {}
-
-
 def test_a_replay_by_hand():
     figures = serving_figures.replay_figures({"requests": REQUESTS, "iterations": ITERATIONS})
     assert figures == {

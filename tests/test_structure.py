@@ -320,6 +320,7 @@ def test_an_old_module_keeps_its_names():
             assert getattr(importlib.import_module(old), name) is getattr(importlib.import_module(new), name)
 
 
+@pytest.mark.subprocess  # a real interpreter: CI runs it (make test)
 def test_old_paths_resolve_in_a_fresh_interpreter_without_loading_more_than_they_name():
     import subprocess
     import sys

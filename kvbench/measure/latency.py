@@ -23,7 +23,8 @@ import numpy as np
 
 from kvbench.measure import stats
 
-ITL_PERCENTILES = (50, 90, 99)
+PERCENTILES = (50, 90, 99)  # every latency's percentiles: a mode's pooled ITLs, a serving replay's requests
+ITL_PERCENTILES = PERCENTILES
 RATIOS = ("ttft", "tpot")  # the figures whose ratio to full a request run is sampled until precise
 
 
@@ -39,12 +40,16 @@ def request_figures(repetition: dict, batch: int = 1) -> dict[str, float | None]
     return {"ttft": ttft, "tpot": tpot(ttft, steps), "e2e": e2e, "tokens_per_second": batch * (len(steps) + 1) / e2e}
 
 
+def percentiles(values: list[float], prefix: str = "p") -> dict[str, float]:
+    """{"p50": ..., "p90": ..., "p99": ...} of `values` (numpy's linear interpolation), names prefixed; {} when empty."""
+    if not values:
+        return {}
+    return {f"{prefix}{level}": float(value) for level, value in zip(PERCENTILES, np.percentile(values, PERCENTILES))}
+
+
 def itl_percentiles(repetitions: list[dict]) -> dict[str, float]:
     """ITL percentiles over every step of every sampled request (p50, p90, p99), as "itl_p50" etc."""
-    steps = [s for rep in repetitions for s in rep["step_seconds"]]
-    if not steps:
-        return {}
-    return {f"itl_p{level}": float(value) for level, value in zip(ITL_PERCENTILES, np.percentile(steps, ITL_PERCENTILES))}
+    return percentiles([s for rep in repetitions for s in rep["step_seconds"]], prefix="itl_p")
 
 
 def median_with_interval(values: list[float]) -> dict[str, float]:

@@ -17,7 +17,9 @@ import math
 import os
 import random
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from itertools import islice
 from typing import Callable
 
 from kvbench.config import positive_int, positive_number
@@ -28,7 +30,7 @@ from kvbench.modes import CONTROL, SPECS
 
 __all__ = ["CLOCK", "CONTROL", "DEFAULT_LENGTHS", "GC_POLICY", "ORDERS", "ORDER_RULES", "Protocol", "Sample",
            "collector_paused", "control_mode", "heap_frozen", "least_busy_cpu", "mode_orders", "pin_cpu", "rotated",
-           "rotation_order", "set_threads", "time_call", "time_observed"]
+           "rotation_order", "set_threads", "step_durations", "time_call", "time_observed"]
 
 DEFAULT_LENGTHS = (16, 32, 64, 128, 256, 512)
 ORDERS = ("random", "rotate")
@@ -258,6 +260,21 @@ def time_call(run: Callable[[], object], clock: Clock = HOST) -> float:
         clock.synchronize()
         elapsed = clock.now_ns() - start
     return elapsed / 1e9
+
+
+def step_durations(stepping: Iterator, count: int | None = None, clock: Clock = HOST) -> list[float]:
+    """The per-step timer: seconds of each of the next `count` steps of an iterator (every step left, by default),
+    on `clock`. The clock is read once between two steps, so a step's time runs from the end of the one before it
+    to its own result (a request's steps, a context's, a loop's per-step profile)."""
+    durations = []
+    now_ns, synchronize = clock.now_ns, clock.synchronize  # bound once: read at every step
+    last = now_ns()
+    for _ in islice(stepping, count):
+        synchronize()
+        now = now_ns()
+        durations.append((now - last) / 1e9)
+        last = now
+    return durations
 
 
 def time_observed(run: Callable[[], object], counters: Counters, clock: Clock = HOST) -> tuple[float, dict]:

@@ -18,7 +18,8 @@ from __future__ import annotations
 import math
 import re
 
-from kvbench.kinds import GROUP_SIZE, RESIDUAL, expected_cache_bytes
+from kvbench.budget import SIZE_UNITS, NotASize, parse_size
+from kvbench.kinds import GROUP_SIZE, RESIDUAL, expected_cache_bytes, quantized_cache_bytes
 from kvbench.modes import KVBENCH, PAGES, RESERVE, SPECS, names, spec
 
 QUANTIZED_BITS = {name: spec(name).bits for name in names(KVBENCH) if spec(name).bits}  # quantized kinds, from their specs
@@ -40,25 +41,29 @@ def holds_pages(kind: str) -> bool:
 SERVING_KINDS = serving_kinds()  # the shipped ones, for the command line's help
 RESERVE_POLICIES = ("request", "max-length")
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default block size
-UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
+UNITS = {unit: size for unit, size in SIZE_UNITS.items() if not unit.startswith("t")}  # a KV budget in TB: a typo
 
 
 def parse_budget(text: str, available: int | None) -> int:
-    """'1048576', '64MiB', '1.5GB' bytes, or 'N%' of `available` bytes (free memory)."""
-    found = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*(%|[kmg]i?b|b)?\s*", text.lower())
-    if not found:
-        raise ValueError(f"--kv-budget must be bytes ('64MiB', '1048576') or a share of free memory ('25%'), "
-                         f"got {text!r}")
-    value, unit = float(found.group(1)), found.group(2) or ""
-    if unit == "%":
+    """'1048576', '64MiB', '1.5GB' bytes (kvbench.budget.parse_size, up to GiB), or 'N%' of `available` bytes
+    (free memory)."""
+    share = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*%\s*", text)
+    if share:
+        value = float(share.group(1))
         if not 0 < value <= 100 or available is None:
             raise ValueError(f"--kv-budget {text}: a share of free memory must be in (0, 100]%"
                              + ("" if available is not None else ", and free memory is unknown here"))
         return int(available * value / 100)
-    size = value * UNITS[unit]
-    if not math.isfinite(size) or size < 1:
+    try:
+        size = parse_size(text, allow_zero=True, units=UNITS, largest=math.inf)  # past memory: refused by the fit
+    except NotASize:
+        raise ValueError(f"--kv-budget must be bytes ('64MiB', '1048576') or a share of free memory ('25%'), "
+                         f"got {text!r}") from None
+    except ValueError:  # not finite: no fit can hold it
+        size = 0
+    if size < 1:
         raise ValueError(f"--kv-budget must be at least 1 byte, got {text!r}")
-    return int(size)
+    return size
 
 
 def bytes_per_position(config) -> int:
@@ -76,13 +81,10 @@ def blocks_for(positions: int, block_size: int) -> int:
 def quantized_reserved_bytes(config, capacity: int, bits: int, group_size: int = GROUP_SIZE,
                              residual: int = RESIDUAL, recent_positions: int | None = None) -> int:
     """What a quantized cache of `capacity` positions allocates (kvbench.cache.quantized's tensors), its window of
-    recent positions allocated for `recent_positions` (by default, and at least, min(capacity, residual + group))."""
-    lead, D = config.layers * config.kv_heads, config.head_dim
-    stored = group_size * max(0, (capacity - residual) // group_size)
-    codes = 2 * lead * stored * D * bits // 8
-    scales = lead * (stored // group_size) * 2 * D * 2 + lead * stored * (D // math.gcd(group_size, D)) * 2 * 2
-    recent = lead * 2 * (recent_positions or min(capacity, residual + group_size)) * D * config.element_bytes
-    return codes + scales + recent
+    recent positions allocated for `recent_positions` (by default, and at least, min(capacity, residual + group)):
+    kvbench.kinds' formula, with the window allocated in place of the positions it holds."""
+    return quantized_cache_bytes(config, 1, capacity, bits, group_size, residual,
+                                 recent_positions=recent_positions or min(capacity, residual + group_size))
 
 
 def quantized_window(prompt: int, capacity: int, max_batched_tokens: int | None, group_size: int = GROUP_SIZE,

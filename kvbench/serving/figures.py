@@ -15,18 +15,9 @@ saved (token states the requests hold beyond those stored: what prefix sharing s
 
 from __future__ import annotations
 
-import numpy as np
-
 from kvbench.measure import latency
 
-PERCENTILES = (50, 90, 99)
 LATENCIES = ("ttft", "tpot", "itl", "e2e", "queueing")
-
-
-def percentiles(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {}
-    return {f"p{level}": float(value) for level, value in zip(PERCENTILES, np.percentile(values, PERCENTILES))}
 
 
 def request_latencies(outcome: dict) -> dict[str, list[float]]:
@@ -61,14 +52,14 @@ def replay_figures(outcome: dict) -> dict:
     timing = {
         "makespan": makespan, "output_tokens": tokens, "output_tokens_per_second": tokens / makespan,
         "requests_per_second": len(requests) / makespan,
-        **{name: percentiles(values) for name, values in request_latencies(outcome).items()},
+        **{name: latency.percentiles(values) for name, values in request_latencies(outcome).items()},
     }
     if all(r.get("token_cpu_times") for r in requests):  # kvbench's scheduler: its thread's CPU time too
         cpu_makespan = max(r["token_cpu_times"][-1] for r in requests)
         steps = [(r["token_cpu_times"][-1] - r["token_cpu_times"][0]) / (len(r["token_cpu_times"]) - 1)
                  for r in requests if len(r["token_cpu_times"]) > 1]
         timing.update(cpu_makespan=cpu_makespan, output_tokens_per_cpu_second=tokens / cpu_makespan,
-                      tpot_cpu=percentiles(steps))
+                      tpot_cpu=latency.percentiles(steps))
     if not iterations:  # a peer that schedules itself (kvbench.serving.peer) records tokens, not iterations or memory
         return timing
     used, reserved = time_weighted(iterations, "used"), time_weighted(iterations, "reserved")

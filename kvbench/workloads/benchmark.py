@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Callable
 from kvbench.measure import machine
 from kvbench.measure.clock import HOST, Clock
 from kvbench.measure.sampling import Sample, Sampling, sample
-from kvbench.measure.timing import Protocol, collector_paused, control_mode
+from kvbench.measure.timing import Protocol, collector_paused, control_mode, step_durations
 from kvbench.model import Decoder
 from kvbench.modes import CONTROL, FULL, spec
 from kvbench.workloads.decode import check_modes, decode, failed_check, steps, timeable, token_ids
@@ -169,16 +169,8 @@ def per_step_seconds(model: Decoder, ids: Tensor, mode: str, warmup: int = 1,
 
     for _ in range(warmup):
         decode(model, ids, mode, options=options)
-    durations = []
     with collector_paused(), torch.inference_mode():
-        stepping = steps(model, ids, mode, options=options)
-        while True:
-            start = clock.now_ns()
-            if next(stepping, None) is None:
-                break
-            clock.synchronize()
-            durations.append((clock.now_ns() - start) / 1e9)
-    return durations
+        return step_durations(steps(model, ids, mode, options=options), clock=clock)
 
 
 def forward_seconds(model: Decoder, ids) -> tuple[float, float, int]:

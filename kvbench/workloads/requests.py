@@ -16,13 +16,13 @@ Every one of them drives kvbench.workloads.decode.steps and goes through the sam
 from __future__ import annotations
 
 from collections.abc import Iterator
-from itertools import islice
 
 import torch
 from torch import Tensor
 
 from kvbench.kinds import CONTEXT_TIMED_STEPS, CONTEXT_WARMUP_STEPS
 from kvbench.measure.clock import HOST, Clock
+from kvbench.measure.timing import step_durations
 from kvbench.model import Decoder
 from kvbench.modes import FULL
 from kvbench.workloads.decode import drain, gated_logits, is_trained, judge_logits, model_tolerances, steps
@@ -40,20 +40,6 @@ def check_request(model: Decoder, ids: Tensor, modes: list[str], prompt: int,
     reference = request_logits(model, ids, FULL, prompt)
     return {mode: judge_logits(mode, *gated_logits(model, ids, mode, prompt, reference, options), atol, rtol,
                                model.config, is_trained(model)).to_dict() for mode in modes}
-
-
-def step_durations(stepping: Iterator, count: int | None = None, clock: Clock = HOST) -> list[float]:
-    """Seconds of each of the next `count` steps (every step left, by default) on `clock`. The clock is read once
-    between two steps, so a step's time runs from the end of the one before it to its own logits."""
-    durations = []
-    now_ns, synchronize = clock.now_ns, clock.synchronize  # bound once: read at every step
-    last = now_ns()
-    for _ in islice(stepping, count):
-        synchronize()
-        now = now_ns()
-        durations.append((now - last) / 1e9)
-        last = now
-    return durations
 
 
 def time_request(model: Decoder, ids: Tensor, mode: str, prompt: int, options: dict | None = None,
