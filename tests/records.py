@@ -148,3 +148,35 @@ LIMITS = {"last_level_cache_bytes": 32 << 20, "buffer_bytes": 128 << 20, "stream
           "matmul": [{"shape": [1, 32, 96], "flops_per_second": rate(2e9)},
                      {"shape": [64, 32, 96], "flops_per_second": rate(40e9)}],
           "weight_bytes_per_step": 67968, "parameter_bytes": 346496}
+
+
+def paths(value: object, prefix: tuple = ()) -> list[tuple]:
+    """Every place in a record, containers included; of each list only its first and last items (the rest
+    are the same fields again)."""
+    found = [prefix] if prefix else []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found += paths(item, (*prefix, key))
+    elif isinstance(value, list):
+        for index in sorted({0, len(value) - 1}) if value else ():
+            found += paths(value[index], (*prefix, index))
+    return found
+
+
+def mutated(record: dict, path: tuple, how: str, value: object) -> dict:
+    """A copy of `record` with the field at `path` replaced by `value`, deleted, or with "junk" beside it."""
+    record = copy.deepcopy(record)
+    parent = record
+    for part in path[:-1]:
+        parent = parent[part]
+    if how == "replace":
+        parent[path[-1]] = value
+    elif how == "delete":
+        del parent[path[-1]]
+    else:  # "junk": a key kvbench never writes, beside the field (or inside it, for an object)
+        target = parent[path[-1]] if isinstance(parent[path[-1]], dict) else parent
+        if isinstance(target, dict):
+            target["junk"] = value
+        else:
+            target.append(value)
+    return record

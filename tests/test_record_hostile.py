@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from records import mutated, paths
 
 from kvbench.cli import main
 from kvbench.export import FORMATS
@@ -35,38 +36,7 @@ HOSTILE = ([], [1, "x"], {}, {"junk": [1]}, "", "junk", "<b>x</b>", 10**30, -1, 
 EXAMPLES = 40  # with the deadline below, about a minute of the suite on a shared 2-core machine
 
 
-def paths(value: object, prefix: tuple = ()) -> list[tuple]:
-    """Every place in a record, containers included; of each list only its first and last items (the rest
-    are the same fields again)."""
-    found = [prefix] if prefix else []
-    if isinstance(value, dict):
-        for key, item in value.items():
-            found += paths(item, (*prefix, key))
-    elif isinstance(value, list):
-        for index in sorted({0, len(value) - 1}) if value else ():
-            found += paths(value[index], (*prefix, index))
-    return found
-
-
 PATHS = {name: paths(record) for name, record in ORIGINALS.items()}
-
-
-def mutated(record: dict, path: tuple, how: str, value: object) -> dict:
-    record = copy.deepcopy(record)
-    parent = record
-    for part in path[:-1]:
-        parent = parent[part]
-    if how == "replace":
-        parent[path[-1]] = value
-    elif how == "delete":
-        del parent[path[-1]]
-    else:  # "junk": a key kvbench never writes, beside the field (or inside it, for an object)
-        target = parent[path[-1]] if isinstance(parent[path[-1]], dict) else parent
-        if isinstance(target, dict):
-            target["junk"] = value
-        else:
-            target.append(value)
-    return record
 
 
 def run(*argv: str) -> tuple[int, str]:

@@ -22,6 +22,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from records import mutated, paths
+
 from kvbench.cli import main
 from kvbench.export import FORMATS
 from kvbench.files import read_json
@@ -178,18 +180,6 @@ def test_the_committed_serving_records_read_and_a_failed_kind_is_no_malformed_re
 # --- any field, any value -----------------------------------------------------------------------------------
 
 
-def paths(value: object, prefix: tuple = ()) -> list[tuple]:
-    """Every place in the record, containers included; of each list only its first and last items."""
-    found = [prefix] if prefix else []
-    if isinstance(value, dict):
-        for key, item in value.items():
-            found += paths(item, (*prefix, key))
-    elif isinstance(value, list):
-        for index in sorted({0, len(value) - 1}) if value else ():
-            found += paths(value[index], (*prefix, index))
-    return found
-
-
 PATHS = paths(ORIGINAL)
 VALUES = ([], {}, "", "junk", 10**30, -1, -1e300, 0, 0.5, 1e300, float("nan"), None, True)
 
@@ -197,14 +187,7 @@ VALUES = ([], {}, "", "junk", 10**30, -1, -1e300, 0, 0.5, 1e300, float("nan"), N
 @settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(st.sampled_from(PATHS), st.sampled_from(("replace", "delete")), st.sampled_from(VALUES))
 def test_a_mutated_serving_record_works_everywhere_or_is_refused_in_one_line(path, how, value):
-    record = copy.deepcopy(ORIGINAL)
-    parent = record
-    for part in path[:-1]:
-        parent = parent[part]
-    if how == "replace":
-        parent[path[-1]] = value
-    else:
-        del parent[path[-1]]
+    record = mutated(ORIGINAL, path, how, value)
     with tempfile.TemporaryDirectory() as directory:
         path = Path(directory) / "mutated.json"
         path.write_text(json.dumps(record))  # NaN is written as NaN: the reader refuses it, naming the field

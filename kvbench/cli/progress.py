@@ -41,7 +41,24 @@ def estimate_text(event: Progress) -> str:
     return f"about {duration_text(event.estimate)}"
 
 
-class ProgressBar:
+class Ticking:
+    """What both progress lines share: a thread that redraws the elapsed clock every TICK_SECONDS while nothing is
+    timed (`untimed` set), and an exit that stops it and closes the bars."""
+
+    TICK_SECONDS = 1.0
+
+    def tick(self) -> None:
+        while not self.stopped.wait(self.TICK_SECONDS):
+            if self.untimed.is_set():
+                self.progress.refresh()
+
+    def __exit__(self, *exc) -> None:
+        self.stopped.set()
+        if self.progress is not None:
+            self.progress.__exit__(*exc)
+
+
+class ProgressBar(Ticking):
     """A rich progress bar per stage on stderr, fed by run_benchmark's Progress events; with `disabled`, only
     the warnings.
 
@@ -52,7 +69,6 @@ class ProgressBar:
     the elapsed time moves."""
 
     REFRESH_SECONDS = 0.25
-    TICK_SECONDS = 1.0
 
     def __init__(self, console, disabled: bool, protocol: Protocol | None = None) -> None:
         from rich.progress import BarColumn, Progress as Bars, TextColumn, TimeElapsedColumn
@@ -108,21 +124,11 @@ class ProgressBar:
         else:  # above the bars, which stay drawn below it
             self.progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
 
-    def tick(self) -> None:
-        while not self.stopped.wait(self.TICK_SECONDS):
-            if self.untimed.is_set():
-                self.progress.refresh()
-
-    def __exit__(self, *exc) -> None:
-        self.stopped.set()
-        if self.progress is not None:
-            self.progress.__exit__(*exc)
-
 
 KEEP = object()  # Stage.update's default: the total stays what it was
 
 
-class Stage:
+class Stage(Ticking):
     """One stage that can take minutes outside run_benchmark's bars (a real model's load, the quality measurement,
     a serving run's gates and replays) on stderr: its elapsed clock, and once it has a count, a bar, the count and
     an estimate of what is left from the pace so far. Nothing is drawn with `disabled` (--no-progress) or when the
@@ -131,8 +137,6 @@ class Stage:
     As in ProgressBar, a thread redraws the clock every TICK_SECONDS only while nothing is timed; an update with
     `timed=True` (a serving replay, which the sampler times) stops it until an untimed update, and from then on
     the line moves with the updates, which come between samples."""
-
-    TICK_SECONDS = 1.0
 
     def __init__(self, console, description: str, total: float | None = None, disabled: bool = False) -> None:
         from rich.progress import BarColumn, Progress as Bars, TextColumn, TimeElapsedColumn
@@ -180,16 +184,6 @@ class Stage:
             self.progress.update(self.task, completed=done, total=self.total, description=self.description,
                                  **self.fields())
             self.progress.refresh()
-
-    def tick(self) -> None:
-        while not self.stopped.wait(self.TICK_SECONDS):
-            if self.untimed.is_set():
-                self.progress.refresh()
-
-    def __exit__(self, *exc) -> None:
-        self.stopped.set()
-        if self.progress is not None:
-            self.progress.__exit__(*exc)
 
 
 def stage(console, description: str, total: float | None = None, disabled: bool = False) -> Stage:
