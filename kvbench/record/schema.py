@@ -18,7 +18,7 @@ from kvbench.kinds import FAILURES, KIND_NAME, WORKLOADS
 from kvbench.measure import capture, estimation
 from kvbench.measure.sampling import STOPS
 from kvbench.measure.stats import ESTIMATORS, INTERVALS
-from kvbench.record import serving
+import kvbench.record.serving as serving
 from kvbench.record.entries import TELEMETRY
 from kvbench.record.meaning import MEANING_CHECKS, RecordError
 from kvbench.record.upgrade import CURRENT, LATER_CELL, LATER_SUMMARY, V3, complete_run, lacks_a_later_section, upgrade

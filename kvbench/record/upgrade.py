@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy
 
-from kvbench.record import serving
+import kvbench.record.serving as serving
 from kvbench.record.entries import TELEMETRY
 from kvbench.record.meaning import RecordError
 

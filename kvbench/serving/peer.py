@@ -23,7 +23,7 @@ import torch
 
 from kvbench.cache import make_cache
 from kvbench.model import Decoder
-from kvbench.serving import admission
+import kvbench.serving.admission as admission
 from kvbench.serving.trace import Trace
 
 PEER = admission.PEER

@@ -40,7 +40,7 @@ from kvbench.cache.batch import BatchedCache
 from kvbench.measure.clock import HOST, Clock
 from kvbench.model import Decoder
 from kvbench.modes import PAGES, spec
-from kvbench.serving import admission
+import kvbench.serving.admission as admission
 from kvbench.serving.disciplines import Disciplines
 from kvbench.serving.trace import Trace, TraceRequest
 

@@ -25,7 +25,7 @@ from kvbench.measure.sampling import Sample
 from kvbench.measure.timing import Protocol
 from kvbench.model import Decoder
 from kvbench.modes import SPECS, expected_bytes
-from kvbench.workloads import requests
+import kvbench.workloads.requests as requests
 from kvbench.workloads.decode import cache_footprint, decode, decode_full, run_gate, steps
 
 
