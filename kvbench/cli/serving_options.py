@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 from kvbench.cli.parser import integer
-from kvbench.serving import admission
+from kvbench.serving import admission, trace
 
 DEFAULT_KINDS = ("static", "paged")
 DEFAULT_REQUESTS = 16
@@ -39,7 +39,7 @@ def add_serving_options(run: argparse.ArgumentParser) -> None:
         f"Kinds: {', '.join(admission.SERVING_KINDS)} (default --modes {','.join(DEFAULT_KINDS)}).")
     group.add_argument("--trace", metavar="LENGTHS|FILE", help="chat | alpaca (the PagedAttention paper's ShareGPT "
                        "and Alpaca means) | fixed:P,N | uniform:P0-P1,N0-N1, or a saved trace or serving record")
-    group.add_argument("--requests", type=integer(1, 100_000), default=DEFAULT_REQUESTS, help="requests in the trace")
+    group.add_argument("--requests", type=integer(1, trace.MAX_REQUESTS), default=DEFAULT_REQUESTS, help="requests in the trace")
     group.add_argument("--arrivals", default="all", metavar="all|poisson:R|closed:C",
                        help="all at 0, Poisson at R requests/s, or C closed-loop clients")
     group.add_argument("--prefix", type=integer(1, 1 << 20), metavar="S", help="a shared system prompt of S tokens")
