@@ -175,10 +175,19 @@ def sampling_section(report: Report) -> Section:
                  note=columns.sampling_sentence(report), narrow=("A/A ratio", head[5], "rotations"))
 
 
-def tradeoff_section(report: Report) -> Section:
-    return table("tradeoff", "trade-off: bytes, drift, time", columns.TRADEOFF_COLUMNS,
-                 [columns.tradeoff_cells(entry) for entry in report.tradeoffs], note=columns.TRADEOFF_SENTENCE,
-                 narrow=("of float", "KL mean", "max |Δ|", "µs/token", "quantized"))
+def tradeoff_sections(report: Report) -> list[Section]:
+    """The trade-off table, one per clock as the timing table is: each time beside the speedup it was estimated
+    with, its clock named in its header."""
+    clocks = list(dict.fromkeys(entry.clock for entry in report.tradeoffs))
+    out = []
+    for clock in clocks:
+        names = columns.tradeoff_columns(report.kind, clock)
+        entries = [entry for entry in report.tradeoffs if entry.clock == clock]
+        title = "trade-off: bytes, drift, time" if len(clocks) == 1 else \
+            f"length {', '.join(str(n) for n in dict.fromkeys(e.length for e in entries))}: trade-off on {CLOCK_TEXTS[clock]}"
+        out.append(table("tradeoff", title, names, [columns.tradeoff_cells(entry, report.kind) for entry in entries],
+                         note=columns.TRADEOFF_SENTENCE, narrow=("of float", "KL mean", "max |Δ|", names[9], "quantized")))
+    return out
 
 
 def fit_section(report: Report) -> Section:
@@ -211,7 +220,7 @@ def sections(report: Report) -> list[Section]:
     out += [sampling_section(report)] if report.sampling else []
     if report.noise is not None:
         out.append(Section("noise", note=columns.noise_sentence(report.noise)))
-    out += [tradeoff_section(report)] if report.tradeoffs else []
+    out += tradeoff_sections(report)
     out += [fit_section(report)] if report.fits else []
     profile = profile_section(report)
     return out + ([profile] if profile else [])
