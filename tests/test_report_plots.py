@@ -223,7 +223,8 @@ def test_the_trade_off_plot_labels_its_time_on_the_tables_clock():
     ax = plots.panel_figure(report, "tradeoff").axes[0]
     (entry,) = [e for e in report.tradeoffs if e.length == 32]
     scale, unit = seconds_unit([entry.unit_seconds])
-    assert [text.get_text() for text in ax.texts] == [f"T=32: {plain(entry.unit_seconds * scale)} {unit}/token, wall time"]
+    label = f"T=32: {plain(entry.unit_seconds * scale)} {unit}/token, wall time"
+    assert [text.get_text() for text in ax.texts] == [label]
 
 
 def test_time_ticks_name_their_unit_and_never_write_thousands_of_one():

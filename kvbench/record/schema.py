@@ -410,7 +410,7 @@ def validate_serving(record: dict, found: str, source: str) -> dict:
         record, source = upgrade(record), f"{source} (upgraded from {found})"
     elif found != SCHEMA:
         raise RecordError(f"{source}: run/workload: the serving workload is new in {SCHEMA!r}, got it in {found!r}")
-    return serving.check(record, environment_schema(), source)
+    return serving.check(record, RECORD_SCHEMA["properties"]["environment"], source)  # one object: compiled once
 
 
 __all__ = ["MODE_NAME", "RECORD_SCHEMA", "SCHEMA", "SCHEMA_NAME", "SCHEMA_VERSION", "STATUSES", "RecordError",

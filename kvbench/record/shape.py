@@ -96,6 +96,7 @@ def every(checks: list[Check]) -> Check:
 
 
 CACHE: dict[int, tuple[dict, Check]] = {}
+CACHE_SIZE = 64  # kvbench's schemas are a handful of module constants
 
 
 def fast_check(schema: dict) -> Check:
@@ -107,6 +108,8 @@ def fast_check(schema: dict) -> Check:
             check = compiled(schema)
         except Unsupported:
             check = lambda value: False  # noqa: E731  not known valid: jsonschema decides
+        if len(CACHE) >= CACHE_SIZE:  # a caller that builds its schemas anew must not grow the cache for ever
+            CACHE.clear()
         cached = CACHE[id(schema)] = (schema, check)
     return cached[1]
 

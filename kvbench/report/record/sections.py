@@ -183,10 +183,12 @@ def tradeoff_sections(report: Report) -> list[Section]:
     for clock in clocks:
         names = columns.tradeoff_columns(report.kind, clock)
         entries = [entry for entry in report.tradeoffs if entry.clock == clock]
+        lengths = ", ".join(str(n) for n in dict.fromkeys(entry.length for entry in entries))
         title = "trade-off: bytes, drift, time" if len(clocks) == 1 else \
-            f"length {', '.join(str(n) for n in dict.fromkeys(e.length for e in entries))}: trade-off on {CLOCK_TEXTS[clock]}"
+            f"length {lengths}: trade-off on {CLOCK_TEXTS[clock]}"
         out.append(table("tradeoff", title, names, [columns.tradeoff_cells(entry, report.kind) for entry in entries],
-                         note=columns.TRADEOFF_SENTENCE, narrow=("of float", "KL mean", "max |Δ|", names[9], "quantized")))
+                         note=columns.TRADEOFF_SENTENCE,
+                         narrow=("of float", "KL mean", "max |Δ|", names[9], "quantized")))
     return out
 
 
