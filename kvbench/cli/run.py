@@ -133,6 +133,7 @@ def settings(args: argparse.Namespace) -> tuple[PlainConfig, Protocol]:
     args.cache_options = {mode: options for mode in args.modes if (options := cache_options(args, mode))}
     check_read(args.given, option_readers(args.modes), args.modes)
     workload_settings(args, config)
+    check_eviction(args)
     too_long = [n for n in [*args.lengths, args.per_step or 0] if n > config.max_length]
     if too_long:
         raise CliError(f"length {too_long[0]} exceeds max_length {config.max_length} of {model_named(args)}")
@@ -153,6 +154,22 @@ def settings(args: argparse.Namespace) -> tuple[PlainConfig, Protocol]:
     except ValueError as error:
         raise CliError(str(error)) from None
     return config, protocol
+
+
+def check_eviction(args: argparse.Namespace) -> None:
+    """An evicting kind's options against what it always keeps (its cache class says: importing it is cheap beside
+    the model) and against the prompt it compresses: a keep count above it would evict nothing."""
+    prompt = args.prompt or min(args.contexts or args.lengths)
+    for mode, options in args.cache_options.items():
+        if "kv_keep" not in modes.spec(mode).options:
+            continue
+        try:
+            modes.spec(mode).cache_factory().check_options(**options)
+        except ValueError as error:
+            raise CliError(f"--modes {mode}: {error}") from None
+        if options.get("kv_keep", 0) > prompt:
+            raise CliError(f"--kv-keep {options['kv_keep']} is above the {prompt} tokens of the shortest prompt this "
+                           f"run compresses: expected at most {prompt}, or nothing is evicted")
 
 
 QUALITY_CHUNKS = 4  # runs of --quality tokens each: the perplexity difference's interval is over them
