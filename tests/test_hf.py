@@ -317,7 +317,7 @@ def test_transformers_quantized_caches_are_judged_by_kvbenchs_limits_of_the_same
 def test_a_transformers_quantized_cache_counts_the_positions_it_quantized(tiny, mode, bits):
     """transformers quantizes the first call's positions at once, then everything whenever its float residual
     would reach residual_length: with R = 16 one token a step, 1 of 8 positions, then 33 of 40 (1 + 16 + 16)."""
-    from kvbench.workloads.decode import cache_footprint
+    from kvbench.workloads.workload import cache_footprint
 
     options = {mode: {"group_size": 16, "residual": 16}}
     assert cache_footprint(tiny, ids_for(tiny, 8, batch=1), mode, options)["quantized_positions"] == 1
@@ -344,7 +344,7 @@ def test_a_transformers_request_and_context_step_follow_the_full_prefix(tiny, mo
 
 def test_a_transformers_cache_counts_the_bytes_of_its_tensors(tiny):
     from kvbench.cache import expected_cache_bytes
-    from kvbench.workloads.decode import cache_footprint
+    from kvbench.workloads.workload import cache_footprint
 
     ids = ids_for(tiny, 12, batch=1)
     dynamic = cache_footprint(tiny, ids, "hf-dynamic")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 import torch
 import torch.nn.functional as F
 
@@ -250,3 +252,28 @@ def test_a_windowed_model_is_refused():
         modes.spec("snapkv").require(windowed)
     with pytest.raises(ValueError, match="expected a model without a sliding window, got window=8"):
         make_cache("snapkv", windowed)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_chunking_of_the_prompt_then_one_token_steps_equals_the_masked_full_path(models, data):
+    """The contract the other kinds pass (tests/test_cache.py), for a kind that compresses its prompt: a prompt in
+    any chunks, then steps, evicting after the prompt and every N steps, is the full path masked to what it kept."""
+    mode = data.draw(st.sampled_from(SCORED), label="mode")
+    model = models[data.draw(st.sampled_from(["gpt2", "llama"]), label="family")]
+    options = data.draw(st.sampled_from([{"evict_ratio": 0.5}, {"evict_ratio": 0.25, "evict_every": 3},
+                                         {"kv_keep": 64, "evict_every": 2}]), label="options")
+    prompt = data.draw(st.integers(70, 100), label="prompt")
+    cuts = sorted(data.draw(st.sets(st.integers(1, prompt - 1), max_size=3), label="cuts"))
+    ids = token_ids(model.config, 1, prompt + 9, seed=data.draw(st.integers(0, 3), label="seed"))
+    cache = make_cache(mode, model.config, capacity=ids.shape[1], **options)
+    cache.history = []
+    ends, rows = [*cuts, prompt, *range(prompt + 1, ids.shape[1] + 1)], []
+    with torch.inference_mode():
+        start = 0
+        for end in ends:
+            rows.append(model(ids[:, start:end], cache)[0][:, -1])
+            start = end
+    reference = masked_reference(model, ids, cache.history)[:, [end - 1 for end in ends]]
+    torch.testing.assert_close(torch.stack(rows, dim=1), reference, atol=2e-5, rtol=2e-5)
+    assert cache.length == ids.shape[1] and cache.positions(0).shape[-1] < ids.shape[1]

@@ -17,7 +17,7 @@ from kvbench.cli.commands import check_output, config_from_args
 from kvbench.cli.parser import CliError, did_you_mean
 from kvbench.cli.progress import ProgressBar, stage
 from kvbench.cli.serve import check_serve, cmd_serve
-from kvbench.cli.usage import (CONTEXTS, REQUEST, SERVED, cache_options, check_read, check_used, given_options,
+from kvbench.cli.usage import (CONTEXTS, LOOP, REQUEST, SERVED, cache_options, check_read, check_used, given_options,
                                option_readers)
 from kvbench.config import DecoderConfig, PlainConfig
 from kvbench.report.record import model as report_model
@@ -72,6 +72,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     for check in failed:
         stderr.print(f"[bold red]EQUIVALENCE FAILED[/]: {failure_sentence(check)}")
     for sentence in columns.unquantized_sentences(report):  # the tables mark them ∅; said here too
+        stderr.print(f"[yellow]warning[/]: {escape(sentence)}")
+    for sentence in uncompressed_sentences(args):
         stderr.print(f"[yellow]warning[/]: {escape(sentence)}")
     console.print(f"record: {path}")
     if report.verdict:  # the last line: what precision the run reached, and if short of it why, in words
@@ -154,6 +156,18 @@ def settings(args: argparse.Namespace) -> tuple[PlainConfig, Protocol]:
     except ValueError as error:
         raise CliError(str(error)) from None
     return config, protocol
+
+
+def uncompressed_sentences(args: argparse.Namespace) -> list[str]:
+    """A decode loop's prompt is its first token: a kind that compresses its prompt (ModeSpec.compresses_prompt)
+    evicts nothing while a loop is timed unless --evict-every asks it to evict while decoding."""
+    idle = [mode for mode in args.modes if modes.spec(mode).compresses_prompt
+            and "evict_every" not in args.cache_options.get(mode, {})]
+    if args.workload_name != LOOP or not idle:
+        return []
+    return [f"{', '.join(idle)} evicted nothing while timed: a decode loop's prompt is one token, and they compress "
+            "their prompt; --evict-every N evicts while decoding, --contexts times the steps after a compressed "
+            "prompt (their KV bytes are what each keeps once compressed)"]
 
 
 def check_eviction(args: argparse.Namespace) -> None:
