@@ -20,6 +20,7 @@ head's cut, the next token's top-5 logits, timings; `--tensors FILE.pt` adds eve
 next-token logits (what kvbench.models.kvpress_oracle compares within 1e-4 and explains ties with).
 
     make kvpress
+    .venv-kvpress/bin/python scripts/kvpress_peer.py --prompt-length 256 --corpus --output results/eviction/kvpress-peer.json
     .venv-kvpress/bin/python scripts/kvpress_peer.py --prompt-ids ids.json --output peer.json --tensors peer.pt
     .venv-kvpress/bin/python scripts/kvpress_peer.py --prompt-length 256 --seed 0 --ratios 0.5 --presses knorm,tova \\
         --output peer.json
@@ -73,6 +74,8 @@ def parser() -> OneLineParser:
                                                         "one token fed to the compressed cache")
     prompt.add_argument("--prompt-length", type=int, help="P: draw P + 1 ids uniformly over the vocabulary")
     found.add_argument("--seed", type=int, default=0, help="the generator seed of --prompt-length's ids")
+    found.add_argument("--corpus", action="store_true", help="with --prompt-length: the corpus's first P + 1 tokens "
+                                                              "(kvbench.models.corpus, the file's own tokenizer)")
     found.add_argument("--press-seed", type=int, default=0, help="RandomPress(seed=...)")
     found.add_argument("--repetitions", type=int, default=5, help="timed prefill + decode pairs per press and ratio "
                                                                   "(0: none, positions and logits only)")
@@ -105,6 +108,8 @@ def checked(argv: list[str] | None) -> argparse.Namespace:
     args.ratios = [ratio(text.strip()) for text in args.ratios.split(",")]
     if len(set(args.ratios)) != len(args.ratios):
         raise ValueError(f"--ratios: expected each ratio once, got {args.ratios}")
+    if args.corpus and args.prompt_length is None:
+        raise ValueError("--corpus: expected with --prompt-length, got it with --prompt-ids")
     for name, least in (("--repetitions", 0), ("--threads", 1), ("--prompt-length", 1)):
         value = getattr(args, name[2:].replace("-", "_"))
         if value is not None and value < least:
@@ -122,13 +127,16 @@ def read_prompt(path: Path) -> list[int]:
     return ids
 
 
-def prompt_ids(args, vocab: int) -> tuple[list[int], str]:
+def prompt_ids(args, vocab: int, corpus_ids=None) -> tuple[list[int], str]:
     """P + 1 token ids and where they came from; ValueError for ids outside the vocabulary or a prompt too short
-    for a press."""
+    for a press. `corpus_ids(n)`: the corpus's first n token ids (--corpus)."""
     import torch
 
     if args.prompt_ids is not None:
         ids, source = read_prompt(args.prompt_ids), f"file {args.prompt_ids}"
+    elif args.corpus:
+        ids = corpus_ids(args.prompt_length + 1)
+        source = "the corpus's first tokens (kvbench.models.corpus), by the model file's tokenizer"
     else:
         generator = torch.Generator().manual_seed(args.seed)
         ids = torch.randint(0, vocab, (args.prompt_length + 1,), generator=generator).tolist()
@@ -279,6 +287,21 @@ def version(package: str) -> str | None:
         return None
 
 
+def first_tokens(source, n: int) -> list[int]:
+    """The corpus's first n token ids by the file's tokenizer, read from kvbench's cache (the ids kvbench run
+    --model smollm2-135m reads). Never built here: transformers 5.2.0's GGUF loader builds another tokenizer.json
+    than kvbench's 5.24.0 (its decoder, normalizer and post-processor differ), which would then sit in the cache
+    kvbench's own runs read."""
+    from kvbench.models import corpus, gguf
+
+    try:
+        reader = gguf.tokenizer(source)
+    except ValueError:  # not cached: building it needs kvbench's transformers
+        raise ValueError(f"--corpus: expected the file's tokenizer in kvbench's cache {gguf.cache_dir()}, got none: "
+                         "run `.venv/bin/kvbench run --model smollm2-135m` once, or give --prompt-ids") from None
+    return corpus.corpus_ids(reader, 1, n)[0].tolist()
+
+
 def load_model(source):
     """transformers' twin of kvbench's decoder of the GGUF file `source` (kvbench.models.gguf.read_gguf's): the
     weights kvbench reads, copied (the decoder itself is then let go)."""
@@ -309,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     source = gguf.read_gguf(gguf.packaged_path(MODEL))
-    ids, origin = prompt_ids(args, source.config["vocab_size"])
+    ids, origin = prompt_ids(args, source.config["vocab_size"], lambda n: first_tokens(source, n))
     model = load_model(source)
     batch, tensors = torch.tensor([ids], dtype=torch.long), {}
     result = {"schema": SCHEMA, "command": ["scripts/kvpress_peer.py", *(sys.argv[1:] if argv is None else argv)],

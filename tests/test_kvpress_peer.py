@@ -72,6 +72,14 @@ def test_a_prompt_is_required_and_so_is_an_output(tmp_path, capsys):
     assert "the following arguments are required: --output" in capsys.readouterr().err
 
 
+def test_the_corpus_is_a_prompt_length_not_a_file(tmp_path, capsys):
+    assert peer.run(["--prompt-ids", "ids.json", "--corpus", "--output", str(tmp_path / "peer.json")]) == 2
+    assert "--corpus: expected with --prompt-length, got it with --prompt-ids" in capsys.readouterr().err
+    args = peer.checked(["--prompt-length", "70", "--corpus", "--output", str(tmp_path / "peer.json")])
+    ids, source = peer.prompt_ids(args, vocab=1000, corpus_ids=lambda n: list(range(n)))
+    assert ids == list(range(71)) and "corpus" in source
+
+
 def test_an_existing_output_is_refused_without_force_before_kvpress_is_looked_for(tmp_path, capsys):
     output = tmp_path / "peer.json"
     output.write_text("{}")

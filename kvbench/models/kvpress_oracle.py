@@ -72,8 +72,12 @@ def prompt_tensor(peer: dict, device=None):
 
 
 def kvbench_run(model, ids, method: str, ratio: float, options: dict | None = None):
-    """kvbench's kind `method` at `ratio`: its prefill of ids[:, :-1] (whose commit evicts), then the last token.
-    Returns the positions kept per layer, [layer][kv_head][...] ascending, and the next token's logits (V,)."""
+    """kvbench's kind `method` at `ratio`: its prefill of ids[:, :-1], then the last token. Returns the positions of
+    the prompt kept per layer, [layer][kv_head][...] ascending, and the next token's logits (V,).
+
+    The positions are read after the one-token step, the prompt's among them: a kind may compress when the prefill
+    commits or when the first token after it comes (before it attends, kvbench.cache.scored), and either way what
+    that token saw is what kvpress's press left after its prefill."""
     import torch
 
     from kvbench.cache import make_cache
@@ -85,10 +89,12 @@ def kvbench_run(model, ids, method: str, ratio: float, options: dict | None = No
     extra = {key: value for key, value in (options or {}).items() if key in known}
     cache = make_cache(method, model.config, batch=1, capacity=ids.shape[1], device=model.device,
                        evict_ratio=ratio, **extra)
+    prompt = ids.shape[1] - 1
     with torch.inference_mode():
         _, cache = model(ids[:, :-1], cache)
-        kept = [cache.positions(layer)[0].tolist() for layer in range(model.config.layers)]
-        logits, _ = model(ids[:, -1:], cache)
+        logits, cache = model(ids[:, -1:], cache)
+        kept = [[[p for p in head if p < prompt] for head in cache.positions(layer)[0].tolist()]
+                for layer in range(model.config.layers)]
     return kept, logits[0, -1].float()
 
 
