@@ -34,6 +34,7 @@ import argparse
 import importlib.metadata
 import io
 import json
+import os
 import platform
 import re
 import statistics
@@ -276,7 +277,8 @@ def environment(threads: int) -> dict:
 
     return {"python": platform.python_version(), "platform": platform.platform(), "torch": torch.__version__,
             "transformers": version("transformers"), "kvpress": version("kvpress"), "gguf": version("gguf"),
-            "kvbench": version("kvbench"), "torch_threads": threads, "processor": platform.processor() or None}
+            "kvbench": version("kvbench"), "torch_threads": threads, "processor": platform.processor() or None,
+            "cpus": os.cpu_count(), "load_average_at_start": list(os.getloadavg())}
 
 
 def version(package: str) -> str | None:
@@ -344,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         for compression in args.ratios:
             result["runs"].append(run_press(model, name, compression, batch, args, tensors))
             print(f"{name} @ {compression}: n_kept {result['runs'][-1]['n_kept'][0]}", file=sys.stderr)
+    result["environment"]["load_average_at_end"] = list(os.getloadavg())  # a shared machine's timings read beside it
     write_outputs(result, tensors, args.output, args.tensors, args.force)
     return 0
 
