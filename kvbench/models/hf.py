@@ -5,7 +5,8 @@ Two questions, one function each: which transformers config describes a kvbench 
 weights (`hf_model`). The oracle tests compare their logits; the `hf-*` modes (`steps`)
 run transformers' own caches on them through kvbench's gate, rotations and record. transformers is an optional extra, pinned (pyproject's `hf`
 extra): it is imported here only, and only when asked for, and another version is refused,
-since its modelling code is what the comparison trusts.
+since its modelling code is what the comparison trusts (but a peer's, PEER_VERSIONS, when its caller names it:
+kvpress's environment pins another, docs/kvpress.md).
 
 Which transformers class: Llama (no q/k/v biases, no window), Mistral (a window on every
 layer), Qwen2 (q/k/v biases, any per-layer windows through its layer_types). A model with
