@@ -201,6 +201,21 @@ def test_another_transformers_version_is_refused(monkeypatch):
         hf.require_transformers()
 
 
+def test_the_kvpress_peers_transformers_is_accepted_only_when_the_peer_is_named(monkeypatch):
+    version = hf.PEER_VERSIONS["kvpress"]
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: version)
+    with pytest.raises(ValueError, match=rf"needs transformers {re.escape(hf.TRANSFORMERS_VERSION)} \(kvbench's pin\), "
+                                         rf"got {re.escape(version)}"):
+        hf.require_transformers()
+    assert hf.require_transformers(peer="kvpress") is not None
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "4.0.0")
+    with pytest.raises(ValueError, match=rf"needs transformers {re.escape(hf.TRANSFORMERS_VERSION)} or "
+                                         rf"{re.escape(version)} \(kvbench's pin, or the kvpress peer's\), got 4.0.0"):
+        hf.require_transformers(peer="kvpress")
+    with pytest.raises(ValueError, match=r"peer must be one of \['kvpress'\] or None, got 'vllm'"):
+        hf.require_transformers(peer="vllm")
+
+
 def test_missing_transformers_is_refused(monkeypatch):
     def missing(name):
         raise importlib.metadata.PackageNotFoundError(name)
