@@ -274,3 +274,42 @@ def scored_cache_bytes(config, batch: int, length: int, pyramid: bool = False, e
         return per_position * sum(pyramid_budget(layer, config.layers, length, evict_ratio, kv_keep)
                                   for layer in range(config.layers))
     return per_position * config.layers * keep_budget(length, evict_ratio, kv_keep)
+
+
+def scored_held_bytes(config, capacity: int, prompt: int, pyramid: bool = False, observation: int = 0,
+                      totals: bool = False, evict_ratio: float | None = None, kv_keep: int | None = None,
+                      evict_every: int | None = None) -> list[int]:
+    """What a score-based kind's cache for one request holds between its steps (kvbench.cache.scored made with
+    `prompt`): [0] its whole prompt, uncompressed (the most any of its prefill chunks reaches), then [t] after t
+    one-token steps (capacity - prompt of them), the first compressing each layer back to its budget before it
+    attends, and every evict_every-th after it. Per layer: each held position's key, value and int64 position per
+    key/value head, its running score where the kind keeps `totals` (h2o), and the `observation` newest queries
+    a kind that scores from queries keeps (snapkv's window)."""
+    _count(capacity=capacity, prompt=prompt)
+    if not 1 <= prompt <= capacity:
+        raise ValueError(f"a request's prompt is in [1, capacity {capacity}] positions, got {prompt}")
+    element = config.element_bytes
+    per_position = config.kv_heads * (2 * config.head_dim * element + POSITION_BYTES + (element if totals else 0))
+    per_query = config.layers * config.heads * config.head_dim * element
+    layers = range(config.layers) if pyramid else range(1)  # without a pyramid every layer keeps the same
+    weight = 1 if pyramid else config.layers
+
+    def budget(layer: int, length: int) -> int:
+        if pyramid:
+            return pyramid_budget(layer, config.layers, length, evict_ratio, kv_keep)
+        return keep_budget(length, evict_ratio, kv_keep)
+
+    held = [prompt for _ in layers]
+    timeline = [per_position * weight * sum(held) + per_query * min(observation, prompt)]
+    for step in range(capacity - prompt):
+        if step == 0 or (evict_every is not None and step % evict_every == 0):
+            held = [min(kept, budget(layer, prompt + step)) for kept, layer in zip(held, layers)]
+        held = [kept + 1 for kept in held]
+        timeline.append(per_position * weight * sum(held) + per_query * min(observation, prompt + step + 1))
+    return timeline
+
+
+def scored_reserved_bytes(config, capacity: int, prompt: int, **options) -> int:
+    """The most a score-based kind's cache for one request ever holds (scored_held_bytes): what a serving run
+    reserves at admission, before the compression that gives part of it back."""
+    return max(scored_held_bytes(config, capacity, prompt, **options))

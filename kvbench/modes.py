@@ -23,8 +23,8 @@ from types import MappingProxyType
 from typing import Callable
 
 from kvbench import kinds
-from kvbench.kinds import (EVICTION_OPTIONS, GROUP_SIZE, KIND_NAME, RESIDUAL, expected_cache_bytes, quantized_cache_bytes,
-                           scored_cache_bytes, window_cache_bytes)
+from kvbench.kinds import (EVICTION_OPTIONS, GROUP_SIZE, KIND_NAME, RESIDUAL, SNAPKV_WINDOW, expected_cache_bytes,
+                           quantized_cache_bytes, scored_cache_bytes, scored_reserved_bytes, window_cache_bytes)
 
 FULL = "full"  # the baseline: re-runs the whole prefix at every step
 CONTROL = "control"  # the A/A label: a cached mode timed a second time in the same rotations
@@ -90,6 +90,9 @@ class ModeSpec:
     # How a serving run holds it under a KV budget (kvbench.serving.admission): "reserve" sets a request's capacity
     # aside at admission, "pages" takes blocks of a shared pool on demand; None: it is not served.
     serving: str | None = None
+    # A reserving kind whose need falls as it runs (compresses_prompt): (config, capacity, prompt, **options) -> the
+    # most its cache for one request holds, reserved at admission; None: its byte formula at its capacity.
+    reserve: Callable[..., int] | None = None
     copies_weights: bool = False  # computes with a second copy of the weights (transformers' model)
     default: bool = False  # among `kvbench run`'s default modes
     asv_config: Mapping = field(default_factory=dict)  # config overrides of the model asv times it on
@@ -333,9 +336,18 @@ SCORED_KINDS = (("knorm", "knorm", "KnormCache"), ("snapkv", "snapkv", "SnapKVCa
                 ("streamingllm", "streamingllm", "StreamingLLMCache"), ("random", "random", "RandomCache"))
 
 
+# What each keeps to score with beside its positions (its class's state_kept(); tests/test_admission.py holds
+# them equal): the newest queries (a kind that scores from them), a running score per position (h2o).
+SCORED_STATE = {"snapkv": {"observation": SNAPKV_WINDOW}, "pyramidkv": {"observation": SNAPKV_WINDOW},
+                "tova": {"observation": 1}, "h2o": {"totals": True}}
+
+
 def scored(name: str, cache: str, pyramid: bool = False) -> ModeSpec:
+    """Served by reserving its uncompressed prompt at admission and giving back what its compression frees."""
     return ModeSpec(name, KVBENCH, cache=cache, bytes=functools.partial(scored_cache_bytes, pyramid=pyramid),
-                    options=EVICTION_OPTIONS, keeps_every_position=False, evicts=True, compresses_prompt=True)
+                    options=EVICTION_OPTIONS, keeps_every_position=False, evicts=True, compresses_prompt=True,
+                    serving=RESERVE, reserve=functools.partial(scored_reserved_bytes, pyramid=pyramid,
+                                                               **SCORED_STATE.get(name, {})))
 
 
 for _spec in (

@@ -273,7 +273,9 @@ def test_no_command_is_one_line_exit_2(capsys):
         (["run", "--modes", "full,statc", "--no-progress"], "--modes: unknown mode 'statc': expected one of"),
         (["run", "--modes", "full,statc", "--no-progress"], "'hf-static-compiled']; did you mean 'static'?"),
         (["run", "--trace", "chat", "--modes", "pagd"], "a serving run takes kinds ['static', 'paged', "
-                                                          "'quantized-int8', 'quantized-int4', 'hf-continuous']; did you mean 'paged'?"),
+                                                          "'quantized-int8', 'quantized-int4', 'knorm', 'snapkv', 'tova', "
+                                                          "'h2o', 'pyramidkv', 'streamingllm', 'random', 'hf-continuous']; "
+                                                          "did you mean 'paged'?"),
     ],
 )
 def test_a_typo_names_the_closest_choice_and_the_prefix_is_said_once(capsys, argv, expected):

@@ -277,3 +277,58 @@ def test_any_chunking_of_the_prompt_then_one_token_steps_equals_the_masked_full_
     reference = masked_reference(model, ids, cache.history)[:, [end - 1 for end in ends]]
     torch.testing.assert_close(torch.stack(rows, dim=1), reference, atol=2e-5, rtol=2e-5)
     assert cache.length == ids.shape[1] and cache.positions(0).shape[-1] < ids.shape[1]
+
+
+@pytest.mark.parametrize("mode", SCORED)
+@pytest.mark.parametrize("options", [{"evict_ratio": 0.5}, {"kv_keep": 70, "evict_every": 3},
+                                     {"evict_ratio": 0.3, "evict_every": 1}], ids=["ratio", "keep-every", "every-step"])
+def test_a_cache_made_for_its_prompt_holds_exactly_the_timeline_it_reserves(models, mode, options):
+    """Made with prompt=P (a server's admission): a one-token chunk inside the prompt is a chunk, not a decoding
+    step; what its tensors hold at every step boundary after the prompt is kvbench.kinds.scored_held_bytes' [t], and
+    reserved_bytes is the most of what is still to come, which compression lowers and which nothing ever exceeds."""
+    model, P, C = models["llama"], 100, 130
+    cache = make_cache(mode, LLAMA, 1, C, prompt=P, **options)
+    timeline = kinds.scored_held_bytes(LLAMA, C, P, pyramid=cache.pyramid, **cache.state_kept(), **options)
+    assert cache.reserved_bytes == max(timeline) == kinds.scored_reserved_bytes(
+        LLAMA, C, P, pyramid=cache.pyramid, **cache.state_kept(), **options)
+    ids = torch.randperm(LLAMA.vocab_size, generator=torch.Generator().manual_seed(0))[:C][None]
+    held, reserved = [], []
+    with torch.inference_mode():
+        for start, end in ((0, 40), (40, 41), (41, 99), (99, 100), *((t, t + 1) for t in range(P, C))):
+            model(ids[:, start:end], cache)
+            assert cache.allocated_bytes <= cache.reserved_bytes
+            if end == P:
+                assert cache.compressions == 0 and cache.decode_steps == 0  # the one-token chunks were the prompt's
+            if end >= P:
+                held.append(cache.allocated_bytes)
+                reserved.append(cache.reserved_bytes)
+    assert held == timeline
+    assert reserved == [max(timeline[t:]) for t in range(len(timeline))]
+    assert reserved[1] < reserved[0] == held[0]  # the compression gave back part of the prompt's peak
+
+
+def test_a_cache_made_for_its_prompt_refuses_steps_its_reservation_does_not_plan():
+    cache = make_cache("knorm", LLAMA, 1, 40, prompt=10)
+    with pytest.raises(ValueError, match="a prompt chunk ends at the prompt's end, position 10: expected at most 10 "
+                                         "tokens from position 0, got 12"):
+        cache.check_append(LLAMA, 1, 12)
+    cache.length = 10
+    with pytest.raises(ValueError, match="after its prompt of 10 a request decodes one token a step, got 2"):
+        cache.check_append(LLAMA, 1, 2)
+    for prompt in (0, 41, True, 2.0):
+        with pytest.raises(ValueError, match=rf"prompt is the request's prompt length, in \[1, capacity 40\], "
+                                             rf"got {prompt!r}"):
+            make_cache("knorm", LLAMA, 1, 40, prompt=prompt)
+
+
+def test_a_compressing_kind_keeps_no_view_of_a_prompts_queries(models):
+    """Its window of queries is a copy of the newest `observation` alone, and the step's own queries are not kept
+    (last_scores): a view would keep the whole prompt chunk's queries alive, bytes its accounting does not count."""
+    model = models["llama"]
+    cache = make_cache("snapkv", LLAMA, 1, PROMPT + 1)
+    with torch.inference_mode():
+        model(token_ids(LLAMA, 1, PROMPT), cache)
+    for layer in range(LLAMA.layers):
+        window = cache._queries[layer]
+        assert window.shape[2] == 64 and window.untyped_storage().nbytes() == window.numel() * window.element_size()
+        assert cache.last_scores[layer] is None

@@ -17,6 +17,11 @@ where kvpress stops:
 - Scores from attention need the queries: a kind that wants them (`wants_scores = "queries"`) is handed each
   step's rotated queries, and this class keeps the newest `observation` of them per layer (SnapKV's window, TOVA's
   last query) for the next compression.
+- For a server. Made with `prompt=P` (a request whose prompt length is known: kvbench.serving's admission), the
+  steps before position P are its prompt, in chunks of any size, one token included, and every later step is one
+  token (another is refused); `reserved_bytes` is then the most it will hold from now on
+  (kvbench.kinds.scored_held_bytes): its uncompressed prompt until the first decoding step compresses it, then
+  its budget and the steps since. Without `prompt`, it is what its tensors hold (`allocated_bytes`).
 """
 
 from __future__ import annotations
@@ -26,10 +31,10 @@ import math
 import torch
 from torch import Tensor
 
-from kvbench.attention import QUERIES, key_visibility
+from kvbench.attention import QUERIES, SUMMED, WEIGHTS, key_visibility
 from kvbench.cache.evicting import EvictingCache
 from kvbench.config import DecoderConfig
-from kvbench.kinds import DEFAULT_EVICT_RATIO, keep_budget
+from kvbench.kinds import DEFAULT_EVICT_RATIO, keep_budget, scored_held_bytes
 
 
 def check_eviction_options(kind: str, evict_ratio, kv_keep, evict_every, protected: int = 0) -> None:
@@ -56,15 +61,21 @@ class ScoredCache(EvictingCache):
     wants_scores = QUERIES  # a kind scoring from keys alone (knorm, random, streamingllm) sets None
     observation = 1  # the newest queries kept per layer for the next compression
     protected = 0  # the newest positions a compression always keeps (SnapKV's window): kv_keep's lower bound
+    pyramid = False  # each layer its own budget (kvbench.kinds.pyramid_budget), which the reservation follows
 
     def __init__(self, config: DecoderConfig, batch: int = 1, capacity: int | None = None, history: bool = False,
                  device=None, evict_ratio: float | None = None, kv_keep: int | None = None,
-                 evict_every: int | None = None) -> None:
+                 evict_every: int | None = None, prompt: int | None = None) -> None:
         self.check_options(evict_ratio, kv_keep, evict_every)
         if config.window is not None:
             raise ValueError(f"{self.kind} evicts by its own scores: expected a model without a sliding window, got "
                              f"window={config.window}")
         super().__init__(config, batch, capacity, history, device)
+        if prompt is not None and (isinstance(prompt, bool) or not isinstance(prompt, int)
+                                   or not 1 <= prompt <= self.capacity):
+            raise ValueError(f"{self.kind}: prompt is the request's prompt length, in [1, capacity {self.capacity}], "
+                             f"got {prompt!r}")
+        self.prompt = prompt
         self.evict_ratio = DEFAULT_EVICT_RATIO if evict_ratio is None and kv_keep is None else evict_ratio
         self.kv_keep, self.evict_every = kv_keep, evict_every
         self.compressions = 0  # compressions that evicted something
@@ -73,6 +84,22 @@ class ScoredCache(EvictingCache):
         self._query_positions: list[Tensor | None] = [None] * config.layers  # (w,)
         self._due = False
         self._undo: dict[int, tuple] = {}  # layer -> its committed state, while a step that evicted is staged
+        self._plan = None if prompt is None else self._reservations(self.capacity, prompt)
+
+    def _reservations(self, capacity: int, prompt: int) -> list[int]:
+        """[t]: the most it holds from t decoding steps on (the prompt's peak included at 0)."""
+        held = scored_held_bytes(self.config, capacity, prompt, self.pyramid, self.state_kept()["observation"],
+                                 self.state_kept()["totals"], self.evict_ratio, self.kv_keep, self.evict_every)
+        for t in range(len(held) - 2, -1, -1):
+            held[t] = max(held[t], held[t + 1])
+        return held
+
+    @classmethod
+    def state_kept(cls) -> dict:
+        """What it keeps to score with beside its positions (kvbench.kinds.scored_held_bytes' arguments): the
+        newest queries, and a running score per position."""
+        return {"observation": cls.observation if cls.wants_scores == QUERIES else 0,
+                "totals": cls.wants_scores in (SUMMED, WEIGHTS)}
 
     @classmethod
     def check_options(cls, evict_ratio=None, kv_keep=None, evict_every=None) -> None:
@@ -132,10 +159,26 @@ class ScoredCache(EvictingCache):
                 self._apply(layer, index)
         return super().update(layer, k, v)
 
+    def _decoding(self, start: int, new: int) -> bool:
+        """Whether a step of `new` tokens from `start` decodes: one token after the prompt (any step of more is a
+        chunk of it, kept whole), or after `prompt` positions when the request's prompt is known."""
+        return new == 1 and start > 0 if self.prompt is None else start >= self.prompt
+
     def _compression_due(self, new: int) -> bool:
-        if new > 1 or self.length == 0:  # the prompt, or a chunk of it: kept whole
+        if not self._decoding(self.length, new):
             return False
         return self.decode_steps == 0 or (self.evict_every is not None and self.decode_steps % self.evict_every == 0)
+
+    def check_append(self, config: DecoderConfig, batch: int, length: int) -> None:
+        super().check_append(config, batch, length)
+        if self.prompt is None:
+            return
+        if self.length < self.prompt < self.length + length:
+            raise ValueError(f"{self.kind}: a prompt chunk ends at the prompt's end, position {self.prompt}: expected at "
+                             f"most {self.prompt - self.length} tokens from position {self.length}, got {length}")
+        if self.length >= self.prompt and length != 1:
+            raise ValueError(f"{self.kind}: after its prompt of {self.prompt} a request decodes one token a step, "
+                             f"got {length}")
 
     def rollback(self) -> None:
         for layer, (keys, values, positions, totals) in self._undo.items():
@@ -147,26 +190,38 @@ class ScoredCache(EvictingCache):
         queries = {layer: stage.get("scores") for layer, stage in self._stage.items()}
         start = self.length
         super().commit(length)
-        if length == 1 and start > 0:
+        self.last_scores = [None] * self.config.layers  # its own window of queries is all it keeps of them
+        if self._decoding(start, length):
             self.decode_steps += 1
         self.compressions += bool(self._undo)
         self._undo = {}
         if self.wants_scores != QUERIES:
             return
         new = torch.arange(start, start + length, device=self.device)
+        w = self.observation
         for layer, q in queries.items():
             if q is None:
                 continue
-            previous = self._queries[layer]
-            kept = q if previous is None else torch.cat((previous, q), dim=2)
+            previous, recent = self._queries[layer], q[:, :, -w:]
+            # A copy of the newest w alone: a view would keep a whole prompt chunk's (or a batch's) queries alive.
+            older = 0 if previous is None else min(w - recent.shape[2], previous.shape[2])
+            self._queries[layer] = recent.clone() if not older else torch.cat(
+                (previous.narrow(2, previous.shape[2] - older, older), recent), dim=2)
             positions = new if previous is None else torch.cat((self._query_positions[layer], new))
-            self._queries[layer] = kept[:, :, -self.observation:]
-            self._query_positions[layer] = positions[-self.observation:]
+            self._query_positions[layer] = positions[-w:]
+
+    @property
+    def allocated_bytes(self) -> int:
+        """What its tensors hold now: the positions it keeps, and the queries and running scores it scores with."""
+        return super().reserved_bytes + sum(q.numel() * q.element_size() for q in self._queries if q is not None)
 
     @property
     def reserved_bytes(self) -> int:
-        """What it keeps, plus the queries and running scores it keeps to score with."""
-        return super().reserved_bytes + sum(q.numel() * q.element_size() for q in self._queries if q is not None)
+        """With `prompt`, the most it holds from now on (its plan never falls below what it holds); without, what
+        it holds."""
+        if self._plan is None:
+            return self.allocated_bytes
+        return self._plan[min(self.decode_steps, len(self._plan) - 1)]
 
 
 def window_weights(held: dict, heads: int) -> Tensor:

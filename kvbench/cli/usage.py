@@ -47,8 +47,7 @@ USED_BY = {
     "--window": TIMED, "--sinks": TIMED, "--window-pattern": TIMED,  # the scheduler's batches need full attention
     "--model": TIMED, "--gguf": TIMED,  # serving replays the preset's random weights: a real model is not served yet
     "--quant-group": EVERY, "--quant-residual": EVERY,  # and only where a quantized kind runs (KIND_OPTIONS)
-    # and only where an evicting kind runs; not served yet: the scheduler's batches do not carry per-head positions
-    "--evict-ratio": TIMED, "--kv-keep": TIMED, "--evict-every": TIMED,
+    "--evict-ratio": EVERY, "--kv-keep": EVERY, "--evict-every": EVERY,  # and only where an evicting kind runs
 }
 NEEDS = {  # option -> (the workloads where it does something only beside one of these options, those, why)
     "--prefix-fraction": ((SERVING,), ("--prefix",), "it is the share of requests that carry the prefix"),
@@ -65,7 +64,7 @@ CACHE_OPTIONS = {"--quant-group": ("group_size", "quant_group"), "--quant-residu
                  "--evict-every": ("evict_every", "evict_every")}
 KIND_OPTIONS = {  # options only some kinds read (kvbench.cli.run and .serve tell which do): who reads each
     "--quant-group": "the quantized kinds", "--quant-residual": "the quantized kinds",
-    "--block-size": "paged and hf-continuous", "--reserve": "static and the quantized kinds",
+    "--block-size": "paged and hf-continuous", "--reserve": "static, the quantized and the scored kinds",
     "--evict-ratio": "the evicting kinds", "--kv-keep": "the evicting kinds", "--evict-every": "the evicting kinds",
 }
 

@@ -15,6 +15,7 @@ class PyramidKVCache(ScoredCache):
     kind = "pyramidkv"
     observation = WINDOW
     protected = WINDOW
+    pyramid = True
 
     def score(self, layer: int, held: dict) -> Tensor:
         return snap_scores(held, self.config.heads, self.config.kv_heads)
