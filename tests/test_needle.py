@@ -189,3 +189,66 @@ def test_runs_sweep_the_ratios_of_kinds_that_take_them(kinds):
     runs = needle.runs_for(["full", "static", "oldest"], {"oldest": {"evict_ratio": 0.9}}, [0.25, 0.5])
     assert runs == [("full", {}), ("static", {}), ("oldest", {"evict_ratio": 0.25}), ("oldest", {"evict_ratio": 0.5})]
     assert needle.runs_for(["oldest"], {"oldest": {"evict_ratio": 0.9}}) == [("oldest", {"evict_ratio": 0.9})]
+
+
+def test_the_record_keeps_the_section_and_refuses_one_that_disagrees(make_record, measured, tmp_path):
+    import copy
+    import json
+
+    from kvbench.record import RecordError, load_record, validate_record, write_record
+
+    record = make_record({("full", 8): [1.0, 1.1, 1.2], ("static", 8): [0.5, 0.6, 0.5]})
+    record["needle"] = json.loads(json.dumps(measured))  # what a file holds: tuples become lists
+    path = write_record(validate_record(record), tmp_path / "rec.json")
+    assert load_record(path)["needle"] == record["needle"]
+    for change, fragment in [
+            (lambda s: s["modes"][1].update(correct=s["modes"][1]["correct"] + 1), "needle/modes/1/correct: expected"),
+            (lambda s: s["modes"][2].update(accuracy=0.5 if s["modes"][2]["accuracy"] != 0.5 else 0.25),
+             "needle/modes/2/accuracy: expected"),
+            (lambda s: s["modes"][1]["cells"].reverse(), "expected the cells in the first mode's order"),
+            (lambda s: s["modes"][0]["cells"].pop(), "needle/modes/0: expected the cells of contexts [64, 96] x "
+                                                     "depths [0, 50, 100]"),
+            (lambda s: s["safe_ratios"][0].update(mode="snapkv"), "expected one of the modes run"),
+            (lambda s: s["modes"][0]["cells"][0].update(depth=101), "needle/modes/0/cells/0/depth"),
+            (lambda s: s["modes"][0]["cells"][0].update(answer="12a4"), "needle/modes/0/cells/0/answer")]:
+        broken = copy.deepcopy(record)
+        change(broken["needle"])
+        with pytest.raises(RecordError, match=fragment.replace("[", r"\[").replace("]", r"\]")):
+            validate_record(broken)
+
+
+def test_the_report_shows_the_table_the_grid_and_the_heat_map(make_record, measured):
+    from kvbench.record import RecordView, validate_record
+    from kvbench.report.record import html, markdown, plots, terminal
+    from kvbench.report.record.model import build_report
+    from rich.table import Table
+
+    record = make_record({("full", 8): [1.0, 1.1, 1.2], ("static", 8): [0.5, 0.6, 0.5]})
+    record["needle"] = measured
+    report = build_report(RecordView(validate_record(record), "r.json"))
+    text = terminal.render_report(report)
+    full = measured["modes"][0]
+    assert "retrieval: a needle in the context" in text and "oldest evict_ratio=0.25" in text
+    assert f"{full['logprob']['mean']:.3f} [{full['logprob']['low']:.3f}, {full['logprob']['high']:.3f}]" in text
+    assert "retrieval by cell" in text and "depth 100%" in text
+    assert f"{'✓' if full['cells'][0]['correct'] else '✗'} {full['cells'][0]['logprob']:.2f}" in text
+    assert "oldest: of evict_ratio 0.25, 0.5, the largest losing at most 1 point of accuracy and 0.1 nats" in text
+    quick = terminal.quick_renderables(report)  # kvbench run's: the summary table, not the grid
+    titles = [str(item.title) for item in quick if isinstance(item, Table)]
+    assert "retrieval: a needle in the context" in titles and not any("by cell" in title for title in titles)
+    page = markdown.render_report(report)
+    assert "| thinned |" in page and "| Δ vs full (95% CI) |" in page
+    images = plots.render_panels(report)
+    assert images["needle"][1] == "image/png" and images["needle"][0][:4] == b"\x89PNG"
+    page = html.render_report(report, images)
+    assert "Retrieval of the needle per mode" in page and page.count("data:image/png;base64,") == len(images)
+
+
+def test_a_report_without_the_section_has_no_needle(make_record):
+    from kvbench.record import RecordView
+    from kvbench.report.record import plots
+    from kvbench.report.record.model import build_report
+
+    report = build_report(RecordView(make_record({("full", 8): [1.0, 1.1], ("static", 8): [0.5, 0.6]}), "r.json"))
+    assert report.needle is None and "needle" not in plots.render_panels(report)
+
