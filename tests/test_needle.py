@@ -252,3 +252,77 @@ def test_a_report_without_the_section_has_no_needle(make_record):
     report = build_report(RecordView(make_record({("full", 8): [1.0, 1.1], ("static", 8): [0.5, 0.6]}), "r.json"))
     assert report.needle is None and "needle" not in plots.render_panels(report)
 
+
+@pytest.fixture(scope="module")
+def packaged():
+    """The packaged SmolLM2 file: the CLI refuses --needle without a trained model."""
+    import kvbench.models.gguf as kvgguf
+
+    pytest.importorskip("gguf", reason="reading GGUF files needs the gguf extra (make test installs it)")
+    try:
+        return kvgguf.packaged_path("smollm2-135m")
+    except ValueError as error:
+        pytest.skip(str(error))
+
+
+def run_main(capsys, *argv):
+    from kvbench.cli import main
+
+    code = main([str(arg) for arg in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--needle", "8192"], "--needle 8192: a context and its question need more than 8192 positions, expected fewer "
+                           "than max_length 8192 of model 'smollm2-135m', GGUF file"),
+    (["--needle", "64", "--max-length", "64"], "--needle 64: a context and its question need more than 64 positions"),
+    (["--needle", "64", "--needle-ratios", "0.5"], "--needle-ratios is read by kinds that take evict_ratio only, and "
+                                                   "--modes full,concat,static,paged runs none of them"),
+    (["--needle-depths", "50"], "--needle-depths needs --needle in a loop run: they say where --needle hides the needle"),
+])
+def test_a_grid_refused_before_the_model_loads_is_one_line(capsys, tmp_path, packaged, argv, fragment):
+    output = tmp_path / "rec.json"
+    code, out, err = run_main(capsys, "run", "--model", "smollm2-135m", "--lengths", "8", *argv, "--output", output)
+    lines = err.splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("kvbench: error: ") and fragment in lines[0], err
+    assert out == "" and not output.exists()
+
+
+@pytest.mark.slow
+def test_a_context_that_leaves_the_question_no_room_is_refused_once_the_tokenizer_counts_it(capsys, tmp_path,
+                                                                                               packaged):
+    output = tmp_path / "rec.json"
+    code, out, err = run_main(capsys, "run", "--model", "smollm2-135m", "--needle", "8185", "--lengths", "4",
+                              "--output", output, "--no-progress")
+    lines = err.splitlines()
+    assert code == 2 and len(lines) == 1 and not output.exists(), err
+    assert lines[0] == ("kvbench: error: --needle: context 8185: with the question's 11 tokens and the answer's 5 + "
+                        "2 generated, expected at most max_length 8192 positions, got 8202 (the longest that fits: "
+                        "8175)")
+
+
+@pytest.mark.slow
+def test_kvbench_run_needle_on_the_real_model_then_its_report(capsys, tmp_path, packaged, clean_kinds):
+    """A small grid end to end: a ratio sweep of an evicting kind, the record, the HTML page with its heat map."""
+    if "oldest" in modes.SPECS:  # kvbench run loads the file afresh, as a new process would
+        modes.unregister("oldest")
+    output, page = tmp_path / "rec.json", tmp_path / "report.html"
+    code, out, err = run_main(capsys, "run", "--model", "smollm2-135m", "--lengths", "4", "--repeats", "1",
+                              "--control", "none", "--plugin", PLUGINS / "oldest.py", "--modes", "full,static,oldest",
+                              "--needle", "96", "--needle-depths", "0,100", "--needle-ratios", "0.25,0.5",
+                              "--output", output, "--no-progress")
+    assert code == 0, err
+    assert "retrieval: a needle in the context" in out and "oldest evict_ratio=0.5" in out
+    from kvbench.record import load_record
+
+    section = load_record(output)["needle"]
+    assert [row["label"] for row in section["modes"]] == ["full", "static", "oldest evict_ratio=0.25",
+                                                          "oldest evict_ratio=0.5"]
+    assert section["contexts"] == [96] and section["depths"] == [0, 100]
+    assert [entry["mode"] for entry in section["safe_ratios"]] == ["oldest"]
+    full, static = section["modes"][:2]
+    assert [cell["logprob"] for cell in static["cells"]] == pytest.approx([cell["logprob"] for cell in full["cells"]],
+                                                                          abs=1e-3)
+    assert run_main(capsys, "report", output, "--format", "html", "--output", page)[0] == 0
+    assert "Retrieval of the needle per mode" in page.read_text()

@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from kvbench.cache import make_cache
+from kvbench.kinds import EVICT_RATIO, NEEDLE_CONTEXTS, NEEDLE_DEPTHS
 from kvbench.model import Decoder
 from kvbench.models import corpus
 from kvbench.modes import FULL, spec
@@ -44,10 +45,8 @@ NEEDLE = " The secret code is {code}."
 QUESTION = "\nWhat is the secret code? The secret code is"
 ANSWER = " {code}"
 EXTRA = 2  # tokens greedy generation runs past the answer's length: a code split otherwise is still read whole
-CONTEXTS = (1024, 2048, 4096)
-DEPTHS = (0, 25, 50, 75, 100)
+CONTEXTS, DEPTHS, RATIO = NEEDLE_CONTEXTS, NEEDLE_DEPTHS, EVICT_RATIO
 CODES = (1000, 10000)  # 4 digits
-RATIO = "evict_ratio"  # the cache option several of one kind's runs may differ by (the safe-ratio rule)
 ACCURACY_LOSS = 0.01  # at most 1 point of accuracy lost against full...
 LOGPROB_LOSS = 0.1  # ...and 0.1 nats of mean answer log-probability: a ratio within both is safe
 ROUNDING = 1e-9  # a loss of exactly a limit passes: 0.8 - 0.79 is 0.010000000000000009 in floats
