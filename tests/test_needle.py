@@ -289,6 +289,14 @@ def test_a_grid_refused_before_the_model_loads_is_one_line(capsys, tmp_path, pac
     assert out == "" and not output.exists()
 
 
+def test_a_grid_that_cannot_fit_in_memory_is_refused_before_the_model_loads(capsys, tmp_path, packaged, monkeypatch):
+    monkeypatch.setenv("KVBENCH_AVAILABLE_MEMORY", "2GiB")
+    code, out, err = run_main(capsys, "run", "--model", "smollm2-135m", "--lengths", "8", "--needle", "1024,4096",
+                              "--output", tmp_path / "rec.json")
+    assert code == 2 and len(err.splitlines()) == 1 and out == "", err
+    assert "a cache and its copy 360.0 MiB, the --needle 4096 prefill 2.7 GiB), but 2.0 GiB of memory is available" in err
+
+
 @pytest.mark.slow
 def test_a_context_that_leaves_the_question_no_room_is_refused_once_the_tokenizer_counts_it(capsys, tmp_path,
                                                                                                packaged):

@@ -15,7 +15,8 @@ import re
 from kvbench.cli.parser import CliError
 from kvbench.cli.progress import stage
 from kvbench.kinds import EVICT_RATIO, NEEDLE_CONTEXTS, NEEDLE_DEPTHS
-from kvbench.modes import SPECS
+from kvbench.measure import memory
+from kvbench.modes import FULL, SPECS
 
 RATIO = re.compile(r"0?\.[0-9]+|0")  # [0, 1): what an evicting kind may drop of the prompt
 
@@ -71,6 +72,16 @@ def check_needle(args: argparse.Namespace, max_length: int, model: str) -> None:
     if args.needle_ratios and not any(EVICT_RATIO in SPECS[mode].options for mode in args.modes if mode in SPECS):
         raise CliError(f"--needle-ratios is read by kinds that take {EVICT_RATIO} only, and --modes "
                        f"{','.join(args.modes)} runs none of them")
+
+
+def needle_bytes(config, contexts: list[int]) -> dict:
+    """What --needle's largest cell allocates at its peak: its context's one-call prefill is the full-prefix
+    forward the run's estimate counts (logits at every position, the attention weights among them), beside a
+    cache and the copy it continues from; unlike a gate, it keeps no logits a step."""
+    parts = memory.estimate_run_bytes(config, 1, [max(contexts)], [FULL])
+    parts.pop("gate logits")
+    names = {"caches": "a cache and its copy", "full-prefix activations": f"the --needle {max(contexts)} prefill"}
+    return {names.get(name, name): size for name, size in parts.items()}
 
 
 def prepare_needle(args: argparse.Namespace, tokenizer, max_length: int, seed: int) -> list | None:

@@ -14,7 +14,7 @@ from rich.markup import escape
 from kvbench import kinds, modes, plugins, record
 from kvbench.measure import memory, timing
 from kvbench.cli.commands import check_output, config_from_args
-from kvbench.cli.needle import check_needle, measure_needle, prepare_needle
+from kvbench.cli.needle import check_needle, measure_needle, needle_bytes, prepare_needle
 from kvbench.cli.parser import CliError, did_you_mean
 from kvbench.cli.progress import ProgressBar, stage
 from kvbench.cli.serve import check_serve, cmd_serve
@@ -99,8 +99,9 @@ def check_run(args: argparse.Namespace) -> tuple:
     check_output(output, args.force)  # before any measurement: a bad path costs nothing
     after = args.workload.get("warmup_steps", 0) + args.workload.get("timed_steps", 0)  # a contexts run's steps
     check_needle(args, config.max_length, model_named(args))
-    check_fits_in_memory(config, protocol, [n + after for n in args.lengths] + list(args.needle or []), args.modes,
-                         model_named(args))
+    check_fits_in_memory(config, protocol, [n + after for n in args.lengths], args.modes, model_named(args))
+    if args.needle:  # after the timing, its largest cell: a prefill, a cache and its copy
+        check_fits_in_memory(config, protocol, [], [], model_named(args), needle_bytes(config, args.needle))
     return config, protocol, output
 
 
@@ -227,9 +228,10 @@ def model_named(args: argparse.Namespace) -> str:
 
 
 def check_fits_in_memory(config: PlainConfig, protocol: Protocol, lengths: list[int], modes: list[str],
-                         model: str = "preset 'seed'") -> None:
-    """Refuse a run whose model, ids, logits and caches cannot fit, before allocating any of them."""
-    parts = memory.estimate_run_bytes(config, protocol.batch, lengths, modes)
+                         model: str = "preset 'seed'", parts: dict | None = None) -> None:
+    """Refuse a run whose model, ids, logits and caches (or `parts`, estimated otherwise) cannot fit, before
+    allocating any of them."""
+    parts = parts or memory.estimate_run_bytes(config, protocol.batch, lengths, modes)
     try:
         needed, available = sum(parts.values()), memory.available_bytes()
     except ValueError as error:
