@@ -185,6 +185,16 @@ def test_the_largest_safe_ratio_loses_at_most_a_point_and_a_tenth_of_a_nat(rows,
     assert found == [{"mode": "a", "ratios": sorted(r["options"]["evict_ratio"] for r in rows), "safe_ratio": safe}]
 
 
+def test_a_window_kind_runs_with_its_window_and_full_without_it(cells):
+    windowed = build_model(preset_config("llama-tiny", max_length=256, rope_scaling=None, window=16, sinks=2), seed=1)
+    found = needle.measure(windowed, Bytes(), cells[:1], [("window", {})])
+    assert [row["label"] for row in found["modes"]] == ["full", "window W=16 K=2"]
+    unwindowed = build_model(CONFIG, seed=1)  # the same weights: full's numbers are the unwindowed model's
+    assert found["modes"][0]["cells"][0]["logprob"] == pytest.approx(by_hand(unwindowed, cells[0])[0], abs=1e-4)
+    held = modes.expected_bytes("window", windowed.config, 1, len(cells[0].prompt))  # W + K positions, not the prompt
+    assert found["modes"][1]["cells"][0]["cache_bytes"] == held < modes.expected_bytes("static", CONFIG, 1, 64)
+
+
 def test_runs_sweep_the_ratios_of_kinds_that_take_them(kinds):
     runs = needle.runs_for(["full", "static", "oldest"], {"oldest": {"evict_ratio": 0.9}}, [0.25, 0.5])
     assert runs == [("full", {}), ("static", {}), ("oldest", {"evict_ratio": 0.25}), ("oldest", {"evict_ratio": 0.5})]

@@ -184,8 +184,10 @@ def forced_tail(model, ids: Tensor, answer: list[int], mode: str, start: int, as
     return float(logprobs[torch.arange(len(answer)), torch.tensor(answer)].sum())
 
 
-def label(mode: str, options: dict) -> str:
-    return " ".join([mode, *(f"{name}={value}" for name, value in sorted(options.items()))])
+def label(mode: str, options: dict, model: Decoder | None = None) -> str:
+    """The mode, its options, and a window kind's window and sinks (the model's), as the quality table names it."""
+    window = [f"W={model.config.window}", f"K={model.config.sinks}"] if model is not None and windowed(mode) else []
+    return " ".join([mode, *window, *(f"{name}={value}" for name, value in sorted(options.items()))])
 
 
 def measure(model: Decoder, tokenizer, cells: list[Cell], runs: list[tuple[str, dict]], on_progress=None) -> dict:
@@ -209,17 +211,17 @@ def measure(model: Decoder, tokenizer, cells: list[Cell], runs: list[tuple[str, 
                           **({"cache_bytes": held} if held is not None and kept else {})})
             done += 1
             if on_progress is not None:
-                on_progress(done, total, f"{label(mode, options)}: context {cell.context}, depth {cell.depth}%")
-        rows.append(summarise(mode, options, found, rows[0]["cells"] if rows else None))
+                on_progress(done, total, f"{label(mode, options, chosen)}: context {cell.context}, depth {cell.depth}%")
+        rows.append(summarise(mode, options, found, rows[0]["cells"] if rows else None, label(mode, options, chosen)))
     return {"contexts": sorted({cell.context for cell in cells}), "depths": sorted({cell.depth for cell in cells}),
             "needle": NEEDLE, "question": QUESTION, "answer": ANSWER, "extra": EXTRA,
             "accuracy_loss": ACCURACY_LOSS, "logprob_loss": LOGPROB_LOSS, "modes": rows,
             "safe_ratios": safe_ratios(rows)}
 
 
-def summarise(mode: str, options: dict, found: list[dict], full: list[dict] | None) -> dict:
+def summarise(mode: str, options: dict, found: list[dict], full: list[dict] | None, name: str) -> dict:
     correct = sum(cell["correct"] for cell in found)
-    row = {"mode": mode, "options": options, "label": label(mode, options), "correct": correct, "cells": found,
+    row = {"mode": mode, "options": options, "label": name, "correct": correct, "cells": found,
            "accuracy": correct / len(found), "logprob": interval([cell["logprob"] for cell in found])}
     if full is not None:  # paired by cell: the same prompt, the same answer
         row["logprob_difference"] = interval([cell["logprob"] - base["logprob"] for cell, base in zip(found, full)])
