@@ -229,3 +229,51 @@ def within_limits(drift: dict, limits: dict) -> bool:
     """Every metric within its limit, and no step without a distribution on either side."""
     return (drift["non_finite"] == 0 and drift.get("reference_non_finite", 0) == 0
             and all(DRIFT_METRICS[name](drift, limit) for name, limit in limits.items()))
+
+
+# -- what a score-based evicting kind keeps (kvbench.cache.scored) ---------------------------------
+
+EVICTION_OPTIONS = ("evict_ratio", "kv_keep", "evict_every")  # --evict-ratio, --kv-keep, --evict-every
+DEFAULT_EVICT_RATIO = 0.5  # kvpress's examples' compression ratio
+SNAPKV_WINDOW, PYRAMID_BETA = 64, 20  # kvpress's SnapKVPress window (PyramidKVPress's too) and beta
+POSITION_BYTES = 8  # an int64 absolute position per retained key and key/value head
+
+
+def keep_budget(length: int, evict_ratio: float | None = None, kv_keep: int | None = None) -> int:
+    """Positions each head keeps once `length` were appended: kvpress's max(1, int(T * (1 - r))), or kv_keep."""
+    if kv_keep is not None:
+        return min(kv_keep, length)
+    ratio = DEFAULT_EVICT_RATIO if evict_ratio is None else evict_ratio
+    return max(1, int(length * (1 - ratio)))
+
+
+def pyramid_budget(layer: int, layers: int, length: int, evict_ratio: float | None = None,
+                   kv_keep: int | None = None) -> int:
+    """kvpress's PyramidKVPress.get_layer_budget: more positions in lower layers, SnapKV's total; SnapKV's budget
+    where the pyramid does not fit (a short prompt, one layer). kv_keep N reads as the ratio keeping N on average."""
+    ratio = (DEFAULT_EVICT_RATIO if evict_ratio is None else evict_ratio) if kv_keep is None else \
+        1 - min(kv_keep, length) / length
+    capacity = SNAPKV_WINDOW + length * (1 - ratio)
+    least = (capacity - SNAPKV_WINDOW) / PYRAMID_BETA
+    most = (capacity - SNAPKV_WINDOW) * 2 - least
+    if most >= length - SNAPKV_WINDOW:
+        most = length - SNAPKV_WINDOW
+        least = (capacity - SNAPKV_WINDOW) * 2 - most
+    if layers == 1 or not length >= most >= least >= SNAPKV_WINDOW:
+        budget = round(length * (1 - ratio))
+    else:
+        budget = round(most - layer * (most - least) / (layers - 1))
+    return min(length, max(1, budget))
+
+
+def scored_cache_bytes(config, batch: int, length: int, pyramid: bool = False, evict_ratio: float | None = None,
+                       kv_keep: int | None = None, evict_every: int | None = None) -> int:
+    """What a score-based kind holds for `length` positions once compressed (kvbench.cache.scored: after its
+    prompt, and at every evict_every-th step): each layer's budget of keys, values and each one's int64 position
+    per key/value head. Between compressions it holds the positions decoded since as well."""
+    _count(batch=batch, length=length)
+    per_position = batch * config.kv_heads * (2 * config.head_dim * config.element_bytes + POSITION_BYTES)
+    if pyramid:
+        return per_position * sum(pyramid_budget(layer, config.layers, length, evict_ratio, kv_keep)
+                                  for layer in range(config.layers))
+    return per_position * config.layers * keep_budget(length, evict_ratio, kv_keep)

@@ -214,6 +214,8 @@ SAMPLES = {
     "--gguf": ["--gguf", "{packaged}"], "--window-pattern": ["--window-pattern", "all", "--window", "4"],
     "--quant-group": ["--quant-group", "16", "--modes", "quantized-int8"],
     "--quant-residual": ["--quant-residual", "64", "--modes", "quantized-int8"],
+    "--evict-ratio": ["--evict-ratio", "0.25", "--modes", "knorm"], "--kv-keep": ["--kv-keep", "6", "--modes", "tova"],
+    "--evict-every": ["--evict-every", "2", "--modes", "h2o"],
 }
 BASES = {"loop": ["--lengths", "8"], "request": ["--prompt", "8", "--generate", "4"], "contexts": ["--contexts", "8"],
          "serving": ["--trace", "fixed:8,4", "--prefix", "2"], "replay": ["--trace", "{trace}"]}

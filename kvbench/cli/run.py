@@ -18,7 +18,7 @@ from kvbench.cli.needle import check_needle, measure_needle, needle_bytes, prepa
 from kvbench.cli.parser import CliError, did_you_mean
 from kvbench.cli.progress import ProgressBar, stage
 from kvbench.cli.serve import check_serve, cmd_serve
-from kvbench.cli.usage import (CONTEXTS, REQUEST, SERVED, cache_options, check_read, check_used, given_options,
+from kvbench.cli.usage import (CONTEXTS, LOOP, REQUEST, SERVED, cache_options, check_read, check_used, given_options,
                                option_readers)
 from kvbench.config import DecoderConfig, PlainConfig
 from kvbench.report.record import model as report_model
@@ -76,6 +76,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     for check in failed:
         stderr.print(f"[bold red]EQUIVALENCE FAILED[/]: {failure_sentence(check)}")
     for sentence in columns.unquantized_sentences(report):  # the tables mark them ∅; said here too
+        stderr.print(f"[yellow]warning[/]: {escape(sentence)}")
+    for sentence in uncompressed_sentences(args):
         stderr.print(f"[yellow]warning[/]: {escape(sentence)}")
     console.print(f"record: {path}")
     if report.verdict:  # the last line: what precision the run reached, and if short of it why, in words
@@ -140,6 +142,7 @@ def settings(args: argparse.Namespace) -> tuple[PlainConfig, Protocol]:
     args.cache_options = {mode: options for mode in args.modes if (options := cache_options(args, mode))}
     check_read(args.given, option_readers(args.modes), args.modes)
     workload_settings(args, config)
+    check_eviction(args)
     too_long = [n for n in [*args.lengths, args.per_step or 0] if n > config.max_length]
     if too_long:
         raise CliError(f"length {too_long[0]} exceeds max_length {config.max_length} of {model_named(args)}")
@@ -160,6 +163,34 @@ def settings(args: argparse.Namespace) -> tuple[PlainConfig, Protocol]:
     except ValueError as error:
         raise CliError(str(error)) from None
     return config, protocol
+
+
+def uncompressed_sentences(args: argparse.Namespace) -> list[str]:
+    """A decode loop's prompt is its first token: a kind that compresses its prompt (ModeSpec.compresses_prompt)
+    evicts nothing while a loop is timed unless --evict-every asks it to evict while decoding."""
+    idle = [mode for mode in args.modes if modes.spec(mode).compresses_prompt
+            and "evict_every" not in args.cache_options.get(mode, {})]
+    if args.workload_name != LOOP or not idle:
+        return []
+    return [f"{', '.join(idle)} evicted nothing while timed: a decode loop's prompt is one token, and they compress "
+            "their prompt; --evict-every N evicts while decoding, --contexts times the steps after a compressed "
+            "prompt (their KV bytes are what each keeps once compressed)"]
+
+
+def check_eviction(args: argparse.Namespace) -> None:
+    """An evicting kind's options against what it always keeps (its cache class says: importing it is cheap beside
+    the model) and against the prompt it compresses: a keep count above it would evict nothing."""
+    prompt = args.prompt or min(args.contexts or args.lengths)
+    for mode, options in args.cache_options.items():
+        if "kv_keep" not in modes.spec(mode).options:
+            continue
+        try:
+            modes.spec(mode).cache_factory().check_options(**options)
+        except ValueError as error:
+            raise CliError(f"--modes {mode}: {error}") from None
+        if options.get("kv_keep", 0) > prompt:
+            raise CliError(f"--kv-keep {options['kv_keep']} is above the {prompt} tokens of the shortest prompt this "
+                           f"run compresses: expected at most {prompt}, or nothing is evicted")
 
 
 QUALITY_CHUNKS = 4  # runs of --quality tokens each: the perplexity difference's interval is over them
