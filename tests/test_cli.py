@@ -160,8 +160,8 @@ def saved_trace(tmp_path_factory) -> Path:
     (["--needle", "64"], "--needle needs --model or --gguf in a loop run: it measures a trained model's retrieval"),
     (["--needle-depths", "0,150"], "--needle-depths: expected comma-separated depths in [0, 100] (percent of the "
                                    "context), got '150' in '0,150'"),
-    (["--needle-ratios", "0.5,1"], "--needle-ratios: expected comma-separated ratios in [0, 1) such as 0.25,0.5,0.75, "
-                                   "got '1' in '0.5,1'"),
+    (["--needle-ratios", "0.5,1"], "--needle-ratios: expected comma-separated fractions in [0, 1) such as "
+                                   "0.25,0.5,0.75, got '1' in '0.5,1'"),
 ])
 def test_an_option_the_run_does_not_use_is_one_line_before_measuring(capsys, tmp_path, monkeypatch, saved_trace,
                                                                       nothing_measured, args, fragment):

@@ -290,6 +290,8 @@ def run_main(capsys, *argv):
     (["--needle", "64", "--needle-ratios", "0.5"], "--needle-ratios is read by kinds that take evict_ratio only, and "
                                                    "--modes full,concat,static,paged runs none of them"),
     (["--needle-depths", "50"], "--needle-depths needs --needle in a loop run: they say where --needle hides the needle"),
+    (["--needle", "64", "--needle-ratios", "0.5", "--modes", "full,snapkv", "--kv-keep", "128", "--lengths", "256"],
+     "--needle-ratios runs each kind at each evict_ratio; --kv-keep 128 gives them a count of positions instead"),
 ])
 def test_a_grid_refused_before_the_model_loads_is_one_line(capsys, tmp_path, packaged, argv, fragment):
     output = tmp_path / "rec.json"

@@ -10,15 +10,13 @@ naming the longest that fits (kvbench.workloads.needle.build_cells).
 from __future__ import annotations
 
 import argparse
-import re
 
+from kvbench.cli.kind_options import ratio_below_one
 from kvbench.cli.parser import CliError
 from kvbench.cli.progress import stage
 from kvbench.kinds import EVICT_RATIO, NEEDLE_CONTEXTS, NEEDLE_DEPTHS
 from kvbench.measure import memory
 from kvbench.modes import FULL, SPECS
-
-RATIO = re.compile(r"0?\.[0-9]+|0")  # [0, 1): what an evicting kind may drop of the prompt
 
 
 def depth_list(text: str) -> list[int]:
@@ -35,13 +33,15 @@ def depth_list(text: str) -> list[int]:
 
 
 def ratio_list(text: str) -> list[float]:
-    """Distinct ratios in [0, 1), each kind taking evict_ratio run once per ratio."""
-    parts = [part.strip() for part in text.split(",")]
-    bad = [part for part in parts if not RATIO.fullmatch(part)]
-    if bad:
-        raise argparse.ArgumentTypeError(f"expected comma-separated ratios in [0, 1) such as 0.25,0.5,0.75, got "
-                                         f"{bad[0]!r} in {text!r}")
-    ratios = [float(part) for part in parts]
+    """Distinct ratios in [0, 1), each read as --evict-ratio reads one; each kind taking evict_ratio runs once per
+    ratio."""
+    ratios = []
+    for part in text.split(","):
+        try:
+            ratios.append(ratio_below_one(part))
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated fractions in [0, 1) such as 0.25,0.5,0.75, "
+                                             f"got {part.strip()!r} in {text!r}") from None
     if len(set(ratios)) != len(ratios):
         raise argparse.ArgumentTypeError(f"ratios must be distinct, got {text!r}")
     return ratios
@@ -72,6 +72,9 @@ def check_needle(args: argparse.Namespace, max_length: int, model: str) -> None:
     if args.needle_ratios and not any(EVICT_RATIO in SPECS[mode].options for mode in args.modes if mode in SPECS):
         raise CliError(f"--needle-ratios is read by kinds that take {EVICT_RATIO} only, and --modes "
                        f"{','.join(args.modes)} runs none of them")
+    if args.needle_ratios and getattr(args, "kv_keep", None) is not None:  # a kind's budget is one or the other
+        raise CliError(f"--needle-ratios runs each kind at each {EVICT_RATIO}; --kv-keep {args.kv_keep} gives them a "
+                       "count of positions instead: give one of them")
 
 
 def needle_bytes(config, contexts: list[int]) -> dict:
