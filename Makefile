@@ -140,7 +140,7 @@ LLAMA_RECORD ?= results/llama/llama-tiny.json  # the llama family's table in doc
 # docs/real-model.md: the real model's quality tables, and transformers' caches read beside kvbench's (PEER:BESIDE)
 REAL_MODEL_RECORDS ?= results/real/quality-quantized.json results/real/quality-window.json
 REAL_MODEL_PEERS ?= results/real/quality-hf-int4-g16.json:results/real/quality-quantized.json results/real/quality-hf-int4.json:results/real/quality-quantized.json
-REAL_MODEL_NEEDLE ?= results/real/needle.json
+REAL_MODEL_NEEDLE ?= results/real/needle.json results/real/needle-evicting.json
 
 report: $(STAMP)
 	$(BIN)/kvbench report $(REFERENCE_RECORD) --format markdown --plot docs/results.svg --into README.md --force

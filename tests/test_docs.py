@@ -68,7 +68,7 @@ def test_the_make_report_recipe_is_what_this_test_runs():
         ["python", "scripts/real_model_docs.py", "results/real/quality-quantized.json", "results/real/quality-window.json",
          "--peers", "results/real/quality-hf-int4-g16.json:results/real/quality-quantized.json",
          "results/real/quality-hf-int4.json:results/real/quality-quantized.json", "--needle", "results/real/needle.json",
-         "--into", "docs/real-model.md"],
+         "results/real/needle-evicting.json", "--into", "docs/real-model.md"],
     ]
 
 

@@ -28,8 +28,8 @@ def needle_figure(needle: Needle) -> Figure:
     count = len(needle.rows)
     columns = min(COLUMNS, count)
     rows = math.ceil(count / columns)
-    width = max(2.0, 0.9 * len(needle.contexts) + 1.4)
-    figure = Figure(figsize=(columns * width + 1.2, rows * (0.45 * len(needle.depths) + 1.3) + 0.4),
+    width = max(3.0, 0.9 * len(needle.contexts) + 1.4)  # room for a title such as "pyramidkv evict_ratio=0.75"
+    figure = Figure(figsize=(columns * width + 1.2, rows * (0.45 * len(needle.depths) + 1.5) + 0.4),
                     layout="constrained")
     FigureCanvasAgg(figure)
     axes = list(figure.subplots(rows, columns, squeeze=False).flat)
@@ -44,7 +44,7 @@ def needle_figure(needle: Needle) -> Figure:
                 shade = (value - low) / (high - low) if not math.isnan(value) else 0
                 ax.text(j, i, f"{FOUND if correct else MISSED} {value:.1f}", ha="center", va="center", fontsize=7.5,
                         color="#000000" if shade > 0.6 else "#ffffff")
-        ax.set_title(f"{row.label}: {row.correct} of {row.cells}", fontsize=9.5)
+        ax.set_title(f"{row.label}\n{row.correct} of {row.cells} correct", fontsize=8.5)
         ax.set_xticks(range(len(needle.contexts)), [str(context) for context in needle.contexts], fontsize=8)
         ax.set_yticks(range(len(needle.depths)), [f"{depth}%" for depth in needle.depths], fontsize=8)
         ax.set_xlabel("context (tokens)", fontsize=8.5)
