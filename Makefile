@@ -140,12 +140,13 @@ LLAMA_RECORD ?= results/llama/llama-tiny.json  # the llama family's table in doc
 # docs/real-model.md: the real model's quality tables, and transformers' caches read beside kvbench's (PEER:BESIDE)
 REAL_MODEL_RECORDS ?= results/real/quality-quantized.json results/real/quality-window.json
 REAL_MODEL_PEERS ?= results/real/quality-hf-int4-g16.json:results/real/quality-quantized.json results/real/quality-hf-int4.json:results/real/quality-quantized.json
+REAL_MODEL_NEEDLE ?= results/real/needle.json results/real/needle-evicting.json
 
 report: $(STAMP)
 	$(BIN)/kvbench report $(REFERENCE_RECORD) --format markdown --plot docs/results.svg --into README.md --force
 	$(BIN)/python scripts/layout_targets.py --into README.md > /dev/null
 	$(BIN)/kvbench report $(LLAMA_RECORD) --format markdown --into docs/models.md --force
-	$(BIN)/python scripts/real_model_docs.py $(REAL_MODEL_RECORDS) --peers $(REAL_MODEL_PEERS) --into docs/real-model.md
+	$(BIN)/python scripts/real_model_docs.py $(REAL_MODEL_RECORDS) --peers $(REAL_MODEL_PEERS) --needle $(REAL_MODEL_NEEDLE) --into docs/real-model.md
 
 # Does a verdict survive a rerun? Five A/A pairs of `kvbench run` with the test-only slowed kind,
 # compared, on the machine as it is (about 5 minutes on 2 cores) and then under contention: a busy

@@ -20,6 +20,9 @@ WORKLOADS = ("loop", "request", "contexts")  # what one sample times (kvbench.wo
 # The contexts workload: after a prefill of c tokens, untimed warm-up steps (the first of them the cold step after
 # the prefill, which a client does see), then the consecutive steady-state steps a sample times.
 CONTEXT_WARMUP_STEPS, CONTEXT_TIMED_STEPS = 4, 16
+# The needle workload (kvbench.workloads.needle): contexts in the model's tokens, depths in percent of them; and the
+# cache option several runs of one evicting kind may differ by, which its safe-ratio rule reads.
+NEEDLE_CONTEXTS, NEEDLE_DEPTHS, EVICT_RATIO = (1024, 2048, 4096), (0, 25, 50, 75, 100), "evict_ratio"
 KIND_NAME = re.compile(r"[a-z][a-z0-9_-]{0,39}")  # plain words: nothing a terminal, markdown or HTML interprets
 
 # The quantized kinds' defaults (KIVI's G and R; transformers' residual_length is R too).

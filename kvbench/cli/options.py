@@ -13,6 +13,7 @@ from pathlib import Path
 
 from kvbench.budget import DTYPES as BUDGET_DTYPES
 from kvbench.budget import QUANTIZATIONS, parse_size
+from kvbench.cli.needle import add_needle_options
 from kvbench.cli.parser import DIGITS, Parser, finite_float, integer
 from kvbench.cli.kind_options import add_eviction_options, add_quantization_options
 from kvbench.cli.serving_options import add_serving_options
@@ -234,6 +235,7 @@ def add_run_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--quality", type=integer(8, 10000), metavar="TOKENS",
                      help="with --model/--gguf: after timing, what each mode does to text, on 4 runs of TOKENS corpus "
                           "tokens: perplexity against full's, KL, top-1, where greedy text departs, a sample")
+    add_needle_options(run, int_list)
     run.add_argument("--per-step", type=positive_int, metavar="LENGTH", help="also record every step's duration of one loop at LENGTH")
     run.add_argument("--output", type=Path, help="record path (default: a new timestamped file under results/records/)")
     run.add_argument("--force", action="store_true", help="overwrite --output if it exists")

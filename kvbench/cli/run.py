@@ -14,6 +14,7 @@ from rich.markup import escape
 from kvbench import kinds, modes, plugins, record
 from kvbench.measure import memory, timing
 from kvbench.cli.commands import check_output, config_from_args
+from kvbench.cli.needle import check_needle, measure_needle, needle_bytes, prepare_needle
 from kvbench.cli.parser import CliError, did_you_mean
 from kvbench.cli.progress import ProgressBar, stage
 from kvbench.cli.serve import check_serve, cmd_serve
@@ -43,6 +44,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     workload = workloads.workload_from(**args.workload)
     stderr = Console(stderr=True)
     model, ids, tokenizer, sections = load_model(args, config, protocol, workload, stderr)
+    cells = prepare_needle(args, tokenizer, config.max_length, protocol.seed)  # before the timing: a grid too long
     with ProgressBar(stderr, disabled=args.no_progress, protocol=protocol) as on_progress:
         outcome = benchmark.run_benchmark(model, args.lengths, args.modes, protocol, on_progress=on_progress,
                                           options=args.cache_options, workload=workload, ids=ids)
@@ -55,6 +57,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             sections["quality"] = quality.measure(model, text, args.modes, tokenizer, args.cache_options,
                                                   QUALITY_CHUNKS, on_progress=lambda done, total, what: update(
                                                       done, total, f"quality: {what}"))
+    if cells and not outcome.interrupted:
+        sections["needle"] = measure_needle(args, model, tokenizer, cells, stderr)
     with args.signals.deferred():  # from here on a signal is only counted: the record is saved first
         if outcome.interrupted and not (outcome.checks or outcome.repetitions):
             raise args.signals.first or KeyboardInterrupt()  # nothing was completed: nothing to save
@@ -96,7 +100,10 @@ def check_run(args: argparse.Namespace) -> tuple:
     output = args.output or record.default_record_path()
     check_output(output, args.force)  # before any measurement: a bad path costs nothing
     after = args.workload.get("warmup_steps", 0) + args.workload.get("timed_steps", 0)  # a contexts run's steps
+    check_needle(args, config.max_length, model_named(args))
     check_fits_in_memory(config, protocol, [n + after for n in args.lengths], args.modes, model_named(args))
+    if args.needle:  # after the timing, its largest cell: a prefill, a cache and its copy
+        check_fits_in_memory(config, protocol, [], [], model_named(args), needle_bytes(config, args.needle))
     return config, protocol, output
 
 
@@ -252,9 +259,10 @@ def model_named(args: argparse.Namespace) -> str:
 
 
 def check_fits_in_memory(config: PlainConfig, protocol: Protocol, lengths: list[int], modes: list[str],
-                         model: str = "preset 'seed'") -> None:
-    """Refuse a run whose model, ids, logits and caches cannot fit, before allocating any of them."""
-    parts = memory.estimate_run_bytes(config, protocol.batch, lengths, modes)
+                         model: str = "preset 'seed'", parts: dict | None = None) -> None:
+    """Refuse a run whose model, ids, logits and caches (or `parts`, estimated otherwise) cannot fit, before
+    allocating any of them."""
+    parts = parts or memory.estimate_run_bytes(config, protocol.batch, lengths, modes)
     try:
         needed, available = sum(parts.values()), memory.available_bytes()
     except ValueError as error:

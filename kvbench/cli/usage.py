@@ -33,6 +33,7 @@ USED_BY = {
     "--batch": TIMED,  # a serving run's batch is whichever requests the scheduler admits
     "--seed": EVERY, "--threads": EVERY,
     "--quality": TIMED,  # with --model or --gguf (NEEDS), which a serving run has not
+    "--needle": TIMED, "--needle-depths": TIMED, "--needle-ratios": TIMED,  # the same, and with --needle
     "--per-step": (LOOP,),  # a request or contexts run times every step itself
     "--output": EVERY, "--force": EVERY,
     "--no-progress": EVERY,  # every workload draws its long stages (kvbench.cli.progress.stage) on stderr
@@ -56,6 +57,9 @@ NEEDS = {  # option -> (the workloads where it does something only beside one of
     "--max-seconds": (SERVED, ("--precision",), "without a precision target a serving run replays exactly "
                                                 "--repeats rotations"),
     "--quality": (TIMED, ("--model", "--gguf"), "it measures a trained model on text"),
+    "--needle": (TIMED, ("--model", "--gguf"), "it measures a trained model's retrieval"),
+    "--needle-depths": (TIMED, ("--needle",), "they say where --needle hides the needle"),
+    "--needle-ratios": (TIMED, ("--needle",), "they are the evict_ratio values --needle runs each kind at"),
 }
 # The options that become a cache's keyword options (ModeSpec.options), with the argument each is read from: a kind
 # whose spec takes the keyword gets the option's value, whatever its name.
