@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ from kvbench.files import read_regular_file, write_bytes_atomic
 from kvbench.record import RecordView, load_record
 from kvbench.report.format import escape_markdown, format_bytes, markdown_table, splice
 from kvbench.report.record.latency import context_rows
+from kvbench.report.record.needle import NEEDLE_COLUMNS, needle_cells, needle_summary
 from kvbench.report.record.quality import quality_cells, quality_rows
 
 
@@ -62,6 +64,11 @@ def ratios_block(paths: list[Path]) -> str:
                          format_bytes(memory["measured_bytes"]) if memory else "",
                          ms(step.figures["step"]) if step else "", against,
                          ms(step.figures["first_step"]) if step else ""])
+        spans = [entry for entry in view.quality["modes"] if entry.get("scored_from")]
+        if spans:  # full's perplexity over the tokens the compressing kinds are scored on, beside theirs
+            nll = statistics.mean(chunk["reference_nll"] for chunk in spans[0]["chunks"])
+            rows.append(["full, the same tokens", f"{ratio:g}", f"{math.exp(nll):.3f}", "baseline", "", "", "", "",
+                         "", ""])
         notes.append(f"`{path}`: `{escape_markdown(' '.join(view.command))}`")
     lines = markdown_table(RATIO_COLUMNS, rows, left=("kind",))
     lines += ["", "From " + "; ".join(notes) + "."]
@@ -96,6 +103,18 @@ def kvpress_block(path: Path) -> str:
     return "\n".join(lines)
 
 
+def needle_block(path: Path) -> str:
+    """Each mode's and ratio's retrieval, and the largest ratio each kind can take, from a `--needle` record."""
+    view = RecordView(load_record(path), str(path))
+    needle = needle_summary(view)
+    lines = markdown_table(NEEDLE_COLUMNS, [[escape_markdown(text) for text in needle_cells(row)] for row in needle.rows],
+                           left=("mode",))
+    lines += ["", escape_markdown(needle.note), ""]
+    lines += [f"- {escape_markdown(sentence)}" for sentence in needle.safe]
+    lines += ["", f"From `{path}`: `{escape_markdown(' '.join(view.command))}`."]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ratios", type=Path, nargs="+", required=True, metavar="RECORD")
@@ -109,9 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         blocks = {"ratios": ratios_block(args.ratios), "costs": costs_block(args.costs),
                   "kvpress": kvpress_block(args.kvpress)}
         if args.needle:
-            from kvbench.report.record.needle import needle_markdown
-
-            blocks["needle"] = needle_markdown([RecordView(load_record(p), str(p)) for p in args.needle])
+            blocks["needle"] = "\n\n".join(needle_block(path) for path in args.needle)
         for name, block in blocks.items():
             document = splice(document, block, str(args.into), marker(name), marker(name, end=True))
     except (OSError, ValueError, KeyError) as error:
