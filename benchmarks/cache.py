@@ -5,10 +5,15 @@ hold more bytes, or drift further from the full-prefix logits, is flagged by
 ``asv compare`` just as a slowdown is.
 """
 
-try:  # kvbench's packages by concern; a commit before them (asv runs today's suites on older commits) has flat modules
-    from kvbench.workloads.decode import cache_footprint
+# asv runs today's suites on older commits: the footprint's home at this commit, then before it moved beside the
+# workloads' footprints, then before the packages by concern (flat modules).
+try:
+    from kvbench.workloads.workload import cache_footprint
 except ImportError:
-    from kvbench.workloads.decode import cache_footprint
+    try:
+        from kvbench.workloads.decode import cache_footprint
+    except ImportError:
+        from kvbench.decode import cache_footprint
 
 from . import common
 

@@ -34,8 +34,19 @@ def visibility(query_positions: Tensor, key_positions: Tensor, window: int | Non
     return seen
 
 
-SUMMED, WEIGHTS = "summed", "weights"
-SCORES = (SUMMED, WEIGHTS)  # what a cache's wants_scores may ask for
+SUMMED, WEIGHTS, QUERIES = "summed", "weights", "queries"
+SCORES = (SUMMED, WEIGHTS, QUERIES)  # what a cache's wants_scores may ask for
+
+
+def key_visibility(query_positions: Tensor, key_positions: Tensor) -> Tensor:
+    """Boolean [..., queries, keys] from per-row keys: key_positions (B, KVH, S), one set of kept positions per
+    key/value head (an evicting kind that keeps the top-k of each head), gives (B, KVH, L, S)."""
+    return key_positions[..., None, :] <= query_positions[:, None]
+
+
+def per_query_head(mask: Tensor, heads: int) -> Tensor:
+    """A (B, KVH, L, S) mask of each key/value head as SDPA reads it: one row of heads per query head."""
+    return mask if mask.shape[1] in (1, heads) else mask.repeat_interleave(heads // mask.shape[1], dim=1)
 
 
 def attention_scores(q: Tensor, k: Tensor, offset: int, window: int | None = None, key_positions: Tensor | None = None,
@@ -45,13 +56,19 @@ def attention_scores(q: Tensor, k: Tensor, offset: int, window: int | None = Non
     summary "summed": (B, KVH, S), each key's weight summed over the new queries and the query heads that
     share its key/value head (H2O's accumulated attention, TOVA's last row when L = 1); "weights": every
     weight, (B, H, L, S) (SnapKV pools its observation window's rows). A key no query sees weighs 0.
+    "queries": the step's rotated queries q themselves, (B, H, L, D), for a kind that computes only the rows it
+    needs (SnapKV's window of the last queries, as kvpress does): nothing is computed here.
     """
     if summary not in SCORES:
         raise ValueError(f"attention scores are one of {list(SCORES)}, got {summary!r}")
+    if summary == QUERIES:
+        return q
     B, H, L, D = q.shape
     KVH, S = k.shape[1], k.shape[2]
     if key_mask is not None:
-        mask = key_mask[:, :, None]  # (B, 1, 1, L, S)
+        mask = key_mask[:, :, None]  # (B, 1 or KVH, 1, L, S)
+    elif key_positions is not None and key_positions.dim() == 3:  # one set of kept positions per KV head
+        mask = key_visibility(torch.arange(offset, offset + L, device=q.device), key_positions)[:, :, None]
     else:
         keys = torch.arange(offset + L - S, offset + L, device=q.device) if key_positions is None else key_positions
         mask = visibility(torch.arange(offset, offset + L, device=q.device), keys, window, sinks)  # (L, S)
@@ -82,8 +99,10 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, offset: int, window: int |
           without key_positions, the contiguous positions offset+L-S..offset+L-1 (S = offset + L
           unless a window lets the earliest go); with key_positions (S,), those positions in any order
     window: None (every earlier key is visible) or W (only the last W positions)
+          or (B, KVH, S), each key/value head's own kept positions (an evicting kind's top-k per head)
     key_mask: None, or (B, 1, L, S) visibility row by row (a batch of requests at their own lengths,
-          padded to the longest: kvbench.cache.batch), which then replaces offset and positions
+          padded to the longest: kvbench.cache.batch), which then replaces offset and positions; (B, KVH, L, S)
+          where each key/value head keeps its own positions
     sinks: with a window, the first K positions stay visible to every query too (StreamingLLM's attention sinks)
     returns (B, H, L, D)
     """
@@ -95,7 +114,7 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, offset: int, window: int |
         if L == 1 and H != KVH:  # decode rows: fold the query heads onto their shared KV head, as one_query does
             folded = q.reshape(B, KVH, H // KVH, D)
             return F.scaled_dot_product_attention(folded, k, v, attn_mask=key_mask).view(B, H, 1, D)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, enable_gqa=H != KVH)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=per_query_head(key_mask, H), enable_gqa=H != KVH)
     length, key_length = q.shape[-2], k.shape[-2]
     grouped = q.shape[1] != k.shape[1]
     if key_positions is not None and length == 1 and window is None:  # an evicting kind's step: every key kept is older
@@ -124,5 +143,8 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, offset: int, window: int |
         if sink_keys:
             key_positions = torch.cat((torch.arange(sinks_start, sinks_start + sink_keys, device=q.device), key_positions))
     queries = torch.arange(offset, offset + length, device=q.device)
+    if key_positions.dim() == 3:  # each KV head its own kept positions (an evicting kind's chunk after eviction)
+        mask = per_query_head(key_visibility(queries, key_positions), q.shape[1])
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=grouped)
     mask = visibility(queries, key_positions, window, sinks)  # a ring's keys in any order, or a rectangle or band
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=grouped)

@@ -20,6 +20,9 @@ WORKLOADS = ("loop", "request", "contexts")  # what one sample times (kvbench.wo
 # The contexts workload: after a prefill of c tokens, untimed warm-up steps (the first of them the cold step after
 # the prefill, which a client does see), then the consecutive steady-state steps a sample times.
 CONTEXT_WARMUP_STEPS, CONTEXT_TIMED_STEPS = 4, 16
+# The needle workload (kvbench.workloads.needle): contexts in the model's tokens, depths in percent of them; and the
+# cache option several runs of one evicting kind may differ by, which its safe-ratio rule reads.
+NEEDLE_CONTEXTS, NEEDLE_DEPTHS, EVICT_RATIO = (1024, 2048, 4096), (0, 25, 50, 75, 100), "evict_ratio"
 KIND_NAME = re.compile(r"[a-z][a-z0-9_-]{0,39}")  # plain words: nothing a terminal, markdown or HTML interprets
 
 # The quantized kinds' defaults (KIVI's G and R; transformers' residual_length is R too).
@@ -226,3 +229,90 @@ def within_limits(drift: dict, limits: dict) -> bool:
     """Every metric within its limit, and no step without a distribution on either side."""
     return (drift["non_finite"] == 0 and drift.get("reference_non_finite", 0) == 0
             and all(DRIFT_METRICS[name](drift, limit) for name, limit in limits.items()))
+
+
+# -- what a score-based evicting kind keeps (kvbench.cache.scored) ---------------------------------
+
+EVICTION_OPTIONS = ("evict_ratio", "kv_keep", "evict_every")  # --evict-ratio, --kv-keep, --evict-every
+DEFAULT_EVICT_RATIO = 0.5  # kvpress's examples' compression ratio
+SNAPKV_WINDOW, PYRAMID_BETA = 64, 20  # kvpress's SnapKVPress window (PyramidKVPress's too) and beta
+POSITION_BYTES = 8  # an int64 absolute position per retained key and key/value head
+
+
+def keep_budget(length: int, evict_ratio: float | None = None, kv_keep: int | None = None) -> int:
+    """Positions each head keeps once `length` were appended: kvpress's max(1, int(T * (1 - r))), or kv_keep."""
+    if kv_keep is not None:
+        return min(kv_keep, length)
+    ratio = DEFAULT_EVICT_RATIO if evict_ratio is None else evict_ratio
+    return max(1, int(length * (1 - ratio)))
+
+
+def pyramid_budget(layer: int, layers: int, length: int, evict_ratio: float | None = None,
+                   kv_keep: int | None = None) -> int:
+    """kvpress's PyramidKVPress.get_layer_budget: more positions in lower layers, SnapKV's total; SnapKV's budget
+    where the pyramid does not fit (a short prompt, one layer). kv_keep N reads as the ratio keeping N on average."""
+    ratio = (DEFAULT_EVICT_RATIO if evict_ratio is None else evict_ratio) if kv_keep is None else \
+        1 - min(kv_keep, length) / length
+    capacity = SNAPKV_WINDOW + length * (1 - ratio)
+    least = (capacity - SNAPKV_WINDOW) / PYRAMID_BETA
+    most = (capacity - SNAPKV_WINDOW) * 2 - least
+    if most >= length - SNAPKV_WINDOW:
+        most = length - SNAPKV_WINDOW
+        least = (capacity - SNAPKV_WINDOW) * 2 - most
+    if layers == 1 or not length >= most >= least >= SNAPKV_WINDOW:
+        budget = round(length * (1 - ratio))
+    else:
+        budget = round(most - layer * (most - least) / (layers - 1))
+    return min(length, max(1, budget))
+
+
+def scored_cache_bytes(config, batch: int, length: int, pyramid: bool = False, evict_ratio: float | None = None,
+                       kv_keep: int | None = None, evict_every: int | None = None) -> int:
+    """What a score-based kind holds for `length` positions once compressed (kvbench.cache.scored: after its
+    prompt, and at every evict_every-th step): each layer's budget of keys, values and each one's int64 position
+    per key/value head. Between compressions it holds the positions decoded since as well."""
+    _count(batch=batch, length=length)
+    per_position = batch * config.kv_heads * (2 * config.head_dim * config.element_bytes + POSITION_BYTES)
+    if pyramid:
+        return per_position * sum(pyramid_budget(layer, config.layers, length, evict_ratio, kv_keep)
+                                  for layer in range(config.layers))
+    return per_position * config.layers * keep_budget(length, evict_ratio, kv_keep)
+
+
+def scored_held_bytes(config, capacity: int, prompt: int, pyramid: bool = False, observation: int = 0,
+                      totals: bool = False, evict_ratio: float | None = None, kv_keep: int | None = None,
+                      evict_every: int | None = None) -> list[int]:
+    """What a score-based kind's cache for one request holds between its steps (kvbench.cache.scored made with
+    `prompt`): [0] its whole prompt, uncompressed (the most any of its prefill chunks reaches), then [t] after t
+    one-token steps (capacity - prompt of them), the first compressing each layer back to its budget before it
+    attends, and every evict_every-th after it. Per layer: each held position's key, value and int64 position per
+    key/value head, its running score where the kind keeps `totals` (h2o), and the `observation` newest queries
+    a kind that scores from queries keeps (snapkv's window)."""
+    _count(capacity=capacity, prompt=prompt)
+    if not 1 <= prompt <= capacity:
+        raise ValueError(f"a request's prompt is in [1, capacity {capacity}] positions, got {prompt}")
+    element = config.element_bytes
+    per_position = config.kv_heads * (2 * config.head_dim * element + POSITION_BYTES + (element if totals else 0))
+    per_query = config.layers * config.heads * config.head_dim * element
+    layers = range(config.layers) if pyramid else range(1)  # without a pyramid every layer keeps the same
+    weight = 1 if pyramid else config.layers
+
+    def budget(layer: int, length: int) -> int:
+        if pyramid:
+            return pyramid_budget(layer, config.layers, length, evict_ratio, kv_keep)
+        return keep_budget(length, evict_ratio, kv_keep)
+
+    held = [prompt for _ in layers]
+    timeline = [per_position * weight * sum(held) + per_query * min(observation, prompt)]
+    for step in range(capacity - prompt):
+        if step == 0 or (evict_every is not None and step % evict_every == 0):
+            held = [min(kept, budget(layer, prompt + step)) for kept, layer in zip(held, layers)]
+        held = [kept + 1 for kept in held]
+        timeline.append(per_position * weight * sum(held) + per_query * min(observation, prompt + step + 1))
+    return timeline
+
+
+def scored_reserved_bytes(config, capacity: int, prompt: int, **options) -> int:
+    """The most a score-based kind's cache for one request ever holds (scored_held_bytes): what a serving run
+    reserves at admission, before the compression that gives part of it back."""
+    return max(scored_held_bytes(config, capacity, prompt, **options))

@@ -23,7 +23,8 @@ from types import MappingProxyType
 from typing import Callable
 
 from kvbench import kinds
-from kvbench.kinds import GROUP_SIZE, KIND_NAME, RESIDUAL, expected_cache_bytes, quantized_cache_bytes, window_cache_bytes
+from kvbench.kinds import (EVICTION_OPTIONS, GROUP_SIZE, KIND_NAME, RESIDUAL, SNAPKV_WINDOW, expected_cache_bytes,
+                           quantized_cache_bytes, scored_cache_bytes, scored_reserved_bytes, window_cache_bytes)
 
 FULL = "full"  # the baseline: re-runs the whole prefix at every step
 CONTROL = "control"  # the A/A label: a cached mode timed a second time in the same rotations
@@ -83,9 +84,15 @@ class ModeSpec:
     # masked to exactly the positions it kept at each step, and quality runs it on the full model. The window kind
     # is not one: its model's window is the rule, so its full path is the masked one (requires_window).
     evicts: bool = False
+    # Compresses its prompt when the first decoding step comes (kvbench.cache.scored): the gate runs it as a request
+    # whose prompt is the first half of the ids, so that what it keeps after a compression is what is judged.
+    compresses_prompt: bool = False
     # How a serving run holds it under a KV budget (kvbench.serving.admission): "reserve" sets a request's capacity
     # aside at admission, "pages" takes blocks of a shared pool on demand; None: it is not served.
     serving: str | None = None
+    # A reserving kind whose need falls as it runs (compresses_prompt): (config, capacity, prompt, **options) -> the
+    # most its cache for one request holds, reserved at admission; None: its byte formula at its capacity.
+    reserve: Callable[..., int] | None = None
     copies_weights: bool = False  # computes with a second copy of the weights (transformers' model)
     default: bool = False  # among `kvbench run`'s default modes
     asv_config: Mapping = field(default_factory=dict)  # config overrides of the model asv times it on
@@ -126,6 +133,9 @@ class ModeSpec:
         if self.requires_window and config.window is None:
             raise ValueError(f"{self.name} needs a model with a sliding window (--window W, DecoderConfig(window=W)), "
                              "got window=None")
+        if self.evicts and config.window is not None:
+            raise ValueError(f"{self.name} evicts by its own rule and needs full attention (its gate masks the full "
+                             f"path to what it kept): expected a model without --window, got window={config.window}")
 
     def cache_factory(self) -> type:
         if self.cache is None:
@@ -318,6 +328,28 @@ def transformers_cache(name: str, backend: str, **fields) -> ModeSpec:
     return ModeSpec(name, TRANSFORMERS, **base, **fields)
 
 
+# The score-based evicting kinds (kvbench.cache.scored, docs/eviction.md): kvpress's presses, each keeping the top-k
+# positions of every key/value head after the prompt. Their mechanics are exact (the gate holds them to the full
+# path masked to what they kept, from the prompt on); what they forget is measured by quality and the needle task.
+SCORED_KINDS = (("knorm", "knorm", "KnormCache"), ("snapkv", "snapkv", "SnapKVCache"), ("tova", "tova", "TovaCache"),
+                ("h2o", "h2o", "H2OCache"), ("pyramidkv", "pyramidkv", "PyramidKVCache"),
+                ("streamingllm", "streamingllm", "StreamingLLMCache"), ("random", "random", "RandomCache"))
+
+
+# What each keeps to score with beside its positions (its class's state_kept(); tests/test_admission.py holds
+# them equal): the newest queries (a kind that scores from them), a running score per position (h2o).
+SCORED_STATE = {"snapkv": {"observation": SNAPKV_WINDOW}, "pyramidkv": {"observation": SNAPKV_WINDOW},
+                "tova": {"observation": 1}, "h2o": {"totals": True}}
+
+
+def scored(name: str, cache: str, pyramid: bool = False) -> ModeSpec:
+    """Served by reserving its uncompressed prompt at admission and giving back what its compression frees."""
+    return ModeSpec(name, KVBENCH, cache=cache, bytes=functools.partial(scored_cache_bytes, pyramid=pyramid),
+                    options=EVICTION_OPTIONS, keeps_every_position=False, evicts=True, compresses_prompt=True,
+                    serving=RESERVE, reserve=functools.partial(scored_reserved_bytes, pyramid=pyramid,
+                                                               **SCORED_STATE.get(name, {})))
+
+
 for _spec in (
     ModeSpec(FULL, FULL_PREFIX, stepper="kvbench.workloads.decode:full_steps", keeps_state=False, default=True),
     ModeSpec("concat", KVBENCH, cache="kvbench.cache.contiguous:ConcatCache", default=True),
@@ -329,6 +361,8 @@ for _spec in (
               bytes=functools.partial(quantized_bytes, bits=4), serving=RESERVE),
     ModeSpec("window", KVBENCH, cache="kvbench.cache.window:WindowCache", bytes=windowed_bytes,
              requires_window=True, keeps_every_position=False, asv_config=MappingProxyType({"window": ASV_WINDOW})),
+    *(scored(name, f"kvbench.cache.scoring.{module}:{klass}", pyramid=name == "pyramidkv")
+      for name, module, klass in SCORED_KINDS),
     transformers_cache("hf-dynamic", "DynamicCache"),
     transformers_cache("hf-static", "StaticCache"),
     transformers_cache("hf-quantized-int4", "quanto", bits=4),

@@ -5,7 +5,8 @@ the weights and text it was measured on, the quality table, every mode's greedy 
 gate's drift checks of its lossy modes. A peer's record (`--peers PEER:BESIDE ...`: transformers' quantized
 cache, measured in a run of its own) is a paragraph between `<!-- peer PEER: begin -->` and its end marker:
 its figures, the cache settings it ran with, and whether they are those of kvbench's kind in BESIDE, the
-record whose table it is read beside.
+record whose table it is read beside. A needle record (`--needle RECORD ...`, kvbench run --needle) is a block
+between `<!-- needle RECORD: begin -->` and its end marker: each mode's retrieval, the safe ratios, every cell.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from kvbench.kinds import DRIFT_METRICS
 from kvbench.record import RecordView, load_record
 from kvbench.report.format import as_sentence, escape_markdown, limits_text, markdown_table, splice
 from kvbench.modes import SPECS
+from kvbench.report.record.needle import NEEDLE_COLUMNS, grid_cells, grid_columns, needle_cells, needle_summary
 from kvbench.report.record.quality import (
     QUALITY_COLUMNS,
     cache_settings,
@@ -77,6 +79,20 @@ def peer_block(path: Path, beside: Path) -> str:
     return "\n\n".join(paragraphs)
 
 
+def needle_block(path: Path) -> str:
+    view = RecordView(load_record(path), str(path))
+    needle = needle_summary(view)
+    lines = [f"From `{path}` (`{' '.join(view.command)}`).", "", escape_markdown(as_sentence(model_sentence(view))), ""]
+    lines += markdown_table(NEEDLE_COLUMNS, [[escape_markdown(text) for text in needle_cells(row)] for row in needle.rows],
+                            left=("mode",))
+    lines += ["", escape_markdown(as_sentence(needle.note)), ""]
+    lines += [f"- {escape_markdown(sentence)}" for sentence in needle.safe] + ([""] if needle.safe else [])
+    lines += ["Every cell: ✓ where the greedy answer was the code, then the answer's log-prob (nats):", ""]
+    lines += markdown_table(grid_columns(needle), [[escape_markdown(text) for text in row] for row in grid_cells(needle)],
+                            left=("mode",))
+    return "\n".join(lines)
+
+
 def code(text: object) -> str:
     """A record's path or command as a code span (no markdown inside one; a backtick would end it)."""
     return "`" + str(text).replace("`", "'") + "`"
@@ -104,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("records", type=Path, nargs="+")
     parser.add_argument("--peers", nargs="*", default=[], metavar="PEER:BESIDE",
                         help="a transformers cache's record, and the record whose table it is read beside")
+    parser.add_argument("--needle", nargs="*", type=Path, default=[], metavar="RECORD",
+                        help="a record of kvbench run --needle: its retrieval tables")
     parser.add_argument("--into", type=Path, default=Path("docs/real-model.md"))
     args = parser.parse_args(argv)
     document = read_regular_file(args.into, "markdown file").decode()
@@ -114,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
         peer, _, beside = pair.partition(":")
         document = splice(document, peer_block(Path(peer), Path(beside)), str(args.into),
                           f"<!-- peer {peer}: begin -->", f"<!-- peer {peer}: end -->")
+    for path in args.needle:
+        document = splice(document, needle_block(path), str(args.into), f"<!-- needle {path}: begin -->",
+                          f"<!-- needle {path}: end -->")
     write_bytes_atomic(args.into, document.encode(), force=True)
     return 0
 

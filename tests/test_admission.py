@@ -6,6 +6,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvbench import modes
 from kvbench.serving import admission
 from kvbench.cache import make_cache
 from kvbench.model import build_model, preset_config
@@ -16,10 +17,13 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 CONFIG = preset_config("llama-tiny", vocab_size=64, max_length=224)
 MODEL = build_model(CONFIG, seed=0)
 QUANTIZED = {"defaults": {}, "g16-r16": {"group_size": 16, "residual": 16}, "g8-r0": {"group_size": 8, "residual": 0}}
+SCORED = [name for name, *_ in modes.SCORED_KINDS]  # they compress their prompts (kvbench.cache.scored)
+EVICTION = {"defaults": {}, "g16-r16": {"evict_ratio": 0.75}, "g8-r0": {"kv_keep": 70, "evict_every": 2}}
 
 
 def replay_watched(trace, kind, budget, options, tokens):
-    """Replay `trace`, after every model call checking what the running caches allocated against the budget."""
+    """Replay `trace`, after every model call checking what the running caches allocated against the budget (a kind
+    that compresses its prompt: what its tensors hold within its reservation, which only falls)."""
     ledger_options = {"block_size": 4} if kind == "paged" else {"options": options}
     ledger = make_ledger(MODEL, kind, budget, **ledger_options)
     scheduler = Scheduler(MODEL, trace, ledger, TokenSource(CONFIG.vocab_size, trace.seed, 0), False, tokens)
@@ -34,9 +38,14 @@ def replay_watched(trace, kind, budget, options, tokens):
             allocated = sum(live.cache.reserved_bytes for live in scheduler.running)
             assert allocated <= budget, (allocated, budget)
             assert allocated == ledger.held_bytes()  # the ledger's `reserved` is the truth, not a lower bound
+            for live in scheduler.running if kind in SCORED else ():
+                assert live.cache.allocated_bytes <= live.cache.reserved_bytes == live.reserved
+                assert live.reserved <= reserved.setdefault(live.spec.id, live.reserved)  # given back, never taken
+                reserved[live.spec.id] = live.reserved
         calls.append(sum(counts))
         return emitted
 
+    reserved: dict[int, int] = {}
     scheduler.forward = watched
     outcome = scheduler.run()
     return scheduler, ledger, outcome, calls
@@ -71,11 +80,11 @@ def test_a_quantized_prefill_longer_than_the_window_is_admitted_with_its_peak():
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), requests=st.integers(1, 4), kind=st.sampled_from(
-       ["static", "paged", "quantized-int8", "quantized-int4"]), quantized=st.sampled_from(sorted(QUANTIZED)),
+       ["static", "paged", "quantized-int8", "quantized-int4", *SCORED]), quantized=st.sampled_from(sorted(QUANTIZED)),
        tokens=st.one_of(st.none(), st.integers(1, 48), st.integers(100, 224)), slack=st.floats(1.0, 2.5),
        data=st.data())
 def test_no_replay_ever_holds_more_than_its_budget(seed, requests, kind, quantized, tokens, slack, data):
-    options = QUANTIZED[quantized] if kind.startswith("quantized") else {}
+    options = QUANTIZED[quantized] if kind.startswith("quantized") else EVICTION[quantized] if kind in SCORED else {}
     longest = 200 if quantized == "defaults" else 48  # beyond the window (residual + group) and its chunks
     prompt = data.draw(st.integers(1, longest), label="prompt")
     lengths = f"uniform:{data.draw(st.integers(1, prompt), label='shortest')}-{prompt},1-6"
@@ -182,7 +191,45 @@ def test_an_unknown_policy_or_kind_is_refused_naming_it():
     trace = make_trace({**parse_lengths("fixed:8,4"), **parse_arrivals("all"), "requests": 2}, 0, config.max_length)
     with pytest.raises(ValueError, match=r"reserve policy must be one of \['request', 'max-length'\], got 'forever'"):
         admission.capacity(trace.requests[0], config, "forever")
-    with pytest.raises(ValueError, match="a reserving kind is one of static, quantized-int8, quantized-int4; got 'paged'"):
+    with pytest.raises(ValueError, match="a reserving kind is one of static, quantized-int8, quantized-int4, knorm, "
+                                         "snapkv, tova, h2o, pyramidkv, streamingllm, random; got 'paged'"):
         admission.reservation("paged", config, 16)
     with pytest.raises(ValueError, match="a serving kind is one of .*, got 'concat'"):
         admission.minimum_budget("concat", config, trace)
+
+
+@pytest.mark.parametrize("kind", SCORED)
+@pytest.mark.parametrize("options", [{}, {"kv_keep": 70, "evict_every": 3}, {"evict_ratio": 0.25}])
+@pytest.mark.parametrize("policy", ["request", "max-length"])
+def test_a_compressing_kind_is_admitted_with_what_its_cache_reserves(kind, options, policy):
+    """The torch-free reservation (its spec's `reserve`, with what the kind keeps to score with) is what a fresh cache
+    made for the request reserves, and the most it ever holds: its uncompressed prompt, or its budget and the steps
+    since if those come to more."""
+    state = make_cache(kind, CONFIG, 1, 8).state_kept()  # the class's, which the spec's table must repeat
+    assert {"observation": 0, "totals": False, **modes.SCORED_STATE.get(kind, {})} == state
+    trace = make_trace({**parse_lengths("uniform:1-150,1-40"), **parse_arrivals("all"), "requests": 6}, 3, 224)
+    for request in trace.requests:
+        capacity = admission.capacity(request, CONFIG, policy)
+        made = admission.cache_options(kind, request, capacity, options, 16)
+        assert made["prompt"] == request.prompt
+        cache = make_cache(kind, CONFIG, 1, capacity, **made, history=True)
+        assert admission.reservation(kind, CONFIG, capacity, {**made, "history": True}) == cache.reserved_bytes
+    with pytest.raises(ValueError, match=f"{kind} reserves for a request's prompt: expected options with its 'prompt'"):
+        admission.reservation(kind, CONFIG, 16, options)
+
+
+def test_a_compressing_kind_admits_more_once_its_prompts_are_compressed():
+    """Under the budget of two static requests (183 positions of 512 bytes each), knorm at ratio 0.75 is admitted on
+    its prompt's peak (160 positions of 544 bytes: keys, values and positions) and keeps 40 of them from its first
+    decoding step on, 63 at most: two compressed requests and a third's prompt fit, a fourth's prompt then does
+    not (3 x 63 + 160 positions of 544 bytes is above the budget)."""
+    trace = make_trace({**parse_lengths("fixed:160,24"), **parse_arrivals("all"), "requests": 8}, 0, 224)
+    budget = 2 * admission.minimum_budget("static", CONFIG, trace)
+    peaks = {}
+    for kind, options in (("static", {}), ("knorm", {"evict_ratio": 0.75})):
+        scheduler, ledger, outcome, _ = replay_watched(trace, kind, budget, options, 64)
+        iterations = outcome["iterations"]
+        peaks[kind] = max(it["running"] for it in iterations)
+        assert all(live.emitted == live.spec.emits for live in scheduler.lives) and ledger.held_bytes() == 0
+        assert all(it["reserved"] <= budget for it in iterations)
+    assert peaks == {"static": 2, "knorm": 3}

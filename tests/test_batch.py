@@ -6,8 +6,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvbench.cache import BlockPool, PagedCache, make_cache
+from kvbench import modes
+from kvbench.cache import BlockPool, EvictingCache, PagedCache, make_cache
 from kvbench.cache.batch import BatchedCache
+from kvbench.cache.evicting import masked_reference
 from kvbench.model import build_model, preset_config
 
 CONFIG = preset_config("llama-tiny", vocab_size=64, max_length=128)
@@ -161,3 +163,84 @@ def test_a_call_of_another_shape_than_the_batch_is_refused():
     for batch_size, length in ((3, 2), (2, 1)):
         with pytest.raises(ValueError, match=f"expected ids \\(2, 2\\), got \\({batch_size}, {length}\\)"):
             batch.check_append(CONFIG, batch_size, length)
+
+
+SCORED = [name for name, *_ in modes.SCORED_KINDS]
+
+
+def distinct_ids(total: int, seed: int) -> torch.Tensor:
+    """Ids without a repeat: under RoPE the same token's key has the same norm at every position, so knorm would
+    meet exact ties that a batch's rounding may break the other way (its top-k would differ by a tie, not a bug)."""
+    return torch.randperm(CONFIG.vocab_size, generator=torch.Generator().manual_seed(seed))[:total][None]
+
+
+@pytest.mark.parametrize("kind", SCORED)
+def test_a_batch_of_scored_requests_gives_each_its_own_logits_and_keeps_what_it_keeps_alone(kind):
+    """Four requests of their own prompt lengths, fed in prompt chunks of varying sizes (one token among them) beside
+    other rows' decoding steps: every call's logits are each request's own call alone, each head keeps what it keeps
+    alone, and the whole is the full path masked to what it kept (kvbench.cache.evicting.masked_reference)."""
+    prompts, generated = [20, 9, 33, 15], 6
+    options = {"kv_keep": 8, "evict_every": 2} if kind not in ("snapkv", "pyramidkv") else {"evict_ratio": 0.5}
+    ids = [distinct_ids(prompt + generated, seed) for seed, prompt in enumerate(prompts)]
+    rows, alone = ([make_cache(kind, CONFIG, 1, prompt + generated, history=True, prompt=prompt, **options)
+                    for prompt in prompts] for _ in range(2))
+    logits = [[] for _ in prompts]  # every position's logits, as the batch computed them
+    with torch.inference_mode():
+        for call in range(40):
+            active = [b for b, row in enumerate(rows) if row.length < prompts[b] + generated]
+            if not active:
+                break
+            counts = [min(prompts[b] - rows[b].length, (7, 1, 5, 3)[(b + call) % 4]) if rows[b].length < prompts[b]
+                      else 1 for b in active]
+            batch_ids = torch.zeros(len(active), max(counts), dtype=torch.long)
+            for i, (b, count) in enumerate(zip(active, counts)):
+                batch_ids[i, :count] = ids[b][0, rows[b].length : rows[b].length + count]
+            batch = BatchedCache([rows[b] for b in active], counts)
+            batched, _ = MODEL(batch_ids, batch)
+            for i, (b, count) in enumerate(zip(active, counts)):
+                own, _ = MODEL(batch_ids[i : i + 1, :count], alone[b])
+                torch.testing.assert_close(batched[i, :count], own[0], atol=1e-5, rtol=1e-5)
+                logits[b].append(batched[i, :count])
+                for layer in range(CONFIG.layers):
+                    assert torch.equal(rows[b].positions(layer), alone[b].positions(layer)), (b, layer)
+        assert not active
+        for b, row in enumerate(rows):
+            assert row.compressions >= 1 and row.positions(0).shape[:2] == (1, CONFIG.kv_heads)
+            reference = masked_reference(MODEL, ids[b], row.history)[0]
+            torch.testing.assert_close(torch.cat(logits[b]), reference, atol=2e-5, rtol=2e-5)
+
+
+class FirstLayerThinned(EvictingCache):
+    """Drops its odd positions past 4 at layer 0 only: a row whose keys carry positions at one layer and not at the
+    next (as a pyramid's budget can leave a layer whole)."""
+
+    kind = "first-layer-thinned"
+
+    def choose(self, layer, positions, scores):
+        return positions[(positions >= 4) & (positions % 2 == 1)] if layer == 0 else None
+
+
+def mixed_rows(prompts: list[int]) -> list:
+    """A row thinned at layer 0 only, a per-head one (knorm) and a static one, prefilled with the same ids each time."""
+    rows = [FirstLayerThinned(CONFIG, 1, 64), make_cache("knorm", CONFIG, 1, 64, kv_keep=6, prompt=prompts[1]),
+            make_cache("static", CONFIG, 1, 64)]
+    for row, prompt, seed in zip(rows, prompts, range(3)):
+        MODEL(distinct_ids(prompt, seed), row)
+    return rows
+
+
+def test_a_row_masked_by_its_positions_at_one_layer_sees_its_whole_prefix_at_the_next():
+    """One row keeps every position at layer 1 after thinning layer 0, beside a per-head row (the mask is (B, KVH,
+    L, S)) and a static one: each gets its own call's logits."""
+    prompts = [10, 12, 7]
+    with torch.inference_mode():
+        rows, alone = mixed_rows(prompts), mixed_rows(prompts)
+        ids = torch.randint(0, CONFIG.vocab_size, (3, 1), generator=torch.Generator().manual_seed(3))
+        batch = BatchedCache(rows, [1, 1, 1])
+        batched, _ = MODEL(ids, batch)
+        assert batch.key_mask.shape == (3, CONFIG.kv_heads, 1, 13)
+        assert rows[0].positions(0).numel() < rows[0].positions(1).numel() == 11
+        assert rows[1].positions(0).shape == (1, CONFIG.kv_heads, 6 + 1)
+        for b, row in enumerate(alone):
+            own, _ = MODEL(ids[b : b + 1], row)
+            torch.testing.assert_close(batched[b], own[0], atol=1e-5, rtol=1e-5)

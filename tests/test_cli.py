@@ -157,6 +157,11 @@ def saved_trace(tmp_path_factory) -> Path:
                               "runs none of them"),
     (["--contexts", "8", "--min-repeats", "3", "--per-step", "8"], "--per-step is not used by a contexts run"),
     (["--quality", "8"], "--quality needs --model or --gguf in a loop run: it measures a trained model on text"),
+    (["--needle", "64"], "--needle needs --model or --gguf in a loop run: it measures a trained model's retrieval"),
+    (["--needle-depths", "0,150"], "--needle-depths: expected comma-separated depths in [0, 100] (percent of the "
+                                   "context), got '150' in '0,150'"),
+    (["--needle-ratios", "0.5,1"], "--needle-ratios: expected comma-separated fractions in [0, 1) such as "
+                                   "0.25,0.5,0.75, got '1' in '0.5,1'"),
 ])
 def test_an_option_the_run_does_not_use_is_one_line_before_measuring(capsys, tmp_path, monkeypatch, saved_trace,
                                                                       nothing_measured, args, fragment):
@@ -191,6 +196,10 @@ SAMPLES = {
     "--order": ["--order", "rotate"], "--cpu": ["--cpu", "auto"], "--control": ["--control", "none"],
     "--warmup": ["--warmup", "0"], "--batch": ["--batch", "2"], "--seed": ["--seed", "3"],
     "--threads": ["--threads", "1"], "--quality": ["--quality", "8", "--model", "smollm2-135m"],
+    "--needle": ["--needle", "64", "--model", "smollm2-135m"],
+    "--needle-depths": ["--needle-depths", "0,50", "--needle", "64", "--model", "smollm2-135m"],
+    "--needle-ratios": ["--needle-ratios", "0.25,0.5", "--needle", "64", "--model", "smollm2-135m", "--plugin",
+                        str(ROOT / "tests" / "plugins" / "oldest.py"), "--modes", "full,oldest"],
     "--per-step": ["--per-step", "8"], "--output": ["--output", "{out}/rec.json"], "--force": ["--force"],
     "--no-progress": ["--no-progress"], "--wide": ["--wide"], "--requests": ["--requests", "3"],
     "--arrivals": ["--arrivals", "poisson:5"], "--prefix": ["--prefix", "2"], "--prefix-fraction": ["--prefix-fraction",
@@ -205,11 +214,13 @@ SAMPLES = {
     "--gguf": ["--gguf", "{packaged}"], "--window-pattern": ["--window-pattern", "all", "--window", "4"],
     "--quant-group": ["--quant-group", "16", "--modes", "quantized-int8"],
     "--quant-residual": ["--quant-residual", "64", "--modes", "quantized-int8"],
+    "--evict-ratio": ["--evict-ratio", "0.25", "--modes", "knorm"], "--kv-keep": ["--kv-keep", "6", "--modes", "tova"],
+    "--evict-every": ["--evict-every", "2", "--modes", "h2o"],
 }
 BASES = {"loop": ["--lengths", "8"], "request": ["--prompt", "8", "--generate", "4"], "contexts": ["--contexts", "8"],
          "serving": ["--trace", "fixed:8,4", "--prefix", "2"], "replay": ["--trace", "{trace}"]}
 RUN_OPTIONS = [action.option_strings[-1] for action in options.run_parser().actions() if action.dest != "help"]
-REAL_MODEL = ("--model", "--gguf", "--quality")
+REAL_MODEL = ("--model", "--gguf", "--quality", "--needle", "--needle-depths", "--needle-ratios")
 
 
 @functools.cache
@@ -271,7 +282,9 @@ def test_no_command_is_one_line_exit_2(capsys):
         (["run", "--modes", "full,statc", "--no-progress"], "--modes: unknown mode 'statc': expected one of"),
         (["run", "--modes", "full,statc", "--no-progress"], "'hf-static-compiled']; did you mean 'static'?"),
         (["run", "--trace", "chat", "--modes", "pagd"], "a serving run takes kinds ['static', 'paged', "
-                                                          "'quantized-int8', 'quantized-int4', 'hf-continuous']; did you mean 'paged'?"),
+                                                          "'quantized-int8', 'quantized-int4', 'knorm', 'snapkv', 'tova', "
+                                                          "'h2o', 'pyramidkv', 'streamingllm', 'random', 'hf-continuous']; "
+                                                          "did you mean 'paged'?"),
     ],
 )
 def test_a_typo_names_the_closest_choice_and_the_prefix_is_said_once(capsys, argv, expected):

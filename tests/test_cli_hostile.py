@@ -566,3 +566,29 @@ def test_every_renderer_escapes_what_a_record_carries():
 ])
 def test_numbers_are_plain_finite_and_in_range(tmp_path, args, fragment, in_process):
     one_line_error(in_process(*args, cwd=tmp_path, timeout=60), fragment)
+
+
+# --- an evicting kind's options, refused before anything runs (issue 35) ------------------------------------------
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--modes", "knorm", "--evict-ratio", "1"], "argument --evict-ratio: expected a fraction in [0, 1) such as 0.5, "
+                                                 "got '1'"),
+    (["--modes", "knorm", "--evict-ratio", "-0.5"], "argument --evict-ratio: expected a fraction in [0, 1)"),
+    (["--modes", "knorm", "--evict-every", "0"], "argument --evict-every: expected an integer >= 1, got 0"),
+    (["--modes", "knorm", "--evict-ratio", "0.5", "--kv-keep", "4"], "not allowed with argument --evict-ratio"),
+    (["--modes", "tova", "--prompt", "16", "--generate", "4", "--kv-keep", "17"],
+     "--kv-keep 17 is above the 16 tokens of the shortest prompt this run compresses: expected at most 16"),
+    (["--modes", "streamingllm", "--kv-keep", "3"], "--modes streamingllm: streamingllm: kv_keep is the positions each "
+                                                    "head keeps, an integer of at least 4 (what streamingllm always keeps), got 3"),
+    (["--modes", "snapkv", "--contexts", "128", "--kv-keep", "32"], "an integer of at least 64 (what snapkv always keeps)"),
+    (["--modes", "h2o", "--window", "8"], "--modes h2o: h2o evicts by its own rule and needs full attention"),
+    (["--modes", "static", "--evict-ratio", "0.5"], "--evict-ratio is read by the evicting kinds only, and --modes "
+                                                    "static runs none of them"),
+], ids=["ratio 1", "negative ratio", "every 0", "ratio and keep", "keep above the prompt", "keep below the sinks",
+        "keep below the window", "a window", "no evicting kind"])
+def test_an_evicting_kinds_bad_options_are_refused_before_anything_runs(tmp_path, args, fragment, in_process):
+    started = time.monotonic()
+    done = in_process("run", "--repeats", "200", "--no-progress", *args, "--output", tmp_path / "r.json", cwd=tmp_path)
+    one_line_error(done, fragment)
+    assert time.monotonic() - started < 60 and not (tmp_path / "r.json").exists()

@@ -13,8 +13,8 @@ from kvbench.kinds import DRIFTED, NOT_FINITE, REFERENCE_NOT_FINITE
 from kvbench.model import DecoderConfig, build_model
 from kvbench.modes import FULL, MODES, spec
 from kvbench.report.format import check_text
+from kvbench.workloads.workload import cache_footprint
 from kvbench.workloads.decode import (
-    cache_footprint,
     check_equivalence,
     check_modes,
     compare_drift,
@@ -252,10 +252,12 @@ def test_compare_logits_shape_mismatch_is_a_value_error():
 
 def test_check_equivalence_passes_for_every_mode(windowed_model):
     """On a model with a sliding window every mode applies: the window kind keeps the window, the
-    others keep every position and attention leaves out what the window hides."""
+    others keep every position and attention leaves out what the window hides. (An evicting kind needs full
+    attention: tests/test_scored.py checks it refuses a window.)"""
     ids = token_ids(windowed_model.config, 1, 10)
-    results = check_equivalence(windowed_model, ids, list(MODES), options=SMALL_GROUPS)
-    assert list(results) == list(MODES)
+    windowable = [mode for mode in MODES if not spec(mode).evicts]
+    results = check_equivalence(windowed_model, ids, windowable, options=SMALL_GROUPS)
+    assert list(results) == windowable
     for mode, result in results.items():
         assert result.passed, result
         assert result.mode == mode and result.length == 10
@@ -351,7 +353,7 @@ def test_check_modes_errors(modes, message):
 # -- cache footprint ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", [mode for mode in MODES if not spec(mode).evicts])  # scored: tests/test_scored.py
 @pytest.mark.parametrize("batch, length", [(1, 5), (2, 9)])
 def test_cache_footprint_measured_equals_expected(model_for, mode, batch, length):
     tiny_model = model_for(mode)

@@ -67,7 +67,8 @@ def test_the_make_report_recipe_is_what_this_test_runs():
          "--force"],
         ["python", "scripts/real_model_docs.py", "results/real/quality-quantized.json", "results/real/quality-window.json",
          "--peers", "results/real/quality-hf-int4-g16.json:results/real/quality-quantized.json",
-         "results/real/quality-hf-int4.json:results/real/quality-quantized.json", "--into", "docs/real-model.md"],
+         "results/real/quality-hf-int4.json:results/real/quality-quantized.json", "--needle", "results/real/needle.json",
+         "results/real/needle-evicting.json", "--into", "docs/real-model.md"],
     ]
 
 

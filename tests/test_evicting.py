@@ -152,7 +152,7 @@ def test_attention_scores_are_the_softmax_of_the_visible_keys():
     assert weights[0, 0, 0, 5:].abs().sum() == 0  # query 4 gives keys 5 and 6 nothing
     summed = attention_scores(q, k, offset=4)
     torch.testing.assert_close(summed, expected.view(1, 2, 2, 3, 7).sum(dim=(2, 3)))
-    with pytest.raises(ValueError, match=r"one of \['summed', 'weights'\], got 'all'"):
+    with pytest.raises(ValueError, match=r"one of \['summed', 'weights', 'queries'\], got 'all'"):
         attention_scores(q, k, offset=4, summary="all")
 
 

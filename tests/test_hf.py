@@ -201,6 +201,21 @@ def test_another_transformers_version_is_refused(monkeypatch):
         hf.require_transformers()
 
 
+def test_the_kvpress_peers_transformers_is_accepted_only_when_the_peer_is_named(monkeypatch):
+    version = hf.PEER_VERSIONS["kvpress"]
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: version)
+    with pytest.raises(ValueError, match=rf"needs transformers {re.escape(hf.TRANSFORMERS_VERSION)} \(kvbench's pin\), "
+                                         rf"got {re.escape(version)}"):
+        hf.require_transformers()
+    assert hf.require_transformers(peer="kvpress") is not None
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "4.0.0")
+    with pytest.raises(ValueError, match=rf"needs transformers {re.escape(hf.TRANSFORMERS_VERSION)} or "
+                                         rf"{re.escape(version)} \(kvbench's pin, or the kvpress peer's\), got 4.0.0"):
+        hf.require_transformers(peer="kvpress")
+    with pytest.raises(ValueError, match=r"peer must be one of \['kvpress'\] or None, got 'vllm'"):
+        hf.require_transformers(peer="vllm")
+
+
 def test_missing_transformers_is_refused(monkeypatch):
     def missing(name):
         raise importlib.metadata.PackageNotFoundError(name)
@@ -298,7 +313,8 @@ QUANTIZED = [pytest.param("hf-quantized-int4", 4, marks=pytest.mark.skipif(not Q
 @pytest.mark.parametrize(("mode", "bits"), QUANTIZED)  # make test installs both extras
 def test_transformers_quantized_caches_are_judged_by_kvbenchs_limits_of_the_same_bits(tiny, mode, bits):
     from kvbench.cache import KINDS, expected_cache_bytes
-    from kvbench.workloads.decode import cache_footprint, check_equivalence
+    from kvbench.workloads.decode import check_equivalence
+    from kvbench.workloads.workload import cache_footprint
 
     ids = ids_for(tiny, 200, batch=1)  # past the 128-position residual: codes are in use
     options = {mode: {"group_size": 32, "residual": 128}}
@@ -316,7 +332,7 @@ def test_transformers_quantized_caches_are_judged_by_kvbenchs_limits_of_the_same
 def test_a_transformers_quantized_cache_counts_the_positions_it_quantized(tiny, mode, bits):
     """transformers quantizes the first call's positions at once, then everything whenever its float residual
     would reach residual_length: with R = 16 one token a step, 1 of 8 positions, then 33 of 40 (1 + 16 + 16)."""
-    from kvbench.workloads.decode import cache_footprint
+    from kvbench.workloads.workload import cache_footprint
 
     options = {mode: {"group_size": 16, "residual": 16}}
     assert cache_footprint(tiny, ids_for(tiny, 8, batch=1), mode, options)["quantized_positions"] == 1
@@ -343,7 +359,7 @@ def test_a_transformers_request_and_context_step_follow_the_full_prefix(tiny, mo
 
 def test_a_transformers_cache_counts_the_bytes_of_its_tensors(tiny):
     from kvbench.cache import expected_cache_bytes
-    from kvbench.workloads.decode import cache_footprint
+    from kvbench.workloads.workload import cache_footprint
 
     ids = ids_for(tiny, 12, batch=1)
     dynamic = cache_footprint(tiny, ids, "hf-dynamic")

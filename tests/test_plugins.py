@@ -96,7 +96,8 @@ def test_an_unknown_mode_without_its_plugin_is_one_line(tmp_path, capsys):
     assert code == 2
     assert capsys.readouterr().err == ("kvbench: error: --modes: unknown mode 'mine': expected one of "
                                        "['full', 'concat', 'static', 'paged', 'quantized-int8', 'quantized-int4', "
-                                       "'window', 'hf-dynamic', 'hf-static', 'hf-quantized-int4', 'hf-quantized-int8', "
+                                       "'window', 'knorm', 'snapkv', 'tova', 'h2o', 'pyramidkv', 'streamingllm', 'random', "
+                                       "'hf-dynamic', 'hf-static', 'hf-quantized-int4', 'hf-quantized-int8', "
                                        "'static-compiled', 'hf-static-compiled']\n")
 
 
@@ -211,7 +212,8 @@ def test_a_kind_is_served_and_given_options_by_its_spec_not_its_name(clean_kinds
     assert cache_options(args, "grouped") == {"group_size": 4}
     assert cache_options(args, "quantized-int8") == {"group_size": 4, "residual": 3}
     assert cache_options(args, "static") == {} and cache_options(args, admission.PEER) == {}
-    assert option_readers(["static", "grouped"]) == {"--quant-group": ["grouped"], "--quant-residual": []}
+    assert option_readers(["static", "grouped"]) == {"--quant-group": ["grouped"], "--quant-residual": [],
+                                                      "--evict-ratio": [], "--kv-keep": [], "--evict-every": []}
     config = DecoderConfig()
     assert admission.reservation("grouped", config, 10) == 30  # its formula at the capacity
     assert admission.reservation("static", config, 10) == 2 * 4 * 10 * 8 * 4

@@ -95,7 +95,9 @@ def by_hand(reference, candidate, piece, beyond=None):
     p, q = torch.softmax(reference[0], -1), torch.softmax(candidate[0], -1)
     kl = (p * (p.log() - q.log())).sum(-1)
     nll = torch.nn.functional.cross_entropy(candidate[0, :-1], piece[1:], reduction="none")
-    found = {"nll": float(nll.mean()), "kl": float(kl.mean()), "kl_max": float(kl.max()),
+    full = torch.nn.functional.cross_entropy(reference[0, :-1], piece[1:], reduction="none")
+    found = {"nll": float(nll.mean()), "reference_nll": float(full.mean()), "kl": float(kl.mean()),
+             "kl_max": float(kl.max()),
              "max_abs_diff": float((candidate - reference).abs().max()),
              "top1": float((reference.argmax(-1) == candidate.argmax(-1)).double().mean())}
     return found | ({"nll_beyond": float(nll[beyond:].mean())} if beyond is not None else {})

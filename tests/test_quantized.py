@@ -161,7 +161,7 @@ def test_the_llama_family_drifts_within_its_own_limits_and_really_drifts(kind):
 
 def test_the_footprint_counts_the_positions_a_quantized_kind_held_quantized():
     """Inside R + G nothing is quantized: the record must be able to say so (the report marks it, run warns)."""
-    from kvbench.workloads.decode import cache_footprint
+    from kvbench.workloads.workload import cache_footprint
 
     model = build_model(DecoderConfig(), seed=0)
     ids = token_ids(model.config, 1, 64)

@@ -11,9 +11,11 @@ from kvbench.workloads.requests import ContextSteps, check_context, check_reques
 from kvbench.modes import spec
 
 EXACT = [kind for kind in CACHE_KINDS if spec(kind).exact]
+KEEPING = [kind for kind in CACHE_KINDS if not spec(kind).compresses_prompt]  # a request ends as the loop does
+COMPRESSING = [kind for kind in CACHE_KINDS if spec(kind).compresses_prompt]  # kvbench.cache.scored
 
 
-@pytest.mark.parametrize("mode", [FULL, *CACHE_KINDS])
+@pytest.mark.parametrize("mode", [FULL, *KEEPING])
 @pytest.mark.parametrize("batch", [1, 2])
 def test_a_request_gives_the_logits_of_the_loop_at_the_positions_it_generates(model_for, mode, batch):
     """The prefill of P tokens in one call, then one token per step: the same next-token logits as the
@@ -65,7 +67,21 @@ def test_each_step_runs_from_the_end_of_the_one_before(tiny_model):
     assert timed["step_seconds"] == pytest.approx([0.002, 0.003, 0.004, 0.005])
 
 
-@pytest.mark.parametrize("mode", [FULL, *CACHE_KINDS])
+@pytest.mark.parametrize("mode", COMPRESSING)
+def test_a_kind_that_compresses_its_prompt_is_gated_after_the_compression(model_for, mode):
+    """A request and the steps at a context of a scored kind: its prompt compressed before the first new token,
+    judged against the full path masked to what each head kept (kvbench.cache.evicting), not against full's."""
+    model = model_for(mode)
+    ids = token_ids(model.config, 2, 24, seed=5)
+    options = {mode: {"evict_ratio": 0.5}}
+    checks = check_request(model, ids, [FULL, mode], 14, options)
+    assert all(check["passed"] for check in checks.values()) and checks[mode]["length"] == 11
+    assert check_context(model, ids, [mode], 12, options, warmup=2, timed=4)[mode]["passed"]
+    compressed = request_logits(model, ids, mode, 14, options)
+    assert (compressed[:, 1:] - decode_full(model, ids, keep_logits=True)[:, 14:]).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("mode", [FULL, *KEEPING])
 def test_the_steps_at_a_context_are_the_full_prefix_steps_after_that_context(model_for, mode):
     model = model_for(mode)
     ids = token_ids(model.config, 2, 20, seed=5)

@@ -10,6 +10,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvbench import modes
 from kvbench.cache import BlockPool, PagedCache, make_cache
 from kvbench.cache.batch import BatchedCache
 from kvbench.cli import main
@@ -283,6 +284,9 @@ def run_main(capsys, *argv):
     (["--modes", "concat"], "a serving run takes kinds"),
     (["--max-batched-tokens", "0"], "expected an integer in [1"),
     (["--modes", "static", "--share-prefix"], "--share-prefix forks paged blocks"),
+    (["--modes", "static,paged", "--evict-ratio", "0.5"], "--evict-ratio is read by the evicting kinds only, and "
+                                                          "--modes static,paged runs none of them"),
+    (["--modes", "static", "--reserve", "max-length", "--kv-keep", "4"], "--kv-keep is read by the evicting kinds"),
 ])
 def test_bad_serving_input_is_one_line_exit_2(capsys, tmp_path, args, fragment):
     code, _, err = run_main(capsys, "run", "--preset", "llama-mini", "--trace", "fixed:8,12", "--output",
@@ -507,3 +511,51 @@ def test_serve_reports_each_gate_and_each_replay_kept_to_its_progress_callback()
     assert outcome["control"] == "static" and len(samples) == 2 * 3
     assert events[:3] == [(0, 2, "gate 1 of 2: static"), (1, 2, "gate 2 of 2: paged"), (0, 6, "replay")]
     assert events[3:] == [(k, 6, f"replay {k} of 6: {kept.mode}") for k, kept in enumerate(samples, 1)]
+
+
+SCORED = [name for name, *_ in modes.SCORED_KINDS]
+
+
+@pytest.mark.parametrize("kind", SCORED)
+@pytest.mark.parametrize("family", list(MODELS))
+def test_the_gate_holds_a_scored_kind_to_the_full_path_masked_to_what_each_request_kept(kind, family):
+    """Batched decoding beside prompt chunks of any size (a budget of 3 tokens leaves one-token chunks), arrivals
+    over time, cancellations: each request's logits are its own full path masked to what its own cache kept."""
+    model = MODELS[family]
+    trace = trace_of("uniform:3-40,2-12", requests=6, arrivals="poisson:400", cancel_fraction=0.3, cancel_after=1)
+    options = {"options": {"kv_keep": 70 if kind in ("snapkv", "pyramidkv") else 4, "evict_every": 3}}
+    for tokens in (None, 3):
+        minimum = admission.minimum_budget(kind, model.config, trace, options=options["options"],
+                                           max_batched_tokens=tokens)
+        check = gate(model, trace, kind, int(minimum * 1.8), {**options, "max_batched_tokens": tokens})
+        assert check["passed"], check
+        assert check["tokens_checked"] == sum(r.emits for r in trace.requests) and check["max_concurrency"] > 1
+
+
+def test_a_batch_that_masks_a_compressed_row_by_its_length_fails_the_gate(monkeypatch):
+    """A row that kept 6 of its positions per head, masked as if it held them all (its keys 0..length), sees the
+    padding past its own keys: the gate sees it. (Every head's mask has the same pattern over its own keys: each
+    keeps as many as the others, all older than the step's query, which sees them all; the batch's (B, KVH, L, S)
+    mask is tested in tests/test_batch.py.)"""
+    monkeypatch.setattr(BatchedCache, "_mask_row", lambda self, b, held: None)
+    trace = trace_of("fixed:24,8", requests=4)
+    check = gate(MODELS["llama"], trace, "knorm", 10**6, {"options": {"kv_keep": 6}})
+    assert not check["passed"] and check["failed_requests"]
+
+
+def test_a_scored_kind_is_served_with_its_options_from_the_command_line(capsys, tmp_path):
+    """--kv-keep and --evict-every reach the served kind's caches (their settings are in the record), its gate
+    passes, and it reserves less than static once its prompts are compressed."""
+    record = tmp_path / "r.json"
+    code, out, err = run_main(capsys, "run", "--preset", "llama-tiny", "--trace", "fixed:40,6", "--requests", "4",
+                              "--modes", "static,h2o", "--kv-keep", "8", "--evict-every", "2", "--repeats", "1",
+                              "--output", record)
+    assert code == 0, err
+    data = json.loads(record.read_text())
+    settings = data["serving"]["settings"]
+    assert settings["h2o"]["options"] == {"kv_keep": 8, "evict_every": 2} and "options" not in settings["static"]
+    check = next(check for check in data["checks"] if check["mode"] == "h2o")
+    assert check["passed"] and check["tokens_checked"] == 4 * 6
+    replays = {s["mode"]: s["replay"]["iterations"] for s in data["repetitions"]}
+    assert min(it["reserved"] for it in replays["h2o"] if it["running"] == 4) < \
+        min(it["reserved"] for it in replays["static"] if it["running"] == 4)

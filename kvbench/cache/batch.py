@@ -8,7 +8,12 @@ protocol of kvbench.cache.base, and gives the model what a ragged batch needs:
 - `row_positions` (B, L): the absolute position of each new token in its own request, so rotary
   tables and learned positions are read per row (a padded query repeats its row's last position);
 - `key_mask` (B, 1, L, S): a query sees its own request's keys up to its position, never another
-  row's padding, so every row's logits are those of its request alone.
+  row's padding, so every row's logits are those of its request alone. A row whose cache evicted (its keys
+  carry their absolute positions, kvbench.cache.evicting) is masked by those positions, layer by layer; when
+  one keeps its own positions per key/value head (kvbench.cache.scored) the mask is (B, KVH, L, S);
+- attention scores for the rows that score their positions: the batch asks the model for the step's queries
+  (the cheapest summary: nothing is computed) and hands each such row its own, or the weights its own queries
+  give its own keys (kvbench.attention.attention_scores, as the row's call alone would compute them).
 
 Rows are padded to the longest: new tokens to L = max new, keys to S = max held. The padded
 queries' outputs are thrown away and their keys are never written to any cache.
@@ -21,6 +26,7 @@ from array import array
 import torch
 from torch import Tensor
 
+from kvbench.attention import QUERIES, attention_scores
 from kvbench.cache.base import Cache
 from kvbench.cache.paged import PagedCache
 from kvbench.config import DecoderConfig
@@ -53,7 +59,12 @@ class BatchedCache(Cache):
         # The keys' count from the Python ints, not row_positions.max(): reading a device tensor would wait for it.
         keys = torch.arange(max(row.length + count for row, count in zip(rows, new)), device=device)
         self.key_mask = (keys[None, None, :] <= self.row_positions[:, :, None])[:, None]  # (B, 1, L, S)
+        self.base_mask = self.key_mask  # every row's keys at 0..T-1: what a row that evicted nothing at a layer sees
         self._own_mask = False  # whether key_mask is this batch's copy, rewritten row by row for evicting rows
+        self._masked: set[int] = set()  # rows whose mask the last layer rewrote from their kept positions
+        # Queries: the model computes nothing for them, and each row's own summary is computed from its own slice.
+        self.wants_scores = QUERIES if any(row.wants_scores is not None for row in rows) else None
+        self._scoring_keys: dict[int, Tensor] = {}  # row -> the keys its update returned at this layer
 
     def check_append(self, config: DecoderConfig, batch: int, length: int) -> None:
         if batch != len(self.rows) or length != max(self.new):
@@ -113,14 +124,34 @@ class BatchedCache(Cache):
             values[b, :, : row_values.shape[-2]] = row_values[0]
             if row.key_positions is not None:  # an evicting row: its keys are visible by their positions, not slots
                 self._mask_row(b, row.key_positions)
+            elif b in self._masked:  # it evicted at the last layer, not at this one: its keys are 0..T-1 here
+                self.key_mask[b] = self.base_mask[b]
+                self._masked.discard(b)
+            if row.wants_scores is not None:
+                self._scoring_keys[b] = row_keys
         return keys, values
 
     def _mask_row(self, b: int, held: Tensor) -> None:
-        """Row b's visibility from the absolute positions of the keys its cache returned (this layer's)."""
-        if not self._own_mask:
-            self.key_mask, self._own_mask = self.key_mask.clone(), True
-        self.key_mask[b, 0] = False
-        self.key_mask[b, 0, :, : len(held)] = held[None, :] <= self.row_positions[b][:, None]
+        """Row b's visibility from the absolute positions of the keys its cache returned (this layer's): (T,), or
+        (1, KVH, T) where each key/value head kept its own, which makes the batch's mask (B, KVH, L, S)."""
+        visible = held[..., None, :] <= self.row_positions[b][:, None]  # (L, T) or (1, KVH, L, T)
+        heads = self.config.kv_heads if held.dim() == 3 else self.key_mask.shape[1]
+        if not self._own_mask or heads != self.key_mask.shape[1]:
+            B, _, L, S = self.key_mask.shape
+            self.key_mask, self._own_mask = self.key_mask.expand(B, heads, L, S).clone(), True
+        self.key_mask[b] = False
+        self.key_mask[b, :, :, : held.shape[-1]] = visible[0] if held.dim() == 3 else visible
+        self._masked.add(b)
+
+    def observe(self, layer: int, scores: Tensor) -> None:
+        """scores: the step's queries (B, H, L, D). Each row that scores gets its own rows of them, or what its own
+        call would have computed from them and its own keys (its positions, no padding)."""
+        for b, (row, count) in enumerate(zip(self.rows, self.new)):
+            if row.wants_scores is None:
+                continue
+            mine = scores[b : b + 1, :, :count]
+            row.observe(layer, mine if row.wants_scores == QUERIES else attention_scores(
+                mine, self._scoring_keys.pop(b), row.length, key_positions=row.key_positions, summary=row.wants_scores))
 
     def _through_pool(self, layer: int, index: int, new: Tensor) -> Tensor:
         picked, written, read = self.slots

@@ -8,7 +8,9 @@ index into the cache; a new token's position is still `length` (the positions ap
 learned embedding is the one the full path gives it.
 
 A subclass writes one method, `choose(layer, positions, scores)`: the absolute positions to drop from a layer
-once the step commits (None: none). A kind that scores positions sets `wants_scores` (kvbench.attention.SCORES):
+once the step commits (None: none). A kind that keeps its own positions per key/value head (`per_head`, the
+score-based kinds of kvbench.cache.scored, which keep each head's top-k as kvpress does) holds positions (B, KVH,
+T_kept) instead of (T_kept,) and writes `choose_per_head(layer, stage)`: which staged entries each head keeps. A kind that scores positions sets `wants_scores` (kvbench.attention.SCORES):
 the model then computes the attention weights of each layer's step and hands them to `observe`, which adds them
 to a running total per retained key and KV head (`scores(layer)`: H2O's accumulated attention); the step's own
 are `last_scores[layer]` (TOVA's row, SnapKV's observation window). A kind that leaves `wants_scores` None gets
@@ -29,7 +31,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from kvbench.attention import SCORES, SUMMED
+from kvbench.attention import QUERIES, SCORES, SUMMED
 from kvbench.cache.base import Cache
 from kvbench.cache.contiguous import ConcatCache
 from kvbench.config import DecoderConfig
@@ -42,6 +44,7 @@ class EvictingCache(Cache):
 
     kind = "evicting"  # abstract: a subclass names its mode, whose spec says evicts=True
     evicts = True  # what register_kind's spec of a subclass says (kvbench.modes.spec_of_cache)
+    per_head = False  # True: each key/value head keeps its own positions, (B, KVH, T_kept)
 
     def __init__(self, config: DecoderConfig, batch: int = 1, capacity: int | None = None, history: bool = False,
                  device=None) -> None:
@@ -50,7 +53,8 @@ class EvictingCache(Cache):
             raise ValueError(f"wants_scores is None or one of {list(SCORES)}, got {self.wants_scores!r}")
         empty = torch.empty(batch, config.kv_heads, 0, config.head_dim, dtype=config.dtype, device=self.device)
         self._keys, self._values = [empty] * config.layers, [empty] * config.layers
-        self._positions = [torch.empty(0, dtype=POSITION, device=self.device)] * config.layers
+        shape = (batch, config.kv_heads, 0) if self.per_head else (0,)
+        self._positions = [torch.empty(shape, dtype=POSITION, device=self.device)] * config.layers
         self._totals: list[Tensor | None] = [None] * config.layers  # running attention per retained key and KV head
         self._stage: dict[int, dict] = {}  # layer -> the step's keys, values, positions (and scores)
         self.last_scores: list[Tensor | None] = [None] * config.layers
@@ -64,21 +68,32 @@ class EvictingCache(Cache):
         wants scores. The base keeps everything."""
         return None
 
+    def choose_per_head(self, layer: int, stage: dict) -> Tensor | None:
+        """A per-head kind's answer: (B, KVH, n) indices into the staged entries (`stage["positions"]`, (B, KVH,
+        S), oldest first; `stage["keys"]`, `stage["values"]`, and what observe() put there) that each head keeps
+        when the step commits, the same count for every head; None keeps everything."""
+        return None
+
     # -- the protocol -----------------------------------------------------------------------------
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         held = self._positions[layer]
-        positions = torch.cat((held, torch.arange(self.length, self.length + k.shape[-2], device=self.device)))
+        new = torch.arange(self.length, self.length + k.shape[-2], device=self.device)
+        positions = torch.cat((held, new.expand(*held.shape[:-1], -1)), dim=-1)
         keys, values = torch.cat((self._keys[layer], k), dim=2), torch.cat((self._values[layer], v), dim=2)
         self._stage[layer] = {"keys": keys, "values": values, "positions": positions}
         # Until something is evicted the keys are 0..T-1 and attention keeps its fast paths; after, the mask
         # comes from the positions.
-        self.key_positions = None if len(held) == self.length else positions
+        self.key_positions = None if held.shape[-1] == self.length else positions
         return keys, values
 
     def observe(self, layer: int, scores: Tensor) -> None:
         stage = self._stage[layer]
-        B, KVH, S = self.batch, self.config.kv_heads, stage["positions"].shape[0]
+        if self.wants_scores == QUERIES:  # the kind computes what it needs from the step's queries itself
+            stage["scores"] = scores
+            return
+        S = stage["positions"].shape[-1]
+        B, KVH = self.batch, self.config.kv_heads
         summed = scores if self.wants_scores == SUMMED else scores.view(B, KVH, -1, *scores.shape[-2:]).sum(dim=(2, 3))
         held = self._totals[layer]
         before = summed.new_zeros(B, KVH, S) if held is None else torch.cat(
@@ -86,7 +101,7 @@ class EvictingCache(Cache):
         stage["totals"], stage["scores"] = before + summed, scores
 
     def commit(self, length: int) -> None:
-        keeps = {layer: self._kept(stage["positions"], self.choose(layer, stage["positions"], stage.get("totals")), layer)
+        keeps = {layer: self._selection(layer, stage)
                  for layer, stage in self._stage.items()}  # every answer checked before anything changes
         if self.history is not None:
             self.history.append((torch.arange(self.length, self.length + length, device=self.device),
@@ -116,6 +131,26 @@ class EvictingCache(Cache):
         for one, keep in keeps.items():
             self._apply(one, keep)
 
+    def _selection(self, layer: int, stage: dict) -> Tensor | None:
+        if self.per_head:
+            return self._checked_index(stage["positions"], self.choose_per_head(layer, stage), layer)
+        return self._kept(stage["positions"], self.choose(layer, stage["positions"], stage.get("totals")), layer)
+
+    def _checked_index(self, held: Tensor, index: Tensor | None, layer: int) -> Tensor | None:
+        """A per-head answer as (B, KVH, n) indices, or ValueError naming what was expected."""
+        if index is None:
+            return None
+        B, KVH, S = held.shape
+        if not isinstance(index, Tensor) or index.dtype != torch.long or index.dim() != 3 or index.shape[:2] != (B, KVH):
+            raise ValueError(f"layer {layer}: a per-head kind keeps (B={B}, KVH={KVH}, n) long indices, got "
+                             f"{getattr(index, 'dtype', type(index).__name__)} {tuple(getattr(index, 'shape', ()))}")
+        ordered = index.sort(dim=-1).values
+        if len(ordered.flatten()) and (ordered[..., 0].min() < 0 or ordered[..., -1].max() >= S
+                                       or (ordered.diff(dim=-1) == 0).any()):
+            raise ValueError(f"layer {layer}: kept indices must be distinct and in [0, {S - 1}] for each head, got "
+                             f"{index.flatten()[:8].tolist()}...")
+        return ordered
+
     def _kept(self, held: Tensor, drop, layer: int) -> Tensor | None:
         """The keep mask over `held` once `drop` goes, or ValueError naming what is held and what was asked."""
         if drop is None:
@@ -127,6 +162,16 @@ class EvictingCache(Cache):
         if drop.is_floating_point() or drop.is_complex() or drop.dtype == torch.bool:
             raise ValueError(f"positions to evict must be integers, got dtype {drop.dtype}")
         drop = drop.reshape(-1).to(POSITION)
+        if held.dim() == 3:  # per head: a position is evicted from every head, so each must hold it
+            missing = drop[~torch.isin(drop, held).reshape(-1)] if len(drop) == 0 else drop[
+                ~torch.stack([torch.isin(drop, row) for row in held.reshape(-1, held.shape[-1])]).all(dim=0)]
+            if len(missing):
+                raise ValueError(f"layer {layer}: position {int(missing[0])} is not retained by every key/value head; "
+                                 f"expected positions all heads hold")
+            if drop.unique().numel() != drop.numel():
+                raise ValueError(f"positions to evict must be distinct, got {drop.tolist()}")
+            keep = ~torch.isin(held, drop)
+            return keep.nonzero()[:, -1].view(*held.shape[:-1], -1)
         missing = drop[~torch.isin(drop, held)]
         if len(missing):
             raise ValueError(f"layer {layer} retains {len(held)} positions ({held[:8].tolist()}"
@@ -136,6 +181,16 @@ class EvictingCache(Cache):
         return ~torch.isin(held, drop)
 
     def _apply(self, layer: int, keep: Tensor | None) -> None:
+        if keep is not None and keep.dim() == 3:  # per head: (B, KVH, n) indices of what each head keeps
+            if keep.shape[-1] == self._positions[layer].shape[-1]:
+                return
+            rows = keep[..., None].expand(-1, -1, -1, self.config.head_dim)
+            self._keys[layer] = self._keys[layer].gather(2, rows)
+            self._values[layer] = self._values[layer].gather(2, rows)
+            self._positions[layer] = self._positions[layer].gather(2, keep)
+            if self._totals[layer] is not None:
+                self._totals[layer] = self._totals[layer].gather(2, keep)
+            return
         if keep is None or bool(keep.all()):
             return
         index = keep.nonzero().squeeze(1)
@@ -154,6 +209,7 @@ class EvictingCache(Cache):
         return self._values[layer]
 
     def positions(self, layer: int = 0) -> Tensor:
+        """Absolute positions of the retained keys, oldest first: (T_kept,), or (B, KVH, T_kept) per head."""
         return self._positions[layer]
 
     def scores(self, layer: int = 0) -> Tensor | None:
@@ -181,18 +237,26 @@ class MaskedCache(ConcatCache):
         self.masks = masks
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        self.key_mask = self.masks[layer][None, None]  # read by the block after update, layer by layer
+        mask = self.masks[layer]  # (T, T), or (B, KVH, T, T) where each key/value head kept its own positions
+        self.key_mask = mask[None, None] if mask.dim() == 2 else mask  # read by the block after update, layer by layer
         return super().update(layer, k, v)
 
 
 def kept_masks(history: list, layers: int, length: int, device=None) -> list[Tensor]:
-    """(T, T) visibility per layer from an evicting cache's history (kvbench.cache.evicting): the query at
-    position p sees exactly the positions the step that computed p held (and the earlier ones of its chunk)."""
-    masks = [torch.zeros(length, length, dtype=torch.bool, device=device) for _ in range(layers)]
+    """(T, T) visibility per layer from an evicting cache's history (kvbench.cache.evicting), (B, KVH, T, T) for a
+    per-head kind: the query at position p sees exactly the positions the step that computed p held (and the
+    earlier ones of its chunk)."""
+    lead = history[0][1][0].shape[:-1] if history and history[0][1] else ()
+    masks = [torch.zeros(*lead, length, length, dtype=torch.bool, device=device) for _ in range(layers)]
     for new, seen in history:
         rows = new[new < length]
         for layer, positions in seen.items():
-            masks[layer][rows[:, None], positions[None, :]] = positions[None, :] <= rows[:, None]
+            if positions.dim() == 1:
+                masks[layer][rows[:, None], positions[None, :]] = positions[None, :] <= rows[:, None]
+                continue
+            sees = positions[..., None, :] <= rows[:, None]  # (B, KVH, rows, S)
+            where = positions[..., None, :].expand_as(sees)
+            masks[layer][..., rows, :] = torch.zeros_like(masks[layer][..., rows, :]).scatter_(-1, where, sees)
     return masks
 
 

@@ -8,18 +8,18 @@ shows it. Argument types reject a value with one line naming what was given.
 from __future__ import annotations
 
 import argparse
-import math
 import os
-import re
 from pathlib import Path
 
 from kvbench.budget import DTYPES as BUDGET_DTYPES
 from kvbench.budget import QUANTIZATIONS, parse_size
-from kvbench.cli.parser import DIGITS, Parser, integer
+from kvbench.cli.needle import add_needle_options
+from kvbench.cli.parser import DIGITS, Parser, finite_float, integer
+from kvbench.cli.kind_options import add_eviction_options, add_quantization_options
 from kvbench.cli.serving_options import add_serving_options
 from kvbench.config import DTYPE_NAMES, PRESETS, WINDOW_PATTERNS
 from kvbench.export import FORMATS as EXPORT_FORMATS
-from kvbench.kinds import GROUP_SIZE, KIND_NAME, RESIDUAL
+from kvbench.kinds import KIND_NAME
 from kvbench.measure.timing import DEFAULT_LENGTHS, ORDERS, Protocol
 from kvbench.models.gguf import PACKAGED
 from kvbench.modes import DEFAULT_MODES, HF_MODES, MODES
@@ -48,21 +48,6 @@ non_negative_int = integer(0)
 def thread_count(text: str) -> int:
     """Threads, at most the logical CPUs this machine offers: more only oversubscribes (or crashes torch)."""
     return integer(1, os.cpu_count() or 1)(text)
-
-
-DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")  # float() would take "1_1" and "١"
-
-
-def finite_float(text: str) -> float:
-    stripped = text.strip()
-    if stripped.lower().lstrip("+-") in ("inf", "infinity", "nan"):
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
-    if not DECIMAL.fullmatch(stripped):
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
-    value = float(stripped)
-    if not math.isfinite(value):  # 1e400
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
-    return value
 
 
 def fraction(text: str) -> float:
@@ -175,12 +160,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     add_quantization_options(parser.add_argument_group("quantized kinds (quantized-int8, quantized-int4)"),
                              group_help="tokens per key group (per-channel scales), channels per value group at most",
                              residual_help="newest positions kept in full precision, at least")
-
-
-def add_quantization_options(group, group_help: str, residual_help: str) -> None:
-    """--quant-group and --quant-residual, with one range and default for `run` and `budget`."""
-    group.add_argument("--quant-group", type=integer(1, 4096), default=GROUP_SIZE, metavar="G", help=group_help)
-    group.add_argument("--quant-residual", type=integer(0, 1 << 20), default=RESIDUAL, metavar="R", help=residual_help)
+    add_eviction_options(parser)
 
 
 def add_sampling_options(parser: argparse.ArgumentParser) -> None:
@@ -255,6 +235,7 @@ def add_run_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--quality", type=integer(8, 10000), metavar="TOKENS",
                      help="with --model/--gguf: after timing, what each mode does to text, on 4 runs of TOKENS corpus "
                           "tokens: perplexity against full's, KL, top-1, where greedy text departs, a sample")
+    add_needle_options(run, int_list)
     run.add_argument("--per-step", type=positive_int, metavar="LENGTH", help="also record every step's duration of one loop at LENGTH")
     run.add_argument("--output", type=Path, help="record path (default: a new timestamped file under results/records/)")
     run.add_argument("--force", action="store_true", help="overwrite --output if it exists")

@@ -1,10 +1,12 @@
 """The parser's class and its one error type: argparse's messages as one line, with the closest valid
-word named when a user mistyped a choice or an option; `integer`, the one argparse type of a count."""
+word named when a user mistyped a choice or an option; `integer`, the one argparse type of a count, and
+`finite_float`, of a number."""
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import math
 import re
 
 INT64_MAX = 2**63 - 1  # no tensor dimension or seed is larger
@@ -28,6 +30,21 @@ def integer(lowest: int, highest: int = INT64_MAX):
         return value
 
     return parse
+
+
+DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")  # float() would take "1_1" and "١"
+
+
+def finite_float(text: str) -> float:
+    stripped = text.strip()
+    if stripped.lower().lstrip("+-") in ("inf", "infinity", "nan"):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    if not DECIMAL.fullmatch(stripped):
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
+    value = float(stripped)
+    if not math.isfinite(value):  # 1e400
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
 
 
 class CliError(Exception):

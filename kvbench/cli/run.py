@@ -14,10 +14,11 @@ from rich.markup import escape
 from kvbench import kinds, modes, plugins, record
 from kvbench.measure import memory, timing
 from kvbench.cli.commands import check_output, config_from_args
+from kvbench.cli.needle import check_needle, measure_needle, needle_bytes, prepare_needle
 from kvbench.cli.parser import CliError, did_you_mean
 from kvbench.cli.progress import ProgressBar, stage
 from kvbench.cli.serve import check_serve, cmd_serve
-from kvbench.cli.usage import (CONTEXTS, REQUEST, SERVED, cache_options, check_read, check_used, given_options,
+from kvbench.cli.usage import (CONTEXTS, LOOP, REQUEST, SERVED, cache_options, check_read, check_used, given_options,
                                option_readers)
 from kvbench.config import DecoderConfig, PlainConfig
 from kvbench.report.record import model as report_model
@@ -43,6 +44,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     workload = workloads.workload_from(**args.workload)
     stderr = Console(stderr=True)
     model, ids, tokenizer, sections = load_model(args, config, protocol, workload, stderr)
+    cells = prepare_needle(args, tokenizer, config.max_length, protocol.seed)  # before the timing: a grid too long
     with ProgressBar(stderr, disabled=args.no_progress, protocol=protocol) as on_progress:
         outcome = benchmark.run_benchmark(model, args.lengths, args.modes, protocol, on_progress=on_progress,
                                           options=args.cache_options, workload=workload, ids=ids)
@@ -55,6 +57,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             sections["quality"] = quality.measure(model, text, args.modes, tokenizer, args.cache_options,
                                                   QUALITY_CHUNKS, on_progress=lambda done, total, what: update(
                                                       done, total, f"quality: {what}"))
+    if cells and not outcome.interrupted:
+        sections["needle"] = measure_needle(args, model, tokenizer, cells, stderr)
     with args.signals.deferred():  # from here on a signal is only counted: the record is saved first
         if outcome.interrupted and not (outcome.checks or outcome.repetitions):
             raise args.signals.first or KeyboardInterrupt()  # nothing was completed: nothing to save
@@ -72,6 +76,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     for check in failed:
         stderr.print(f"[bold red]EQUIVALENCE FAILED[/]: {failure_sentence(check)}")
     for sentence in columns.unquantized_sentences(report):  # the tables mark them ∅; said here too
+        stderr.print(f"[yellow]warning[/]: {escape(sentence)}")
+    for sentence in uncompressed_sentences(args):
         stderr.print(f"[yellow]warning[/]: {escape(sentence)}")
     console.print(f"record: {path}")
     if report.verdict:  # the last line: what precision the run reached, and if short of it why, in words
@@ -94,7 +100,10 @@ def check_run(args: argparse.Namespace) -> tuple:
     output = args.output or record.default_record_path()
     check_output(output, args.force)  # before any measurement: a bad path costs nothing
     after = args.workload.get("warmup_steps", 0) + args.workload.get("timed_steps", 0)  # a contexts run's steps
+    check_needle(args, config.max_length, model_named(args))
     check_fits_in_memory(config, protocol, [n + after for n in args.lengths], args.modes, model_named(args))
+    if args.needle:  # after the timing, its largest cell: a prefill, a cache and its copy
+        check_fits_in_memory(config, protocol, [], [], model_named(args), needle_bytes(config, args.needle))
     return config, protocol, output
 
 
@@ -133,6 +142,7 @@ def settings(args: argparse.Namespace) -> tuple[PlainConfig, Protocol]:
     args.cache_options = {mode: options for mode in args.modes if (options := cache_options(args, mode))}
     check_read(args.given, option_readers(args.modes), args.modes)
     workload_settings(args, config)
+    check_eviction(args)
     too_long = [n for n in [*args.lengths, args.per_step or 0] if n > config.max_length]
     if too_long:
         raise CliError(f"length {too_long[0]} exceeds max_length {config.max_length} of {model_named(args)}")
@@ -153,6 +163,34 @@ def settings(args: argparse.Namespace) -> tuple[PlainConfig, Protocol]:
     except ValueError as error:
         raise CliError(str(error)) from None
     return config, protocol
+
+
+def uncompressed_sentences(args: argparse.Namespace) -> list[str]:
+    """A decode loop's prompt is its first token: a kind that compresses its prompt (ModeSpec.compresses_prompt)
+    evicts nothing while a loop is timed unless --evict-every asks it to evict while decoding."""
+    idle = [mode for mode in args.modes if modes.spec(mode).compresses_prompt
+            and "evict_every" not in args.cache_options.get(mode, {})]
+    if args.workload_name != LOOP or not idle:
+        return []
+    return [f"{', '.join(idle)} evicted nothing while timed: a decode loop's prompt is one token, and they compress "
+            "their prompt; --evict-every N evicts while decoding, --contexts times the steps after a compressed "
+            "prompt (their KV bytes are what each keeps once compressed)"]
+
+
+def check_eviction(args: argparse.Namespace) -> None:
+    """An evicting kind's options against what it always keeps (its cache class says: importing it is cheap beside
+    the model) and against the prompt it compresses: a keep count above it would evict nothing."""
+    prompt = args.prompt or min(args.contexts or args.lengths)
+    for mode, options in args.cache_options.items():
+        if "kv_keep" not in modes.spec(mode).options:
+            continue
+        try:
+            modes.spec(mode).cache_factory().check_options(**options)
+        except ValueError as error:
+            raise CliError(f"--modes {mode}: {error}") from None
+        if options.get("kv_keep", 0) > prompt:
+            raise CliError(f"--kv-keep {options['kv_keep']} is above the {prompt} tokens of the shortest prompt this "
+                           f"run compresses: expected at most {prompt}, or nothing is evicted")
 
 
 QUALITY_CHUNKS = 4  # runs of --quality tokens each: the perplexity difference's interval is over them
@@ -221,9 +259,10 @@ def model_named(args: argparse.Namespace) -> str:
 
 
 def check_fits_in_memory(config: PlainConfig, protocol: Protocol, lengths: list[int], modes: list[str],
-                         model: str = "preset 'seed'") -> None:
-    """Refuse a run whose model, ids, logits and caches cannot fit, before allocating any of them."""
-    parts = memory.estimate_run_bytes(config, protocol.batch, lengths, modes)
+                         model: str = "preset 'seed'", parts: dict | None = None) -> None:
+    """Refuse a run whose model, ids, logits and caches (or `parts`, estimated otherwise) cannot fit, before
+    allocating any of them."""
+    parts = parts or memory.estimate_run_bytes(config, protocol.batch, lengths, modes)
     try:
         needed, available = sum(parts.values()), memory.available_bytes()
     except ValueError as error:

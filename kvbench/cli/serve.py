@@ -28,7 +28,7 @@ from kvbench.cli.options import fraction
 from kvbench.cli.parser import CliError, did_you_mean
 from kvbench.cli.progress import stage
 from kvbench.cli.serving_options import DEFAULT_KINDS, DEFAULT_REPEATS, DEFAULT_BUDGET_REQUESTS
-from kvbench.cli.usage import REPLAY, SERVING, cache_options, check_read
+from kvbench.cli.usage import REPLAY, SERVING, cache_options, check_read, option_readers
 from kvbench.modes import CONTROL, PAGES, SPECS
 from kvbench.record.serving import assemble
 from kvbench.report.format import format_bytes, render_plain, stdout_console
@@ -103,8 +103,7 @@ def check_peer(config, served: trace.Trace) -> None:
         raise CliError(f"--modes {admission.PEER}: the peer replays arrivals all or poisson, got closed-loop clients")
 
 
-SETTINGS_READ = {"--block-size": "block_size", "--reserve": "policy", "--quant-group": "options",
-                 "--quant-residual": "options"}  # usage.KIND_OPTIONS: the kind's setting each one becomes
+SETTINGS_READ = {"--block-size": "block_size", "--reserve": "policy"}  # usage.KIND_OPTIONS: the setting each becomes
 
 
 def check_budget_fits(given: str | None, budget: int, config) -> None:
@@ -162,8 +161,8 @@ def check_serving(args: argparse.Namespace):
     if admission.PEER in kinds:
         check_peer(config, served)
     settings = serving_settings(args, config, kinds)
-    check_read(args.given, {option: [kind for kind in kinds if setting in settings[kind]]
-                            for option, setting in SETTINGS_READ.items()}, kinds)
+    check_read(args.given, {**option_readers(kinds), **{option: [kind for kind in kinds if setting in settings[kind]]
+                                                        for option, setting in SETTINGS_READ.items()}}, kinds)
     minimum = {kind: admission.minimum_budget(kind, config, served, args.reserve, args.block_size,
                                               settings[kind].get("options"), args.share_prefix,
                                               args.max_batched_tokens) for kind in kinds}

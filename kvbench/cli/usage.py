@@ -9,6 +9,7 @@ import argparse
 from kvbench import modes
 from kvbench.cli.options import run_parser
 from kvbench.cli.parser import CliError
+from kvbench.kinds import DEFAULT_EVICT_RATIO
 from kvbench.serving.trace import LENGTHS as TRACE_LENGTHS
 
 # Every option of `run` (kvbench.cli.options, .serving_options) has its row in USED_BY: tests/test_cli.py crosses
@@ -32,6 +33,7 @@ USED_BY = {
     "--batch": TIMED,  # a serving run's batch is whichever requests the scheduler admits
     "--seed": EVERY, "--threads": EVERY,
     "--quality": TIMED,  # with --model or --gguf (NEEDS), which a serving run has not
+    "--needle": TIMED, "--needle-depths": TIMED, "--needle-ratios": TIMED,  # the same, and with --needle
     "--per-step": (LOOP,),  # a request or contexts run times every step itself
     "--output": EVERY, "--force": EVERY,
     "--no-progress": EVERY,  # every workload draws its long stages (kvbench.cli.progress.stage) on stderr
@@ -46,6 +48,7 @@ USED_BY = {
     "--window": TIMED, "--sinks": TIMED, "--window-pattern": TIMED,  # the scheduler's batches need full attention
     "--model": TIMED, "--gguf": TIMED,  # serving replays the preset's random weights: a real model is not served yet
     "--quant-group": EVERY, "--quant-residual": EVERY,  # and only where a quantized kind runs (KIND_OPTIONS)
+    "--evict-ratio": EVERY, "--kv-keep": EVERY, "--evict-every": EVERY,  # and only where an evicting kind runs
 }
 NEEDS = {  # option -> (the workloads where it does something only beside one of these options, those, why)
     "--prefix-fraction": ((SERVING,), ("--prefix",), "it is the share of requests that carry the prefix"),
@@ -54,13 +57,19 @@ NEEDS = {  # option -> (the workloads where it does something only beside one of
     "--max-seconds": (SERVED, ("--precision",), "without a precision target a serving run replays exactly "
                                                 "--repeats rotations"),
     "--quality": (TIMED, ("--model", "--gguf"), "it measures a trained model on text"),
+    "--needle": (TIMED, ("--model", "--gguf"), "it measures a trained model's retrieval"),
+    "--needle-depths": (TIMED, ("--needle",), "they say where --needle hides the needle"),
+    "--needle-ratios": (TIMED, ("--needle",), "they are the evict_ratio values --needle runs each kind at"),
 }
 # The options that become a cache's keyword options (ModeSpec.options), with the argument each is read from: a kind
 # whose spec takes the keyword gets the option's value, whatever its name.
-CACHE_OPTIONS = {"--quant-group": ("group_size", "quant_group"), "--quant-residual": ("residual", "quant_residual")}
+CACHE_OPTIONS = {"--quant-group": ("group_size", "quant_group"), "--quant-residual": ("residual", "quant_residual"),
+                 "--evict-ratio": ("evict_ratio", "evict_ratio"), "--kv-keep": ("kv_keep", "kv_keep"),
+                 "--evict-every": ("evict_every", "evict_every")}
 KIND_OPTIONS = {  # options only some kinds read (kvbench.cli.run and .serve tell which do): who reads each
     "--quant-group": "the quantized kinds", "--quant-residual": "the quantized kinds",
-    "--block-size": "paged and hf-continuous", "--reserve": "static and the quantized kinds",
+    "--block-size": "paged and hf-continuous", "--reserve": "static, the quantized and the scored kinds",
+    "--evict-ratio": "the evicting kinds", "--kv-keep": "the evicting kinds", "--evict-every": "the evicting kinds",
 }
 
 
@@ -114,7 +123,10 @@ def takes(kind: str) -> tuple[str, ...]:
 
 def cache_options(args: argparse.Namespace, kind: str) -> dict:
     """The keyword options the command line gives `kind`'s cache: those of CACHE_OPTIONS its spec takes."""
-    return {keyword: getattr(args, dest) for keyword, dest in CACHE_OPTIONS.values() if keyword in takes(kind)}
+    given = {keyword: getattr(args, dest) for keyword, dest in CACHE_OPTIONS.values() if keyword in takes(kind)}
+    if "evict_ratio" in given and given["evict_ratio"] is None and given.get("kv_keep") is None:
+        given["evict_ratio"] = DEFAULT_EVICT_RATIO  # the record names the ratio a kind ran at, given or not
+    return {keyword: value for keyword, value in given.items() if value is not None}
 
 
 def option_readers(kinds: list[str]) -> dict[str, list[str]]:

@@ -5,7 +5,8 @@ Two questions, one function each: which transformers config describes a kvbench 
 weights (`hf_model`). The oracle tests compare their logits; the `hf-*` modes (`steps`)
 run transformers' own caches on them through kvbench's gate, rotations and record. transformers is an optional extra, pinned (pyproject's `hf`
 extra): it is imported here only, and only when asked for, and another version is refused,
-since its modelling code is what the comparison trusts.
+since its modelling code is what the comparison trusts (but a peer's, PEER_VERSIONS, when its caller names it:
+kvpress's environment pins another, docs/kvpress.md).
 
 Which transformers class: Llama (no q/k/v biases, no window), Mistral (a window on every
 layer), Qwen2 (q/k/v biases, any per-layer windows through its layer_types). A model with
@@ -30,18 +31,28 @@ if TYPE_CHECKING:
 
 TRANSFORMERS_VERSION = "5.24.0"  # as pinned in pyproject.toml's `hf` extra
 INSTALL = "pip install -e '.[hf]'"
+# A peer that runs in its own environment, whose tool pins another transformers: accepted only when a caller names
+# the peer (`peer=`), never by default. kvpress 0.5.5 requires transformers>=4.56,<5.3 (`make kvpress`,
+# scripts/kvpress_peer.py); what hf_config and hf_model read (config fields, parameter names) is the same in 5.2.0,
+# and the peer checks its logits against kvbench's on the same weights (docs/kvpress.md).
+PEER_VERSIONS = {"kvpress": "5.2.0"}
 
 
-def require_transformers():
-    """The transformers module at the pinned version, or ValueError saying what is installed instead."""
+def require_transformers(peer: str | None = None):
+    """The transformers module at the pinned version (or at `peer`'s, PEER_VERSIONS), or ValueError saying what is
+    installed instead."""
+    if peer is not None and peer not in PEER_VERSIONS:
+        raise ValueError(f"peer must be one of {sorted(PEER_VERSIONS)} or None, got {peer!r}")
+    accepted = [TRANSFORMERS_VERSION] + ([PEER_VERSIONS[peer]] if peer is not None else [])
+    wanted = " or ".join(accepted)
     try:
         version = importlib.metadata.version("transformers")
     except importlib.metadata.PackageNotFoundError:
-        raise ValueError(f"comparing with transformers needs transformers {TRANSFORMERS_VERSION}, which is not "
+        raise ValueError(f"comparing with transformers needs transformers {wanted}, which is not "
                          f"installed: {INSTALL}") from None
-    if version != TRANSFORMERS_VERSION:
-        raise ValueError(f"comparing with transformers needs transformers {TRANSFORMERS_VERSION} (kvbench's pin), "
-                         f"got {version}: {INSTALL}")
+    if version not in accepted:
+        pins = "kvbench's pin" if peer is None else f"kvbench's pin, or the {peer} peer's"
+        raise ValueError(f"comparing with transformers needs transformers {wanted} ({pins}), got {version}: {INSTALL}")
     import transformers
 
     return transformers
@@ -60,10 +71,10 @@ def hf_architecture(config: PlainConfig) -> str:
     return "MistralForCausalLM" if config.window is not None else "LlamaForCausalLM"
 
 
-def hf_config(config: PlainConfig, attention: str = "sdpa"):
+def hf_config(config: PlainConfig, attention: str = "sdpa", peer: str | None = None):
     """A transformers config of the same shapes, positions, norms, windows and head; `attention` is
-    transformers' attn_implementation ("sdpa" or "eager")."""
-    transformers = require_transformers()
+    transformers' attn_implementation ("sdpa" or "eager"); `peer`: require_transformers'."""
+    transformers = require_transformers(peer)
     architecture = hf_architecture(config)
     rope = {"rope_type": "default", "rope_theta": config.rope_theta}
     if config.rope_scaling is not None:
@@ -115,13 +126,13 @@ def hf_state_dict(model: Decoder) -> dict:
     return weights
 
 
-def hf_model(model: Decoder, attention: str = "sdpa"):
+def hf_model(model: Decoder, attention: str = "sdpa", peer: str | None = None):
     """transformers' model of the same architecture holding exactly `model`'s weights (copies), in its dtype,
-    in eval mode; no weight is downloaded and none is left random."""
+    in eval mode; no weight is downloaded and none is left random. `peer`: require_transformers'."""
     import torch
 
-    transformers = require_transformers()
-    config = hf_config(model.config, attention)
+    transformers = require_transformers(peer)
+    config = hf_config(model.config, attention, peer)
     with torch.random.fork_rng(devices=[]):  # transformers initialises weights that are then overwritten
         hf = getattr(transformers, hf_architecture(model.config))(config)
     hf = hf.to(model.token.weight.dtype).eval()

@@ -15,6 +15,7 @@ from kvbench.config import PlainConfig
 from kvbench.kinds import DRIFT_METRICS, REFERENCE_NOT_FINITE, within_limits
 from kvbench.models.hf import hf_architecture
 from kvbench.modes import CONTROL, FULL_PREFIX, PLUGIN, RUNNABLE, TRANSFORMERS, expected_bytes, source_of
+from kvbench.record.needle import check_needle
 from kvbench.record.summary import by_cell, summarize
 
 
@@ -346,4 +347,4 @@ def check_machine_probe(record: dict) -> str | None:
 
 
 MEANING_CHECKS = (check_run, check_workload, check_checks, check_sampling, check_repetitions, check_memory,
-                  check_per_step, check_summary, check_machine_probe)
+                  check_per_step, check_summary, check_machine_probe, check_needle)

@@ -17,6 +17,7 @@ from kvbench.measure import capture, estimation
 from kvbench.measure.sampling import STOPS
 from kvbench.measure.stats import ESTIMATORS, INTERVALS
 import kvbench.record.serving as serving
+from kvbench.record.needle import needle_schema
 from kvbench.record.entries import TELEMETRY
 from kvbench.record.shape import first_error
 from kvbench.record.meaning import MEANING_CHECKS, RecordError
@@ -199,7 +200,7 @@ def machine_sections() -> dict:
 
 def real_model_sections() -> dict:
     """A real model's run (since 2026-12-03): the GGUF file its weights came from, where its token ids came from,
-    and what the lossy kinds did to its text (kvbench.workloads.quality)."""
+    and what the lossy kinds did to its text (kvbench.workloads.quality) and to retrieval (kvbench.workloads.needle)."""
     sha = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
     model = {"type": "object", "required": ["source", "path", "size", "sha256", "architecture", "quantization",
                                             "dequantized_to"],
@@ -213,7 +214,7 @@ def real_model_sections() -> dict:
     token_ids = {"type": "object", "required": ["source"],  # the report names the corpus and its digest
                  "properties": {"source": {"enum": ["corpus", "random"]}, "sha256": sha, "name": {"type": "string"}},
                  "if": {"properties": {"source": {"const": "corpus"}}}, "then": {"required": ["name", "sha256"]}}
-    return {"model": model, "token_ids": token_ids, "quality": quality_schema()}
+    return {"model": model, "token_ids": token_ids, "quality": quality_schema(), "needle": needle_schema()}
 
 
 def quality_schema() -> dict:

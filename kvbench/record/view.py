@@ -67,11 +67,11 @@ class RecordView:
         self.machine_probe: dict | None = record.get("machine_probe")  # None: runs before 2026-12-01
         # The machine's limits (kvbench.measure.machine): request and contexts runs since 2026-12-01; None otherwise
         self.limits: dict | None = record.get("limits")
-        # A real model's run (kvbench.models.gguf, kvbench.workloads.quality): the GGUF file, its token ids, its
-        # text's quality
+        # A real model's run (kvbench.models.gguf, workloads.quality, .needle): its file, token ids, quality, retrieval
         self.model_file: dict | None = record.get("model")
         self.token_ids: dict | None = record.get("token_ids")
         self.quality: dict | None = record.get("quality")
+        self.needle: dict | None = record.get("needle")
         self.sampling: dict = record["sampling"]
         self._sampling = {entry["length"]: entry for entry in self.sampling["lengths"]}
         self._repetitions: dict[CellKey, list[dict]] = {}
@@ -92,7 +92,7 @@ class RecordView:
         the replays' stamps), its own are under `serving` (a ServingView)."""
         self.lengths, self.per_step, self.baseline = [], [], self.modes[0]
         self.planned_repeats, self.batch, self.threads = self.run["repeats"], self.run["batch"], self.run["threads"]
-        self.machine_probe = self.limits = self.model_file = self.token_ids = self.quality = None
+        self.machine_probe = self.limits = self.model_file = self.token_ids = self.quality = self.needle = None
         self.serving = ServingView(record)
         self.sampling = record["sampling"]
         for name in ("_repetitions", "_samples", "_latency", "_estimation", "_clocked", "_checks", "_memory",

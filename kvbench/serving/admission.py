@@ -9,6 +9,9 @@ refuses a budget too small for the trace before anything is built.
                   it reaches while the prompt is prefilled in the scheduler's chunks (quantized_window)
   paged           takes blocks of one shared pool on demand: a request is admitted when the blocks for
                   its prompt are free, and grows a block at a time
+  snapkv, knorm, ...  (ModeSpec.reserve: a kind that compresses its prompt) reserves the most its cache holds:
+                  its uncompressed prompt, until its first decoding step compresses it; the scheduler then gives
+                  back what the compression freed, keeping its budget and the steps since (Ledger.settle)
 
 The budget is the pool: `parse_budget` reads bytes ('64MiB') or a share of free memory ('25%').
 """
@@ -119,6 +122,8 @@ def cache_options(kind: str, request, capacity: int, options: dict | None = None
     measured would be that schedule's. Allocated at admission, the window is what the ledger counts, from the
     start: its `reserved` is what the caches hold, and they never grow past it."""
     options = dict(options or {})
+    if getattr(SPECS.get(kind), "reserve", None) is not None:  # its cache plans by it: which steps are its prompt
+        options["prompt"] = request.prompt
     if kind in QUANTIZED_BITS:
         options["recent_positions"] = quantized_window(request.prompt, capacity, max_batched_tokens,
                                                        options.get("group_size", GROUP_SIZE),
@@ -135,6 +140,12 @@ def reservation(kind: str, config, positions: int, options: dict | None = None) 
                          f"got {kind!r}")
     if found.bits:  # what a quantized cache allocates, its window of recent positions included
         return quantized_reserved_bytes(config, positions, found.bits, **(options or {}))
+    if found.reserve is not None:  # the most it holds for its request: `prompt` is cache_options'
+        sized = {name: value for name, value in (options or {}).items() if name in (*found.options, "prompt")}
+        if "prompt" not in sized:
+            raise ValueError(f"{kind} reserves for a request's prompt: expected options with its 'prompt' "
+                             f"(cache_options), got {sorted(options or {})}")
+        return found.reserve(config, positions, **sized)
     return found.bytes(config, 1, positions, **(options or {}))  # the most it holds: its formula at its capacity
 
 

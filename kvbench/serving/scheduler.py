@@ -1,27 +1,25 @@
 """Iteration-level scheduling (Orca, vLLM) of a trace under a KV budget, with one model.
 
-Each iteration (the choices of order, admission and preemption are kvbench.serving.disciplines'; the
-defaults named here):
-  1. requests whose arrival time has come join the waiting queue (arrival order; preempted
-     requests go back to its head);
-  2. the running requests' next decode token must fit: when the pool cannot hold it, the newest
-     running request is preempted (its cache released, its tokens kept: it recomputes later,
-     vLLM's default);
-  3. waiting requests are admitted in order while the budget allows (kvbench.serving.admission: static
-     and quantized reserve their capacity, quantized with the full-precision window its prompt's
-     chunks will reach, paged needs the blocks of its prompt); the first that does not fit stops
-     admission (first come, first served, head of line);
-  4. one forward over every running request: every request whose prompt is in its cache decodes its
-     next token, all of them in one batched call (each row at its own positions, kvbench.cache.batch);
-     requests still prefilling take chunks of their prompts, one call each, in admission order,
-     within a per-iteration token budget (max_batched_tokens, counting one per decoding row: chunked
-     prefill as Sarathi and vLLM schedule it, so a long prompt never stalls every running request's
-     next token for its whole length; None prefills every admitted prompt whole). A chunk that ends
-     its prompt emits the request's first token. A shared prefix's holder (paged, share_prefix) takes
-     what the running requests leave of that budget, while the head of the queue waits to fork it;
-     once it holds the whole prefix, the requests waiting for it are admitted in the same iteration;
-  5. a request that emitted its last token, or that its client cancelled, releases its cache in
-     this same iteration.
+Each iteration (the choices of order, admission and preemption are kvbench.serving.disciplines'; the defaults
+named here):
+  1. requests whose arrival time has come join the waiting queue (arrival order; preempted requests go back to
+     its head);
+  2. the running requests' next decode token must fit: when the pool cannot hold it, the newest running request is
+     preempted (its cache released, its tokens kept: it recomputes later, vLLM's default);
+  3. waiting requests are admitted in order while the budget allows (kvbench.serving.admission: static and
+     quantized reserve their capacity, quantized with the full-precision window its prompt's chunks will reach, a
+     kind that compresses its prompt its uncompressed prompt until a call compresses it; paged needs the blocks of
+     its prompt); the first that does not fit stops admission (first come, first served, head of line);
+  4. one forward over every running request: every request whose prompt is in its cache decodes its next token,
+     all of them in one batched call (each row at its own positions, kvbench.cache.batch); requests still
+     prefilling take chunks of their prompts, one call each, in admission order, within a per-iteration token
+     budget (max_batched_tokens, counting one per decoding row: chunked prefill as Sarathi and vLLM schedule it,
+     so a long prompt never stalls every running request's next token for its whole length; None prefills every
+     admitted prompt whole). A chunk that ends its prompt emits the request's first token. A shared prefix's
+     holder (paged, share_prefix) takes what the running requests leave of that budget, while the head of the
+     queue waits to fork it; once it holds the whole prefix, the requests waiting for it are admitted in the
+     same iteration;
+  5. a request that emitted its last token, or that its client cancelled, releases its cache in this iteration.
 Tokens are teacher-forced: request r's ids are fixed (TokenSource), so batching, padding and
 preemption never change what is computed, only when. Idle gaps (nothing running, the next arrival
 in the future) are skipped, not slept: the clock jumps to that arrival.
@@ -102,18 +100,17 @@ class Live:
 
     def outcome(self) -> dict:
         return {"id": self.spec.id, "arrival": self.arrival, "admitted": self.admitted, "token_times": self.token_times,
-                "token_cpu_times": self.token_cpu_times,
-                "finished": self.finished, "cancelled": self.spec.cancel_after is not None,
-                "preemptions": self.preemptions}
+                "token_cpu_times": self.token_cpu_times, "finished": self.finished,
+                "cancelled": self.spec.cancel_after is not None, "preemptions": self.preemptions}
 
 
 class Ledger:
-    """How a kind holds memory under the budget: reserving kinds (static, quantized-*) set a request's
-    capacity aside at admission, so they never grow and are never preempted."""
+    """How a kind holds memory under the budget: reserving kinds set the most a request holds aside at admission, so
+    they never grow and are never preempted; one that compresses its prompt gives back what that freed (settle)."""
 
     def __init__(self, model: Decoder, kind: str, budget: int, policy: str, options: dict | None) -> None:
         self.model, self.config, self.kind, self.budget = model, model.config, kind, budget
-        self.policy, self.options, self.held = policy, options or {}, 0
+        self.policy, self.options, self.held, self.shrinks = policy, options or {}, 0, spec(kind).reserve is not None
 
     def growth_fits(self, rows: list[Live]) -> bool:
         return True
@@ -134,6 +131,12 @@ class Ledger:
         live.reserved, self.held = need, self.held + need
         return True
 
+    def settle(self, rows: list[Live]) -> None:
+        """After a call: each row's reservation is its cache's (reserved_bytes, which compression lowers)."""
+        for live in rows if self.shrinks else ():
+            now = live.cache.reserved_bytes
+            self.held, live.reserved = self.held - live.reserved + now, now
+
     def prefill_prefix(self, waiting: deque[Live], source: TokenSource, tokens: int | None) -> int:
         """A chunk of a shared prefix's holder (paged, share_prefix); returns the positions prefilled: none here."""
         return 0
@@ -144,8 +147,7 @@ class Ledger:
         return freed
 
     def snapshot(self, running: list[Live]) -> dict:
-        used = sum(live.cache.nbytes for live in running)
-        return {"used": used, "reserved": self.held, "saved": 0}
+        return {"used": sum(live.cache.nbytes for live in running), "reserved": self.held, "saved": 0}
 
     def close(self) -> None:
         """Nothing is held across requests."""
@@ -376,11 +378,11 @@ class Scheduler:
         ids = torch.zeros(len(rows), width, dtype=torch.long, device=self.device)  # padding: token 0, never cached
         ending = [live.pending == count for live, count in zip(rows, counts)]
         for b, (live, count) in enumerate(zip(rows, counts)):
-            start = live.cache.length
-            ids[b, :count] = live.ids[0, start : start + count]
+            ids[b, :count] = live.ids[0, live.cache.length : live.cache.length + count]
         logits, _ = self.model(ids, BatchedCache([live.cache for live in rows], counts))
         self.clock.synchronize()  # the tokens exist once the call's work is done, not when it was issued
         stamp, cpu = self.now(), (self.clock.cpu_ns() - self.cpu_start) / 1e9
+        self.ledger.settle(rows)
         emitted = []
         for b, (live, count, ends) in enumerate(zip(rows, counts, ending)):
             if not ends:

@@ -9,7 +9,7 @@ footprint, gate, asv suites) drives one stepper, :func:`steps`; each mode's spec
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 from torch import Tensor
@@ -159,27 +159,6 @@ def gated_logits(model: Decoder, ids: Tensor, mode: str, prompt: int, reference:
     if spec.source == registry.FULL_PREFIX:  # the reference is full's own logits: judging them needs no second run
         return reference, reference
     return drain(model, ids, mode, True, options, prompt), reference
-
-
-def cache_footprint(model: Decoder, ids: Tensor, mode: str, options: dict | None = None) -> dict:
-    """Bytes held at the end of a loop: measured from tensors, reserved, and the mode's formula (transformers'
-    caches: what was measured).
-
-    For the full-prefix path this is the throwaway cache of its last step, which is
-    one forward pass over the whole sequence (its earlier steps are independent of it).
-    """
-    B, T = ids.shape
-    prompt = 1 if registry.spec(mode).keeps_state else T  # a cache's bytes after every step it took
-    with torch.inference_mode():
-        for t, (_, cache) in enumerate(steps(model, ids, mode, prompt, options=options)):
-            if t == T - prompt:  # before the generator releases the cache
-                footprint = {"measured_bytes": cache.nbytes, "reserved_bytes": cache.reserved_bytes}
-                quantized = getattr(cache, "quantized_positions", None)  # full's throwaway cache is the model's
-                if quantized is not None:  # how much of what it held a quantized kind had quantized (the report
-                    footprint["quantized_positions"] = quantized  # marks a kind measured inside its residual)
-    expected = registry.expected_bytes(mode, model.config, B, T, measured=footprint["measured_bytes"],
-                                    **(options or {}).get(mode, {}))
-    return {"expected_bytes": expected, **footprint}
 
 
 @dataclass(frozen=True)
@@ -361,9 +340,27 @@ def check_equivalence(
     reference = reference[:, :T]
     results = {}
     for mode in check_modes(modes):
-        candidate, judged_by = gated_logits(model, ids, mode, 1, reference, options)
-        results[mode] = judge_logits(mode, candidate, judged_by, atol, rtol, model.config, is_trained(model))
+        prompt = gate_prompt(mode, T)
+        candidate, judged_by = gated_logits(model, ids, mode, prompt, reference, options)
+        result = judge_logits(mode, candidate, judged_by, atol, rtol, model.config, is_trained(model))
+        results[mode] = result if prompt == 1 else from_prompt(result, prompt, T)
     return results
+
+
+def gate_prompt(mode: str, length: int) -> int:
+    """The prompt a mode is gated with: one token, or for a kind that compresses its prompt (ModeSpec
+    .compresses_prompt) the first half of the ids, so the steps judged are those after a compression."""
+    return max(1, length // 2) if registry.spec(mode).compresses_prompt else 1
+
+
+def from_prompt(result: Equivalence | Drift, prompt: int, length: int) -> Equivalence | Drift:
+    """A check judged from row prompt - 1 on, told in the loop's terms: its length, and its steps' positions."""
+    def shifted(step: int | None) -> int | None:
+        return None if step is None else step + prompt - 1
+
+    moved = {name: shifted(getattr(result, name)) for name in ("first_divergent_position", "first_reference_non_finite")
+             if hasattr(result, name)}
+    return replace(result, length=length, **moved)
 
 
 def judge_logits(mode: str, candidate: Tensor, reference: Tensor, atol: float, rtol: float,

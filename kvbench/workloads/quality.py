@@ -45,19 +45,27 @@ def variant(model: Decoder, **fields) -> Decoder:
     return sibling
 
 
-def step_logits(model: Decoder, ids: Tensor, mode: str, options: dict | None) -> tuple[Tensor, dict]:
-    """(B, T, V) next-token logits at every position, one token a step (full: one forward, the same rows), and
+def scored_from(mode: str, length: int) -> int:
+    """The first row of a chunk a mode's figures cover: 0, or for a kind that compresses its prompt (ModeSpec
+    .compresses_prompt) the last position of the chunk's first half, its prompt, so that every later token is
+    predicted from a compressed cache (one token a step from a prompt of one, it would evict nothing)."""
+    return max(1, length // 2) - 1 if spec(mode).compresses_prompt else 0
+
+
+def step_logits(model: Decoder, ids: Tensor, mode: str, options: dict | None, prompt: int = 1) -> tuple[Tensor, dict]:
+    """(B, T - prompt + 1, V) next-token logits from position prompt - 1 on, the prompt in one call and then one
+    token a step (full: one forward over all of ids, every row), and
     what the mode's cache held after the last step: its bytes and, for a quantized kind, how many of the T
     positions it had quantized (a chunk inside its full-precision residual measures float's drift, not its own)."""
     if not spec(mode).keeps_state:  # full's rows are one forward's: nothing carried from step to step
         with torch.inference_mode():
             return model(ids)[0].float(), {}
     B, T = ids.shape
-    kept, held = torch.empty(B, T, model.config.vocab_size, dtype=model.config.dtype), {}
+    kept, held = torch.empty(B, T - prompt + 1, model.config.vocab_size, dtype=model.config.dtype), {}
     with torch.inference_mode():
-        for t, (logits, cache) in enumerate(steps(model, ids, mode, 1, options=options)):
+        for t, (logits, cache) in enumerate(steps(model, ids, mode, prompt, options=options)):
             kept[:, t] = logits
-            if t == T - 1:  # before the generator releases the cache
+            if t == T - prompt:  # before the generator releases the cache
                 held = {"cache_bytes": cache.nbytes}
                 if getattr(cache, "quantized_positions", None) is not None:
                     held["quantized_positions"] = cache.quantized_positions
@@ -105,11 +113,13 @@ def first_departure(tokens: list[int], reference: list[int]) -> int | None:
 
 
 def compare_chunk(reference: Tensor, candidate: Tensor, ids: Tensor, beyond: int | None) -> dict:
-    """One chunk's figures for one mode: mean NLL (all positions, and past `beyond`), KL and top-1 against full's."""
+    """One chunk's figures for one mode over the rows given: mean NLL (all of them, and past `beyond`), full's over
+    the same rows, KL and top-1 against full's."""
     truth, guess = torch.log_softmax(reference, dim=-1), torch.log_softmax(candidate, dim=-1)
     kl = (truth.exp() * (truth - guess)).sum(dim=-1)
     nll = token_nll(candidate, ids)
-    found = {"nll": float(nll.mean()), "kl": float(kl.mean()), "kl_max": float(kl.max()),
+    found = {"nll": float(nll.mean()), "reference_nll": float(token_nll(reference, ids).mean()),
+             "kl": float(kl.mean()), "kl_max": float(kl.max()),
              "max_abs_diff": float((candidate - reference).abs().max()),
              "top1": float((reference.argmax(-1) == candidate.argmax(-1)).double().mean())}
     if beyond is not None and nll.shape[1] > beyond:
@@ -151,13 +161,15 @@ def measure(model: Decoder, ids: Tensor, modes: list[str], tokenizer, options: d
         beyond = chosen.config.window if windowed(mode) else None
         path = FULL if windowed(mode) else mode  # the windowed model's full prefix: the window kind's logits
         found, held = [], {}
+        start = scored_from(mode, pieces.shape[1])
         for r, p in zip(references, pieces):  # every chunk as long: the cache holds the same after each
-            logits, held = step_logits(chosen, p[None], path, options)
-            found.append(compare_chunk(r, logits, p[None], beyond))
+            logits, held = step_logits(chosen, p[None], path, options, start + 1)
+            found.append(compare_chunk(r[:, start:], logits, p[None, start:], beyond))
             advance(f"{mode} chunk {len(found)} of {chunks}")
         tokens = greedy(chosen, pieces[0, :prompt][None], mode, generate, options)
         advance(f"{mode} greedy text")
-        rows.append({**summarise(mode, chosen, found, rows[0]["chunks"], tokens, full_tokens, tokenizer), **held})
+        row = summarise(mode, chosen, found, rows[0]["chunks"], tokens, full_tokens, tokenizer)
+        rows.append({**row, **held, **({"scored_from": start} if start else {})})
     return {"tokens": pieces.shape[1], "chunks": chunks, "prompt": prompt, "generate": generate,
             "prompt_text": tokenizer.decode(pieces[0, :prompt].tolist()), "options": dict(options or {}),
             "modes": rows}
@@ -175,7 +187,8 @@ def summarise(mode: str, model: Decoder, found: list[dict], full: list[dict] | N
     if windowed(mode):
         row.update(window=model.config.window, sinks=model.config.sinks)
     if full is not None:
-        row["nll_difference"] = interval([c["nll"] - f["nll"] for c, f in zip(found, full)])
+        # against full's NLL over the same rows (a compressing kind's are the second half of each chunk)
+        row["nll_difference"] = interval([c["nll"] - c.get("reference_nll", f["nll"]) for c, f in zip(found, full)])
         if all("nll_beyond" in c for c in found):
             beyond = [c["nll_beyond"] for c in found]
             row["perplexity_beyond_window"] = math.exp(sum(beyond) / len(beyond))

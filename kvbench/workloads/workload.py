@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import torch
 import torch.nn as nn
 from torch import Tensor
 
@@ -26,7 +27,7 @@ from kvbench.measure.timing import Protocol
 from kvbench.model import Decoder
 from kvbench.modes import SPECS, expected_bytes
 import kvbench.workloads.requests as requests
-from kvbench.workloads.decode import cache_footprint, decode, decode_full, run_gate, steps
+from kvbench.workloads.decode import decode, decode_full, run_gate, steps
 
 
 class Loop:
@@ -204,6 +205,29 @@ def matmul_shapes(model: Decoder, rows: list[int]) -> list[tuple[int, int, int]]
     return [(m, k, n) for m in rows for k, n in layers]
 
 
+def cache_footprint(model: Decoder, ids: Tensor, mode: str, options: dict | None = None) -> dict:
+    """Bytes held at the end of a loop: measured from tensors, reserved, and the mode's formula (transformers'
+    caches: what was measured).
+
+    For the full-prefix path this is the throwaway cache of its last step, which is
+    one forward pass over the whole sequence (its earlier steps are independent of it).
+    """
+    B, T = ids.shape
+    prompt = 1 if SPECS[mode].keeps_state else T  # a cache's bytes after every step it took
+    with torch.inference_mode():
+        for t, (_, cache) in enumerate(steps(model, ids, mode, prompt, options=options)):
+            if t == T - prompt:  # before the generator releases the cache
+                if SPECS[mode].compresses_prompt:  # what it holds once brought back to its budget
+                    cache.compress()
+                footprint = {"measured_bytes": cache.nbytes, "reserved_bytes": cache.reserved_bytes}
+                quantized = getattr(cache, "quantized_positions", None)  # full's throwaway cache is the model's
+                if quantized is not None:  # how much of what it held a quantized kind had quantized (the report
+                    footprint["quantized_positions"] = quantized  # marks a kind measured inside its residual)
+    expected = expected_bytes(mode, model.config, B, T, measured=footprint["measured_bytes"],
+                                    **(options or {}).get(mode, {}))
+    return {"expected_bytes": expected, **footprint}
+
+
 def memory_profile(model: Decoder, ids: Tensor, mode: str, options: dict | None = None) -> dict:
     """A loop's memory entry: cache bytes (formula, measured, reserved) and peak RSS growth of one decode loop."""
     if not SPECS[mode].keeps_state:  # its footprint is one forward: the peak is the whole loop's
@@ -218,13 +242,13 @@ def footprint(model: Decoder, ids: Tensor, mode: str, options: dict | None, run:
     """The bytes a mode's cache holds for ids' positions (formula, measured from a cache filled in one
     prefill, reserved) and the peak resident growth of `run`. transformers' caches have no formula
     here: their expected bytes are the measured ones."""
-    import torch
-
     B, T = ids.shape
     _, peak = peak_memory_growth(run)
     with torch.inference_mode():
         stepping = steps(model, ids, mode, prompt=T, options=options)  # the prefill only
         _, cache = next(stepping)
+        if SPECS[mode].compresses_prompt:  # the prompt as the steps after it hold it: compressed to its budget
+            cache.compress()
         found = {"measured_bytes": cache.nbytes, "reserved_bytes": cache.reserved_bytes}
         if getattr(cache, "quantized_positions", None) is not None:  # as decode.cache_footprint records it
             found["quantized_positions"] = cache.quantized_positions

@@ -22,6 +22,7 @@ from kvbench.record import RecordView, cell_statistics
 from kvbench.report.format import interval_name
 from kvbench.report.record import precision
 from kvbench.report.record.precision import LengthRow, clock_note, sampling_rows, title_of, undisturbed_pairs
+from kvbench.report.record.needle import needle_summary
 from kvbench.report.record.quality import model_sentence, quality_note, quality_rows
 from kvbench.report.record.latency import (
     ContextRow,
@@ -193,6 +194,7 @@ class Report:
     quality: list = field(default_factory=list)  # QualityRow: what each mode did to a real model's text
     quality_note: str | None = None
     model_note: str | None = None  # a real model's weights and text
+    needle: object = None  # kvbench.report.record.needle.Needle: retrieval of a needle, when the record has it
 
     @property
     def complete(self) -> bool:
@@ -375,6 +377,7 @@ def build_report(view: RecordView, seed: int = stats.SEED, resamples: int = stat
                             for row in context_rows(view)]
     report.context_note = context_sentence(view) if report.context_steps else None
     report.quality, report.quality_note, report.model_note = quality_rows(view), quality_note(view), model_sentence(view)
+    report.needle = needle_summary(view)
     report.latency_note = latency_sentence(report.latency, view.baseline, timer_sentence(view)) if report.latency else None
     return report
 

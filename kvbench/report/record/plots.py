@@ -22,6 +22,7 @@ from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from kvbench.report.format import plain, seconds_unit
 from kvbench.report.record.axes import duration_ticks, place_legend
+from kvbench.report.record.heatmap import needle_figure
 from kvbench.report.record.model import Report, Row
 
 PLOT_FORMATS = {".png": "image/png", ".svg": "image/svg+xml"}
@@ -367,6 +368,9 @@ def render_panels(report: Report, suffix: str = ".png") -> dict[str, tuple[bytes
             continue
         with rc_context(RC):
             out[name] = (_save(panel_figure(report, name), suffix), PLOT_FORMATS[suffix])
+    if report.needle is not None:  # not a panel of the overview: one grid per mode, as many as the run had
+        with rc_context({**RC, "axes.grid": False}):
+            out["needle"] = (_save(needle_figure(report.needle), suffix), PLOT_FORMATS[suffix])
     return out
 
 
@@ -392,5 +396,7 @@ def caption(name: str, report: Report) -> str:
                    "range (over requests for a request run).",
         "roofline": "Each decode step and prefill at its arithmetic intensity and achieved FLOP/s, under the "
                     "machine's measured bandwidth and compute roofs.",
+        "needle": "Retrieval of the needle per mode: depth down, context across, the colour the answer's "
+                  "log-probability (one scale for every mode), ✓ where the greedy answer was the code.",
     }
     return captions.get(name, "")

@@ -110,6 +110,12 @@ def quality_note(view: RecordView) -> str | None:
     if not quality:
         return None
     differences = peer_settings_sentences(view, view)
+    compressing = [entry["mode"] for entry in quality["modes"] if entry.get("scored_from")]
+    if compressing:  # kvbench.workloads.quality.scored_from
+        start = next(entry["scored_from"] for entry in quality["modes"] if entry.get("scored_from"))
+        differences.append(f"{', '.join(compressing)} compress their prompt: each chunk's first {start + 1} tokens "
+                           "are their prompt, and their figures are over the tokens after it, each predicted from "
+                           "the compressed cache, against full's over the same tokens")
     return (f"{QUALITY_SENTENCE}. {quality['chunks']} chunks of {quality['tokens']} tokens; greedy text: "
             f"{quality['generate']} tokens after the corpus's first {quality['prompt']}"
             + "".join(f". {sentence}" for sentence in differences))

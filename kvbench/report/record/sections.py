@@ -27,6 +27,7 @@ from kvbench.report.record.latency import (
 )
 from kvbench.report.record.model import Report, Row
 from kvbench.report.record.precision import CLOCK_TEXTS
+from kvbench.report.record.needle import NEEDLE_COLUMNS, grid_cells, grid_columns, needle_cells
 from kvbench.report.record.quality import QUALITY_COLUMNS, quality_cells
 
 
@@ -124,6 +125,20 @@ def quality_section(report: Report) -> Section:
     return dataclasses.replace(with_marks(section, report.quality), marks=marks)
 
 
+def needle_section(report: Report) -> Section:
+    """Retrieval per mode: accuracy and mean answer log-prob against full's; the safe ratios after the note."""
+    needle = report.needle
+    return table("needle", "retrieval: a needle in the context", tuple(NEEDLE_COLUMNS),
+                 [needle_cells(row) for row in needle.rows], note=needle.note, items=tuple(needle.safe),
+                 narrow=("correct", "Δ vs full (95% CI)"))
+
+
+def needle_grid_section(report: Report) -> Section:
+    """Every cell of every mode: the table the HTML report's heat maps draw."""
+    return table("needle-grid", "retrieval by cell: ✓ or ✗, then the answer's log-prob (nats)",
+                 tuple(grid_columns(report.needle)), grid_cells(report.needle), grouped=True)
+
+
 def latency_section(report: Report, compact: bool = False) -> Section:
     """A request run's TTFT, TPOT, ITL per mode (`compact`: the few columns a narrow terminal shows)."""
     first = report.latency[0]
@@ -212,6 +227,7 @@ def sections(report: Report) -> list[Section]:
     """Everything a record's report shows, in order, for every layout."""
     out = [Section("model", note=report.model_note)] if report.model_note else []
     out += [quality_section(report)] if report.quality else []
+    out += [needle_section(report), needle_grid_section(report)] if report.needle else []
     out += workload_sections(report)
     out += [limits_section(report)] if report.limits else []
     out += [peers_section(report)] if report.peers else []

@@ -24,6 +24,7 @@ from kvbench.report.record.sections import (
     Section,
     latency_section,
     legend_section,
+    needle_section,
     peers_section,
     quality_section,
     sections,
@@ -145,7 +146,7 @@ def quick_renderables(report: Report, width: int = 200, wide: bool = False, verd
     if report.kind != "request":
         out += quick_tables(report, width, wide)
     for section in ([quality_section(report)] if report.quality else []) + \
-            ([peers_section(report)] if report.peers else []):
+            ([needle_section(report)] if report.needle else []) + ([peers_section(report)] if report.peers else []):
         out += section_renderables(section, fit)
     if report.sampling:
         out.append("sampled: " + "; ".join(
