@@ -5,6 +5,7 @@ import os
 
 import pytest
 from hypothesis import settings
+from machine_stubs import canned_environment, cheap_probe_calls
 from records import synthetic_record
 
 from kvbench.model import DecoderConfig, build_model, preset_config
@@ -19,28 +20,9 @@ WINDOWED = {"gpt2": DecoderConfig(max_length=64, window=TEST_WINDOW),
 
 
 # The machine probe's calls and the environment capture, as a `kvbench run` in a test makes them: cheap stand-ins
-# (autouse, below), since each real run paid ~4 s for them (a 32 MiB copy, a 200,000-step Python loop, five git
-# processes). The probe's timing code still runs (kvbench.measure.machine.probe_phase) on calls of the same names,
-# and the capture is tests/records.py's canned environment, which record validation accepts. Tests of the probe or
-# the capture themselves, or that assert on what they measured, opt out with @pytest.mark.real_machine
+# (autouse, below; tests/machine_stubs.py, which a test's child process installs too). Tests of the probe or the
+# capture themselves, or that assert on what they measured, opt out with @pytest.mark.real_machine
 # (a module: pytestmark = pytest.mark.real_machine).
-def cheap_probe_calls():
-    from kvbench.measure.machine import PROBE_CALLS
-
-    return {name: (lambda: sum(range(100))) for name in PROBE_CALLS}
-
-
-def canned_environment():
-    import copy
-    import datetime
-
-    from records import ENVIRONMENT
-
-    environment = copy.deepcopy(ENVIRONMENT)
-    environment["timestamp_utc"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    return environment
-
-
 @pytest.fixture(autouse=True)
 def cheap_machine(request, monkeypatch):
     if request.node.get_closest_marker("real_machine") is not None:

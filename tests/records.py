@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 
 import numpy as np
+from machine_stubs import ENVIRONMENT  # the canned environment, where a test's child process can import it
 
 from kvbench.cache import KINDS, expected_bytes, expected_cache_bytes
 from kvbench.config import DecoderConfig
@@ -21,21 +22,6 @@ NO_TELEMETRY = {"cpu_seconds": None, "voluntary_switches": None, "involuntary_sw
 PASSED_DIFF = 1e-7  # max_abs_diff of a passed check
 FAILED_DIFF = 0.5  # max_abs_diff of a failed check
 FAILED_POSITION = 2  # first_divergent_position of a failed check
-
-ENVIRONMENT = {
-    "timestamp_utc": "2026-01-01T00:00:00+00:00",
-    "python": {"implementation": "CPython", "version": "3.11.7", "executable": "/venv/bin/python"},
-    "torch": {"version": "2.13.0+cpu", "git_version": "cf30153c", "debug": False, "intra_op_threads": 1,
-              "inter_op_threads": 1, "cpu_capability": "AVX2", "mkldnn_available": True,
-              "parallel_info": "ATen/Parallel:\n\tat::get_num_threads() : 1\n\tat::get_num_interop_threads() : 1\n"},
-    "cpu": {"brand": "Test CPU 9000", "arch": "X86_64", "flags": ["avx", "avx2", "fma"], "has_avx512": False},
-    "system": {"logical_cores": 2, "load_average": [0.25, 0.5, 0.75], "memory_available_bytes": 8 << 30,
-               "memory_total_bytes": 16 << 30, "cpu_governor": "performance"},
-    "os": {"platform": "Linux-6.1-x86_64", "hostname": "bench-1"},
-    "env": {},
-    "kvbench": {"version": "0.1.0", "git_commit": "a" * 40, "git_dirty": False, "git_branch": "main"},
-    "unavailable": {},
-}
 
 
 def noisy(center: float, count: int, spread: float = 0.01, seed: int = 0) -> list[float]:

@@ -74,11 +74,11 @@ def test_run_benchmark_checks_memory_and_repetitions(tiny_model):
 def test_run_benchmark_interrupted_keeps_completed_repetitions(tiny_model, monkeypatch):
     real_time_observed, calls = sampling_module.time_observed, []
 
-    def time_observed(run, probe):
+    def time_observed(run, probe, clock):
         calls.append(1)
         if len(calls) == 6:
             raise KeyboardInterrupt
-        return real_time_observed(run, probe)
+        return real_time_observed(run, probe, clock)
 
     monkeypatch.setattr(sampling_module, "time_observed", time_observed)
     lengths, modes, repeats = [4, 8], ["full", "concat"], 2

@@ -556,9 +556,10 @@ def test_export_imports_no_torch_scipy_or_matplotlib(tmp_path, fmt):
 
 
 @pytest.mark.subprocess  # a real interpreter: CI runs it (make test)
-def test_history_imports_no_torch_scipy_or_matplotlib(tmp_path):
+@pytest.mark.parametrize("results", ["results/history/asv", "results/serving"])  # asv's results, or records
+def test_history_imports_no_torch_scipy_or_matplotlib(tmp_path, results):
     output = tmp_path / "history.html"
-    assert imported_by("history", "results/history/asv", "--output", str(output)) == (0, [])
+    assert imported_by("history", results, "--output", str(output)) == (0, [])
     assert output.is_file()
 
 

@@ -4,8 +4,12 @@ import time
 
 import torch
 
+import pytest
+
 from kvbench.measure.clock import HOST, HostClock
-from kvbench.measure.timing import CLOCK, time_call
+from kvbench.measure.sampling import sample
+from kvbench.measure.telemetry import Counters, sample_cost
+from kvbench.measure.timing import CLOCK, Protocol, time_call
 from kvbench.model import DecoderConfig, build_model
 from kvbench.serving.scheduler import Scheduler, TokenSource, make_ledger
 from kvbench.serving.trace import make_trace, parse_arrivals, parse_lengths
@@ -76,3 +80,32 @@ def test_a_serving_replays_token_stamps_are_read_from_its_clock():
     assert len(cpu) == clock.calls.count("sync") > len(result["iterations"])  # a call per prompt, per decode step
     stamps = [t for r in result["requests"] for t in r["token_times"]]
     assert stamps and all(round(t * 1000, 6) == int(round(t * 1000)) for t in stamps)
+
+
+def test_the_samplers_deadline_samples_and_telemetry_all_read_the_clock_they_are_given():
+    """Each read of the fake clock is 10 ms: a 2-second deadline is reached after about 200 reads, in a few real
+    milliseconds; every sample is one read apart and its CPU time one CPU step, as the fake clock says."""
+    clock = FakeClock(step_ns=10_000_000, cpu_step_ns=1_000_000)
+    protocol = Protocol(repeats=2, precision=0.05, max_seconds=2.0, warmup=0)
+    never_precise = lambda samples, length: {"static": 0.5}  # noqa: E731  only the deadline can stop it
+    state = sample({8: {"full": lambda: None, "static": lambda: None}}, protocol, watch=never_precise, clock=clock)
+    assert state.lengths[8].stop == "budget"
+    assert 2.0 <= state.elapsed < 2.1 and round(state.elapsed * 100) == pytest.approx(state.elapsed * 100)
+    assert state.telemetry_seconds == pytest.approx(0.01 / 200)  # the telemetry's cost, timed on the clock too
+    assert {s.seconds for s in state.samples} == {0.01}
+    assert {s.telemetry["cpu_seconds"] for s in state.samples} == {0.001}
+    assert all(round(s.started * 100) == pytest.approx(s.started * 100) for s in state.samples)  # whole fake steps
+    assert len(state.samples) == 2 * state.lengths[8].rotations > 2 * protocol.repeats
+
+
+def test_the_telemetrys_cpu_time_and_its_cost_read_the_counters_clock():
+    clock = FakeClock(step_ns=4_000_000, cpu_step_ns=3_000_000)
+    counters = Counters(clock=clock)
+    try:
+        before, after = counters.read(opening=True), counters.read()
+        assert counters.difference(before, after)["cpu_seconds"] == 0.003
+        clock.calls.clear()
+        assert sample_cost(counters, count=10) == pytest.approx(0.004 / 10)
+        assert clock.calls == ["now"] + ["cpu"] * 20 + ["now"]
+    finally:
+        counters.close()

@@ -477,3 +477,78 @@ def test_chromium_renders_the_page_offline_and_requests_nothing(tmp_path, histor
     control.write_text('<!DOCTYPE html><html><body><img src="http://kvbench.invalid/x.png"></body></html>')
     chromium(tmp_path, proxy, control, "--dump-dom", "--virtual-time-budget=3000")
     assert {host_of(line) for line in page_requests(proxy, own)} == {"kvbench.invalid"}, proxy.requests
+
+
+# -- records, of any workload: a serving record as any other --------------------------------------------------------
+
+SERVING = ROOT / "results" / "serving"  # five serving records of three commits, and three A/A pairs under aa/
+
+
+def serving_views() -> list:
+    from kvbench.record import RecordView
+
+    return [RecordView.load(path) for path in sorted(SERVING.rglob("*.json"))]
+
+
+def test_a_history_of_serving_records_charts_each_kind_as_export_reads_it():
+    from kvbench.export.history import build_record_history, commit_of
+    from kvbench.export.serving import record_source
+
+    history = build_record_history(SERVING)
+    assert history.machines == ["vm"]
+    views = serving_views()
+    sources = [record_source(view) for view in views]
+    assert [c.hash for c in history.commits] == list(dict.fromkeys(
+        commit_of(source) for _, source in sorted(zip(views, sources), key=lambda pair: pair[0].created_utc)))
+    charts = {(chart.label, chart.benchmark): chart for chart in history.charts}
+    newest = {}  # what stands for each (commit, cell): the newest record's value
+    for view, source in sorted(zip(views, sources), key=lambda pair: pair[0].created_utc):
+        for cell in source.cells:
+            for quantity in cell.quantities:
+                newest[(commit_of(source), cell.key, quantity.name)] = quantity.value
+            for figure in cell.figures:
+                newest[(commit_of(source), cell.key, figure.name)] = figure.seconds
+    assert newest and {(key, name) for _, key, name in newest} == set(charts)  # every kind's every measure, no other
+    for (commit, key, name), value in newest.items():
+        (point,) = [p for p in charts[(key, name)].series["vm"] if p.commit == commit]
+        assert point.value == value
+    assert not any(chart.benchmark == "median seconds" for chart in history.charts)  # a replay's measures, as compare's
+
+
+@pytest.mark.parametrize("pair", ["pair1", "pair2", "pair3"])
+def test_an_aa_pair_of_serving_records_at_two_commits_steps_within_noise_as_compare_says(pair, tmp_path):
+    from kvbench.export.history import build_record_history
+    from kvbench.record import RecordView
+    from kvbench.report.comparison.serving import compare_serving
+
+    for side, commit in (("a", None), ("b", "f" * 40)):
+        record = json.loads((SERVING / "aa" / f"{pair}-{side}.json").read_text())
+        if commit:  # the same code, called another commit: every step is an A/A step
+            record["environment"]["kvbench"]["git_commit"] = commit
+        (tmp_path / f"{side}.json").write_text(json.dumps(record))
+    history = build_record_history(tmp_path)
+    steps = [step for chart in history.charts for step in chart.steps]
+    assert len(history.commits) == 2 and len(steps) == len(history.charts) == 32
+    assert not any(step.verdict in (SLOWER, FASTER) for step in steps)
+    compared = compare_serving(RecordView.load(tmp_path / "a.json"), RecordView.load(tmp_path / "b.json"),
+                               factor=1.1, alpha=0.05)
+    judged = sorted(step.judged.ratio for step in steps if step.judged is not None)
+    assert judged == sorted(c.change.ratio for c in compared.changes if c.change is not None)
+
+
+def test_serving_and_loop_records_share_one_page_and_a_stray_file_is_noted(capsys, tmp_path):
+    from kvbench.export.serving import record_source
+    from kvbench.record import RecordView
+
+    for path in (SERVING / "llama-mini-chat-16.json", ROOT / "results" / "real" / "quality-quantized.json"):
+        shutil.copy(path, tmp_path / path.name)
+    (tmp_path / "summary.json").write_text('{"not": "a record"}')
+    page = tmp_path / "page.html"
+    assert main(["history", str(tmp_path), "--output", str(page)]) == 0
+    assert "1 machine(s), 2 commit(s)" in capsys.readouterr().out
+    text = page.read_text()
+    assert "output_tokens_per_second (llama-mini,serving=chat" in text  # a serving kind's measure
+    static = next(cell for cell in record_source(RecordView.load(tmp_path / "quality-quantized.json")).cells
+                  if cell.mode == "static")  # a loop's cell, by the key export names it by
+    assert f"median seconds ({static.key})" in text and f"speedup over full ({static.key})" in text
+    assert "summary.json" in text and "not a kvbench record" in text

@@ -2,6 +2,7 @@
 the data, captions naming the interval the record used."""
 
 import re
+from pathlib import Path
 
 import pytest
 from matplotlib.collections import LineCollection, PolyCollection
@@ -9,7 +10,10 @@ from matplotlib.container import ErrorbarContainer
 from matplotlib.figure import Figure
 from records import LIMITS, request_record, scaling_seconds, synthetic_record, view
 
+from kvbench.record import RecordView
+from kvbench.report.format import plain, seconds_unit
 from kvbench.report.record import html, plots
+from kvbench.report.record.axes import DurationTicks, covered_points, place_legend
 from kvbench.report.record.model import build_report
 
 
@@ -68,9 +72,11 @@ def test_per_token_bars_are_the_interquartile_range_per_token():
     report = loop_report()
     ax = plots.panel_figure(report, "per_token").axes[0]
     assert ax.get_legend().get_title().get_text() == "bars: interquartile range"
+    scale, unit = seconds_unit([r.unit_seconds for r in report.rows])
+    assert ax.get_ylabel() == f"median time per token, wall time ({unit})"
     for container in ax.containers:
         rows = report.rows_of(container.get_label())
-        assert bar_ends(container) == [pytest.approx((r.q1 / r.length * 1e6, r.q3 / r.length * 1e6)) for r in rows]
+        assert bar_ends(container) == [pytest.approx((r.q1 / r.length * scale, r.q3 / r.length * scale)) for r in rows]
 
 
 def test_a_requests_step_latency_has_its_interquartile_band_over_requests():
@@ -80,14 +86,14 @@ def test_a_requests_step_latency_has_its_interquartile_band_over_requests():
     assert len(bands) == len(report.step_latency) == 3
     for band, steps in zip(bands, report.step_latency.values()):
         low, high = band.get_paths()[0].get_extents().y0, band.get_paths()[0].get_extents().y1
-        assert low == pytest.approx(min(q1 for q1, _, _ in steps) * 1e3)
-        assert high == pytest.approx(max(q3 for _, _, q3 in steps) * 1e3)
+        assert low == pytest.approx(min(q1 for q1, _, _ in steps))  # seconds, its ticks in scaled units
+        assert high == pytest.approx(max(q3 for _, _, q3 in steps))
         assert all(q1 <= median <= q3 for q1, median, q3 in steps)
     assert "interquartile range over requests" in ax.get_legend().get_title().get_text()
 
 
 def drawn_data(ax) -> list:
-    """Display-space paths of the data, told apart from the reference lines, independently of plots.data_points:
+    """Display-space paths of the data, told apart from the reference lines, independently of kvbench.report.record.axes.data_points:
     (path, joined) for every line on data coordinates and every error bar."""
     out = [(line.get_transform().transform_path(line.get_path()), line.get_linestyle() not in ("None", " ", ""))
            for line in ax.get_lines() if line.get_transform() == ax.transData and len(line.get_xydata())]
@@ -125,8 +131,8 @@ def test_the_check_sees_a_legend_on_the_data_and_moves_it_outside():
     for k in range(12):  # lines through every part of the axes: no spot inside is free
         ax.plot(xs, [(x * (k + 1) * 7.3) % 1 for x in xs], lw=1, label=f"line {k}")
     inside = ax.legend(loc="upper left")
-    assert legend_overlaps(ax) and plots.covered_points(ax, inside) > 0  # both checks see it
-    plots.place_legend(ax)
+    assert legend_overlaps(ax) and covered_points(ax, inside) > 0  # both checks see it
+    place_legend(ax)
     assert legend_overlaps(ax) == []
     assert ax.get_legend().get_window_extent().x0 >= ax.get_window_extent().x1  # outside, on the right
 
@@ -141,3 +147,99 @@ def test_captions_name_the_interval_the_record_used():
     assert not any("bootstrap" in text for text in captions)
     report.interval = "percentile bootstrap"  # a schema-1 record: its interval was a bootstrap, and is named so
     assert "95% percentile bootstrap interval" in plots.caption("speedup", report)
+
+
+# -- every plot on the clock of the table it illustrates ----------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+REAL = "results/real/quality-quantized.json"  # a real model's run: its one length's speedups on CPU time
+MIXED = "results/contention/memory/run-00.json"  # lengths 16-256 on wall time, 512 on CPU time
+CONTEXTS = "results/real/contexts-hf.json"  # a real model's steps at two contexts, 16 timed steps a sample
+LONG = "results/llama/llama-tiny.json"  # loops from about 1 ms to 10 s: the time axis spans four decades
+
+
+def committed(name: str):
+    return build_report(RecordView.load(ROOT / name))
+
+
+def medians_drawn(ax) -> dict[str, list[float]]:
+    """Each error-bar series' medians as drawn (its data line), by its label."""
+    return {c.get_label().split()[0]: list(c.lines[0].get_ydata()) for c in ax.containers
+            if isinstance(c, ErrorbarContainer)}
+
+
+def test_a_cpu_time_records_plots_draw_cpu_time_as_its_tables_do():
+    report = committed(REAL)
+    assert report.clocks() == ["cpu"]
+    time = plots.panel_figure(report, "time").axes[0]
+    assert time.get_ylabel() == "median time per loop, CPU time"
+    for mode, drawn in medians_drawn(time).items():
+        assert drawn == [pytest.approx(r.timed.median) for r in report.rows_of(mode)]
+        assert drawn != [pytest.approx(r.median) for r in report.rows_of(mode)]  # wall time carried the waits
+    per_token = plots.panel_figure(report, "per_token").axes[0]
+    scale, unit = seconds_unit([r.unit_seconds for r in report.rows])
+    assert per_token.get_ylabel() == f"median time per token, CPU time ({unit})"
+    for mode, drawn in medians_drawn(per_token).items():
+        assert drawn == [pytest.approx(r.unit_seconds * scale) for r in report.rows_of(mode)]
+    assert plots.caption("time", report).endswith("interquartile range.")  # one length: no fit to speak of
+
+
+def test_a_fit_on_wall_time_is_not_drawn_through_cpu_time_points():
+    report = committed(MIXED)
+    assert any(report.fits.values())
+    ax = plots.panel_figure(report, "time").axes[0]
+    assert not any(line.get_linestyle() == "--" for line in ax.get_lines())
+    assert "no fitted line: the fit is on wall time" in plots.caption("time", report)
+    wall = loop_report()
+    assert sum(line.get_linestyle() == "--" for line in plots.panel_figure(wall, "time").axes[0].get_lines()) == 3
+    assert "dashed lines the fitted a·T^b" in plots.caption("time", wall)
+
+
+def test_a_record_with_two_clocks_draws_its_cpu_time_points_open():
+    report = committed(MIXED)
+    assert report.clocks() == ["wall", "cpu"]
+    ax = plots.panel_figure(report, "time").axes[0]
+    assert ax.get_ylabel() == "median time per loop, wall time; open: CPU time"
+    opened = [line for line in ax.get_lines() if line.get_markerfacecolor() in ("white", (1.0, 1.0, 1.0, 1.0))]
+    assert len(opened) == len(report.modes)
+    for line in opened:
+        assert list(line.get_xdata()) == [512]
+    for mode, drawn in medians_drawn(ax).items():
+        assert drawn == [pytest.approx(r.timed.median) for r in report.rows_of(mode)]
+
+
+def test_a_contexts_step_latency_is_the_timing_tables_per_step_figure():
+    report = committed(CONTEXTS)
+    ax = plots.panel_figure(report, "context").axes[0]
+    assert ax.get_ylabel() == "step latency, wall time"
+    for mode, drawn in medians_drawn(ax).items():
+        rows = report.rows_of(mode)
+        assert drawn == [pytest.approx(r.unit_seconds) for r in rows]  # one step's, not a sample's 16 steps
+        assert drawn == [pytest.approx(r.median / 16) for r in rows]
+
+
+def test_the_trade_off_plot_labels_its_time_on_the_tables_clock():
+    report = build_report(view(synthetic_record(scaling_seconds(modes=("full", "quantized-int8"), lengths=(16, 32)))))
+    ax = plots.panel_figure(report, "tradeoff").axes[0]
+    (entry,) = [e for e in report.tradeoffs if e.length == 32]
+    scale, unit = seconds_unit([entry.unit_seconds])
+    label = f"T=32: {plain(entry.unit_seconds * scale)} {unit}/token, wall time"
+    assert [text.get_text() for text in ax.texts] == [label]
+
+
+def test_time_ticks_name_their_unit_and_never_write_thousands_of_one():
+    report = committed(LONG)
+    ax = plots.panel_figure(report, "time").axes[0]
+    ax.figure.draw_without_rendering()
+    labels = [t.get_text() for t in ax.get_yticklabels() + ax.yaxis.get_minorticklabels() if t.get_text()]
+    assert {"1 ms", "1 s", "10 s"} <= set(labels)
+    for label in labels:
+        number, unit = label.split(" ")
+        assert unit in ("s", "ms", "µs") and 1 <= float(number) < 1000, label
+
+
+@pytest.mark.parametrize("seconds, text", [(1e-3, "1 ms"), (0.0009999999999999998, "1 ms"), (10.0, "10 s"),
+                                           (2e-5, "20 µs"), (0.2, "200 ms"), (1.0, "1 s"),
+                                           (0.25, "")])  # between the whole ticks: unlabelled
+def test_a_duration_tick_reads_in_its_own_unit(seconds, text):
+    assert DurationTicks()(seconds) == text

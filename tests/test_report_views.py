@@ -2,6 +2,7 @@
 that fit 80, 100 and 132 columns with every value whole, one clock per table, "precise" meaning one thing,
 per-workload columns, the run's verdict and what it reached, and one name for the interval."""
 
+import dataclasses
 import io
 import json
 import re
@@ -114,6 +115,48 @@ def test_times_beside_a_cpu_time_speedup_are_cpu_time_and_say_so():
     assert "and so are the times beside them" in text
     md = markdown.render_report(report)
     assert "| length | mode | n | CPU median ms | CPU q1–q3 ms | IQR % | wall median ms | CPU µs/token |" in md
+
+
+REAL = ("results/real/quality-quantized.json", "results/real/quality-window.json", "results/real/contexts-hf.json",
+        "results/llama/qwen2.5-0.5b.json")  # a real model's runs (on CPU time, and on wall time), a published shape
+TIME_UNITS = re.compile(r"(^|\s)(ms|µs|s)(/token|/step)?(\s|$)")
+NO_CLOCK = ("matmul floor ms",)  # FLOPs over the measured matmul rate: a floor computed, not a time read off a clock
+
+
+def test_every_time_column_names_its_clock():
+    for name in RECORDS + REAL:
+        for section in sections(report_of(name)):
+            for column in section.names:
+                if TIME_UNITS.search(column) and column not in NO_CLOCK:
+                    assert re.search(r"\b(wall|CPU)\b", column) or "wall time" in (section.title or ""), \
+                        (name, section.name, column)
+
+
+def test_a_real_models_trade_off_table_is_on_its_timing_tables_clock():
+    report = report_of(REAL[0])
+    assert report.clocks() == ["cpu"]
+    shown = {section.name: section for section in sections(report)}
+    timing, tradeoff = shown["timings"], shown["tradeoff"]
+    assert "CPU µs/token" in timing.names and "CPU µs/token" in tradeoff.names
+    assert not any("wall" in column for column in tradeoff.names)
+    per_token = {}
+    for row in timing.rows:  # grouped by length: a row's length cell is blank where it repeats
+        per_token[row[1].text] = row[timing.names.index("CPU µs/token")].text
+    for row in tradeoff.rows:
+        assert row[tradeoff.names.index("CPU µs/token")].text == per_token[row[1].text], row[1].text
+    static = next(r for r in report.rows if r.mode == "static")
+    assert per_token["static"] == f"{static.unit_seconds * 1e6:,.1f}"
+    assert static.median / static.length > 2 * static.unit_seconds  # the wall time it once showed here: the waits
+
+
+def test_a_trade_off_over_two_clocks_is_two_tables_each_naming_its_own():
+    report = report_of(REAL[0])
+    report.tradeoffs = [dataclasses.replace(entry, length=16, clock="wall") for entry in report.tradeoffs] + \
+        report.tradeoffs
+    tables = [section for section in sections(report) if section.name == "tradeoff"]
+    assert [section.title for section in tables] == ["length 16: trade-off on wall", "length 8: trade-off on CPU time"]
+    assert "wall µs/token" in tables[0].names and "CPU µs/token" in tables[1].names
+    assert [row[0].text for row in tables[0].rows] == ["16"] * 4 and [row[0].text for row in tables[1].rows] == ["8"] * 4
 
 
 def test_a_record_with_two_clocks_gets_one_table_for_each():

@@ -7,6 +7,7 @@ reached on purpose: the fixed protocol, "precise", the cap, the budget, an inter
 from __future__ import annotations
 
 import itertools
+import time
 
 import pytest
 
@@ -16,13 +17,30 @@ from kvbench.measure.telemetry import FIELDS
 from kvbench.measure.timing import Protocol, Sample, rotation_order
 
 
+class SecondsClock:
+    """A clock whose wall time is `seconds()` (the thread's CPU time is the real one): the deadline's reads."""
+
+    name = "scripted"
+
+    def __init__(self, seconds) -> None:
+        self.seconds = seconds
+
+    def now_ns(self) -> int:
+        return round(self.seconds() * 1e9)
+
+    cpu_ns = staticmethod(time.thread_time_ns)
+
+    def synchronize(self) -> None:
+        pass
+
+
 @pytest.fixture
 def scripted(monkeypatch):
     """durations[label] -> an iterator of seconds; each timed call returns the next one."""
     durations: dict[str, itertools.cycle] = {}
     calls: list[str] = []
 
-    def time_observed(run, probe):
+    def time_observed(run, probe, clock):
         label = run()
         calls.append(label)
         return next(durations[label]), dict.fromkeys(FIELDS)
@@ -71,25 +89,23 @@ def test_a_precise_length_stops_at_the_minimum_and_a_noisy_one_keeps_sampling(sc
     assert {s.length for s in later} == {8}  # a stopped length is no longer sampled
 
 
-def test_the_budget_stops_every_length_still_sampling(scripted, monkeypatch):
+def test_the_budget_stops_every_length_still_sampling(scripted):
     durations, _ = scripted
     durations.update(full=itertools.cycle([2.0]), loud=itertools.cycle([1.0, 1.5, 0.7, 1.3, 0.8, 1.6, 0.6]))
-    clock = itertools.count(0.0, 1.0)  # one "second" passes at every look at the clock
-    monkeypatch.setattr(sampling.time, "perf_counter", lambda: next(clock))
+    ticks = itertools.count(0.0, 1.0)  # one "second" passes at every look at the clock
     protocol = Protocol(repeats=5, precision=0.01, max_repeats=1000, max_seconds=50.0, control="none",
                         between_run=0.0)
-    state = sample(loops([4, 8], ["full", "loud"]), protocol)
+    state = sample(loops([4, 8], ["full", "loud"]), protocol, clock=SecondsClock(lambda: next(ticks)))
     assert {s.stop for s in state.lengths.values()} == {"budget"}
     assert all(5 <= s.rotations < 1000 for s in state.lengths.values())
 
 
-def test_the_minimum_rotations_are_run_whatever_the_budget(scripted, monkeypatch):
+def test_the_minimum_rotations_are_run_whatever_the_budget(scripted):
     durations, _ = scripted
     durations.update(full=itertools.cycle([2.0]), loud=itertools.cycle([1.0, 1.5, 0.7]))
-    clock = itertools.count(0.0, 100.0)
-    monkeypatch.setattr(sampling.time, "perf_counter", lambda: next(clock))
+    ticks = itertools.count(0.0, 100.0)
     state = sample(loops([4], ["full", "loud"]), Protocol(repeats=7, precision=0.01, max_seconds=1.0,
-                                                                     between_run=0.0))
+                                                          between_run=0.0), clock=SecondsClock(lambda: next(ticks)))
     assert (state.lengths[4].rotations, state.lengths[4].stop) == (7, "budget")
 
 
@@ -150,14 +166,13 @@ def clocked(monkeypatch):
     now = [0.0]
     durations: dict[tuple[int, str], itertools.cycle] = {}
 
-    def time_observed(run, probe):
+    def time_observed(run, probe, clock):
         seconds = next(durations[run()])
         now[0] += seconds
         return seconds, dict.fromkeys(FIELDS)
 
     monkeypatch.setattr(sampling, "time_observed", time_observed)
-    monkeypatch.setattr(sampling.time, "perf_counter", lambda: now[0])
-    return durations
+    return durations, SecondsClock(lambda: now[0])
 
 
 def keyed_loops(lengths, labels):
@@ -165,6 +180,7 @@ def keyed_loops(lengths, labels):
 
 
 def test_past_its_minimum_a_short_length_runs_as_many_rotations_as_fit_in_the_slowest_ones(clocked):
+    clocked, clock = clocked
     # length 4's rotation takes 4 units, length 8's 40 (the modes' times vary, their sum does not):
     # after the minimum, 4 runs ten rotations a round
     unit = 1 / 1024  # exact in binary, so the clock's sums are exact
@@ -173,7 +189,7 @@ def test_past_its_minimum_a_short_length_runs_as_many_rotations_as_fit_in_the_sl
                     (8, "full"): itertools.cycle([20 * unit, 30 * unit, 10 * unit, 25 * unit]),
                     (8, "loud"): itertools.cycle([20 * unit, 10 * unit, 30 * unit, 15 * unit])})
     protocol = Protocol(repeats=3, precision=0.01, max_repeats=1000, max_seconds=2.0, control="none", between_run=0.0)
-    state = sample(keyed_loops([4, 8], ["full", "loud"]), protocol)
+    state = sample(keyed_loops([4, 8], ["full", "loud"]), protocol, clock=clock)
     per_round = {}
     for kept in state.samples:
         per_round.setdefault((kept.length, kept.round), set()).add(kept.repetition)
@@ -244,9 +260,10 @@ def test_without_a_baseline_the_half_width_is_that_of_the_median_interval():
 
 
 def test_each_sample_started_when_the_clock_says_it_did(clocked):
+    clocked, clock = clocked
     unit = 1 / 1024
     clocked.update({(4, "full"): itertools.cycle([2 * unit]), (4, "static"): itertools.cycle([unit])})
-    state = sample(keyed_loops([4], ["full", "static"]), Protocol.fixed(2, warmup=1, order="rotate"))
+    state = sample(keyed_loops([4], ["full", "static"]), Protocol.fixed(2, warmup=1, order="rotate"), clock=clock)
     # warmup (3 units) moves the clock before the first sample; starts count from the run's first sample
     took = {"full": 2 * unit, "static": unit}
     modes = [s.mode for s in state.samples]

@@ -200,13 +200,10 @@ def cmd_compare(args: argparse.Namespace, views: list[RecordView] | None = None)
 
 
 def exportable(path: Path):
-    """A record as the exporters take it: its RecordView, or for a serving record the Source its view gives
-    (kvbench.export.serving)."""
-    from kvbench.export.serving import serving_source
-    from kvbench.report.comparison.serving import replayed
+    """A record as the exporters take it: the Source its view gives, whatever its workload (kvbench.export.serving)."""
+    from kvbench.export.serving import record_source
 
-    view = load_view(path)
-    return view if view.serving is None else serving_source(replayed(view))
+    return record_source(load_view(path))
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -229,7 +226,12 @@ def cmd_history(args: argparse.Namespace) -> int:
 
     check_comparison_options(args)
     check_output(args.output, args.force)
-    model = history.build_history(args.results_dir, factor=args.factor, alpha=args.alpha)
+    if not args.results_dir.is_dir() or history.asv_machines(args.results_dir):
+        model = history.build_history(args.results_dir, factor=args.factor, alpha=args.alpha)
+    else:  # records, of any workload (kvbench.export.history)
+        from kvbench.export.history import build_record_history
+
+        model = build_record_history(args.results_dir, factor=args.factor, alpha=args.alpha)
     write_bytes_atomic(args.output, historypage.render_page(model).encode(), args.force)
     print(f"wrote {args.output}: {len(model.charts)} chart(s), {len(model.machines)} machine(s), "
           f"{len(model.commits)} commit(s)")

@@ -318,12 +318,13 @@ def add_publishing_parsers(commands) -> None:
                              f"(default: ${REPOSITORY_VARIABLE})")
 
     history = commands.add_parser(
-        "history", help="one offline HTML page of asv results across commits, per machine, with kvbench's "
-                        "verdicts and environment changes (docs/history.md)",
+        "history", help="one offline HTML page of asv results or kvbench records across commits, per machine, "
+                        "with kvbench's verdicts and environment changes (docs/history.md)",
         formatter_class=formatter, epilog="example: kvbench history results/asv --output history.html",
     )
     history.add_argument("results_dir", type=Path, metavar="RESULTS_DIR",
-                         help="an asv results directory (results/asv: one folder per machine)")
+                         help="an asv results directory (results/asv: one folder per machine), or a folder of "
+                              "kvbench records of any workload (serving runs too)")
     history.add_argument("--output", type=Path, required=True, metavar="PAGE.html", help="the page to write")
     history.add_argument("--force", action="store_true", help="overwrite --output if it exists")
     add_comparison_options(history)

@@ -14,11 +14,11 @@ Its quantities are what is not seconds: output tokens/s and requests/s, the KV w
 from __future__ import annotations
 
 from kvbench.measure import stats
-from kvbench.export.common import Cell, Quantity, Source, changed_fields
+from kvbench.export.common import Cell, Quantity, Source, changed_fields, source_of
 from kvbench.export.figures import Figure
 from kvbench.record import RecordView
 from kvbench.report.record.serving import summarise
-from kvbench.report.comparison.serving import MEASURES, median_low_high, per_rotation
+from kvbench.report.comparison.serving import MEASURES, median_low_high, per_rotation, replayed
 
 SAMPLE = "one whole trace replay: every request, from the first arrival to the last token"
 THROUGHPUT_RATIO = "median over rotations of output tokens/s, this kind / the first kind, paired by rotation"
@@ -75,3 +75,9 @@ def serving_source(view: RecordView) -> Source:
     cells = [kind_cell(view, kind, measured[kind], summary) for kind in view.modes if kind in measured]
     return Source(view.source, view.environment.get("timestamp_utc", ""), view.status, view.environment,
                   view.protocol, cells)
+
+
+def record_source(view: RecordView) -> Source:
+    """Any record as the exporters and the record history read it: a serving record's kinds as its cells (ValueError
+    when it kept no replay), every other workload's timed cells."""
+    return source_of(view) if view.serving is None else serving_source(replayed(view))

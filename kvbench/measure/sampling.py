@@ -18,11 +18,11 @@ difference. What stopped each length, and how precise it got, is kept for the re
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 from kvbench.measure import estimation, stats
+from kvbench.measure.clock import HOST, Clock
 from kvbench.measure.telemetry import Counters, sample_cost
 from kvbench.measure.timing import Protocol, Sample, heap_frozen, rotation_order, time_observed
 from kvbench.modes import FULL
@@ -93,7 +93,7 @@ def stop_reason(state: LengthSampling, protocol: Protocol, samples: list[Sample]
 
 def sample(loops: dict[int, dict[str, Callable[[], object]]], protocol: Protocol, baseline: str = FULL,
            on_sample: Callable[[Sample], None] | None = None, state: Sampling | None = None,
-           watch: Watch | None = None, limits: Callable[[], dict] | None = None) -> Sampling:
+           watch: Watch | None = None, limits: Callable[[], dict] | None = None, clock: Clock = HOST) -> Sampling:
     """Warm every loop up, then run rounds until every length has stopped.
 
     `loops` maps length -> mode -> the call to time. A call may have a `prepare()`, run before
@@ -105,9 +105,10 @@ def sample(loops: dict[int, dict[str, Callable[[], object]]], protocol: Protocol
     what was sampled when an interrupt ends the rounds early (the interrupt propagates;
     unfinished lengths are marked "interrupted"). `limits()`, if given, measures the machine's limits at
     the start of every round (kvbench.measure.machine.RoundLimits), kept in `state.limits` with the round's index.
+    Every time it reads, the samples, the telemetry's CPU time and the --max-seconds deadline, is on `clock`.
     """
     state = state if state is not None else Sampling()
-    counters = Counters()
+    counters = Counters(clock=clock)
     state.telemetry_unavailable, state.telemetry_seconds = dict(counters.unavailable), sample_cost(counters, 200)
     state.lengths = {length: LengthSampling(length) for length in loops}
     try:
@@ -117,7 +118,7 @@ def sample(loops: dict[int, dict[str, Callable[[], object]]], protocol: Protocol
                     prepared(run)()
                     finished(run)
         with heap_frozen():  # the collection before each sample then costs microseconds, not tens of ms
-            run_rounds(loops, protocol, baseline, on_sample, state, watch, counters, limits)
+            run_rounds(loops, protocol, baseline, on_sample, state, watch, counters, limits, clock)
     except KeyboardInterrupt:
         for length_state in state.lengths.values():
             length_state.stop = length_state.stop or "interrupted"
@@ -129,8 +130,11 @@ def sample(loops: dict[int, dict[str, Callable[[], object]]], protocol: Protocol
 
 def run_rounds(loops: dict[int, dict[str, Callable[[], object]]], protocol: Protocol, baseline: str,
                on_sample: Callable[[Sample], None] | None, state: Sampling, watch: Watch | None, counters: Counters,
-               limits: Callable[[], dict] | None = None) -> None:
-    start, round_index, active = time.perf_counter(), 0, list(loops)
+               limits: Callable[[], dict] | None = None, clock: Clock = HOST) -> None:
+    def seconds_now() -> float:  # the deadline reads the clock the samples are timed on
+        return clock.now_ns() / 1e9
+
+    start, round_index, active = seconds_now(), 0, list(loops)
     rotation_seconds: dict[int, float] = {}  # each length's last rotation, wall time between its samples included
     by_length: dict[int, list[Sample]] = {length: [] for length in loops}
     while active:
@@ -139,15 +143,15 @@ def run_rounds(loops: dict[int, dict[str, Callable[[], object]]], protocol: Prot
         longest = max(rotation_seconds.get(length, 0.0) for length in active)
         for length in active:
             count = rotations_in_round(state.lengths[length], protocol, rotation_seconds.get(length), longest)
-            begun = time.perf_counter()
+            begun = seconds_now()
             for _ in range(count):
                 rotation = state.lengths[length].rotations
                 order = rotation_order(list(loops[length]), rotation, protocol.order, protocol.seed, length)
                 for position, mode in enumerate(order):
                     run = prepared(loops[length][mode])
-                    seconds, telemetry = time_observed(run, counters)
+                    seconds, telemetry = time_observed(run, counters, clock)
                     kept = Sample(mode, length, rotation, position, seconds, round_index,
-                                  round(time.perf_counter() - start - seconds, 6), telemetry,
+                                  round(seconds_now() - start - seconds, 6), telemetry,
                                   run.detail() if hasattr(run, "detail") else None)
                     finished(run)
                     state.samples.append(kept)
@@ -155,9 +159,9 @@ def run_rounds(loops: dict[int, dict[str, Callable[[], object]]], protocol: Prot
                     if on_sample is not None:
                         on_sample(kept)
                 state.lengths[length].rotations += 1
-            rotation_seconds[length] = (time.perf_counter() - begun) / count
+            rotation_seconds[length] = (seconds_now() - begun) / count
         round_index += 1
-        state.elapsed = time.perf_counter() - start
+        state.elapsed = seconds_now() - start
         for length in list(active):
             reason = stop_reason(state.lengths[length], protocol, by_length[length], baseline, state.elapsed, watch)
             if reason is not None:

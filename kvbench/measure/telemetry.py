@@ -19,10 +19,11 @@ from __future__ import annotations
 import ctypes
 import os
 import resource
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, NamedTuple
+
+from kvbench.measure.clock import HOST, Clock
 
 FIELDS = ("cpu_seconds", "voluntary_switches", "involuntary_switches", "runqueue_seconds", "steal_seconds",
           "throttled_seconds", "cpu_start", "cpu_end")
@@ -46,9 +47,11 @@ class Reading(NamedTuple):
 
 @dataclass
 class Counters:
-    """Opens its sources once; `read()` then costs a few system calls."""
+    """Opens its sources once; `read()` then costs a few system calls. The thread's CPU time is read from `clock`,
+    the one the samples are timed on, so that a sample's CPU and wall seconds come from one source."""
 
     unavailable: dict[str, str] = field(default_factory=dict)
+    clock: Clock = HOST
 
     def __post_init__(self) -> None:
         self._machine: tuple[int | None, int | None] | None = None  # steal, throttling at the last full reading
@@ -91,14 +94,14 @@ class Counters:
         CPU time of a sample never includes the cost of reading the other counters, which the wall
         clock between the two readings does not see either.
         """
-        cpu_ns = None if opening else time.thread_time_ns()
+        cpu_ns = None if opening else self.clock.cpu_ns()
         usage = resource.getrusage(self._rusage) if self._rusage is not None else None
         if machine_wide or self._machine is None:
             self._machine = (_steal(self._stat), _throttled(self._cgroup))
         cpu = self._getcpu() if self._getcpu is not None else None
         runqueue_ns = _schedstat_wait(self._schedstat)
         return Reading(
-            cpu_ns=time.thread_time_ns() if opening else cpu_ns,
+            cpu_ns=self.clock.cpu_ns() if opening else cpu_ns,
             voluntary=usage.ru_nvcsw if usage else None,
             involuntary=usage.ru_nivcsw if usage else None,
             runqueue_ns=runqueue_ns,
@@ -227,9 +230,11 @@ def tally(samples: Iterable[tuple[float, dict]]) -> tuple[int, dict[str, int]]:
 
 
 def sample_cost(counters: Counters, count: int = 2000) -> float:
-    """Seconds a sample's telemetry takes here: its two readings, as time_observed takes them."""
-    start = time.perf_counter_ns()
+    """Seconds a sample's telemetry takes here: its two readings, as time_observed takes them, on the counters'
+    clock."""
+    now_ns = counters.clock.now_ns
+    start = now_ns()
     for _ in range(count):
         counters.read(machine_wide=False)
         counters.read()
-    return (time.perf_counter_ns() - start) / count / 1e9
+    return (now_ns() - start) / count / 1e9

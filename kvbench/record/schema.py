@@ -1,6 +1,6 @@
 """What a sound record is: its JSON schema, then its meaning.
 
-The schema (checked with jsonschema) fixes shapes and types, and every number must be
+The schema (checked by kvbench.record.shape, in jsonschema's words) fixes shapes and types, and every number must be
 finite; then the checks of :mod:`kvbench.record.meaning` hold the record to what kvbench
 itself would have written. A record that fails is rejected with its source and the
 first problem, never believed.
@@ -9,8 +9,6 @@ first problem, never believed.
 from __future__ import annotations
 
 import copy
-
-import jsonschema
 
 from kvbench.config import DTYPE_NAMES, FAMILIES, PRESET_NAME, WINDOW_PATTERNS
 from kvbench.files import first_non_finite
@@ -21,6 +19,7 @@ from kvbench.measure.stats import ESTIMATORS, INTERVALS
 import kvbench.record.serving as serving
 from kvbench.record.needle import needle_schema
 from kvbench.record.entries import TELEMETRY
+from kvbench.record.shape import first_error
 from kvbench.record.meaning import MEANING_CHECKS, RecordError
 from kvbench.record.upgrade import CURRENT, LATER_CELL, LATER_SUMMARY, V3, complete_run, lacks_a_later_section, upgrade
 
@@ -370,10 +369,9 @@ SCHEMAS = {"kvbench.record/1": RECORD_SCHEMA_V1, "kvbench.record/2": RECORD_SCHE
 
 def check_shape(record: dict, schema: str, source: str) -> None:
     """Raise RecordError naming the first place where the record departs from that version's JSON schema."""
-    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(SCHEMAS[schema]).iter_errors(record))
+    error = first_error(record, SCHEMAS[schema])  # kvbench.record.shape: compiled checks, jsonschema's words
     if error is not None:
-        where = "/".join(str(part) for part in error.absolute_path) or "(top level)"
-        raise RecordError(f"{source}: {where}: {error.message}")
+        raise RecordError(f"{source}: {'/'.join(str(part) for part in error[0]) or '(top level)'}: {error[1]}")
 
 
 def validate_record(record: object, source: str = "record") -> dict:
@@ -413,7 +411,7 @@ def validate_serving(record: dict, found: str, source: str) -> dict:
         record, source = upgrade(record), f"{source} (upgraded from {found})"
     elif found != SCHEMA:
         raise RecordError(f"{source}: run/workload: the serving workload is new in {SCHEMA!r}, got it in {found!r}")
-    return serving.check(record, environment_schema(), source)
+    return serving.check(record, RECORD_SCHEMA["properties"]["environment"], source)  # one object: compiled once
 
 
 __all__ = ["MODE_NAME", "RECORD_SCHEMA", "SCHEMA", "SCHEMA_NAME", "SCHEMA_VERSION", "STATUSES", "RecordError",

@@ -25,12 +25,11 @@ from __future__ import annotations
 
 import math
 
-import jsonschema
-
 from kvbench.config import PlainConfig
 from kvbench.kinds import KIND_NAME
 from kvbench.modes import CONTROL  # a sample's mode for the A/A control's replays: not a kind
 from kvbench.record.meaning import RecordError
+from kvbench.record.shape import first_error
 from kvbench.serving.trace import LENGTHS, trace_from_dict
 
 V4 = "kvbench.record/4"
@@ -220,11 +219,9 @@ def check_settings(settings: object) -> None:
 
 def check_environment(environment: dict, schema: dict) -> None:
     """As a loop record's: what capture.py writes, with its types (kvbench.record.schema.environment_schema)."""
-    validator = jsonschema.Draft202012Validator(schema)
-    error = jsonschema.exceptions.best_match(validator.iter_errors(environment))
+    error = first_error(environment, schema)
     if error is not None:
-        where = "/".join(["environment", *(str(part) for part in error.absolute_path)])
-        raise Malformed(where, error.message)
+        raise Malformed("/".join(["environment", *(str(part) for part in error[0])]), error[1])
 
 
 def check_checks(checks: list, kinds: list[str], complete: bool, key: dict) -> dict[str, dict]:

@@ -154,11 +154,14 @@ def upgrade(record: dict) -> dict:
     found = record.get("schema")
     if found not in (*STEPS, CURRENT):
         raise RecordError(f"no upgrade from schema {found!r}; expected one of {[*STEPS, CURRENT]}")
-    if found == V3 and lacks_a_later_section(record):
+    copied = found == V3 and lacks_a_later_section(record)
+    if copied:
         record = v2_to_v3(record)
     while found in STEPS:
         step, found = STEPS[found]
-        record = step(record)
+        # a record an earlier step made is this call's own copy: relabelling it needs no second deep copy
+        record = {**record, "schema": V4} if copied and step is v3_to_v4 else step(record)
+        copied = True
     return record
 
 

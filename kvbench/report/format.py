@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import io
+import math
 import os
 import unicodedata
 
@@ -16,8 +17,8 @@ from rich.console import Console
 from rich.markup import escape as escape_rich_markup
 
 __all__ = ["BEGIN_MARKER", "END_MARKER", "Html", "as_sentence", "capitalised", "check_text", "check_word", "escape_html",
-           "escape_markdown", "format_bytes", "interval_name", "markdown_table", "ms", "ratio", "render_plain", "rich_escape", "splice",
-           "stdout_console", "visible"]
+           "escape_markdown", "format_bytes", "interval_name", "markdown_table", "ms", "plain", "ratio", "render_plain",
+           "rich_escape", "seconds_unit", "splice", "stdout_console", "visible"]
 
 
 INTERVAL_NAMES = {"rerun": "rerun interval", "confidence": "confidence interval",
@@ -46,6 +47,24 @@ def ms(seconds: float) -> str:
     """Milliseconds with three significant figures or more."""
     value = seconds * 1e3
     return f"{value:.3f}" if value < 1 else f"{value:.2f}" if value < 10 else f"{value:,.1f}"
+
+
+UNITS = ((1.0, "s"), (1e-3, "ms"), (0.0, "µs"))  # a time's unit: the largest its values reach
+
+
+def plain(value: float, figures: int = 3) -> str:
+    """A number with at least `figures` significant digits, never in scientific notation (1920, not 1.92e+03)."""
+    size = abs(value)
+    decimals = 0 if size >= 10 ** (figures - 1) else max(0, figures - 1 - math.floor(math.log10(size))) if size else 0
+    return f"{value:.{min(decimals, 6)}f}"
+
+
+def seconds_unit(values) -> tuple[float, str]:
+    """The scale and unit (s, ms or µs) the largest of `values` reads best in, for all of them: every table and
+    plot axis that shows times in one unit takes it from here."""
+    largest = max((abs(value) for value in values), default=0.0)
+    limit, unit = next((limit, unit) for limit, unit in UNITS if largest >= limit)
+    return {"s": 1.0, "ms": 1e3, "µs": 1e6}[unit], unit
 
 
 def ratio(value: float) -> str:

@@ -28,7 +28,8 @@ from kvbench.measure import stats
 from kvbench.measure.latency import median_with_interval
 from kvbench.record import RecordView
 from kvbench.report.comparison.differences import Difference, environment_diff
-from kvbench.report.record.serving import figures_by_mode, pick, plain, seconds_unit
+from kvbench.report.format import plain, seconds_unit
+from kvbench.report.record.serving import figures_by_mode, pick
 from kvbench.modes import CONTROL
 from kvbench.report.comparison.significance import holm, welch_p
 from kvbench.report.comparison.verdicts import FASTER, SLOWER, WITHIN_NOISE, Change, change

@@ -88,6 +88,7 @@ class Chart:
     higher_is_better: bool
     series: dict[str, list[Point]]  # machine -> points in commit order
     steps: list[Step] = field(default_factory=list)
+    quantity: str | None = None  # what a step's ratio divides (Step.quantity); None: asv's time or track_speedup
 
     @property
     def title(self) -> str:
@@ -124,7 +125,7 @@ def read_runs(results_dir: Path) -> tuple[list[Run], list[str]]:
     """Every result file of every machine folder (one holding machine.json), and notes on what is missing."""
     if not results_dir.is_dir():
         raise ValueError(f"{results_dir}: not a directory; expected asv's results directory (e.g. results/asv)")
-    machines = sorted(d for d in results_dir.iterdir() if d.is_dir() and (d / "machine.json").is_file())
+    machines = asv_machines(results_dir)
     runs, notes = [], []
     for machine in machines:
         for path in sorted(machine.glob("*.json")):
@@ -142,6 +143,13 @@ def read_runs(results_dir: Path) -> tuple[list[Run], list[str]]:
         raise ValueError(f"{results_dir}: no asv result files; expected {results_dir}/<machine>/machine.json "
                          "beside <commit>-<environment>.json files")
     return runs, notes
+
+
+def asv_machines(results_dir: Path) -> list[Path]:
+    """asv's machine folders of a results directory (each holds machine.json); none in a folder of records."""
+    if not results_dir.is_dir():
+        return []
+    return sorted(d for d in results_dir.iterdir() if d.is_dir() and (d / "machine.json").is_file())
 
 
 def check_speedup_section(capture: dict, path: Path) -> None:
@@ -220,7 +228,7 @@ def judge_steps(chart: Chart, factor: float, alpha: float) -> None:
                 chart.steps.append(Step(machine, old.commit, new.commit, None, old.note or new.note))
                 continue
             judged = change(old.estimate, new.estimate, factor=factor, alpha=alpha, invert=chart.higher_is_better)
-            quantity = "speedup old/new" if chart.higher_is_better else "time new/old"
+            quantity = chart.quantity or ("speedup old/new" if chart.higher_is_better else "time new/old")
             chart.steps.append(Step(machine, old.commit, new.commit, judged, quantity=quantity,
                                     values=(old.value, new.value)))
 
@@ -247,7 +255,9 @@ def build_charts(runs: list[Run], commits: list[Commit], meta: dict, factor: flo
 
 
 def environment_marks(runs: list[Run], commits: list[Commit]) -> list[EnvironmentMark]:
-    """Per machine, consecutive commits whose captures differ in a fact ranked above informational."""
+    """Per machine, consecutive commits whose captures differ in a fact ranked above informational. A run is
+    anything with a machine, a commit and a capture holding the environment: asv's, or a kvbench record's
+    (kvbench.export.history)."""
     order = {commit.hash: i for i, commit in enumerate(commits)}
     marks = []
     for machine, group in itertools.groupby(sorted(runs, key=lambda r: (r.machine, order[r.commit])),

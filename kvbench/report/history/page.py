@@ -24,7 +24,7 @@ import hashlib
 import math
 
 from kvbench.report.comparison.compare import FASTER, SLOWER
-from kvbench.report.format import Html
+from kvbench.report.format import Html, seconds_unit
 from kvbench.report.history.charts import Chart, EnvironmentMark, History, Point, Step
 
 WIDTH, HEIGHT = 760, 260
@@ -70,8 +70,7 @@ def scale_of(chart: Chart) -> tuple[float, str]:
     if chart.unit != "seconds":
         return 1.0, chart.unit
     values = [p.value for points in chart.series.values() for p in points if p.value is not None]
-    largest = max(values, default=1.0)
-    return (1.0, "s") if largest >= 1 else (1e3, "ms") if largest >= 1e-3 else (1e6, "µs")
+    return seconds_unit(values or [1.0])
 
 
 def value_range(chart: Chart) -> tuple[float, float]:

@@ -121,11 +121,19 @@ def key_column(kind: str) -> Column:
     return Column("context" if kind == "contexts" else "length", lambda row: str(row.length))
 
 
+def unit_head(kind: str, clock: str) -> str:
+    """The per-workload figure's header, its clock named: "CPU µs/token", "wall ms/step"."""
+    return f"{CLOCK_HEADS[clock]} {'ms/step' if kind == 'contexts' else 'µs/token'}"
+
+
+def unit_text(kind: str, seconds: float) -> str:
+    """The per-workload figure in its header's unit: µs per token of a loop, ms per step at a context."""
+    return ms(seconds) if kind == "contexts" else f"{seconds * 1e6:,.1f}"
+
+
 def unit_column(kind: str, clock: str) -> Column:
-    """The per-workload figure on the table's clock: µs per token of a loop, ms per step at a context."""
-    if kind == "contexts":
-        return Column(f"{CLOCK_HEADS[clock]} ms/step", lambda row: ms(row.unit_seconds))
-    return Column(f"{CLOCK_HEADS[clock]} µs/token", lambda row: f"{row.unit_seconds * 1e6:,.1f}")
+    """The per-workload figure on the table's clock."""
+    return Column(unit_head(kind, clock), lambda row: unit_text(kind, row.unit_seconds))
 
 
 def time_columns(clock: str) -> tuple[Column, ...]:
@@ -237,11 +245,13 @@ def profile_sentences(profile: Profile, baseline: str) -> list[str]:
     return lines
 
 
-TRADEOFF_COLUMNS = ("length", "mode", "KV bytes", "of float", "quantized", "judged", "max |Δ|", "KL mean", "top-1",
-                    "µs/token", "speedup")
+def tradeoff_columns(kind: str, clock: str) -> tuple[str, ...]:
+    """The trade-off table's header: its time on one clock, named as the timing table of that clock names it."""
+    return ("length", "mode", "KV bytes", "of float", "quantized", "judged", "max |Δ|", "KL mean", "top-1",
+            unit_head(kind, clock), "speedup")
 
 
-def tradeoff_cells(entry) -> list[str]:
+def tradeoff_cells(entry, kind: str = "loop") -> list[str]:
     check = entry.check or {}
     lossy = check.get("exact", True) is False
     judged = ("drift within limits" if check.get("passed") else "drift beyond limits") if lossy else \
@@ -251,14 +261,15 @@ def tradeoff_cells(entry) -> list[str]:
     return [str(entry.length), entry.mode, format_bytes(entry.nbytes), f"{entry.bytes_ratio:.2f}", held, judged,
             f"{check['max_abs_diff']:.1e}" if check.get("max_abs_diff") is not None else "-",
             f"{check['kl_mean']:.1e}" if lossy else "0", f"{check['top1_agreement']:.1%}" if lossy else "100%",
-            f"{entry.per_token * 1e6:.1f}", f"{entry.speedup.ratio:.2f}x" if entry.speedup else "-"]
+            unit_text(kind, entry.unit_seconds), f"{entry.speedup.ratio:.2f}x" if entry.speedup else "-"]
 
 
 TRADEOFF_SENTENCE = ("bytes kept (of the float formula at that length), the share of positions a quantized kind held "
                      f"quantized at the end ({MARKS['unquantized'][0]}: below {QUANTIZED_SHARE_FLOOR:.0%}, mostly its "
                      "full-precision residual), how far the logits drift from the full prefix on the timed ids (KL of "
-                     "next-token distributions, top-1 agreement), and time per token. An exact kind is judged by the "
-                     "tolerance; a lossy kind by its own limits, never called exact")
+                     "next-token distributions, top-1 agreement), and time per token on the clock its header names, the "
+                     "timing table's at that length. An exact kind is judged by the tolerance; a lossy kind by its own "
+                     "limits, never called exact")
 FIT_SENTENCE = ("least squares on log(median time) against log(length). A full-prefix loop grows like T² to T³, a "
                 "cached loop like T to T²; fixed overhead at short lengths pulls b down, so the slope between the two "
                 "longest lengths shows where the growth is heading")

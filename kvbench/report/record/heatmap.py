@@ -1,7 +1,8 @@
 """The needle's heat maps (kvbench.workloads.needle): one panel per mode, depth down and context across, the colour
 the answer's log-probability on one scale for every mode (so a panel paler than full's lost the needle there),
 each cell labelled with its value and whether the greedy answer was right. Drawn on matplotlib's Agg canvas like
-kvbench.report.record.plots, which embeds it in the HTML report; the only other module that imports matplotlib."""
+kvbench.report.record.plots, which embeds it in the HTML report; it and kvbench.report.record.axes (the plots' axes)
+are the only other modules that import matplotlib."""
 
 from __future__ import annotations
 

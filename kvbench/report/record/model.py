@@ -106,10 +106,6 @@ class Row:
         return self.timed.median / (self.per_sample or self.length)
 
     @property
-    def per_token(self) -> float:
-        return self.median / self.length
-
-    @property
     def failed(self) -> bool:
         return self.check is not None and not self.check["passed"]
 
@@ -144,16 +140,18 @@ class Noise:
 
 @dataclass(frozen=True)
 class Tradeoff:
-    """One kind at one length: what it keeps, how far it drifts, what it costs per token."""
+    """One kind at one length: what it keeps, how far it drifts, what it costs per token (per step at a context)
+    on the clock of its speedup, as the timing table shows it."""
 
     mode: str
     length: int
     nbytes: int
     full_precision_bytes: int  # the exact float formula at this length: what the kind is saving against
     check: dict | None
-    per_token: float
+    unit_seconds: float  # Row.unit_seconds: on `clock`
     speedup: RatioEstimate | None
     quantized: int | None = None  # a quantized kind's positions held quantized, of `length`
+    clock: str = "wall"
 
     @property
     def bytes_ratio(self) -> float:
@@ -208,7 +206,8 @@ class Report:
         return self.workload.get("kind", "loop")
 
     def clocks(self) -> list[str]:
-        """The clocks of the rows' times and speedups, in the order of the lengths: one table each."""
+        """The clocks of the rows' times and speedups, in the order of the lengths: one table each (the timing
+        table's and the trade-off's), and the clock each plot of them names."""
         return list(dict.fromkeys(row.clock for row in self.rows))
 
     @property
@@ -400,8 +399,8 @@ def tradeoffs(view: RecordView, rows: list[Row]) -> list[Tradeoff]:
         if row.is_baseline or row.memory is None:
             continue
         out.append(Tradeoff(row.mode, row.length, row.memory["measured_bytes"],
-                            expected_cache_bytes(config, view.batch, row.length), row.check, row.per_token,
-                            row.speedup if row.speedup_valid else None, row.quantized))
+                            expected_cache_bytes(config, view.batch, row.length), row.check, row.unit_seconds,
+                            row.speedup if row.speedup_valid else None, row.quantized, row.clock))
     return out
 
 

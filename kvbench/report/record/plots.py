@@ -5,7 +5,8 @@ Each panel is a function drawing onto one Axes, so the overview figure
 are the same drawing. Every median carries the interval its table shows (the
 interquartile range of the seconds, the speedup's interval named as the record
 names it), and every legend is placed where it covers no data, checked after
-layout. Output bytes are deterministic for a given report and matplotlib
+layout (kvbench.report.record.axes). Every time is on the clock of the table it illustrates, named on its
+axis, in a unit its values read in (s, ms, µs). Output bytes are deterministic for a given report and matplotlib
 version (no dates in the metadata, a fixed SVG hash salt).
 """
 
@@ -16,14 +17,13 @@ import io
 from matplotlib import rc_context
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
-from matplotlib.legend import Legend
-from matplotlib.ticker import FuncFormatter, LogFormatter, NullFormatter
-from matplotlib.transforms import Bbox
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
+from kvbench.report.format import plain, seconds_unit
+from kvbench.report.record.axes import duration_ticks, place_legend
 from kvbench.report.record.heatmap import needle_figure
-from kvbench.report.record.model import Report
+from kvbench.report.record.model import Report, Row
 
 PLOT_FORMATS = {".png": "image/png", ".svg": "image/svg+xml"}
 DPI = 110
@@ -54,12 +54,6 @@ def _length_axis(ax: Axes, lengths: list[int], workload: str = "loop") -> None:
     ax.set_xlabel(AXIS_LABELS.get(workload, AXIS_LABELS["loop"]))
 
 
-def _plain_log_ticks(axis) -> None:
-    """Log-scale labels as plain numbers (200, 1000), minor ones only when the range is short."""
-    axis.set_major_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1.5, 0.4)))
-    axis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1.5, 0.4)))
-
-
 def _plain_numbers(axis) -> None:
     """Log-scale labels written as plain numbers (0.3, 2, 40), minor ones included."""
     axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
@@ -70,69 +64,63 @@ def _lengths(report: Report) -> list[int]:
     return sorted({row.length for row in report.rows})
 
 
-def _iqr_bars(rows, scale: float) -> list[list[float]]:
-    return [[(r.median - r.q1) * scale for r in rows], [(r.q3 - r.median) * scale for r in rows]]
+CLOCK_WORDS = {"wall": "wall time", "cpu": "CPU time"}
 
 
-def data_points(ax: Axes) -> list[tuple[float, float]]:
-    """Display coordinates of what the axes show as data: every marker, every line with a point every few
-    pixels along it, every error bar. Reference lines across the axes (axhline, axvline) are not data, nor
-    are the translucent interval bands."""
-    drawn = [(line.get_transform().transform_path(line.get_path()), line.get_linestyle() not in ("None", "", " "))
-             for line in ax.get_lines() if line.get_transform() == ax.transData]
-    drawn += [(c.get_transform().transform_path(path), True) for c in ax.collections
-              if isinstance(c, LineCollection) and c.get_transform() == ax.transData for path in c.get_paths()]
-    points = []
-    for path, joined in drawn:
-        vertices = [tuple(v) for v in path.vertices if all(abs(c) < 1e9 for c in v)]  # log of 0: not drawn
-        points += vertices
-        for (x0, y0), (x1, y1) in zip(vertices, vertices[1:]) if joined else ():
-            steps = max(1, int(max(abs(x1 - x0), abs(y1 - y0)) / 3))
-            points += [(x0 + (x1 - x0) * i / steps, y0 + (y1 - y0) * i / steps) for i in range(1, steps)]
-    return points
+def clock_words(report: Report) -> str:
+    """The clock of a panel's times, as its axis names it: the timing table's, one per table. When lengths differ
+    in clock (each table has one), the points on another clock than wall time are drawn open."""
+    clocks = report.clocks() or ["wall"]
+    if len(clocks) == 1:
+        return CLOCK_WORDS.get(clocks[0], clocks[0])
+    return "wall time; open: " + ", ".join(CLOCK_WORDS.get(c, c) for c in clocks if c != "wall")
 
 
-def covered_points(ax: Axes, legend: Legend) -> int:
-    """How many data points lie under the legend box, after layout."""
-    ax.figure.draw_without_rendering()
-    box: Bbox = legend.get_window_extent()
-    return sum(box.contains(x, y) for x, y in data_points(ax))
+def timed(rows: list[Row], per_unit: bool = False) -> tuple[list[float], list[list[float]]]:
+    """The medians the timing table shows, on each row's clock, in seconds (`per_unit`: per token of a loop, per
+    step at a context, as its µs/token or ms/step column), and their interquartile bars below and above."""
+    per = [(r.per_sample or r.length) if per_unit else 1 for r in rows]
+    medians = [r.timed.median / n for r, n in zip(rows, per)]
+    bars = [[(r.timed.median - r.timed.q1) / n for r, n in zip(rows, per)],
+            [(r.timed.q3 - r.timed.median) / n for r, n in zip(rows, per)]]
+    return medians, bars
 
 
-def place_legend(ax: Axes, **options) -> Legend:
-    """matplotlib's "best" spot inside the axes when it covers no data, else outside, to the right of the axes."""
-    legend = ax.legend(loc="best", **options)
-    if covered_points(ax, legend):
-        legend.remove()
-        legend = ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, **options)
-    return legend
+def open_markers(ax: Axes, report: Report, rows: list[Row], values: list[float], shade: str) -> None:
+    """When the run's lengths have several clocks, its points on another clock than wall time drawn open."""
+    if len(report.clocks()) < 2:
+        return
+    other = [(r.length, v) for r, v in zip(rows, values) if r.clock != "wall"]
+    if other:
+        ax.plot([x for x, _ in other], [y for _, y in other], "o", ms=6, mfc="white", mec=shade, mew=1.4)
 
 
 def panel_time(ax: Axes, report: Report) -> None:
-    """Median loop time per mode, log-log, IQR bars, fitted power law."""
-    modes = report.modes
+    """Median loop time per mode on the timing table's clock, log-log, IQR bars; the fitted power law (on wall
+    time, as its table) only when the times are wall time too."""
+    modes, fitted = report.modes, report.clocks() == ["wall"]
     for mode in modes:
         rows = report.rows_of(mode)
         x = [r.length for r in rows]
-        y = [r.median * 1e3 for r in rows]
-        err = _iqr_bars(rows, 1e3)
-        fit = report.fits.get(mode)
+        y, bars = timed(rows)
+        fit = report.fits.get(mode) if fitted else None
         label = mode
         if fit is not None:
             label += f"  b = {fit.b:.2f}" + (f" ± {fit.b_stderr:.2f}" if fit.b_stderr is not None else "")
-        ax.errorbar(x, y, yerr=err, marker="o", ms=4, lw=1.4, capsize=2.5, color=color(mode, modes), label=label)
+        ax.errorbar(x, y, yerr=bars, marker="o", ms=4, lw=1.4, capsize=2.5, color=color(mode, modes), label=label)
+        open_markers(ax, report, rows, y, color(mode, modes))
         if fit is not None and len(x) >= 2:
             xs = [min(x) * (max(x) / min(x)) ** (i / 40) for i in range(41)]
-            ax.plot(xs, [fit.predict(v) * 1e3 for v in xs], ls="--", lw=0.9, color=color(mode, modes), alpha=0.7)
-        failed = [r for r in rows if "failed" in r.marks]
+            ax.plot(xs, [fit.predict(v) for v in xs], ls="--", lw=0.9, color=color(mode, modes), alpha=0.7)
+        failed = [(r.length, v) for r, v in zip(rows, y) if "failed" in r.marks]
         if failed:
-            ax.plot([r.length for r in failed], [r.median * 1e3 for r in failed], "x", ms=9, mew=2,
+            ax.plot([x for x, _ in failed], [v for _, v in failed], "x", ms=9, mew=2,
                     color=FAILED_COLOR, label=f"{mode}: equivalence failed")
     _length_axis(ax, _lengths(report))
     ax.set_yscale("log")
-    _plain_log_ticks(ax.yaxis)
-    ax.set_ylabel("median time per loop (ms)")
-    ax.set_title("Time vs length (log-log), dashed: a·T^b fit")
+    duration_ticks(ax.yaxis)
+    ax.set_ylabel(f"median time per loop, {clock_words(report)}")
+    ax.set_title("Time vs length (log-log)" + (", dashed: a·T^b fit" if fitted else ""))
     place_legend(ax, title="bars: interquartile range")
 
 
@@ -169,15 +157,19 @@ def panel_speedup(ax: Axes, report: Report) -> None:
 
 
 def panel_per_token(ax: Axes, report: Report) -> None:
+    """The timing table's µs/token column: each mode's median per token on its clock, IQR bars."""
     modes = report.modes
+    scale, unit = seconds_unit([r.unit_seconds for r in report.rows])
     for mode in modes:
         rows = report.rows_of(mode)
-        ax.errorbar([r.length for r in rows], [r.per_token * 1e6 for r in rows],
-                    yerr=[[e / r.length for e, r in zip(side, rows)] for side in _iqr_bars(rows, 1e6)],
+        medians, bars = timed(rows, per_unit=True)
+        y = [v * scale for v in medians]
+        ax.errorbar([r.length for r in rows], y, yerr=[[v * scale for v in side] for side in bars],
                     marker="o", ms=4, lw=1.4, capsize=2.5, color=color(mode, modes), label=mode)
+        open_markers(ax, report, rows, y, color(mode, modes))
     _length_axis(ax, _lengths(report))
     ax.set_ylim(bottom=0)
-    ax.set_ylabel("median µs per token")
+    ax.set_ylabel(f"median time per token, {clock_words(report)} ({unit})")
     ax.set_title("Per-token cost vs length")
     place_legend(ax, title="bars: interquartile range")
 
@@ -193,15 +185,15 @@ def panel_per_step(ax: Axes, report: Report) -> None:
     for mode in modes:
         c = color(mode, modes)
         steps = range(len(profile.seconds[mode]))
-        ax.plot(steps, [s * 1e6 for s in profile.seconds[mode]], ".", ms=2.5, color=c, alpha=0.3)
-        ax.plot(steps, [s * 1e6 for s in profile.smoothed[mode]], lw=1.6, color=c, label=f"{mode} (running median)")
+        ax.plot(steps, profile.seconds[mode], ".", ms=2.5, color=c, alpha=0.3)
+        ax.plot(steps, profile.smoothed[mode], lw=1.6, color=c, label=f"{mode} (running median)")
     for mode, step in profile.crossovers.items():
         if step is not None:  # labelled in the legend: text on the axes would collide at equal steps
             ax.axvline(step, color=color(mode, modes), ls=":", lw=1.4, label=f"{mode} pays from step {step}")
     ax.set_yscale("log")
-    _plain_log_ticks(ax.yaxis)
+    duration_ticks(ax.yaxis)
     ax.set_xlabel("decode step (position)")
-    ax.set_ylabel("step duration (µs)")
+    ax.set_ylabel("step duration, wall time")  # each step's own timer reads wall time
     ax.set_title(f"Per-step latency, one loop at length {profile.length}")
     place_legend(ax, frameon=True, framealpha=0.9, edgecolor="#dddddd")
 
@@ -226,7 +218,10 @@ def panel_tradeoff(ax: Axes, report: Report) -> None:
         y = [max((entry.check or {}).get("kl_mean", 0.0), floor) for entry in entries]
         ax.plot(x, y, marker="o", ms=4, lw=1.2, color=color(mode, modes), label=mode)
         last = entries[-1]
-        ax.annotate(f"T={last.length}: {last.per_token * 1e6:.0f} µs/tok", (x[-1], y[-1]), fontsize=7.5,
+        scale, unit = seconds_unit([last.unit_seconds])
+        per = "step" if report.kind == "contexts" else "token"
+        ax.annotate(f"T={last.length}: {plain(last.unit_seconds * scale)} {unit}/{per}, "
+                    f"{CLOCK_WORDS.get(last.clock, last.clock)}", (x[-1], y[-1]), fontsize=7.5,
                     xytext=(4, 4), textcoords="offset points", color=color(mode, modes))
     ax.set_yscale("log")
     ax.set_xlabel("KV bytes kept, of the float cache")
@@ -258,30 +253,33 @@ def panel_quality_tradeoff(ax: Axes, report: Report) -> None:
 
 
 def panel_context(ax: Axes, report: Report) -> None:
-    """Latency of one decode step against the context it follows: a contexts run's median step per mode,
-    or a request's median step at each position over its requests; both with their interquartile range."""
+    """Latency of one decode step against the context it follows: a contexts run's median step per mode on the
+    clock of its timing table (its ms/step column), or a request's median step at each position over its requests
+    (wall time, as its latency table); both with their interquartile range."""
     modes = report.modes
     if report.step_latency:
         first = report.latency[0]
         for mode, steps in report.step_latency.items():
             contexts = [first.prompt + j for j in range(1, len(steps) + 1)]
-            q1, median, q3 = ([step[k] * 1e3 for step in steps] for k in range(3))
+            q1, median, q3 = ([step[k] for step in steps] for k in range(3))
             ax.fill_between(contexts, q1, q3, color=color(mode, modes), alpha=0.2, lw=0)
             ax.plot(contexts, median, lw=1.3, color=color(mode, modes), label=mode)
         ax.set_xlabel(AXIS_LABELS["request"])
         ax.set_title(f"Step latency across one request ({first.prompt} prompt tokens, median over requests)")
-        legend_title = "band: interquartile range over requests"
+        legend_title, clock = "band: interquartile range over requests", "wall time"
     else:
         for mode in modes:
             rows = report.rows_of(mode)
-            ax.errorbar([r.length for r in rows], [r.median * 1e3 for r in rows], yerr=_iqr_bars(rows, 1e3),
-                        marker="o", ms=4, lw=1.4, capsize=2.5, color=color(mode, modes), label=mode)
+            y, bars = timed(rows, per_unit=True)
+            ax.errorbar([r.length for r in rows], y, yerr=bars, marker="o", ms=4, lw=1.4, capsize=2.5,
+                        color=color(mode, modes), label=mode)
+            open_markers(ax, report, rows, y, color(mode, modes))
         _length_axis(ax, _lengths(report), "contexts")
         ax.set_title("Latency of one decode step vs context")
-        legend_title = "bars: interquartile range"
+        legend_title, clock = "bars: interquartile range", clock_words(report)
     ax.set_yscale("log")
-    _plain_numbers(ax.yaxis)
-    ax.set_ylabel("step latency (ms)")
+    duration_ticks(ax.yaxis)
+    ax.set_ylabel(f"step latency, {clock}")
     place_legend(ax, title=legend_title)
 
 
@@ -380,12 +378,14 @@ def caption(name: str, report: Report) -> str:
     """What a panel shows, its intervals named as the record names them."""
     interval = report.interval_name
     captions = {
-        "time": "Total time of one decode loop against length, log-log; bars are the interquartile range, "
-                "dashed lines the fitted a·T^b.",
+        "time": "Total time of one decode loop against length, log-log, on the timing table's clock; bars are the "
+                "interquartile range" + ("." if not any(report.fits.values()) else
+                                         ", dashed lines the fitted a·T^b." if report.clocks() == ["wall"] else
+                                         "; no fitted line: the fit is on wall time, these times are not."),
         "speedup": f"Speedup of each cached mode over {report.baseline}; the bars (and the band between lengths) "
                    f"are the {interval}. Above 1 the cache pays.",
-        "per_token": "Cost per generated token, bars the interquartile range: flat means linear total cost; "
-                     "rising means the prefix still costs.",
+        "per_token": "Cost per generated token on the timing table's clock, bars the interquartile range: flat "
+                     "means linear total cost; rising means the prefix still costs.",
         "per_step": "Duration of every step of one loop (points) and its running median (lines); the dotted line "
                     "marks where caching starts to pay.",
         "tradeoff": ("Bytes kept after a chunk of text against the mean KL on that text (the record's quality "

@@ -190,10 +190,21 @@ def sampling_section(report: Report) -> Section:
                  note=columns.sampling_sentence(report), narrow=("A/A ratio", head[5], "rotations"))
 
 
-def tradeoff_section(report: Report) -> Section:
-    return table("tradeoff", "trade-off: bytes, drift, time", columns.TRADEOFF_COLUMNS,
-                 [columns.tradeoff_cells(entry) for entry in report.tradeoffs], note=columns.TRADEOFF_SENTENCE,
-                 narrow=("of float", "KL mean", "max |Δ|", "µs/token", "quantized"))
+def tradeoff_sections(report: Report) -> list[Section]:
+    """The trade-off table, one per clock as the timing table is: each time beside the speedup it was estimated
+    with, its clock named in its header."""
+    clocks = list(dict.fromkeys(entry.clock for entry in report.tradeoffs))
+    out = []
+    for clock in clocks:
+        names = columns.tradeoff_columns(report.kind, clock)
+        entries = [entry for entry in report.tradeoffs if entry.clock == clock]
+        lengths = ", ".join(str(n) for n in dict.fromkeys(entry.length for entry in entries))
+        title = "trade-off: bytes, drift, time" if len(clocks) == 1 else \
+            f"length {lengths}: trade-off on {CLOCK_TEXTS[clock]}"
+        out.append(table("tradeoff", title, names, [columns.tradeoff_cells(entry, report.kind) for entry in entries],
+                         note=columns.TRADEOFF_SENTENCE,
+                         narrow=("of float", "KL mean", "max |Δ|", names[9], "quantized")))
+    return out
 
 
 def fit_section(report: Report) -> Section:
@@ -227,7 +238,7 @@ def sections(report: Report) -> list[Section]:
     out += [sampling_section(report)] if report.sampling else []
     if report.noise is not None:
         out.append(Section("noise", note=columns.noise_sentence(report.noise)))
-    out += [tradeoff_section(report)] if report.tradeoffs else []
+    out += tradeoff_sections(report)
     out += [fit_section(report)] if report.fits else []
     profile = profile_section(report)
     return out + ([profile] if profile else [])

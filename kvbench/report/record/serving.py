@@ -7,13 +7,12 @@ every layout. Torch-free."""
 from __future__ import annotations
 
 import io
-import math
 
 from kvbench.measure import stats
 from kvbench.measure.latency import median_with_interval
 from kvbench.modes import CONTROL
 from kvbench.record import RecordView
-from kvbench.report.format import escape_markdown, format_bytes, rich_escape
+from kvbench.report.format import escape_markdown, format_bytes, plain, rich_escape, seconds_unit
 from kvbench.report.record.sections import Cell, Column, Section
 from kvbench.serving.trace import LENGTHS
 
@@ -84,23 +83,6 @@ def summarise(view: RecordView) -> dict:
 INCOMPLETE_NOTE = "INCOMPLETE record: the run was interrupted; only the completed replays are shown"
 LEFT = ("kind", "gate")
 LATENCIES = ("ttft.p50", "ttft.p99", "tpot.p50", "tpot.p99", "itl.p99", "e2e.p99", "queueing.p99")
-
-
-UNITS = ((1.0, "s"), (1e-3, "ms"), (0.0, "µs"))  # a time's unit: the largest its values reach
-
-
-def plain(value: float, figures: int = 3) -> str:
-    """A number with at least `figures` significant digits, never in scientific notation (1920, not 1.92e+03)."""
-    size = abs(value)
-    decimals = 0 if size >= 10 ** (figures - 1) else max(0, figures - 1 - math.floor(math.log10(size))) if size else 0
-    return f"{value:.{min(decimals, 6)}f}"
-
-
-def seconds_unit(values) -> tuple[float, str]:
-    """The scale and unit (s, ms or µs) the largest of `values` reads best in, for all of them."""
-    largest = max((abs(value) for value in values), default=0.0)
-    limit, unit = next((limit, unit) for limit, unit in UNITS if largest >= limit)
-    return {"s": 1.0, "ms": 1e3, "µs": 1e6}[unit], unit
 
 
 def interval_text(entry: dict | None, figures: int = 4, newline: str = "\n") -> str:
