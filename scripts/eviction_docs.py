@@ -36,7 +36,7 @@ def ms(figure: dict) -> str:
 
 
 RATIO_COLUMNS = ["kind", "ratio", "perplexity", "Δ NLL vs full (95% CI)", "KL", "top-1", "KV bytes kept",
-                 "step ms [95%]", "step / static's", "first step ms (with the compression)"]
+                 "wall step ms [95%]", "step / static's", "wall first step ms (with the compression)"]
 
 
 def ratios_block(paths: list[Path]) -> str:
