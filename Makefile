@@ -141,12 +141,15 @@ LLAMA_RECORD ?= results/llama/llama-tiny.json  # the llama family's table in doc
 REAL_MODEL_RECORDS ?= results/real/quality-quantized.json results/real/quality-window.json
 REAL_MODEL_PEERS ?= results/real/quality-hf-int4-g16.json:results/real/quality-quantized.json results/real/quality-hf-int4.json:results/real/quality-quantized.json
 REAL_MODEL_NEEDLE ?= results/real/needle.json results/real/needle-evicting.json
+# docs/eviction.md: the scored kinds at three ratios, compress() alone, kvpress beside them, the needle
+EVICTION_RATIOS ?= results/eviction/smollm2-ratio-025.json results/eviction/smollm2-ratio-050.json results/eviction/smollm2-ratio-075.json
 
 report: $(STAMP)
 	$(BIN)/kvbench report $(REFERENCE_RECORD) --format markdown --plot docs/results.svg --into README.md --force
 	$(BIN)/python scripts/layout_targets.py --into README.md > /dev/null
 	$(BIN)/kvbench report $(LLAMA_RECORD) --format markdown --into docs/models.md --force
 	$(BIN)/python scripts/real_model_docs.py $(REAL_MODEL_RECORDS) --peers $(REAL_MODEL_PEERS) --needle $(REAL_MODEL_NEEDLE) --into docs/real-model.md
+	$(BIN)/python scripts/eviction_docs.py --ratios $(EVICTION_RATIOS) --costs results/eviction/compression-cost.json --kvpress results/eviction/kvpress-peer.json --needle results/real/needle-evicting.json --into docs/eviction.md
 
 # Does a verdict survive a rerun? Five A/A pairs of `kvbench run` with the test-only slowed kind,
 # compared, on the machine as it is (about 5 minutes on 2 cores) and then under contention: a busy

@@ -17,8 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 MAX_README_LINES = 300  # hand-written; the generated blocks are not counted
 GENERATED = re.compile(r"<!-- kvbench (?P<name>[\w-]+): begin .*?<!-- kvbench (?P=name): end -->", re.S)
-GENERATED_FILES = ("README.md", "docs/models.md", "docs/results.svg", "docs/real-model.md")
-SCRIPTS = ("layout_targets", "real_model_docs")  # the scripts `make report` runs, by their module names
+GENERATED_FILES = ("README.md", "docs/models.md", "docs/results.svg", "docs/real-model.md", "docs/eviction.md")
+SCRIPTS = ("layout_targets", "real_model_docs", "eviction_docs")  # the scripts `make report` runs, by their module names
 MAKE_VARIABLES = {"$(BIN)/kvbench": "kvbench", "$(BIN)/python": "python"}
 
 
@@ -69,6 +69,10 @@ def test_the_make_report_recipe_is_what_this_test_runs():
          "--peers", "results/real/quality-hf-int4-g16.json:results/real/quality-quantized.json",
          "results/real/quality-hf-int4.json:results/real/quality-quantized.json", "--needle", "results/real/needle.json",
          "results/real/needle-evicting.json", "--into", "docs/real-model.md"],
+        ["python", "scripts/eviction_docs.py", "--ratios", "results/eviction/smollm2-ratio-025.json",
+         "results/eviction/smollm2-ratio-050.json", "results/eviction/smollm2-ratio-075.json", "--costs",
+         "results/eviction/compression-cost.json", "--kvpress", "results/eviction/kvpress-peer.json", "--needle",
+         "results/real/needle-evicting.json", "--into", "docs/eviction.md"],
     ]
 
 
