@@ -40,13 +40,11 @@ RATIO_COLUMNS = ["kind", "ratio", "perplexity", "Δ NLL vs full (95% CI)", "KL",
 
 
 def ratios_block(paths: list[Path]) -> str:
-    rows, notes, static_steps = [], [], {}
-    views = [RecordView(load_record(path), str(path)) for path in paths]
-    for view in views:  # static keeps every position whatever the ratio: its step is the same cache's
-        for row in context_rows(view):
-            if row.mode == "static":
-                static_steps[row.context] = row.figures["step"]["median"]
-    for path, view in zip(paths, views):
+    rows, notes = [], []
+    for path in paths:
+        view = RecordView(load_record(path), str(path))
+        # static's step in the same record: timed in the same rotations as the kinds beside it
+        static_steps = {row.context: row.figures["step"]["median"] for row in context_rows(view) if row.mode == "static"}
         ratio = next(iter(view.cache_options(mode).get("evict_ratio") for mode in view.modes
                           if "evict_ratio" in view.cache_options(mode)))
         steps = {(row.mode, row.context): row for row in context_rows(view)}
