@@ -26,22 +26,18 @@ def causal_mask(offset: int, length: int, device: torch.device | None = None) ->
 
 
 def visibility(query_positions: Tensor, key_positions: Tensor, window: int | None, sinks: int = 0) -> Tensor:
-    """Boolean [queries, keys] from absolute positions: key k is visible to query q when
-    k <= q, and with a window W also k > q - W or, with K sinks, k < K."""
-    seen = key_positions[None, :] <= query_positions[:, None]
+    """Boolean [..., queries, keys] from absolute positions: key k is visible to query q when
+    k <= q, and with a window W also k > q - W or, with K sinks, k < K. Keys (S,) give (L, S); keys
+    (B, KVH, S), each key/value head's own kept positions (an evicting kind's top-k per head), give (B, KVH, L, S)."""
+    keys = key_positions[..., None, :]
+    seen = keys <= query_positions[:, None]
     if window is not None:
-        seen &= (key_positions[None, :] > query_positions[:, None] - window) | (key_positions[None, :] < sinks)
+        seen &= (keys > query_positions[:, None] - window) | (keys < sinks)
     return seen
 
 
 SUMMED, WEIGHTS, QUERIES = "summed", "weights", "queries"
 SCORES = (SUMMED, WEIGHTS, QUERIES)  # what a cache's wants_scores may ask for
-
-
-def key_visibility(query_positions: Tensor, key_positions: Tensor) -> Tensor:
-    """Boolean [..., queries, keys] from per-row keys: key_positions (B, KVH, S), one set of kept positions per
-    key/value head (an evicting kind that keeps the top-k of each head), gives (B, KVH, L, S)."""
-    return key_positions[..., None, :] <= query_positions[:, None]
 
 
 def per_query_head(mask: Tensor, heads: int) -> Tensor:
@@ -68,7 +64,7 @@ def attention_scores(q: Tensor, k: Tensor, offset: int, window: int | None = Non
     if key_mask is not None:
         mask = key_mask[:, :, None]  # (B, 1 or KVH, 1, L, S)
     elif key_positions is not None and key_positions.dim() == 3:  # one set of kept positions per KV head
-        mask = key_visibility(torch.arange(offset, offset + L, device=q.device), key_positions)[:, :, None]
+        mask = visibility(torch.arange(offset, offset + L, device=q.device), key_positions, None)[:, :, None]
     else:
         keys = torch.arange(offset + L - S, offset + L, device=q.device) if key_positions is None else key_positions
         mask = visibility(torch.arange(offset, offset + L, device=q.device), keys, window, sinks)  # (L, S)
@@ -97,9 +93,9 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, offset: int, window: int |
     q: (B, H, L, D) queries at absolute positions offset..offset+L-1
     k, v: (B, KVH, S, D), with H % KVH == 0 (grouped-query attention shares each KV head):
           without key_positions, the contiguous positions offset+L-S..offset+L-1 (S = offset + L
-          unless a window lets the earliest go); with key_positions (S,), those positions in any order
-    window: None (every earlier key is visible) or W (only the last W positions)
+          unless a window lets the earliest go); with key_positions (S,), those positions in any order,
           or (B, KVH, S), each key/value head's own kept positions (an evicting kind's top-k per head)
+    window: None (every earlier key is visible) or W (only the last W positions)
     key_mask: None, or (B, 1, L, S) visibility row by row (a batch of requests at their own lengths,
           padded to the longest: kvbench.cache.batch), which then replaces offset and positions; (B, KVH, L, S)
           where each key/value head keeps its own positions
@@ -144,7 +140,7 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, offset: int, window: int |
             key_positions = torch.cat((torch.arange(sinks_start, sinks_start + sink_keys, device=q.device), key_positions))
     queries = torch.arange(offset, offset + length, device=q.device)
     if key_positions.dim() == 3:  # each KV head its own kept positions (an evicting kind's chunk after eviction)
-        mask = per_query_head(key_visibility(queries, key_positions), q.shape[1])
+        mask = per_query_head(visibility(queries, key_positions, None), q.shape[1])
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=grouped)
     mask = visibility(queries, key_positions, window, sinks)  # a ring's keys in any order, or a rectangle or band
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=grouped)

@@ -31,7 +31,7 @@ import math
 import torch
 from torch import Tensor
 
-from kvbench.attention import QUERIES, SUMMED, WEIGHTS, key_visibility
+from kvbench.attention import QUERIES, SUMMED, WEIGHTS, visibility
 from kvbench.cache.evicting import EvictingCache
 from kvbench.config import DecoderConfig
 from kvbench.kinds import DEFAULT_EVICT_RATIO, keep_budget, scored_held_bytes
@@ -231,5 +231,5 @@ def window_weights(held: dict, heads: int) -> Tensor:
     B, KVH, S, D = keys.shape
     w = queries.shape[2]
     logits = torch.einsum("bkgwd,bksd->bkgws", queries.reshape(B, KVH, heads // KVH, w, D), keys) / math.sqrt(D)
-    seen = key_visibility(held["query_positions"], positions)[:, :, None]  # (B, KVH, 1, w, S)
+    seen = visibility(held["query_positions"], positions, None)[:, :, None]  # (B, KVH, 1, w, S)
     return logits.masked_fill(~seen, float("-inf")).softmax(dim=-1, dtype=torch.float32).reshape(B, heads, w, S)
