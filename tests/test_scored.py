@@ -332,3 +332,20 @@ def test_a_compressing_kind_keeps_no_view_of_a_prompts_queries(models):
         window = cache._queries[layer]
         assert window.shape[2] == 64 and window.untyped_storage().nbytes() == window.numel() * window.element_size()
         assert cache.last_scores[layer] is None
+
+
+def test_evict_between_steps_drops_a_position_from_every_head_or_refuses_and_changes_nothing(models):
+    _, cache = prefill_and_decode(models["llama"], token_ids(LLAMA, 1, PROMPT + 1), "knorm", evict_ratio=0.5)
+    rows = [set(row.tolist()) for layer in range(LLAMA.layers) for row in cache.positions(layer)[0]]
+    everywhere, somewhere = sorted(set.intersection(*rows)), sorted(set.union(*rows) - set.intersection(*rows))
+    before = [cache.positions(layer).clone() for layer in range(LLAMA.layers)]
+    with pytest.raises(ValueError, match=f"position {somewhere[0]} is not retained by every key/value head"):
+        cache.evict([everywhere[0], somewhere[0]])
+    with pytest.raises(ValueError, match="positions to evict must be distinct"):
+        cache.evict([everywhere[0], everywhere[0]])
+    assert all(torch.equal(cache.positions(layer), kept) for layer, kept in enumerate(before))
+    cache.evict(everywhere[:2])
+    for layer, kept in enumerate(before):
+        assert cache.positions(layer).shape[-1] == kept.shape[-1] - 2
+        assert not torch.isin(cache.positions(layer), torch.tensor(everywhere[:2])).any()
+        assert cache.keys(layer).shape[2] == kept.shape[-1] - 2

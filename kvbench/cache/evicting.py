@@ -162,23 +162,18 @@ class EvictingCache(Cache):
         if drop.is_floating_point() or drop.is_complex() or drop.dtype == torch.bool:
             raise ValueError(f"positions to evict must be integers, got dtype {drop.dtype}")
         drop = drop.reshape(-1).to(POSITION)
-        if held.dim() == 3:  # per head: a position is evicted from every head, so each must hold it
-            missing = drop[~torch.isin(drop, held).reshape(-1)] if len(drop) == 0 else drop[
-                ~torch.stack([torch.isin(drop, row) for row in held.reshape(-1, held.shape[-1])]).all(dim=0)]
-            if len(missing):
-                raise ValueError(f"layer {layer}: position {int(missing[0])} is not retained by every key/value head; "
-                                 f"expected positions all heads hold")
-            if drop.unique().numel() != drop.numel():
-                raise ValueError(f"positions to evict must be distinct, got {drop.tolist()}")
-            keep = ~torch.isin(held, drop)
-            return keep.nonzero()[:, -1].view(*held.shape[:-1], -1)
-        missing = drop[~torch.isin(drop, held)]
+        heads = held.reshape(-1, held.shape[-1])  # per head (B * KVH rows), or the one row every head shares
+        missing = drop[~(heads[:, None, :] == drop[None, :, None]).any(dim=-1).all(dim=0)]  # evicted from every head
+        if len(missing) and held.dim() == 3:
+            raise ValueError(f"layer {layer}: position {int(missing[0])} is not retained by every key/value head; "
+                             f"expected positions all heads hold")
         if len(missing):
             raise ValueError(f"layer {layer} retains {len(held)} positions ({held[:8].tolist()}"
                              f"{'...' if len(held) > 8 else ''}); cannot evict position {int(missing[0])}, not among them")
         if drop.unique().numel() != drop.numel():
             raise ValueError(f"positions to evict must be distinct, got {drop.tolist()}")
-        return ~torch.isin(held, drop)
+        keep = ~torch.isin(held, drop)
+        return keep if held.dim() == 1 else keep.nonzero()[:, -1].view(*held.shape[:-1], -1)  # per head: indices
 
     def _apply(self, layer: int, keep: Tensor | None) -> None:
         if keep is not None and keep.dim() == 3:  # per head: (B, KVH, n) indices of what each head keeps
