@@ -88,8 +88,9 @@ class ScoredCache(EvictingCache):
 
     def _reservations(self, capacity: int, prompt: int) -> list[int]:
         """[t]: the most it holds from t decoding steps on (the prompt's peak included at 0)."""
-        held = scored_held_bytes(self.config, capacity, prompt, self.pyramid, self.state_kept()["observation"],
-                                 self.state_kept()["totals"], self.evict_ratio, self.kv_keep, self.evict_every)
+        state = self.state_kept()
+        held = scored_held_bytes(self.config, capacity, prompt, self.pyramid, state["observation"], state["totals"],
+                                 self.evict_ratio, self.kv_keep, self.evict_every)
         for t in range(len(held) - 2, -1, -1):
             held[t] = max(held[t], held[t + 1])
         return held
