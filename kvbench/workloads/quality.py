@@ -61,7 +61,8 @@ def step_logits(model: Decoder, ids: Tensor, mode: str, options: dict | None, pr
         with torch.inference_mode():
             return model(ids)[0].float(), {}
     B, T = ids.shape
-    kept, held = torch.empty(B, T - prompt + 1, model.config.vocab_size, dtype=model.config.dtype), {}
+    kept, held = torch.empty(B, T - prompt + 1, model.config.vocab_size, dtype=model.config.dtype,
+                              device=model.device), {}
     with torch.inference_mode():
         for t, (logits, cache) in enumerate(steps(model, ids, mode, prompt, options=options)):
             kept[:, t] = logits
