@@ -74,7 +74,7 @@ def gate(model: Decoder, trace: Trace, kind: str, budget: int, settings: dict,
     replay = Replay(model, trace, kind, budget, settings, keep_logits=True, continuations=continuations)
     replay.prepare()
     replay()
-    atol, rtol = tolerances(model.config.dtype, model.config.layers)
+    atol, rtol = tolerances(model.config.dtype, model.config.layers, model.device.type)
     worst, failed, checked = None, [], 0
     with torch.inference_mode():
         for live in replay.scheduler.lives:
