@@ -195,7 +195,7 @@ SAMPLES = {
     "--max-seconds": ["--max-seconds", "10", "--precision", "0.1"], "--between-run": ["--between-run", "0.005"],
     "--order": ["--order", "rotate"], "--cpu": ["--cpu", "auto"], "--control": ["--control", "none"],
     "--warmup": ["--warmup", "0"], "--batch": ["--batch", "2"], "--seed": ["--seed", "3"],
-    "--threads": ["--threads", "1"], "--quality": ["--quality", "8", "--model", "smollm2-135m"],
+    "--threads": ["--threads", "1"], "--device": ["--device", "cpu"], "--quality": ["--quality", "8", "--model", "smollm2-135m"],
     "--needle": ["--needle", "64", "--model", "smollm2-135m"],
     "--needle-depths": ["--needle-depths", "0,50", "--needle", "64", "--model", "smollm2-135m"],
     "--needle-ratios": ["--needle-ratios", "0.25,0.5", "--needle", "64", "--model", "smollm2-135m", "--plugin",
