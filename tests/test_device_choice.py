@@ -5,6 +5,7 @@ clock's logic (marks, one wait, device time with the host's beside) driven by fa
 from __future__ import annotations
 
 import json
+import statistics
 import time
 
 import pytest
@@ -19,7 +20,8 @@ from kvbench.measure.clock import EventClock, clock_for, register_clock
 from kvbench.measure.telemetry import Counters
 from kvbench.measure.timing import Protocol, step_durations, time_call, time_observed
 from kvbench.models.compiled import compiling
-from kvbench.record import load_record
+from kvbench.record import RecordView, load_record
+from kvbench.report.record.model import build_report
 
 TINY = ["--preset", "seed", "--modes", "full,static", "--repeats", "2", "--warmup", "0", "--no-progress"]
 
@@ -160,6 +162,13 @@ def test_a_contexts_run_on_an_event_clock_records_device_steps_with_the_hosts_ti
     # event recorded between them is 0.5 ms of the stream
     assert {round(r["seconds"], 6) for r in samples} == {round(0.0005 * (CONTEXT_TIMED_STEPS + 2), 6)}
     assert {len(r["step_seconds"]) for r in samples} == {CONTEXT_WARMUP_STEPS + CONTEXT_TIMED_STEPS}
+    # the report names the clock and the host's time beside the device's (on a device: here the record says cuda)
+    on_device = {**record, "protocol": {**record["protocol"], "device": "cuda"}}
+    notes = build_report(RecordView(on_device)).notes
+    said = [note for note in notes if note.startswith("on cuda: every time is on fake.Event")]
+    ratio = statistics.median(r["host_seconds"] / r["seconds"] for r in samples if r["mode"] == "static")
+    assert len(said) == 1 and f"static {ratio:.2f}" in said[0]
+    assert not any("fake.Event" in note for note in build_report(RecordView(record)).notes)  # the CPU's: no note
 
 
 def test_nvidia_smis_line_is_read_with_its_numbers_and_without_what_it_cannot_say():

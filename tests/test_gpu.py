@@ -79,7 +79,8 @@ def test_the_event_clock_times_the_device_with_the_hosts_time_beside():
 def test_a_calls_device_memory_peak_counts_what_it_allocated():
     held = []
     peaks = gpu.memory_peaks(lambda: held.append(torch.empty(64 << 20, dtype=torch.uint8, device=CUDA)))
-    assert peaks["device_growth_bytes"] >= 64 << 20 and peaks["device_reserved_bytes"] >= peaks["device_allocated_bytes"]
+    assert peaks["device_growth_bytes"] >= 64 << 20
+    assert peaks["device_reserved_bytes"] >= peaks["device_allocated_bytes"]
 
 
 def test_auto_is_cuda_here_and_the_facts_name_the_device():

@@ -24,7 +24,8 @@ def checked_device(args: argparse.Namespace) -> str:
 def settle(args: argparse.Namespace, protocol) -> tuple[object, dict | None, dict]:
     """Threads and CPU pinned, then the device resolved and prepared, before any torch work: (the protocol on its
     device, the record's "device" section or None, what took effect for the record's protocol)."""
-    in_effect = {"threads_in_effect": timing.set_threads(protocol.threads), "cpu_in_effect": timing.pin_cpu(protocol.cpu)}
+    in_effect = {"threads_in_effect": timing.set_threads(protocol.threads),
+                 "cpu_in_effect": timing.pin_cpu(protocol.cpu)}
     protocol, facts = use_device(args, protocol, in_effect)
     return protocol, facts, in_effect
 

@@ -120,7 +120,9 @@ def hf_state_dict(model: Decoder) -> dict:
             prefix + "mlp.down_proj.weight": block.down.weight,
         })
         if biased:
-            bias = block.qkv.bias if block.qkv.bias is not None else torch.zeros(HD + 2 * KVD, dtype=q.dtype, device=q.device)
+            bias = block.qkv.bias
+            if bias is None:
+                bias = torch.zeros(HD + 2 * KVD, dtype=q.dtype, device=q.device)
             for name, part in zip("qkv", bias.split((HD, KVD, KVD))):
                 weights[prefix + f"self_attn.{name}_proj.bias"] = part
     return weights

@@ -44,7 +44,8 @@ def greedy_continuation(model: Decoder, prompt: torch.Tensor, count: int) -> lis
                 chosen.append(int(logits[0, -1].argmax()))
                 if len(chosen) < count:
                     logits, _ = model(torch.tensor([[chosen[-1]]], device=prompt.device), cache)
-            full = model(torch.cat((prompt, torch.tensor([chosen[:-1]], dtype=torch.long, device=prompt.device).view(1, -1)), dim=1))[0]
+            given = torch.tensor([chosen[:-1]], dtype=torch.long, device=prompt.device).view(1, -1)
+            full = model(torch.cat((prompt, given), dim=1))[0]
             path = full[0, prompt.shape[1] - 1 :].argmax(-1).tolist()
             differ = next((i for i, (a, b) in enumerate(zip(path, chosen)) if a != b), None)
             if differ is None:
