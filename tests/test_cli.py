@@ -526,6 +526,7 @@ def imported_by(*argv: str) -> tuple[int, list[str]]:
     (["run", "--modes", "window"], 2),
     (["run", "--prompt", "4000", "--generate", "200"], 2),
     (["run", "--contexts", "9000"], 2),
+    (["run", "--device", "tpu", "--lengths", "16"], 2),  # and --device cuda where the machine shows no GPU
     (["run", "--layers", "100000", "--width", "4096", "--heads", "32", "--lengths", "16"], 2),
     (["show", "/dev/null"], 2),
     (["compare", "/dev/null", "results/reference.json"], 2),

@@ -14,6 +14,7 @@ import torch
 from kvbench.cli import main
 from kvbench.kinds import CONTEXT_TIMED_STEPS, CONTEXT_WARMUP_STEPS, tolerance_for
 from kvbench.measure import clock as clocks
+from kvbench.measure import estimation
 from kvbench.measure import device as devices
 from kvbench.measure import gpu
 from kvbench.measure.clock import EventClock, clock_for, register_clock
@@ -210,3 +211,14 @@ def test_compiled_steps_capture_cuda_graphs_on_cuda_and_compile_plainly_elsewher
     cuda = compiling(torch.device("cuda"))
     logits = torch.ones(2)
     assert cuda.mode == "reduce-overhead" and cuda.keep(logits) is not logits and torch.equal(cuda.keep(logits), logits)
+
+
+def test_a_device_timed_length_stays_on_the_devices_time_however_long_the_host_waited_for_a_cpu():
+    """The thread's CPU time stands in for wall time when a neighbour shares the host's CPU; a device's samples are
+    the device's time, which the host's waits do not reach."""
+    waited = {"mode": "static", "length": 8, "repetition": 0, "seconds": 0.01, "cpu_seconds": 0.002,
+              "runqueue_seconds": 0.009}
+    assert estimation.choose(8, [waited] * 4, threads=1).clock == "cpu"
+    chosen = estimation.choose(8, [{**waited, "host_seconds": 0.012}] * 4, threads=1)
+    assert chosen.clock == "wall" and chosen.reason.endswith("timed on a device's clock, which the host's waits do "
+                                                             "not reach: the device's time")

@@ -16,7 +16,7 @@ from typing import Callable
 
 from kvbench.measure import gpu
 
-__all__ = ["AUTO", "DEVICES", "Device", "choices", "refusal", "register_device", "resolve"]
+__all__ = ["AUTO", "DEVICES", "Device", "choices", "device_of", "refusal", "register_device", "resolve"]
 
 AUTO = "auto"
 
@@ -41,6 +41,12 @@ DEVICES: dict[str, Device] = {
                    memory=gpu.memory_peaks, cache_bytes=gpu.l2_bytes, threaded=False, model_dtype_matmuls=True,
                    kernels=gpu.attention_kernels),
 }
+
+
+def device_of(device: object) -> Device:
+    """The registered Device of a torch.device (or its type's name); a type without one (meta) is treated as the
+    CPU: nothing to prepare, no facts, no device memory."""
+    return DEVICES.get(str(getattr(device, "type", device)).partition(":")[0], DEVICES["cpu"])
 
 
 def register_device(device: Device) -> None:

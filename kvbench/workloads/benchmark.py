@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from kvbench.measure import machine
-from kvbench.measure.device import DEVICES
+from kvbench.measure.device import device_of
 from kvbench.measure.clock import Clock, clock_for
 from kvbench.measure.sampling import Sample, Sampling, finished, prepared, sample
 from kvbench.measure.timing import Protocol, collector_paused, control_mode, step_durations
@@ -159,7 +159,7 @@ def gate_and_measure(workload, model: Decoder, longest, lengths: list[int], mode
             outcome.checks.append(gate[(mode, length)])
             if timeable(gate[(mode, length)]):  # the device's peaks (none on the CPU) reset for each mode
                 found: dict = {}
-                peaks = DEVICES[model.device.type].memory(
+                peaks = device_of(model.device).memory(
                     lambda: found.update(workload.memory(model, longest, length, mode, options)))
                 outcome.memory.append({"mode": mode, "length": length, **found, **peaks})
             progress(Progress("check", len(outcome.checks), len(lengths) * len(modes)))
@@ -226,7 +226,7 @@ def machine_limits(model: Decoder, workload, lengths: list[int], protocol: Proto
 
     prefill = workload.prompt if workload.name == "request" else max(lengths)
     everything = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    device = DEVICES[model.device.type]
+    device = device_of(model.device)
     shapes = matmul_shapes(model, [protocol.batch, protocol.batch * prefill])
     if device.threaded:
         found = machine.limits(shapes, sorted({1, everything}))
@@ -252,8 +252,8 @@ def round_limits(limits: dict | None, protocol: Protocol) -> machine.RoundLimits
 
 def attention_kernels(model: Decoder, calls: dict[str, Callable[[], object]]) -> dict | None:
     """mode -> the attention kernels one sample of it launched (one untimed call at the shortest length), on a
-    device whose profiler can tell (DEVICES[...].kernels); None on the CPU."""
-    device = DEVICES[model.device.type]
+    device whose profiler can tell (Device.kernels); None on the CPU."""
+    device = device_of(model.device)
     if device.kernels is None:
         return None
     found = {}
