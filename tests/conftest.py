@@ -150,6 +150,13 @@ def xdist_group(item) -> str | None:
     return None
 
 
+def no_cuda() -> str | None:
+    """Why the tests marked gpu cannot run here (None: torch sees a CUDA device)."""
+    import torch
+
+    return None if torch.cuda.is_available() else f"torch {torch.__version__} sees no CUDA device"
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name == "test_cli_hostile.py" and "in_process" not in item.fixturenames:
@@ -159,6 +166,10 @@ def pytest_collection_modifyitems(config, items):
         group = xdist_group(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+    skip_gpu = pytest.mark.skip(reason=f"needs a CUDA device: {no_cuda()} (scripts/gpu_check.sh runs these)")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None and no_cuda():
+            item.add_marker(skip_gpu)
     if config.getoption("--run-virtualenv"):
         return
     skip = pytest.mark.skip(reason="builds asv virtualenvs per commit; run with --run-virtualenv (make test-virtualenv)")

@@ -195,7 +195,8 @@ SAMPLES = {
     "--max-seconds": ["--max-seconds", "10", "--precision", "0.1"], "--between-run": ["--between-run", "0.005"],
     "--order": ["--order", "rotate"], "--cpu": ["--cpu", "auto"], "--control": ["--control", "none"],
     "--warmup": ["--warmup", "0"], "--batch": ["--batch", "2"], "--seed": ["--seed", "3"],
-    "--threads": ["--threads", "1"], "--quality": ["--quality", "8", "--model", "smollm2-135m"],
+    "--threads": ["--threads", "1"], "--device": ["--device", "cpu"],
+    "--quality": ["--quality", "8", "--model", "smollm2-135m"],
     "--needle": ["--needle", "64", "--model", "smollm2-135m"],
     "--needle-depths": ["--needle-depths", "0,50", "--needle", "64", "--model", "smollm2-135m"],
     "--needle-ratios": ["--needle-ratios", "0.25,0.5", "--needle", "64", "--model", "smollm2-135m", "--plugin",
@@ -525,6 +526,7 @@ def imported_by(*argv: str) -> tuple[int, list[str]]:
     (["run", "--modes", "window"], 2),
     (["run", "--prompt", "4000", "--generate", "200"], 2),
     (["run", "--contexts", "9000"], 2),
+    (["run", "--device", "tpu", "--lengths", "16"], 2),  # and --device cuda where the machine shows no GPU
     (["run", "--layers", "100000", "--width", "4096", "--heads", "32", "--lengths", "16"], 2),
     (["show", "/dev/null"], 2),
     (["compare", "/dev/null", "results/reference.json"], 2),

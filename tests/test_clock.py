@@ -22,6 +22,7 @@ class FakeClock:
     """Each read advances a fixed step; every call is logged, so a test sees the order too."""
 
     name = "fake"
+    host_beside = False
 
     def __init__(self, step_ns: int = 2_500_000, cpu_step_ns: int = 1_000_000) -> None:
         self.wall, self.cpu, self.step_ns, self.cpu_step_ns, self.calls = 0, 0, step_ns, cpu_step_ns, []
@@ -36,25 +37,37 @@ class FakeClock:
         self.cpu += self.cpu_step_ns
         return self.cpu
 
+    def mark(self) -> int:
+        self.calls.append("mark")
+        self.wall += self.step_ns
+        return self.wall
+
     def synchronize(self) -> None:
         self.calls.append("sync")
 
+    @staticmethod
+    def elapsed_ns(start: int, end: int) -> int:
+        return end - start
+
+    host_elapsed_ns = elapsed_ns
+
 
 def test_the_host_clock_is_perf_counter_and_the_threads_cpu_time_and_names_the_records_clock():
-    assert HOST.now_ns is time.perf_counter_ns and HOST.cpu_ns is time.thread_time_ns
+    assert HOST.now_ns is HOST.mark is time.perf_counter_ns and HOST.cpu_ns is time.thread_time_ns
     assert HOST.name == CLOCK == "time.perf_counter_ns" and HostClock().synchronize() is None
+    assert HOST.elapsed_ns(5, 12) == HOST.host_elapsed_ns(5, 12) == 7 and not HOST.host_beside
 
 
-def test_a_timed_call_is_the_clocks_two_reads_apart_with_the_wait_between():
+def test_a_timed_call_is_the_clocks_two_marks_apart_then_the_wait():
     clock = FakeClock(step_ns=2_500_000)
     assert time_call(lambda: None, clock) == 0.0025
-    assert clock.calls == ["now", "sync", "now"]
+    assert clock.calls == ["mark", "mark", "sync"]
 
 
-def test_each_step_is_the_clocks_step_and_waits_before_it_is_read():
+def test_each_step_is_the_clocks_step_and_the_clock_is_waited_on_once_after_the_last():
     clock = FakeClock(step_ns=1_000_000)
     assert step_durations(iter(range(3)), clock=clock) == [0.001, 0.001, 0.001]
-    assert clock.calls == ["now"] + ["sync", "now"] * 3
+    assert clock.calls == ["mark"] * 4 + ["sync"]
 
 
 def test_a_request_and_a_loops_per_step_profile_come_from_the_clock():

@@ -61,7 +61,7 @@ def test_each_step_runs_from_the_end_of_the_one_before(tiny_model):
     from types import SimpleNamespace
 
     readings = iter(k * (k + 1) // 2 * 1_000_000 for k in range(100))
-    clock = SimpleNamespace(now_ns=lambda: next(readings), synchronize=lambda: None)
+    clock = SimpleNamespace(mark=lambda: next(readings), synchronize=lambda: None, elapsed_ns=lambda a, b: b - a)
     timed = time_request(tiny_model, token_ids(tiny_model.config, 1, 12), "static", prompt=8, clock=clock)
     assert timed["ttft_seconds"] == pytest.approx(0.001)
     assert timed["step_seconds"] == pytest.approx([0.002, 0.003, 0.004, 0.005])

@@ -346,13 +346,15 @@ def test_a_patch_through_an_old_path_patches_the_module_itself():
 CONSTRUCTORS = {"zeros", "empty", "arange", "full", "ones", "randint", "tensor", "rand", "randn", "as_tensor", "eye",
                 "frombuffer", "linspace"}
 DEVICE_SCANNED = ("kvbench/cache", "kvbench/attention.py", "kvbench/model.py", "kvbench/serving/scheduler.py",
-                  "kvbench/workloads/decode.py")
+                  "kvbench/serving/peer.py", "kvbench/workloads", "kvbench/models")
 # (file, the call as ast.unparse writes it) -> why it takes no device
 DEVICE_LESS = {
     ("kvbench/model.py", "torch.ones(width)"):
         "a parameter: built on the CPU from the seed like nn.Linear's, then moved with the module (build_model)",
     ("kvbench/cache/batch.py", "torch.frombuffer(padded, dtype=torch.long)"):
         "frombuffer reads host memory only; the table is moved to the cache's device at once (.to(self.device))",
+    ("kvbench/models/corpus.py", "torch.tensor(tokens[:needed], dtype=torch.long)"):
+        "a text's ids are read on the host; a run moves them to the model's device (benchmark.given_ids)",
 }
 
 

@@ -232,6 +232,9 @@ def add_run_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--seed", type=non_negative_int, default=Protocol.seed, help="seed for weights and token ids")
     run.add_argument("--threads", type=thread_count, default=Protocol.threads,
                      help="torch intra- and inter-op threads, at most the machine's logical CPUs")
+    run.add_argument("--device", default=Protocol.device, metavar="cpu|cuda|auto",
+                     help="where the model, its caches and ids live, and the clock its steps are timed on (cuda: "
+                          "CUDA events, host time beside); auto: cuda when torch sees one, else cpu (docs/gpu.md)")
     run.add_argument("--quality", type=integer(8, 10000), metavar="TOKENS",
                      help="with --model/--gguf: after timing, what each mode does to text, on 4 runs of TOKENS corpus "
                           "tokens: perplexity against full's, KL, top-1, where greedy text departs, a sample")

@@ -14,6 +14,7 @@ from rich.markup import escape
 from kvbench import kinds, modes, plugins, record
 from kvbench.measure import memory, timing
 from kvbench.cli.commands import check_output, config_from_args
+from kvbench.cli.device import checked_device, device_section, settle
 from kvbench.cli.needle import check_needle, measure_needle, needle_bytes, prepare_needle
 from kvbench.cli.parser import CliError, did_you_mean
 from kvbench.cli.progress import ProgressBar, stage
@@ -38,8 +39,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from kvbench.workloads import benchmark
     from kvbench.workloads import workload as workloads
 
-    in_effect = {"threads_in_effect": timing.set_threads(protocol.threads),  # before any torch work
-                 "cpu_in_effect": timing.pin_cpu(protocol.cpu)}
+    protocol, device, in_effect = settle(args, protocol)  # threads, CPU, device; refused here without CUDA
     environment = capture.collect_environment()  # first, so that no interrupt can cost it
     workload = workloads.workload_from(**args.workload)
     stderr = Console(stderr=True)
@@ -48,6 +48,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     with ProgressBar(stderr, disabled=args.no_progress, protocol=protocol) as on_progress:
         outcome = benchmark.run_benchmark(model, args.lengths, args.modes, protocol, on_progress=on_progress,
                                           options=args.cache_options, workload=workload, ids=ids)
+    sections.update(device_section(device, outcome.attention))
     if args.quality is not None and not outcome.interrupted:  # after the timing, which it must not disturb
         from kvbench.models import corpus
         from kvbench.workloads import quality
@@ -114,7 +115,8 @@ def load_model(args: argparse.Namespace, config: PlainConfig, protocol: Protocol
     if args.real_model is None:
         from kvbench.model import build_model
 
-        return build_model(DecoderConfig.from_dict(config.to_dict()), seed=protocol.seed), None, None, {}
+        return (build_model(DecoderConfig.from_dict(config.to_dict()), seed=protocol.seed, device=protocol.device),
+                None, None, {})
     from kvbench.models import corpus, gguf
 
     positions = max(workload.positions(n) for n in [*args.lengths, protocol.per_step_length or 1])
@@ -122,6 +124,7 @@ def load_model(args: argparse.Namespace, config: PlainConfig, protocol: Protocol
         model, ids, tokenizer, described = gguf.load(args.real_model, config, protocol.batch, positions,
                                                      on_progress=lambda done, total, what: update(
                                                          done, total, f"loading {args.model_name}: {what}"))
+    model = model.to(protocol.device)  # dequantized on the host, then moved whole (its ids move with each run)
     return model, ids, tokenizer, {"model": described, "token_ids": {"source": "corpus", **corpus.describe()}}
 
 
@@ -158,7 +161,8 @@ def settings(args: argparse.Namespace) -> tuple[PlainConfig, Protocol]:
                     if value is not None}
     try:
         protocol = Protocol(**sampling, between_run=args.between_run, order=args.order, cpu=args.cpu, control=args.control, warmup=args.warmup,
-                            batch=args.batch, seed=args.seed, threads=args.threads, per_step_length=args.per_step)
+                            batch=args.batch, seed=args.seed, threads=args.threads, per_step_length=args.per_step,
+                            device=checked_device(args))
         timing.control_mode(protocol.control, args.modes)
     except ValueError as error:
         raise CliError(str(error)) from None

@@ -24,6 +24,7 @@ from kvbench.cli.commands import (
     print_layout,
     same_file,
 )
+from kvbench.cli.device import checked_device, settle
 from kvbench.cli.options import fraction
 from kvbench.cli.parser import CliError, did_you_mean
 from kvbench.cli.progress import stage
@@ -31,6 +32,8 @@ from kvbench.cli.serving_options import DEFAULT_KINDS, DEFAULT_REPEATS, DEFAULT_
 from kvbench.cli.usage import REPLAY, SERVING, cache_options, check_read, option_readers
 from kvbench.modes import CONTROL, PAGES, SPECS
 from kvbench.record.serving import assemble
+
+PEER_DEVICES = ("cpu",)  # where the serving peer (kvbench.serving.peer) has run: its greedy paths are made on the host
 from kvbench.report.format import format_bytes, render_plain, stdout_console
 
 FILE_WIDTH = 220  # a text report written to a file: wide enough that no column of the serving table is dropped
@@ -185,7 +188,7 @@ def check_serving(args: argparse.Namespace):
         protocol = timing.Protocol(repeats=repeats, precision=args.precision, max_seconds=args.max_seconds or 75.0,
                                    max_repeats=args.max_repeats or 1001, order=args.order, cpu=args.cpu,
                                    control=args.control, warmup=0, seed=args.seed, threads=args.threads,
-                                   between_run=args.between_run)
+                                   between_run=args.between_run, device=checked_device(args))
         timing.control_mode(protocol.control, [kind for kind in kinds if kind != admission.PEER])
     except ValueError as error:
         raise CliError(str(error)) from None
@@ -202,9 +205,12 @@ def cmd_serve(args: argparse.Namespace, checked: tuple) -> int:
     from kvbench.config import DecoderConfig
     from kvbench.model import build_model
 
-    in_effect = {"threads_in_effect": timing.set_threads(protocol.threads), "cpu_in_effect": timing.pin_cpu(protocol.cpu)}
+    protocol, _, in_effect = settle(args, protocol)  # a serving record names the device in its protocol
+    if protocol.device not in PEER_DEVICES and admission.PEER in kinds:
+        raise CliError(f"--device {protocol.device}: the serving peer ({admission.PEER}) runs transformers' "
+                       "continuous batching on the CPU only here; leave it out of --modes")
     environment = capture.collect_environment()
-    model = build_model(DecoderConfig.from_dict(config.to_dict()), seed=protocol.seed)
+    model = build_model(DecoderConfig.from_dict(config.to_dict()), seed=protocol.seed, device=protocol.device)
     from kvbench.measure.sampling import Sampling
     from rich.console import Console
 

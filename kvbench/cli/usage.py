@@ -31,7 +31,7 @@ USED_BY = {
     "--control": EVERY,
     "--warmup": TIMED,  # a serving run's untimed pass is its gate, one replay of the trace per kind
     "--batch": TIMED,  # a serving run's batch is whichever requests the scheduler admits
-    "--seed": EVERY, "--threads": EVERY,
+    "--seed": EVERY, "--threads": EVERY, "--device": EVERY,
     "--quality": TIMED,  # with --model or --gguf (NEEDS), which a serving run has not
     "--needle": TIMED, "--needle-depths": TIMED, "--needle-ratios": TIMED,  # the same, and with --needle
     "--per-step": (LOOP,),  # a request or contexts run times every step itself

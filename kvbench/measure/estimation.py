@@ -53,6 +53,9 @@ def choose(length: int, repetitions: list[dict], threads: int, estimator: str = 
     share = f"{waited} of {count} samples waited for a CPU"
     if count == 0 or waited < CONTENDED * count:
         return Estimation(length, "wall", estimator, count, waited, f"{share}: wall time")
+    if all("host_seconds" in rep for rep in repetitions):  # timed on a device's clock (kvbench.measure.clock)
+        return Estimation(length, "wall", estimator, count, waited, f"{share}, but timed on a device's clock, which "
+                          "the host's waits do not reach: the device's time")
     if threads != 1:
         return Estimation(length, "wall", estimator, count, waited,
                           f"{share}, but {threads} threads: one thread's CPU time would miss the others' work; wall time")

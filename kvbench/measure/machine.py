@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from kvbench.measure.clock import clock_for
 from kvbench.measure.timing import heap_frozen, time_call
 
 REPEATS = 5  # timed calls of each probe call per phase, after one untimed
@@ -94,13 +95,14 @@ def summarize(values: list[float]) -> dict:
     return {"median": median, "min": ordered[0], "max": ordered[-1], "samples": list(values)}
 
 
-def memory_bandwidth(threads: list[int], size: int, repeats: int = LIMIT_REPEATS) -> dict:
+def memory_bandwidth(threads: list[int], size: int, repeats: int = LIMIT_REPEATS, device: str = "cpu") -> dict:
     """{kernel: {threads: bytes per second (median, min, max, every sample)}}, copy (a = b) and triad
-    (a = b + s c) over float32 arrays of `size` bytes; torch's thread count restored after."""
+    (a = b + s c) over float32 arrays of `size` bytes on `device`, timed on its clock; torch's thread count
+    restored after (a device's kernels do not use them: its one entry is keyed "1")."""
     import torch
 
-    before = torch.get_num_threads()
-    a, b, c = torch.zeros(size // 4), torch.ones(size // 4), torch.ones(size // 4)  # every page touched first
+    before, clock = torch.get_num_threads(), clock_for(device)
+    a, b, c = (torch.full((size // 4,), value, device=device) for value in (0.0, 1.0, 1.0))  # every page touched
     kernels = {"copy": lambda: a.copy_(b), "triad": lambda: torch.add(b, c, alpha=3.0, out=a)}
     found: dict[str, dict[str, dict]] = {name: {} for name in kernels}
     try:
@@ -108,34 +110,40 @@ def memory_bandwidth(threads: list[int], size: int, repeats: int = LIMIT_REPEATS
             torch.set_num_threads(count)
             for name, kernel in kernels.items():
                 kernel()  # first touch and warm-up
-                rates = [STREAMS[name] * size / time_call(kernel) for _ in range(repeats)]
+                rates = [STREAMS[name] * size / time_call(kernel, clock) for _ in range(repeats)]
                 found[name][str(count)] = summarize(rates)
     finally:
         torch.set_num_threads(before)
     return found
 
 
-def matmul_rates(shapes: list[tuple[int, int, int]], repeats: int = LIMIT_REPEATS) -> list[dict]:
-    """FLOP/s of (M x K) @ (K x N) float32 products at the given shapes, on torch's current threads."""
+def matmul_rates(shapes: list[tuple[int, int, int]], repeats: int = LIMIT_REPEATS, device: str = "cpu",
+                 dtype=None) -> list[dict]:
+    """FLOP/s of (M x K) @ (K x N) products at the given shapes (float32 unless `dtype`), on torch's current
+    threads, or on `device`, timed on its clock."""
     import torch
 
-    out = []
+    out, clock = [], clock_for(device)
     for m, k, n in shapes:
-        x, w = torch.randn(m, k), torch.randn(n, k)
+        x, w = (torch.randn(rows, k, device=device, dtype=dtype) for rows in (m, n))
         call = lambda x=x, w=w: torch.nn.functional.linear(x, w)  # noqa: E731 - the product a layer computes
         call()
-        rates = [2 * m * k * n / time_call(call) for _ in range(repeats)]
+        rates = [2 * m * k * n / time_call(call, clock) for _ in range(repeats)]
         out.append({"shape": [m, k, n], "flops_per_second": summarize(rates)})
     return out
 
 
-def limits(shapes: list[tuple[int, int, int]], threads: list[int]) -> dict:
-    """What this machine can do, for a record: memory bandwidth (one thread and all) and matmul throughput."""
-    llc = last_level_cache_bytes()
+def limits(shapes: list[tuple[int, int, int]], threads: list[int], device: str = "cpu", dtype=None,
+           llc: int | None = None) -> dict:
+    """What this machine can do, for a record: memory bandwidth (one thread and all) and matmul throughput; on
+    another device than the CPU, its own (`llc`: its last-level cache, the host's by default; `dtype`: the
+    matmuls', float32 by default)."""
+    llc = llc if device != "cpu" else last_level_cache_bytes()
     size = buffer_bytes(llc)
     with heap_frozen():  # the collection before each timed call then costs microseconds (kvbench.measure.timing)
         return {"last_level_cache_bytes": llc, "buffer_bytes": size, "streams": dict(STREAMS),
-                "memory_bandwidth": memory_bandwidth(threads, size), "matmul": matmul_rates(shapes)}
+                "memory_bandwidth": memory_bandwidth(threads, size, device=device),
+                "matmul": matmul_rates(shapes, device=device, dtype=dtype)}
 
 
 # -- the same limits, at the same moments as the samples ------------------------------------
@@ -150,23 +158,24 @@ class RoundLimits:
     shared VM). Each call: one copy and one triad over arrays past the last-level cache, and
     ROUND_MATMUL_CALLS products at each shape. Its tensors are built once, outside every timed call."""
 
-    def __init__(self, shapes: list[tuple[int, int, int]], size: int) -> None:
+    def __init__(self, shapes: list[tuple[int, int, int]], size: int, device: str = "cpu", dtype=None) -> None:
         import torch
 
-        self.size = size
-        self.a, self.b, self.c = torch.zeros(size // 4), torch.ones(size // 4), torch.ones(size // 4)
-        generator = torch.Generator().manual_seed(0)
-        self.products = {(m, k, n): (torch.randn(m, k, generator=generator), torch.randn(n, k, generator=generator))
-                         for m, k, n in shapes}
+        self.size, self.clock = size, clock_for(device)
+        self.a, self.b, self.c = (torch.full((size // 4,), value, device=device) for value in (0.0, 1.0, 1.0))
+        generator = torch.Generator().manual_seed(0)  # drawn on the host, then moved: the same numbers anywhere
+        self.products = {(m, k, n): tuple(torch.randn(rows, k, generator=generator, dtype=dtype).to(device)
+                                          for rows in (m, n)) for m, k, n in shapes}
 
     def __call__(self) -> dict:
         import torch
 
-        copy = time_call(lambda: self.a.copy_(self.b))
-        triad = time_call(lambda: torch.add(self.b, self.c, alpha=3.0, out=self.a))
+        copy = time_call(lambda: self.a.copy_(self.b), self.clock)
+        triad = time_call(lambda: torch.add(self.b, self.c, alpha=3.0, out=self.a), self.clock)
         matmul = []
         for (m, k, n), (x, w) in self.products.items():
-            seconds = time_call(lambda x=x, w=w: [torch.nn.functional.linear(x, w) for _ in range(ROUND_MATMUL_CALLS)])
+            seconds = time_call(lambda x=x, w=w: [torch.nn.functional.linear(x, w) for _ in range(ROUND_MATMUL_CALLS)],
+                                self.clock)
             matmul.append({"shape": [m, k, n], "flops_per_second": ROUND_MATMUL_CALLS * 2 * m * k * n / seconds})
         return {"copy": STREAMS["copy"] * self.size / copy, "triad": STREAMS["triad"] * self.size / triad,
                 "matmul": matmul}

@@ -24,7 +24,7 @@ from typing import Callable
 
 from kvbench.config import positive_int, positive_number
 from kvbench.measure import stats
-from kvbench.measure.clock import HOST, Clock
+from kvbench.measure.clock import CLOCKS, HOST, Clock, clock_for
 from kvbench.measure.telemetry import Counters
 from kvbench.modes import CONTROL, SPECS
 
@@ -66,6 +66,7 @@ class Protocol:
     seed: int = 0  # seeds the weights, the token ids and the random orders
     threads: int = 1  # torch intra- and inter-op threads
     per_step_length: int | None = None  # also profile every step of one loop at this length
+    device: str = "cpu"  # where the model, its caches and ids live: a device type with a clock (kvbench.measure.clock)
 
     def __post_init__(self) -> None:
         counts = {"repeats": 1, "max_repeats": 1, "warmup": 0, "batch": 1, "seed": 0, "threads": 1, "per_step_length": 1}
@@ -89,6 +90,8 @@ class Protocol:
             raise ValueError(f"max_repeats must be at least repeats ({self.repeats}), got {self.max_repeats}")
         if self.order not in ORDERS:
             raise ValueError(f"order must be one of {list(ORDERS)}, got {self.order!r}")
+        if self.device not in CLOCKS:
+            raise ValueError(f"device must be one of {sorted(CLOCKS)}, got {self.device!r}")
         if self.cpu not in ("none", "auto") and not (isinstance(self.cpu, str) and self.cpu.isdigit()):
             raise ValueError(f"cpu must be 'none', 'auto' or a CPU number, got {self.cpu!r}")
 
@@ -99,7 +102,8 @@ class Protocol:
 
     def describe(self, in_effect: dict) -> dict:
         """The record's "protocol" section: every setting that shapes the samples, and what took effect."""
-        return {**asdict(self), "gc": GC_POLICY, "order_rule": ORDER_RULES[self.order], "clock": CLOCK, **in_effect}
+        return {**asdict(self), "gc": GC_POLICY, "order_rule": ORDER_RULES[self.order],
+                "clock": clock_for(self.device).name, **in_effect}
 
     def run_section(self, preset: str, lengths: list[int], modes: list[str]) -> dict:
         """The record's "run" section: what was measured, with these settings."""
@@ -255,36 +259,38 @@ def heap_frozen():
 def time_call(run: Callable[[], object], clock: Clock = HOST) -> float:
     """Seconds for one call on `clock`, with the collector out of the timed region."""
     with collector_paused():
-        start = clock.now_ns()
+        start = clock.mark()
         run()
+        end = clock.mark()
         clock.synchronize()
-        elapsed = clock.now_ns() - start
-    return elapsed / 1e9
+    return clock.elapsed_ns(start, end) / 1e9
 
 
 def step_durations(stepping: Iterator, count: int | None = None, clock: Clock = HOST) -> list[float]:
     """The per-step timer: seconds of each of the next `count` steps of an iterator (every step left, by default),
     on `clock`. The clock is read once between two steps, so a step's time runs from the end of the one before it
-    to its own result (a request's steps, a context's, a loop's per-step profile)."""
-    durations = []
-    now_ns, synchronize = clock.now_ns, clock.synchronize  # bound once: read at every step
-    last = now_ns()
+    to its own result (a request's steps, a context's, a loop's per-step profile). A device clock marks each step
+    with an event and waits for the device once, after the last: its steps are the device's, not the launches'."""
+    mark = clock.mark  # bound once: read at every step
+    marks = [mark()]
     for _ in islice(stepping, count):
-        synchronize()
-        now = now_ns()
-        durations.append((now - last) / 1e9)
-        last = now
-    return durations
+        marks.append(mark())
+    clock.synchronize()
+    elapsed = clock.elapsed_ns
+    return [elapsed(marks[i - 1], marks[i]) / 1e9 for i in range(1, len(marks))]
 
 
 def time_observed(run: Callable[[], object], counters: Counters, clock: Clock = HOST) -> tuple[float, dict]:
     """Seconds for one call on `clock` and what the telemetry saw during it (read outside the timed region)."""
     with collector_paused():
         before = counters.read(machine_wide=False, opening=True)  # the last sample's end stands for the costly counters
-        start = clock.now_ns()
+        start = clock.mark()
         run()
-        clock.synchronize()
-        elapsed = clock.now_ns() - start
+        end = clock.mark()
+        clock.synchronize()  # the sample ends when the device is done
         after = counters.read()
-    return elapsed / 1e9, counters.difference(before, after)
+    seen = counters.difference(before, after)
+    if clock.host_beside:  # the host's time beside the device's: a launch-bound sample shows as host >> device
+        seen["host_seconds"] = clock.host_elapsed_ns(start, end) / 1e9
+    return clock.elapsed_ns(start, end) / 1e9, seen
 

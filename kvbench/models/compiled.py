@@ -22,6 +22,8 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +37,29 @@ from kvbench.model import Decoder, apply_rotary, rms_norm
 STATIC_COMPILED = "static-compiled"
 HF_STATIC_COMPILED = "hf-static-compiled"
 BLOCK = 64  # positions: the granularity of the attended span (at most BLOCK - 1 empty positions read)
+
+
+
+
+@dataclass(frozen=True)
+class Compiling:
+    """How a device compiles a step: torch.compile's `mode`, and what each call of a compiled function needs around
+    it. On CUDA "reduce-overhead" captures the step into CUDA graphs (captured on its first calls, in the gate and
+    the warm-up, never inside a sample); a graph's outputs are overwritten by its next replay, so each step's
+    logits are copied out, and each step is marked as a new one (torch.compiler.cudagraph_mark_step_begin)."""
+
+    mode: str | None = None
+    begin: Callable[[], None] = lambda: None
+    keep: Callable[[Tensor], Tensor] = lambda logits: logits
+
+
+COMPILING = {"cpu": Compiling(),  # device type -> how it compiles (a device without an entry: the CPU's way)
+             "cuda": Compiling("reduce-overhead", lambda: torch.compiler.cudagraph_mark_step_begin(), Tensor.clone)}
+
+
+def compiling(device: torch.device) -> Compiling:
+    return COMPILING.get(device.type, COMPILING["cpu"])
+
 
 compile_seconds: dict[str, list[float]] = {}  # mode -> the first call of each compiled function, compile included
 _steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its compiled decode_one
@@ -92,20 +117,21 @@ class CompiledStep:
     and the buffer's stride are symbols: one program for every span, context and cache; the weights'
     shapes stay static, and a batch of 1 is specialized, as dynamo does)."""
 
-    def __init__(self) -> None:
-        self.function = torch.compile(decode_one, fullgraph=True, dynamic=True)
-        self.compiled = False
+    def __init__(self, how: Compiling = Compiling()) -> None:
+        self.function = torch.compile(decode_one, fullgraph=True, dynamic=True, mode=how.mode)
+        self.compiled, self.how = False, how
 
     def __call__(self, model: Decoder, ids: Tensor, position: Tensor, keys: list[Tensor], values: list[Tensor]):
+        self.how.begin()
         if self.compiled:
-            return self.function(model, ids, position, keys, values)
+            return self.how.keep(self.function(model, ids, position, keys, values))
         self.compiled = True
-        return timed_first_call(STATIC_COMPILED, self.function, model, ids, position, keys, values)
+        return self.how.keep(timed_first_call(STATIC_COMPILED, self.function, model, ids, position, keys, values))
 
 
 def compiled_step(model: Decoder) -> CompiledStep:
     if model not in _steps:
-        _steps[model] = CompiledStep()
+        _steps[model] = CompiledStep(compiling(model.device))
     return _steps[model]
 
 
@@ -117,9 +143,9 @@ def steps(model: Decoder, ids: Tensor, prompt: int = 1) -> Iterator[tuple[Tensor
     B, T = ids.shape
     # One spare position past the capacity: a span is then never the whole buffer, so every span the step
     # sees has the same layout (a contiguous one would be another program to dynamo, a recompile).
-    cache = StaticCache(model.config, batch=B, capacity=capacity_for(T, model.config), spare=1)
+    cache = StaticCache(model.config, batch=B, capacity=capacity_for(T, model.config), spare=1, device=model.device)
     step = compiled_step(model)
-    position = torch.zeros(1, dtype=torch.long)
+    position = torch.zeros(1, dtype=torch.long, device=model.device)
     try:
         logits, cache = model(ids[:, :prompt], cache)
         yield logits[:, -1], cache
@@ -142,14 +168,19 @@ def compiled_forward(hf):
     (`torch.compile(model.forward, fullgraph=True)`; mode "reduce-overhead" is CUDA graphs, not on a CPU),
     once per transformers model; its first call is timed into compile_seconds."""
     if hf not in _forwards:
-        function = torch.compile(hf.forward, fullgraph=True)
+        how = compiling(hf.device)
+        function = torch.compile(hf.forward, fullgraph=True, mode=how.mode)
         first = [True]
 
         def forward(**inputs):
+            how.begin()
             if first[0]:
                 first[0] = False
-                return timed_first_call(HF_STATIC_COMPILED, function, **inputs)
-            return function(**inputs)
+                output = timed_first_call(HF_STATIC_COMPILED, function, **inputs)
+            else:
+                output = function(**inputs)
+            output.logits = how.keep(output.logits)
+            return output
 
         _forwards[hf] = forward
     return _forwards[hf]

@@ -120,7 +120,9 @@ def hf_state_dict(model: Decoder) -> dict:
             prefix + "mlp.down_proj.weight": block.down.weight,
         })
         if biased:
-            bias = block.qkv.bias if block.qkv.bias is not None else torch.zeros(HD + 2 * KVD, dtype=q.dtype)
+            bias = block.qkv.bias
+            if bias is None:
+                bias = torch.zeros(HD + 2 * KVD, dtype=q.dtype, device=q.device)
             for name, part in zip("qkv", bias.split((HD, KVD, KVD))):
                 weights[prefix + f"self_attn.{name}_proj.bias"] = part
     return weights
@@ -135,7 +137,7 @@ def hf_model(model: Decoder, attention: str = "sdpa", peer: str | None = None):
     config = hf_config(model.config, attention, peer)
     with torch.random.fork_rng(devices=[]):  # transformers initialises weights that are then overwritten
         hf = getattr(transformers, hf_architecture(model.config))(config)
-    hf = hf.to(model.token.weight.dtype).eval()
+    hf = hf.to(device=model.device, dtype=model.token.weight.dtype).eval()  # on the model's device, as its ids
     expected = hf_state_dict(model)
     missing, unexpected = hf.load_state_dict({name: t.detach().clone() for name, t in expected.items()},
                                              strict=False)

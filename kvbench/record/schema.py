@@ -17,6 +17,7 @@ from kvbench.measure import capture, estimation
 from kvbench.measure.sampling import STOPS
 from kvbench.measure.stats import ESTIMATORS, INTERVALS
 import kvbench.record.serving as serving
+from kvbench.record.device import device_schema
 from kvbench.record.needle import needle_schema
 from kvbench.record.entries import TELEMETRY
 from kvbench.record.shape import first_error
@@ -306,7 +307,7 @@ def _schema_v2() -> dict:
                                      **{name: {"type": [kind, "null"], "minimum": 0} for name, kind in TELEMETRY.items()}})
     schema["properties"]["sampling"] = sampling_schema()
     schema["properties"].update(machine_sections())
-    schema["properties"].update(real_model_sections())
+    schema["properties"].update(real_model_sections(), device=device_schema())  # a device's run (kvbench.record.device)
     summary = schema["properties"]["summary"]
     summary["required"] += ["estimator", "interval", "controls"]
     summary["properties"]["baseline"] = _mode

@@ -37,14 +37,15 @@ def greedy_continuation(model: Decoder, prompt: torch.Tensor, count: int) -> lis
     chosen: list[int] = []
     with torch.inference_mode():
         while True:
-            cache = make_cache("static", model.config, 1, prompt.shape[1] + count)
-            fed = torch.cat((prompt, torch.tensor([chosen], dtype=torch.long).view(1, -1)), dim=1)
+            cache = make_cache("static", model.config, 1, prompt.shape[1] + count, device=model.device)
+            fed = torch.cat((prompt, torch.tensor([chosen], dtype=torch.long, device=prompt.device).view(1, -1)), dim=1)
             logits, _ = model(fed, cache)
             while len(chosen) < count:
                 chosen.append(int(logits[0, -1].argmax()))
                 if len(chosen) < count:
-                    logits, _ = model(torch.tensor([[chosen[-1]]]), cache)
-            full = model(torch.cat((prompt, torch.tensor([chosen[:-1]], dtype=torch.long).view(1, -1)), dim=1))[0]
+                    logits, _ = model(torch.tensor([[chosen[-1]]], device=prompt.device), cache)
+            given = torch.tensor([chosen[:-1]], dtype=torch.long, device=prompt.device).view(1, -1)
+            full = model(torch.cat((prompt, given), dim=1))[0]
             path = full[0, prompt.shape[1] - 1 :].argmax(-1).tolist()
             differ = next((i for i, (a, b) in enumerate(zip(path, chosen)) if a != b), None)
             if differ is None:

@@ -15,6 +15,7 @@ import torch
 
 from kvbench.cache.evicting import masked_reference
 from kvbench.measure import stats
+from kvbench.measure.clock import clock_for
 from kvbench.modes import spec
 from kvbench.workloads.decode import judge_logits, tolerances
 from kvbench.model import Decoder
@@ -43,7 +44,8 @@ class Replay:
         tokens = options.pop("max_batched_tokens", None)
         ledger = make_ledger(self.model, self.kind, self.budget, **options)
         source = TokenSource(self.model.config.vocab_size, self.trace.seed, self.trace.prefix, self.continuations)
-        self.scheduler = Scheduler(self.model, self.trace, ledger, source, self.keep_logits, tokens)
+        self.scheduler = Scheduler(self.model, self.trace, ledger, source, self.keep_logits, tokens,
+                                   clock=clock_for(self.model.device))  # its stamps after the device's work
 
     def __call__(self) -> None:
         self.last = self.scheduler.run()
@@ -72,7 +74,7 @@ def gate(model: Decoder, trace: Trace, kind: str, budget: int, settings: dict,
     replay = Replay(model, trace, kind, budget, settings, keep_logits=True, continuations=continuations)
     replay.prepare()
     replay()
-    atol, rtol = tolerances(model.config.dtype, model.config.layers)
+    atol, rtol = tolerances(model.config.dtype, model.config.layers, model.device.type)
     worst, failed, checked = None, [], 0
     with torch.inference_mode():
         for live in replay.scheduler.lives:
@@ -131,7 +133,8 @@ def serve(model: Decoder, trace: Trace, kinds: list[str], budget: int, settings:
             loops["control"] = replay(control)
         sampled = sample({0: loops}, protocol, baseline=runnable[0], on_sample=counted(on_sample, on_progress, protocol,
                                                                                      len(loops)), state=state,
-                         watch=lambda samples, length: makespan_half_widths(samples, runnable[0], protocol.between_run))
+                         watch=lambda samples, length: makespan_half_widths(samples, runnable[0], protocol.between_run),
+                         clock=clock_for(model.device))
     finally:
         if peer is not None:
             peer.close()

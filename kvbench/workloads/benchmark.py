@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from kvbench.measure import machine
-from kvbench.measure.clock import HOST, Clock
-from kvbench.measure.sampling import Sample, Sampling, sample
+from kvbench.measure.device import device_of
+from kvbench.measure.clock import Clock, clock_for
+from kvbench.measure.sampling import Sample, Sampling, finished, prepared, sample
 from kvbench.measure.timing import Protocol, collector_paused, control_mode, step_durations
 from kvbench.model import Decoder
 from kvbench.modes import CONTROL, FULL, spec
@@ -42,6 +43,7 @@ class RunOutcome:
     machine_probe: dict | None = None  # the fixed workloads of kvbench.measure.machine, at the start and the end
     limits: dict | None = None  # what the machine can stream and multiply, for a request or a contexts run
     compile_seconds: dict | None = None  # compiled mode -> first calls of its compiled functions, compile included
+    attention: dict | None = None  # on a device that can tell: mode -> the attention kernels one sample launched
 
 
 @dataclass(frozen=True)
@@ -84,12 +86,13 @@ def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol
         longest = given_ids(ids, model, protocol, max(workload.positions(n) for n in lengths))
         gate, rotations = gate_and_measure(workload, model, longest, lengths, modes, options, outcome, progress)
         loops = timed_loops(workload, model, longest, lengths, modes, gate, outcome.control, options)
+        outcome.attention = attention_kernels(model, loops[min(lengths)])
         planned = protocol.repeats * sum(len(by_mode) for by_mode in loops.values())
         keep = timed_progress(protocol, planned, protocol.repeats * sum(rotations.values()), outcome, progress)
         if hasattr(workload, "timer_seconds"):  # what timing every step on its own costs each step
             outcome.sampling.step_timer_seconds = workload.timer_seconds()
         sample(loops, protocol, on_sample=keep, state=outcome.sampling, watch=workload.watch(protocol, FULL),
-               limits=round_limits(outcome.limits, protocol))
+               limits=round_limits(outcome.limits, protocol), clock=clock_for(model.device))
         if outcome.limits is not None:
             outcome.limits["rounds"] = outcome.sampling.limits
         if protocol.per_step_length is not None:
@@ -154,23 +157,25 @@ def gate_and_measure(workload, model: Decoder, longest, lengths: list[int], mode
                                              len(checked_modes), outcome.control in checked_modes)
         for mode in modes:
             outcome.checks.append(gate[(mode, length)])
-            if timeable(gate[(mode, length)]):
-                outcome.memory.append({"mode": mode, "length": length,
-                                       **workload.memory(model, longest, length, mode, options)})
+            if timeable(gate[(mode, length)]):  # the device's peaks (none on the CPU) reset for each mode
+                found: dict = {}
+                peaks = device_of(model.device).memory(
+                    lambda: found.update(workload.memory(model, longest, length, mode, options)))
+                outcome.memory.append({"mode": mode, "length": length, **found, **peaks})
             progress(Progress("check", len(outcome.checks), len(lengths) * len(modes)))
     progress(Progress("reference", 1, 1))  # a request's or a context's reference runs within each length's gate
     return gate, rotations
 
 
 def per_step_seconds(model: Decoder, ids: Tensor, mode: str, warmup: int = 1,
-                     options: dict | None = None, clock: Clock = HOST) -> list[float]:
+                     options: dict | None = None, clock: Clock | None = None) -> list[float]:
     """Duration of every decode step of one loop (step t = position t): the run's per-step profile."""
     import torch
 
     for _ in range(warmup):
         decode(model, ids, mode, options=options)
     with collector_paused(), torch.inference_mode():
-        return step_durations(steps(model, ids, mode, options=options), clock=clock)
+        return step_durations(steps(model, ids, mode, options=options), clock=clock or clock_for(model.device))
 
 
 def forward_seconds(model: Decoder, ids) -> tuple[float, float, int]:
@@ -215,12 +220,19 @@ def given_ids(ids, model: Decoder, protocol: Protocol, positions: int):
 
 def machine_limits(model: Decoder, workload, lengths: list[int], protocol: Protocol) -> dict:
     """Memory bandwidth on one thread and all, matmul throughput at the model's shapes (a decode step's rows
-    and the longest prefill's), and the weight bytes a decode step reads."""
+    and the longest prefill's), and the weight bytes a decode step reads; on a device other than the CPU its own
+    bandwidth (one entry, "1") and its matmuls in the model's dtype, marked with the device's name."""
     import os
 
     prefill = workload.prompt if workload.name == "request" else max(lengths)
     everything = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    found = machine.limits(matmul_shapes(model, [protocol.batch, protocol.batch * prefill]), sorted({1, everything}))
+    device = device_of(model.device)
+    shapes = matmul_shapes(model, [protocol.batch, protocol.batch * prefill])
+    if device.threaded:
+        found = machine.limits(shapes, sorted({1, everything}))
+    else:
+        found = {**machine.limits(shapes, [1], device.name, model.config.dtype, device.cache_bytes()),
+                 "device": device.name, "dtype": str(model.config.dtype).removeprefix("torch.")}
     return {**found, "weight_bytes_per_step": weights_read_per_step(model),
             "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
 
@@ -231,7 +243,25 @@ def round_limits(limits: dict | None, protocol: Protocol) -> machine.RoundLimits
     if limits is None:
         return None
     shapes = [tuple(entry["shape"]) for entry in limits["matmul"] if entry["shape"][0] == protocol.batch]
-    return machine.RoundLimits(shapes, limits["buffer_bytes"])
+    if "device" not in limits:
+        return machine.RoundLimits(shapes, limits["buffer_bytes"])
+    import torch
+
+    return machine.RoundLimits(shapes, limits["buffer_bytes"], limits["device"], getattr(torch, limits["dtype"]))
+
+
+def attention_kernels(model: Decoder, calls: dict[str, Callable[[], object]]) -> dict | None:
+    """mode -> the attention kernels one sample of it launched (one untimed call at the shortest length), on a
+    device whose profiler can tell (Device.kernels); None on the CPU."""
+    device = device_of(model.device)
+    if device.kernels is None:
+        return None
+    found = {}
+    for mode, call in calls.items():
+        if mode != CONTROL:  # the control is its mode again
+            found[mode] = device.kernels(prepared(call))
+            finished(call)
+    return found
 
 
 def checked(workload, model: Decoder, ids, length: int, modes: list[str], options: dict | None) -> dict:

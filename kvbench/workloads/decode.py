@@ -186,9 +186,10 @@ class Equivalence:
         return asdict(self)
 
 
-def tolerances(dtype: torch.dtype, layers: int = 1) -> tuple[float, float]:
-    """(atol, rtol) of the exact gate in `dtype` for a model of `layers` layers (kvbench.kinds.tolerance_for)."""
-    return tolerance_for(dtype_name(dtype), layers)
+def tolerances(dtype: torch.dtype, layers: int = 1, device: str = "cpu") -> tuple[float, float]:
+    """(atol, rtol) of the exact gate in `dtype` for a model of `layers` layers on a device type
+    (kvbench.kinds.tolerance_for)."""
+    return tolerance_for(dtype_name(dtype), layers, device)
 
 
 def is_trained(model: Decoder) -> bool:
@@ -198,7 +199,8 @@ def is_trained(model: Decoder) -> bool:
 
 def model_tolerances(model: Decoder) -> tuple[float, float]:
     """The gate's (atol, rtol): its dtype's, or those a trained model carries (`gate_tolerance`, docs/drift.md)."""
-    return getattr(model, "gate_tolerance", None) or tolerances(model.config.dtype, model.config.layers)
+    return getattr(model, "gate_tolerance", None) or tolerances(model.config.dtype, model.config.layers,
+                                                                model.device.type)
 
 
 def first_step(bad: Tensor) -> int | None:

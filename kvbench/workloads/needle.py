@@ -181,7 +181,8 @@ def forced_tail(model, ids: Tensor, answer: list[int], mode: str, start: int, as
     ids[0, asked:] = ids.new_tensor(answer[:-1])
     rows = list(tail_logits(model, ids, mode, start, asked, cache, options, first))
     logprobs = torch.log_softmax(torch.stack(rows)[:, 0].double().cpu(), dim=-1)
-    return float(logprobs[torch.arange(len(answer)), torch.tensor(answer)].sum())
+    rows, answer_ids = (torch.arange(len(answer), device="cpu"), torch.tensor(answer, device="cpu"))  # logprobs': host
+    return float(logprobs[rows, answer_ids].sum())
 
 
 def label(mode: str, options: dict, model: Decoder | None = None) -> str:

@@ -61,7 +61,8 @@ def step_logits(model: Decoder, ids: Tensor, mode: str, options: dict | None, pr
         with torch.inference_mode():
             return model(ids)[0].float(), {}
     B, T = ids.shape
-    kept, held = torch.empty(B, T - prompt + 1, model.config.vocab_size, dtype=model.config.dtype), {}
+    kept, held = torch.empty(B, T - prompt + 1, model.config.vocab_size, dtype=model.config.dtype,
+                              device=model.device), {}
     with torch.inference_mode():
         for t, (logits, cache) in enumerate(steps(model, ids, mode, prompt, options=options)):
             kept[:, t] = logits
@@ -140,7 +141,7 @@ def measure(model: Decoder, ids: Tensor, modes: list[str], tokenizer, options: d
     if model.config.sinks:  # a windowed kind beside itself without sinks: what the sinks buy
         runs = [run for mode, chosen in runs
                 for run in ([(mode, variant(model, sinks=0)), (mode, chosen)] if windowed(mode) else [(mode, chosen)])]
-    pieces = ids.view(chunks, -1)
+    pieces = ids.to(model.device).view(chunks, -1)  # a text's ids are read on the host
     done, total = 0, (len(runs) + 1) * (chunks + 1)
 
     def advance(what: str) -> None:

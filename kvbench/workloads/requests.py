@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from kvbench.kinds import CONTEXT_TIMED_STEPS, CONTEXT_WARMUP_STEPS
-from kvbench.measure.clock import HOST, Clock
+from kvbench.measure.clock import HOST, Clock, clock_for
 from kvbench.measure.timing import step_durations
 from kvbench.model import Decoder
 from kvbench.modes import FULL
@@ -43,11 +43,12 @@ def check_request(model: Decoder, ids: Tensor, modes: list[str], prompt: int,
 
 
 def time_request(model: Decoder, ids: Tensor, mode: str, prompt: int, options: dict | None = None,
-                 clock: Clock = HOST) -> dict:
-    """One request, every step timed on its own: {"ttft_seconds", "step_seconds": [N - 1 values]}; the N
-    durations add up to the request's end-to-end time."""
+                 clock: Clock | None = None) -> dict:
+    """One request, every step timed on its own (on the model's device's clock unless given):
+    {"ttft_seconds", "step_seconds": [N - 1 values]}; the N durations add up to the request's end-to-end time."""
     with torch.inference_mode():
-        durations = step_durations(steps(model, ids, mode, prompt, options=options), clock=clock)
+        durations = step_durations(steps(model, ids, mode, prompt, options=options),
+                                   clock=clock or clock_for(model.device))
     return {"ttft_seconds": durations[0], "step_seconds": durations[1:]}
 
 
@@ -78,17 +79,18 @@ class ContextSteps:
         self.options, self.warmup, self.timed = options, warmup, timed
         self.stepping: Iterator | None = None
         self.durations: list[float] = []
+        self.clock = clock_for(model.device)  # its steps are timed on the device's clock
 
     def prepare(self) -> None:
         self.finish()
         with torch.inference_mode():
             self.stepping = steps(self.model, self.ids, self.mode, self.context, options=self.options)
             next(self.stepping)  # the prefill of the context
-            self.durations = step_durations(self.stepping, self.warmup)
+            self.durations = step_durations(self.stepping, self.warmup, self.clock)
 
     def __call__(self) -> None:
         with torch.inference_mode():
-            self.durations += step_durations(self.stepping, self.timed)
+            self.durations += step_durations(self.stepping, self.timed, self.clock)
 
     def detail(self) -> dict:
         return {"step_seconds": list(self.durations)}

@@ -224,8 +224,9 @@ def limit_sentence(view: RecordView) -> str:
     bandwidth, compute = latency.bandwidth_limit(limits, view.threads), latency.compute_limit(limits)
     when = (f"at the start of each of its {len(limits['rounds'])} rounds, beside the samples (medians)"
             if limits.get("rounds") else "once, before the samples")
-    return (f"The machine's limits, measured in this run {when}: triad {bandwidth / 1e9:.1f} GB/s on {view.threads} "
-            f"thread(s) over {format_bytes(limits['buffer_bytes'])} arrays, matmul {compute / 1e9:.1f} GFLOP/s at the "
+    where = f"the {limits['device']} device" if limits.get("device") else f"{view.threads} thread(s)"
+    return (f"The machine's limits, measured in this run {when}: triad {bandwidth / 1e9:.1f} GB/s on {where} "
+            f"over {format_bytes(limits['buffer_bytes'])} arrays, matmul {compute / 1e9:.1f} GFLOP/s at the "
             f"model's shapes. A decode step must read every weight once ({format_bytes(limits['weight_bytes_per_step'])}"
             f", embedding rows aside) and the cache it attends to; % of bandwidth is those bytes over the step's median "
             f"time against triad, % of matmul its FLOPs against the fastest matmul; matmul floor: the time its matrix "

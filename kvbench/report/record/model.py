@@ -365,6 +365,7 @@ def build_report(view: RecordView, seed: int = stats.SEED, resamples: int = stat
         report.verdict = precision.verdict(view, report.sampling)
         if clock_note(report.sampling) and not view.workload.is_request:
             report.notes.append(clock_note(report.sampling))  # a request's table is wall time: TTFT, TPOT, ITL
+    report.notes += [note for note in [precision.device_note(view)] if note]  # which clock, on a device
     report.tradeoffs = tradeoffs(view, rows)
     marks = {row.mode: row.marks for row in rows}  # a request has one length: its cells' marks are its modes'
     report.latency = [dataclasses.replace(row, marks=marks.get(row.mode, ())) for row in latency_rows(view)]

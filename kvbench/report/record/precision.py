@@ -9,6 +9,7 @@ print the same sentence, computed from the record.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
 from kvbench.measure.stats import RatioEstimate
@@ -164,3 +165,23 @@ def undisturbed_pairs(view: RecordView, mode: str, length: int) -> set[int] | No
         return None
     clean_base = {r["repetition"] for r in base if not disturbances(r["seconds"], r)}
     return {r["repetition"] for r in mine if not disturbances(r["seconds"], r)} & clean_base
+
+
+def device_note(view: RecordView) -> str | None:
+    """On a device other than the CPU: the clock its times are on, and the host's time beside the device's, per
+    mode (median over its samples of host / device seconds: far above 1, the host issued the work slower than the
+    device ran it, launch-bound). None on the CPU, whose times are the host's."""
+    device = view.protocol.get("device", "cpu")
+    if device == "cpu":
+        return None
+    ratios = {}
+    for mode in view.modes:
+        pairs = [r["host_seconds"] / r["seconds"] for n in view.lengths for r in view.repetitions(mode, n)
+                 if r.get("host_seconds") and r["seconds"] > 0]
+        if pairs:
+            ratios[mode] = statistics.median(pairs)
+    beside = ", ".join(f"{mode} {ratio:.2f}" for mode, ratio in ratios.items())
+    return (f"on {device}: every time is on {view.protocol.get('clock')} (the device's time between events around "
+            f"each sample and step), the host's beside it"
+            + (f"; median host / device time: {beside}" if beside else ""))
+
