@@ -15,7 +15,7 @@ import torch
 
 from kvbench.cache.evicting import masked_reference
 from kvbench.measure import stats
-from kvbench.modes import spec
+from kvbench.modes import SPECS, spec
 from kvbench.workloads.decode import judge_logits, tolerances
 from kvbench.model import Decoder
 from kvbench.serving.peer import PEER, PeerReplay, greedy_continuations, peer_gate
@@ -136,7 +136,7 @@ def serve(model: Decoder, trace: Trace, kinds: list[str], budget: int, settings:
             return {"checks": checks, "control": None, "sampling": state if state is not None else Sampling(),
                     "continuations": continuations}
         loops = {kind: replay(kind) for kind in runnable}
-        control = control_mode(protocol.control, [kind for kind in runnable if kind != PEER])  # kvbench's own kinds
+        control = control_mode(protocol.control, [kind for kind in runnable if kind in SPECS])  # kvbench's kinds
         if control is not None:
             loops["control"] = replay(control)
         sampled = sample({0: loops}, protocol, baseline=runnable[0], on_sample=counted(on_sample, on_progress, protocol,
