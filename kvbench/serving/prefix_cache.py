@@ -68,6 +68,7 @@ class PrefixLedger(PagedLedger):
         self.keyed: dict[int, int] = {}  # admitted request id -> its leading full blocks cached or computed
         self.hits: dict[int, int] = {}  # request id -> tokens found cached at its first admission
         self.prompt_blocks: dict[int, int] = {}  # admitted request id -> full blocks it computes before its token
+        self.hit_now: dict[int, int] = {}  # admitted request id -> the blocks it found cached
 
     def chain(self, live: Live) -> list[bytes]:
         if live.spec.id not in self.keys:
@@ -107,6 +108,7 @@ class PrefixLedger(PagedLedger):
         self.keyed[live.spec.id] = len(found)
         self.prompt_blocks[live.spec.id] = (live.feed - 1) // self.pool.block_size
         self.hits.setdefault(live.spec.id, len(found) * self.pool.block_size)
+        self.hit_now[live.spec.id] = len(found)  # a shared block has a holder that found it cached: this one
         return True
 
     def settle(self, rows: list[Live]) -> None:
@@ -122,11 +124,14 @@ class PrefixLedger(PagedLedger):
     def release(self, live: Live) -> int:
         self.keyed.pop(live.spec.id, None)
         self.prompt_blocks.pop(live.spec.id, None)
+        self.hit_now.pop(live.spec.id, None)
         return super().release(live)
 
     def snapshot(self, running: list[Live]) -> dict:
         """As the paged kind's, with a shared (hit) block stored once; and the blocks the cache keeps."""
         size, per_position = self.pool.block_size, admission.bytes_per_position(self.config)
+        if not any(self.hit_now.get(live.spec.id) for live in running):  # no block is shared: the paged kind's
+            return {**super().snapshot(running), "cached_blocks": self.pool.cached_blocks}
         filled: dict[int, int] = {}
         for live in running:
             for index, block in enumerate(live.cache.table_row):

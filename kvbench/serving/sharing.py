@@ -26,7 +26,7 @@ import random
 from kvbench.serving.trace import SHAPES, Trace, TraceRequest, check_trace
 
 DEFAULTS = {  # scaled to a CPU: (SGLang 64 groups x 16 of 2048 + 128 -> 256; vLLM's multi-turn dozens of turns)
-    "shared-prefix": {"groups": 4, "prompts": 8, "system": 512, "question": 32, "output": 16},
+    "shared-prefix": {"groups": 4, "prompts": 16, "system": 512, "question": 32, "output": 16},
     "multi-turn": {"conversations": 8, "turns": 4, "message": 64, "output": 32},
 }
 SOURCES = {"shared-prefix": "SGLang bench_serving, dataset generated-shared-prefix (groups x prompts, S, Q, O)",
