@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 __all__ = ["ADMISSIONS", "ORDERS", "PREEMPTIONS", "Admission", "Disciplines", "FirstComeFirstServed", "HeadOfLine",
-           "LongestPrefixFirst", "NewestFirst", "Order", "Preemption", "disciplines", "register"]
+           "LongestPrefixFirst", "NewestFirst", "Order", "Preemption", "disciplines", "register", "reorder"]
 
 
 class Order(Protocol):
@@ -30,7 +30,7 @@ class Order(Protocol):
         """A preempted request goes back to the waiting queue, its tokens kept."""
 
     def reorder(self, waiting: deque, cached: Callable[[Any], int]) -> None:
-        """Once an iteration, before admission: rank the waiting queue, if this order ranks by something that
+        """Optional (`reorder`): once an iteration, before admission, rank the waiting queue by something that
         changes while requests wait (`cached(live)`: the tokens of its prompt a prefix cache holds now)."""
 
 
@@ -129,6 +129,14 @@ def disciplines(order: str = FirstComeFirstServed.name, admission: str = HeadOfL
             raise ValueError(f"{what} discipline must be one of {sorted(table)}, got {name!r}")
         chosen[what] = table[name]()
     return Disciplines(**chosen)
+
+
+def reorder(order: Order, waiting: deque, cached: Callable[[Any], int]) -> None:
+    """The scheduler's call, once an iteration: the order's `reorder`, for an order that has one (an order written
+    before it existed keeps its queue as `arrive` and `requeue` left it)."""
+    rank = getattr(order, "reorder", None)
+    if rank is not None:
+        rank(waiting, cached)
 
 
 def register(what: str, factory: type) -> None:

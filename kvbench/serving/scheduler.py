@@ -38,7 +38,7 @@ from kvbench.measure.clock import HOST, Clock
 from kvbench.model import Decoder
 from kvbench.modes import PAGES, spec
 import kvbench.serving.admission as admission
-from kvbench.serving.disciplines import Disciplines
+from kvbench.serving.disciplines import Disciplines, reorder
 from kvbench.serving.trace import Trace, TraceRequest
 
 
@@ -300,7 +300,7 @@ class Scheduler:
         while self.pending and self.pending[0].arrival <= now:
             self.disciplines.order.arrive(self.waiting, self.pending.popleft())
         preempted = self.make_room()
-        self.disciplines.order.reorder(self.waiting, self.ledger.cached_tokens)  # fcfs leaves it as it is
+        reorder(self.disciplines.order, self.waiting, self.ledger.cached_tokens)  # fcfs leaves it as it is
         admitted = self.admit(now)
         begun = self.now()
         decoding = [live for live in self.running if live.pending == 1]
