@@ -115,11 +115,12 @@ class PrefixLedger(PagedLedger):
         """After a call: every row's newly filled full blocks get their keys."""
         size = self.pool.block_size
         for live in rows:
-            full, done, row = live.cache.length // size, self.keyed[live.spec.id], live.cache.table_row
-            keys = self.chain(live)
-            for index in range(done, full):
-                self.pool.register(row[index], keys[index])
-            self.keyed[live.spec.id] = max(done, full)
+            full, done = live.cache.length // size, self.keyed[live.spec.id]
+            if full > done:  # most calls fill no block: a decode step fills one every block_size steps
+                row, keys = live.cache.table_row, self.chain(live)
+                for index in range(done, full):
+                    self.pool.register(row[index], keys[index])
+                self.keyed[live.spec.id] = full
 
     def release(self, live: Live) -> int:
         self.keyed.pop(live.spec.id, None)
