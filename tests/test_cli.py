@@ -138,7 +138,7 @@ def saved_trace(tmp_path_factory) -> Path:
      "--warmup, --batch are not used by a serving run (--trace LENGTHS): leave them out"),
     (["--trace", "fixed:8,4", "--modes", "full,concat,static,paged"],  # run's default modes, given: not serving's
      "--modes full: a serving run takes kinds"),
-    (["--trace", "{trace}", "--requests", "4"], "--requests is not used by a replay run (--trace FILE), only by serving"),
+    (["--trace", "{trace}", "--requests", "4"], "--requests is not used by a replay run (--trace FILE or SHAPE), only by serving"),
     (["--trace", "fixed:8,4", "--share-prefix"],
      "--share-prefix: no request of the trace carries a shared prefix to share (--prefix S draws one)"),
     (["--trace", "fixed:8,4", "--prefix-fraction", "0.5"],
@@ -208,6 +208,7 @@ SAMPLES = {
     "--share-prefix": ["--share-prefix"], "--cancel": ["--cancel", "0.5:2"], "--kv-budget": ["--kv-budget", "1MiB"],
     "--reserve": ["--reserve", "max-length"], "--block-size": ["--block-size", "8"],
     "--max-batched-tokens": ["--max-batched-tokens", "none"], "--save-trace": ["--save-trace", "{out}/trace.json"],
+    "--prefix-cache": ["--prefix-cache"], "--queue-order": ["--queue-order", "longest-prefix", "--prefix-cache"],
     "--preset": ["--preset", "llama-tiny"], "--width": ["--width", "64"], "--heads": ["--heads", "2"],
     "--kv-heads": ["--kv-heads", "2"], "--layers": ["--layers", "2"], "--vocab-size": ["--vocab-size", "64"],
     "--max-length": ["--max-length", "64"], "--dtype": ["--dtype", "float64"], "--window": ["--window", "4"],

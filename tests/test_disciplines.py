@@ -124,7 +124,7 @@ def test_a_registered_discipline_is_chosen_by_name_and_unknown_names_are_refused
     monkeypatch.setitem(chosen.TABLES, "preemption", dict(chosen.PREEMPTIONS))
     register("preemption", OldestFirst)
     assert isinstance(disciplines(preemption="oldest").preemption, OldestFirst)
-    with pytest.raises(ValueError, match=r"order discipline must be one of \['fcfs'\], got 'lifo'"):
+    with pytest.raises(ValueError, match=r"order discipline must be one of \['fcfs', 'longest-prefix'\], got 'lifo'"):
         disciplines(order="lifo")
     with pytest.raises(ValueError, match=r"a discipline is one of \['admission', 'order', 'preemption'\], got 'evict'"):
         register("evict", OldestFirst)

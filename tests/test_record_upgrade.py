@@ -27,6 +27,9 @@ def raw(name: str) -> dict:
     return json.loads((ROOT / name).read_text())
 
 
+PREFIX_RECORDS = ("shared", "multi-turn-fcfs", "multi-turn-lpf", "none")  # written in the one record from the start
+
+
 def committed_records() -> list[str]:
     found = []
     for path in sorted((ROOT / "results").rglob("*.json")):
@@ -52,7 +55,8 @@ def test_the_committed_records_are_of_every_older_version_and_stay_as_written():
         {f"results/serving/aa/pair{pair}-{run}.json" for pair in (1, 2, 3) for run in "ab"} | \
         {"results/eviction/serving-budget.json"} | \
         {f"results/eviction/smollm2-ratio-0{ratio}.json" for ratio in (25, 50, 75)} | \
-        {"results/real/needle.json", "results/real/needle-evicting.json"}  # the scored kinds: docs/eviction.md
+        {"results/real/needle.json", "results/real/needle-evicting.json"} | \
+        {f"results/serving/prefix-{name}.json" for name in PREFIX_RECORDS}  # the prefix cache: docs/serving.md
     assert READABLE == ("kvbench.record/1", "kvbench.record/2", "kvbench.record/3", "kvbench.record/4")
     assert {raw(name)["schema"] for name in V1} == {"kvbench.record/1"}
     assert {raw(name)["schema"] for name in V2} == {"kvbench.record/2"}
@@ -251,7 +255,8 @@ def test_a_schema_3_record_upgrades_to_4_unchanged_but_its_label_and_4_needs_eve
     assert code == 2 and len(err.strip().splitlines()) == 1 and "'workload' is a required property" in err
 
 
-@pytest.mark.parametrize("name", sorted(str(p.relative_to(ROOT)) for p in (ROOT / "results/serving").glob("*.json")))
+@pytest.mark.parametrize("name", sorted(str(p.relative_to(ROOT)) for p in (ROOT / "results/serving").glob("*.json")
+                                         if p.stem not in {f"prefix-{name}" for name in PREFIX_RECORDS}))
 def test_a_serving_1_record_upgrades_to_4_with_the_same_numbers(name):
     """Every committed kvbench.serving/1 record loads as a /4 record of the serving workload: its replays, checks,
     trace and budget are the file's, keyed by the cell (mode, trace, budget) instead of the length 0, and the

@@ -217,6 +217,21 @@ class PagedCache(Cache):
             self._tail_shared = child._tail_shared = True
         return child
 
+    def adopt(self, blocks: list[int]) -> None:
+        """Start this empty single-sequence cache with full blocks the pool already holds, their references already
+        taken (a prefix cache's hit, kvbench.cache.prefix): positions 0..len(blocks) * block_size - 1 are theirs, at
+        the same absolute positions they were computed at, and the next position starts a block of its own."""
+        self._check_live()
+        if self.batch != 1 or self.length or self._held:
+            raise ValueError(f"adopt starts an empty cache of batch 1, got batch {self.batch} at length {self.length}")
+        if len(blocks) * self.block_size > self.capacity:
+            raise ValueError(f"adopting {len(blocks)} blocks of {self.block_size} positions exceeds capacity "
+                             f"{self.capacity}")
+        self._rows[0] = list(blocks)
+        self._held, self.length = len(blocks), len(blocks) * self.block_size
+        consecutive = bool(blocks) and list(blocks) == list(range(blocks[0], blocks[0] + len(blocks)))
+        self._first_block = blocks[0] if consecutive else None
+
     def release(self) -> None:
         """Give every block back (shared blocks stay with their other holders); the cache is then unusable."""
         self._check_live()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from kvbench import files, plugins, record
 from kvbench.measure import memory, timing
-from kvbench.serving import admission, trace
+from kvbench.serving import admission, sharing, trace
 from kvbench.cli.commands import (
     check_compare_arguments,
     check_output,
@@ -66,6 +66,8 @@ def load_trace(args: argparse.Namespace, config) -> trace.Trace:
     """The trace drawn from the options, or read from a file (a trace, or the trace of a serving record)."""
     name = args.trace.partition(":")[0]
     try:
+        if name in trace.SHAPES:  # prompts that reuse prefixes: the shape says every request
+            return sharing.make_shaped(sharing.parse_shape(args.trace), args.seed, config.max_length)
         if name in trace.LENGTHS:
             spec = {**trace.parse_lengths(args.trace), **trace.parse_arrivals(args.arrivals), "requests": args.requests,
                     **cancel_spec(args.cancel)}
@@ -89,7 +91,38 @@ def serving_settings(args: argparse.Namespace, config, kinds: list[str]) -> dict
             options = cache_options(args, kind)
             settings[kind] = {"policy": args.reserve, **({"options": options} if options else {})}
         settings[kind]["max_batched_tokens"] = args.max_batched_tokens  # the scheduler's, the same for every kind
+    for kind in kinds if args.prefix_cache else ():  # check_prefix_cache's twins: the kind, with its prefix cache
+        if kind.endswith(PREFIX_SUFFIX):
+            base = kind[: -len(PREFIX_SUFFIX)]
+            settings[kind] = {**settings[base], "kind": base, "prefix_cache": True, "order": args.queue_order}
     return settings
+
+
+PREFIX_SUFFIX = "-prefix"  # the serving mode of a kind replayed with its prefix cache: paged-prefix
+
+
+def check_prefix_cache(args: argparse.Namespace, kinds: list[str], served: trace.Trace) -> list[str]:
+    """The run's kinds: with --prefix-cache, each followed by its twin replayed with a prefix cache (paged alone by
+    default), every one a kind that can keep one; a trace whose groups or turns the holder or the peer cannot
+    replay is refused."""
+    structured = any(request.parent is not None or request.group for request in served.requests)
+    if args.share_prefix and structured:
+        raise CliError("--share-prefix forks one prefix's holder: this trace has several prefixes or conversations "
+                       "(--prefix-cache shares them)")
+    if admission.PEER in kinds and structured:
+        raise CliError(f"--modes {admission.PEER}: the peer generates its own outputs, and this trace's turns carry "
+                       "drawn outputs in their histories")
+    if not args.prefix_cache:
+        return kinds
+    kinds = kinds if "--modes" in args.given else [kind for kind in kinds if kind in SPECS and
+                                                   SPECS[kind].serving == PAGES]  # the kinds that keep one
+    lacking = [kind for kind in kinds if kind not in SPECS or SPECS[kind].serving != PAGES]
+    if lacking:
+        raise CliError(f"--prefix-cache: kind {lacking[0]} keeps no prefix cache (the paged kinds do, of one "
+                       f"shared block pool)")
+    if args.share_prefix:
+        raise CliError("--prefix-cache and --share-prefix: the prefix cache shares prefixes itself, give one")
+    return [name for kind in kinds for name in (kind, kind + PREFIX_SUFFIX)]
 
 
 def check_peer(config, served: trace.Trace) -> None:
@@ -130,7 +163,8 @@ def check_serve(args: argparse.Namespace) -> tuple:
     replayed. Returns check_serving's values and the record's path."""
     checked = check_serving(args)
     output = args.output or record.default_record_path()
-    replayed = Path(args.trace) if args.workload_name == REPLAY else None
+    replayed = Path(args.trace) if args.workload_name == REPLAY and args.trace.partition(":")[0] not in \
+        trace.SHAPES else None
     if args.save_trace is not None and same_file(args.save_trace, output):
         raise CliError(f"--save-trace and --output both name {args.save_trace}: the trace and the record need "
                        "different files")
@@ -156,6 +190,7 @@ def check_serving(args: argparse.Namespace):
     if args.share_prefix and not any(kind in SPECS and SPECS[kind].serving == PAGES for kind in kinds):
         raise CliError("--share-prefix forks paged blocks: add paged to --modes")
     served = load_trace(args, config)
+    kinds = check_prefix_cache(args, kinds, served)
     if args.share_prefix and not any(request.prefix for request in served.requests):
         raise CliError(f"--share-prefix: no request of the trace carries a shared prefix to share"
                        + (" (--prefix S draws one)" if args.workload_name == SERVING else ""))
@@ -166,7 +201,7 @@ def check_serving(args: argparse.Namespace):
     settings = serving_settings(args, config, kinds)
     check_read(args.given, {**option_readers(kinds), **{option: [kind for kind in kinds if setting in settings[kind]]
                                                         for option, setting in SETTINGS_READ.items()}}, kinds)
-    minimum = {kind: admission.minimum_budget(kind, config, served, args.reserve, args.block_size,
+    minimum = {kind: admission.minimum_budget(settings[kind].get("kind", kind), config, served, args.reserve, args.block_size,
                                               settings[kind].get("options"), args.share_prefix,
                                               args.max_batched_tokens) for kind in kinds}
     if args.kv_budget is None:
@@ -189,7 +224,7 @@ def check_serving(args: argparse.Namespace):
                                    max_repeats=args.max_repeats or 1001, order=args.order, cpu=args.cpu,
                                    control=args.control, warmup=0, seed=args.seed, threads=args.threads,
                                    between_run=args.between_run, device=checked_device(args))
-        timing.control_mode(protocol.control, [kind for kind in kinds if kind != admission.PEER])
+        timing.control_mode(protocol.control, [kind for kind in kinds if kind in SPECS])  # nor peer nor twin
     except ValueError as error:
         raise CliError(str(error)) from None
     return config, kinds, served, budget, settings, protocol, minimum
@@ -250,7 +285,7 @@ def interrupted_control(protocol: timing.Protocol, kinds: list[str], checks: dic
     before any was kept): without it an interrupted record's control replays would name no kind."""
     if not any(kept.mode == CONTROL for kept in state.samples):
         return None
-    return timing.control_mode(protocol.control, [kind for kind in kinds if kind != admission.PEER
+    return timing.control_mode(protocol.control, [kind for kind in kinds if kind in SPECS
                                                   and checks[kind]["passed"]])
 
 

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 from kvbench.cli.parser import integer
-from kvbench.serving import admission, trace
+from kvbench.serving import admission, disciplines, trace
 
 DEFAULT_KINDS = ("static", "paged")
 DEFAULT_REQUESTS = 16
@@ -37,8 +37,10 @@ def add_serving_options(run: argparse.ArgumentParser) -> None:
     group = run.add_argument_group(
         "serving (--trace)", "Many requests under one KV budget, scheduled iteration by iteration (docs/serving.md). "
         f"Kinds: {', '.join(admission.SERVING_KINDS)} (default --modes {','.join(DEFAULT_KINDS)}).")
-    group.add_argument("--trace", metavar="LENGTHS|FILE", help="chat | alpaca (the PagedAttention paper's ShareGPT "
-                       "and Alpaca means) | fixed:P,N | uniform:P0-P1,N0-N1, or a saved trace or serving record")
+    group.add_argument("--trace", metavar="LENGTHS|SHAPE|FILE", help="chat | alpaca (the PagedAttention paper's "
+                       "ShareGPT and Alpaca means) | fixed:P,N | uniform:P0-P1,N0-N1; shared-prefix[:G,P,S,Q,O] | "
+                       "multi-turn[:C,T,U,O] (prompts that reuse prefixes, kvbench.serving.sharing); or a saved trace "
+                       "or serving record")
     group.add_argument("--requests", type=integer(1, trace.MAX_REQUESTS), default=DEFAULT_REQUESTS, help="requests in the trace")
     group.add_argument("--arrivals", default="all", metavar="all|poisson:R|closed:C",
                        help="all at 0, Poisson at R requests/s, or C closed-loop clients")
@@ -55,4 +57,8 @@ def add_serving_options(run: argparse.ArgumentParser) -> None:
     group.add_argument("--max-batched-tokens", type=token_budget, default=DEFAULT_BATCHED_TOKENS, metavar="N|none",
                        help="tokens per iteration: one per decoding request, the rest prompt chunks (chunked "
                        f"prefill); 'none' prefills every admitted prompt whole (default {DEFAULT_BATCHED_TOKENS})")
+    group.add_argument("--prefix-cache", action="store_true", help="paged: also replay each paged kind with a "
+                       "prefix cache (KIND-prefix: full blocks kept after their request, LRU eviction), side by side")
+    group.add_argument("--queue-order", choices=sorted(disciplines.ORDERS), default=disciplines.FirstComeFirstServed.name,
+                       help="the waiting queue's order with --prefix-cache: arrival, or the longest cached prefix first")
     group.add_argument("--save-trace", type=Path, metavar="FILE.json", help="also write the trace alone here")

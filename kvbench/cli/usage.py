@@ -16,7 +16,7 @@ from kvbench.serving.trace import LENGTHS as TRACE_LENGTHS
 # each option with each workload, so a new option cannot be left out.
 LOOP, REQUEST, CONTEXTS, SERVING, REPLAY = "loop", "request", "contexts", "serving", "replay"
 WORKLOADS = {LOOP: "--lengths, the default", REQUEST: "--prompt/--generate", CONTEXTS: "--contexts",
-             SERVING: "--trace LENGTHS", REPLAY: "--trace FILE"}  # each workload: the options that choose it
+             SERVING: "--trace LENGTHS", REPLAY: "--trace FILE or SHAPE"}  # each workload: the options that choose it
 TIMED = (LOOP, REQUEST, CONTEXTS)  # one model's modes timed in rotations: a preset's or a GGUF file's weights
 SERVED = (SERVING, REPLAY)  # a trace of requests under one KV budget, drawn or saved: the preset's random weights
 EVERY = TIMED + SERVED
@@ -42,7 +42,7 @@ USED_BY = {
     "--requests": (SERVING,), "--arrivals": (SERVING,), "--prefix": (SERVING,), "--prefix-fraction": (SERVING,),
     "--cancel": (SERVING,),
     "--share-prefix": SERVED, "--kv-budget": SERVED, "--reserve": SERVED, "--block-size": SERVED,
-    "--max-batched-tokens": SERVED, "--save-trace": SERVED,
+    "--max-batched-tokens": SERVED, "--save-trace": SERVED, "--prefix-cache": SERVED, "--queue-order": SERVED,
     "--preset": EVERY, "--width": EVERY, "--heads": EVERY, "--kv-heads": EVERY, "--layers": EVERY,
     "--vocab-size": EVERY, "--max-length": EVERY, "--dtype": EVERY,
     "--window": TIMED, "--sinks": TIMED, "--window-pattern": TIMED,  # the scheduler's batches need full attention
@@ -56,6 +56,7 @@ NEEDS = {  # option -> (the workloads where it does something only beside one of
                                                 "--repeats rotations"),
     "--max-seconds": (SERVED, ("--precision",), "without a precision target a serving run replays exactly "
                                                 "--repeats rotations"),
+    "--queue-order": (SERVED, ("--prefix-cache",), "it orders the queue of the kinds that keep a prefix cache"),
     "--quality": (TIMED, ("--model", "--gguf"), "it measures a trained model on text"),
     "--needle": (TIMED, ("--model", "--gguf"), "it measures a trained model's retrieval"),
     "--needle-depths": (TIMED, ("--needle",), "they say where --needle hides the needle"),

@@ -30,7 +30,7 @@ from kvbench.kinds import KIND_NAME
 from kvbench.modes import CONTROL  # a sample's mode for the A/A control's replays: not a kind
 from kvbench.record.meaning import RecordError
 from kvbench.record.shape import first_error
-from kvbench.serving.trace import LENGTHS, trace_from_dict
+from kvbench.serving.trace import LENGTHS, SHAPES, trace_from_dict
 
 V4 = "kvbench.record/4"
 SERVING_V1 = "kvbench.serving/1"  # the serving run's own format until 2026-12-04, upgraded on load
@@ -65,7 +65,7 @@ def trace_name(trace: dict) -> str:
     a trace read from a file whose spec names no known draw (its text is not shown: it is the file's own)."""
     spec = trace.get("spec") if isinstance(trace.get("spec"), dict) else {}
     lengths = spec.get("lengths")
-    return lengths if isinstance(lengths, str) and lengths in LENGTHS else "saved"
+    return lengths if isinstance(lengths, str) and lengths in (*LENGTHS, *SHAPES) else "saved"
 
 
 def assemble(*, complete: bool, created_utc: str, command: list, preset: str, config: dict, trace: dict,
@@ -278,6 +278,16 @@ def check_replay(where: str, replay: dict, outputs: list[int]) -> None:
     last = 0.0
     for index, iteration in enumerate(iterations):
         last = check_iteration(f"{where}/iterations/{index}", iteration, last)
+    if "prefix_cache" in replay:  # a kind replayed with its prefix cache: what the report's hit rate divides
+        cached = replay["prefix_cache"]
+        of_type(f"{where}/prefix_cache", cached, dict)
+        of_type(f"{where}/prefix_cache/hit_tokens", cached.get("hit_tokens"), list)
+        if len(cached["hit_tokens"]) != len(outputs):
+            raise Malformed(f"{where}/prefix_cache/hit_tokens", f"expected one count per request ({len(outputs)}), "
+                                                                f"got {len(cached['hit_tokens'])}")
+        for index, hits in enumerate(cached["hit_tokens"]):
+            count(f"{where}/prefix_cache/hit_tokens/{index}", hits)
+        count(f"{where}/prefix_cache/evicted", cached.get("evicted"))
 
 
 def check_request(where: str, request: object, index: int, output: int) -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 __all__ = ["ADMISSIONS", "ORDERS", "PREEMPTIONS", "Admission", "Disciplines", "FirstComeFirstServed", "HeadOfLine",
-           "NewestFirst", "Order", "Preemption", "disciplines", "register"]
+           "LongestPrefixFirst", "NewestFirst", "Order", "Preemption", "disciplines", "register", "reorder"]
 
 
 class Order(Protocol):
@@ -28,6 +28,10 @@ class Order(Protocol):
 
     def requeue(self, waiting: deque, live: Any) -> None:
         """A preempted request goes back to the waiting queue, its tokens kept."""
+
+    def reorder(self, waiting: deque, cached: Callable[[Any], int]) -> None:
+        """Optional (`reorder`): once an iteration, before admission, rank the waiting queue by something that
+        changes while requests wait (`cached(live)`: the tokens of its prompt a prefix cache holds now)."""
 
 
 class Admission(Protocol):
@@ -57,6 +61,23 @@ class FirstComeFirstServed:
     def requeue(self, waiting: deque, live: Any) -> None:
         waiting.appendleft(live)
 
+    def reorder(self, waiting: deque, cached: Callable[[Any], int]) -> None:
+        """Arrival order does not change while requests wait."""
+
+
+class LongestPrefixFirst(FirstComeFirstServed):
+    """SGLang's longest-prefix-match schedule: before each admission the waiting requests are ranked by the tokens of
+    their prompts the prefix cache holds now, most first; equal ones keep their order (arrival, a preempted one
+    ahead). It raises the hit rate when the cache cannot hold every prefix at once, and may starve a request whose
+    prefix is never cached while others keep arriving (a trace ends, so here none waits forever)."""
+
+    name = "longest-prefix"
+
+    def reorder(self, waiting: deque, cached: Callable[[Any], int]) -> None:
+        ranked = sorted(waiting, key=lambda live: -cached(live))  # stable
+        waiting.clear()
+        waiting.extend(ranked)
+
 
 class HeadOfLine:
     """From the head of the queue, stopping at the first request that does not fit: none overtakes one queued
@@ -80,7 +101,7 @@ class NewestFirst:
         return max(running, key=lambda live: live.spec.id)
 
 
-ORDERS: dict[str, type] = {FirstComeFirstServed.name: FirstComeFirstServed}
+ORDERS: dict[str, type] = {FirstComeFirstServed.name: FirstComeFirstServed, LongestPrefixFirst.name: LongestPrefixFirst}
 ADMISSIONS: dict[str, type] = {HeadOfLine.name: HeadOfLine}
 PREEMPTIONS: dict[str, type] = {NewestFirst.name: NewestFirst}
 TABLES = {"order": ORDERS, "admission": ADMISSIONS, "preemption": PREEMPTIONS}
@@ -108,6 +129,14 @@ def disciplines(order: str = FirstComeFirstServed.name, admission: str = HeadOfL
             raise ValueError(f"{what} discipline must be one of {sorted(table)}, got {name!r}")
         chosen[what] = table[name]()
     return Disciplines(**chosen)
+
+
+def reorder(order: Order, waiting: deque, cached: Callable[[Any], int]) -> None:
+    """The scheduler's call, once an iteration: the order's `reorder`, for an order that has one (an order written
+    before it existed keeps its queue as `arrive` and `requeue` left it)."""
+    rank = getattr(order, "reorder", None)
+    if rank is not None:
+        rank(waiting, cached)
 
 
 def register(what: str, factory: type) -> None:

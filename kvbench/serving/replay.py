@@ -16,11 +16,13 @@ import torch
 from kvbench.cache.evicting import masked_reference
 from kvbench.measure import stats
 from kvbench.measure.clock import clock_for
-from kvbench.modes import spec
+from kvbench.modes import SPECS, spec
 from kvbench.workloads.decode import judge_logits, tolerances
 from kvbench.model import Decoder
 from kvbench.serving.peer import PEER, PeerReplay, greedy_continuations, peer_gate
 from kvbench.measure.sampling import Sampling, sample
+from kvbench.serving.disciplines import FirstComeFirstServed, disciplines
+from kvbench.serving.prefix_cache import PrefixLedger, SharedSource
 from kvbench.serving.scheduler import Scheduler, TokenSource, make_ledger
 from kvbench.serving.figures import replay_figures
 from kvbench.measure.timing import Protocol, control_mode
@@ -39,16 +41,23 @@ class Replay:
         self.keep_logits, self.scheduler, self.last, self.continuations = keep_logits, None, {}, continuations
 
     def prepare(self) -> None:
-        """The kind's settings hold its ledger's options and the scheduler's token budget (max_batched_tokens)."""
+        """The kind's settings hold its ledger's options, the scheduler's token budget (max_batched_tokens) and
+        order discipline, and for a serving mode that is a kind with its prefix cache (`prefix_cache`), the kind.
+        Each replay starts with an empty prefix cache, as a server starts."""
         options = dict(self.settings)
-        tokens = options.pop("max_batched_tokens", None)
-        ledger = make_ledger(self.model, self.kind, self.budget, **options)
-        source = TokenSource(self.model.config.vocab_size, self.trace.seed, self.trace.prefix, self.continuations)
+        tokens, order = options.pop("max_batched_tokens", None), options.pop("order", FirstComeFirstServed.name)
+        kind, prefix = options.pop("kind", self.kind), options.pop("prefix_cache", False)
+        ledger = (PrefixLedger(self.model, self.budget, options["block_size"]) if prefix
+                  else make_ledger(self.model, kind, self.budget, **options))
+        source = SharedSource(self.model.config.vocab_size, self.trace.seed, self.trace, self.continuations)
         self.scheduler = Scheduler(self.model, self.trace, ledger, source, self.keep_logits, tokens,
+                                   disciplines=disciplines(order=order),
                                    clock=clock_for(self.model.device))  # its stamps after the device's work
 
     def __call__(self) -> None:
         self.last = self.scheduler.run()
+        if isinstance(self.scheduler.ledger, PrefixLedger):
+            self.last["prefix_cache"] = self.scheduler.ledger.stats(len(self.trace.requests))
 
     def detail(self) -> dict:
         return {"replay": self.last}
@@ -69,9 +78,10 @@ def gate(model: Decoder, trace: Trace, kind: str, budget: int, settings: dict,
     worst request's figures and where the first failing one failed. A request given more or fewer tokens than
     the trace asks fails too, at the first position it should not have (a scheduler that retires requests
     early does less work, and would otherwise be timed as if it did it all)."""
+    name, kind = kind, settings.get("kind", kind)  # a serving mode (paged-prefix) names its kind in its settings
     if spec(kind).evicts:  # its caches record what each step saw: its reference is the full path masked to that
         settings = {**settings, "options": {**settings.get("options", {}), "history": True}}
-    replay = Replay(model, trace, kind, budget, settings, keep_logits=True, continuations=continuations)
+    replay = Replay(model, trace, name, budget, settings, keep_logits=True, continuations=continuations)
     replay.prepare()
     replay()
     atol, rtol = tolerances(model.config.dtype, model.config.layers, model.device.type)
@@ -95,7 +105,7 @@ def gate(model: Decoder, trace: Trace, kind: str, budget: int, settings: dict,
             elif miscounted:
                 failed.append({"request": live.spec.id, "position": compared, "reason": miscounted})
     iterations = replay.last["iterations"]
-    return {**(worst or {}), "mode": kind, "passed": not failed, "failed_requests": failed,
+    return {**(worst or {}), "mode": name, "passed": not failed, "failed_requests": failed,
             "tokens_checked": checked, "requests": len(trace.requests), "preemptions": sum(it["preempted"] for it in iterations),
             "max_concurrency": max(it["running"] for it in iterations), "shared_saved": max(it["saved"] for it in iterations)}
 
@@ -128,7 +138,7 @@ def serve(model: Decoder, trace: Trace, kinds: list[str], budget: int, settings:
             return {"checks": checks, "control": None, "sampling": state if state is not None else Sampling(),
                     "continuations": continuations}
         loops = {kind: replay(kind) for kind in runnable}
-        control = control_mode(protocol.control, [kind for kind in runnable if kind != PEER])  # kvbench's own kinds
+        control = control_mode(protocol.control, [kind for kind in runnable if kind in SPECS])  # kvbench's kinds
         if control is not None:
             loops["control"] = replay(control)
         sampled = sample({0: loops}, protocol, baseline=runnable[0], on_sample=counted(on_sample, on_progress, protocol,

@@ -1,9 +1,7 @@
 """Iteration-level scheduling (Orca, vLLM) of a trace under a KV budget, with one model.
 
-Each iteration (the choices of order, admission and preemption are kvbench.serving.disciplines'; the defaults
-named here):
-  1. requests whose arrival time has come join the waiting queue (arrival order; preempted requests go back to
-     its head);
+Each iteration (the choices of order, admission and preemption are kvbench.serving.disciplines'; defaults here):
+  1. requests whose arrival time has come join the waiting queue (arrival order; preempted ones go to its head);
   2. the running requests' next decode token must fit: when the pool cannot hold it, the newest running request is
      preempted (its cache released, its tokens kept: it recomputes later, vLLM's default);
   3. waiting requests are admitted in order while the budget allows (kvbench.serving.admission: static and
@@ -20,9 +18,10 @@ named here):
      queue waits to fork it; once it holds the whole prefix, the requests waiting for it are admitted in the
      same iteration;
   5. a request that emitted its last token, or that its client cancelled, releases its cache in this iteration.
-Tokens are teacher-forced: request r's ids are fixed (TokenSource), so batching, padding and
-preemption never change what is computed, only when. Idle gaps (nothing running, the next arrival
-in the future) are skipped, not slept: the clock jumps to that arrival.
+Before admission the order discipline may rank the waiting queue (longest-prefix-first: by prefix cache hits).
+Tokens are teacher-forced: request r's ids are fixed (TokenSource), so batching, padding and preemption never
+change what is computed, only when. Idle gaps (nothing running, the next arrival in the future) are skipped, not
+slept: the clock jumps to that arrival.
 """
 
 from __future__ import annotations
@@ -39,7 +38,7 @@ from kvbench.measure.clock import HOST, Clock
 from kvbench.model import Decoder
 from kvbench.modes import PAGES, spec
 import kvbench.serving.admission as admission
-from kvbench.serving.disciplines import Disciplines
+from kvbench.serving.disciplines import Disciplines, reorder
 from kvbench.serving.trace import Trace, TraceRequest
 
 
@@ -118,6 +117,9 @@ class Ledger:
     def held_bytes(self) -> int:
         return self.held
 
+    def cached_tokens(self, live: Live) -> int:  # its prompt's tokens a prefix cache holds (serving.prefix_cache)
+        return 0
+
     def admit(self, live: Live, max_batched_tokens: int | None = None) -> bool:
         """Set `live`'s cache aside if it fits, made for the scheduler's chunk rule (kvbench.admission.cache_options:
         its most tokens per iteration, None for whole prompts), so its reservation is all it ever allocates."""
@@ -154,15 +156,14 @@ class Ledger:
 
 
 class PagedLedger(Ledger):
-    """One BlockPool of budget // block bytes blocks; requests take blocks on demand. With share_prefix, a
-    holder keeps the shared prefix's blocks while a request that has the prefix is still to come, and
-    every such request forks it (copy-on-write of a partly filled last block). The holder is prefilled like a
-    prompt, in chunks of the iteration's token budget (prefill_prefix), and a request that has the prefix is
-    admitted only once the holder holds all of it."""
+    """One BlockPool of budget // block bytes blocks (`pool`: its class); requests take blocks on demand. With
+    share_prefix, a holder keeps the shared prefix's blocks while a request that has the prefix is still to come,
+    and every such request forks it (copy-on-write of a partly filled last block). The holder is prefilled like a
+    prompt, in chunks of the iteration's token budget (prefill_prefix); a request with the prefix waits for all of it."""
 
-    def __init__(self, model: Decoder, budget: int, block_size: int, share_prefix: bool) -> None:
+    def __init__(self, model: Decoder, budget: int, block_size: int, share_prefix: bool, pool: type = BlockPool) -> None:
         super().__init__(model, "paged", budget, "request", None)
-        self.pool = BlockPool(self.config, budget // admission.block_bytes(self.config, block_size), block_size,
+        self.pool = pool(self.config, budget // admission.block_bytes(self.config, block_size), block_size,
                               model.device)
         self.share_prefix, self.holder, self.promised = share_prefix, None, 0
 
@@ -268,9 +269,7 @@ class Scheduler:
         self.disciplines = Disciplines() if disciplines is None else disciplines
         self.device = model.device  # read once: every iteration's ids are made there
         self.lives = [Live(spec, source.ids(spec).to(self.device), spec.arrival) for spec in trace.requests]
-        self.waiting: deque[Live] = deque()
-        self.running: list[Live] = []
-        self.iterations: list[dict] = []
+        self.waiting, self.running, self.iterations = deque(), [], []  # of Live, Live and dict
         self.skew = 0.0  # idle gaps skipped
         if trace.arrivals == "closed":  # each client's first request at 0; the next when the previous ends
             for live in self.lives[: trace.clients]:
@@ -301,6 +300,7 @@ class Scheduler:
         while self.pending and self.pending[0].arrival <= now:
             self.disciplines.order.arrive(self.waiting, self.pending.popleft())
         preempted = self.make_room()
+        reorder(self.disciplines.order, self.waiting, self.ledger.cached_tokens)  # fcfs leaves it as it is
         admitted = self.admit(now)
         begun = self.now()
         decoding = [live for live in self.running if live.pending == 1]

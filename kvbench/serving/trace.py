@@ -38,6 +38,8 @@ PUBLISHED_MEANS = {  # (mean input, mean output) tokens: Kwon et al., SOSP 2023,
 LOGNORMAL_SIGMA = 0.8  # assumed (the paper publishes no shape): a right tail a few times the mean
 SOURCE = "Kwon et al., Efficient Memory Management for LLM Serving with PagedAttention, SOSP 2023, Fig. 11"
 FIELDS = ("id", "prompt", "output", "arrival", "client", "prefix", "cancel_after")
+STRUCTURE = ("group", "parent")  # optional fields of a trace that reuses prefixes (kvbench.serving.sharing)
+SHAPES = ("multi-turn", "shared-prefix")  # traces drawn by kvbench.serving.sharing, whose prompts reuse prefixes
 MAX_REQUESTS = 100_000  # the most `kvbench run --requests` draws: a saved trace may hold no more
 # Arrivals are seconds after the replay starts, kept to the microsecond. Float seconds resolve a nanosecond
 # below about 1e7 s (116 days); far beyond, a request's token stamps collapse onto its arrival (1e300 + 0.1 is
@@ -55,6 +57,9 @@ class TraceRequest:
     client: int | None = None  # the closed-loop client that sends it
     prefix: int = 0  # leading prompt tokens shared with every other request that has a prefix
     cancel_after: int | None = None  # the client cancels after this many output tokens
+    group: int | None = None  # which shared prefix it carries (its system prompt's tokens); None: group 0
+    parent: int | None = None  # the earlier turn of its conversation: its prompt begins with that turn's prompt and
+    # whole output (kvbench.serving.sharing); None: a conversation's first turn, or no conversation
 
     @property
     def positions(self) -> int:
@@ -76,8 +81,11 @@ class Trace:
     spec: dict  # how it was drawn (or where it was read from)
 
     def to_dict(self) -> dict:
+        """The saved trace; the structure fields only where they are set (a trace without them reads as before)."""
+        rows = [{name: value for name, value in asdict(request).items() if name not in STRUCTURE or value is not None}
+                for request in self.requests]
         return {"schema": TRACE_SCHEMA, "seed": self.seed, "arrivals": self.arrivals, "clients": self.clients,
-                "spec": dict(self.spec), "requests": [asdict(request) for request in self.requests]}
+                "spec": dict(self.spec), "requests": rows}
 
     @property
     def prefix(self) -> int:
@@ -225,6 +233,33 @@ def check_trace(trace: Trace, max_positions: int) -> None:
     prefixes = {request.prefix for request in trace.requests if request.prefix}  # each an int by now
     if len(prefixes) > 1:
         raise ValueError(f"a trace shares one prefix: expected one prefix length, got {sorted(prefixes)}")
+    for request in trace.requests:
+        check_structure(trace, request)
+
+
+def check_structure(trace: Trace, request: TraceRequest) -> None:
+    """A group is a count; a turn extends its history: its parent is an earlier request, and its prompt holds the
+    parent's prompt and whole output and at least one token more (its new message)."""
+    where = f"request {request.id}"
+    if request.group is not None:
+        positive_int(f"{where} group", request.group, lowest=0)
+        if not request.prefix:
+            raise ValueError(f"{where}: group {request.group} names a shared prefix, and its prefix is 0")
+    if request.parent is None:
+        return
+    if isinstance(request.parent, bool) or not isinstance(request.parent, int) or not 0 <= request.parent < request.id:
+        raise ValueError(f"{where}: a turn's parent is an earlier request (0 to {request.id - 1}), got "
+                         f"{request.parent!r}")
+    parent = trace.requests[request.parent]
+    history = parent.prompt + parent.output
+    if request.prefix or request.group is not None:
+        raise ValueError(f"{where}: a later turn carries its conversation's prefix in its history: expected prefix "
+                         f"0 and no group, got prefix {request.prefix} and group {request.group!r}")
+    if parent.cancel_after is not None or request.prompt <= history:
+        raise ValueError(f"{where}: a turn is its history's extension: its prompt must hold request {parent.id}'s "
+                         f"prompt {parent.prompt} and whole output {parent.output} ({history} tokens, not cancelled) "
+                         f"and a new message, got prompt {request.prompt}"
+                         + (f" after a cancelled parent" if parent.cancel_after is not None else ""))
 
 
 def _check_arrival(trace: Trace, request: TraceRequest, where: str, last: float) -> None:
@@ -256,8 +291,10 @@ def trace_from_dict(data: object, max_positions: int) -> Trace:
         raise ValueError(f"a trace file has schema {TRACE_SCHEMA!r}, got {found!r}")
     rows, spec = data.get("requests"), data.get("spec")
     spec = {} if spec is None else spec  # a hand-written trace may say nothing of how it was drawn
-    if not isinstance(rows, list) or not all(isinstance(row, dict) and sorted(row) == sorted(FIELDS) for row in rows):
-        raise ValueError(f"a trace's requests are a list of objects with exactly the fields {list(FIELDS)}")
+    if not isinstance(rows, list) or not all(isinstance(row, dict) and set(FIELDS) <= set(row) <= {*FIELDS, *STRUCTURE}
+                                             for row in rows):
+        raise ValueError(f"a trace's requests are a list of objects with exactly the fields {list(FIELDS)}, and "
+                         f"optionally {list(STRUCTURE)}")
     if len(rows) > MAX_REQUESTS:  # refused before a request is built: a hostile file may hold millions
         raise ValueError(f"a trace holds at most {MAX_REQUESTS} requests, got {len(rows)}")
     if not isinstance(spec, dict):

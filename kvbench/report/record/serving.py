@@ -13,8 +13,9 @@ from kvbench.measure.latency import median_with_interval
 from kvbench.modes import CONTROL
 from kvbench.record import RecordView
 from kvbench.report.format import escape_markdown, format_bytes, plain, rich_escape, seconds_unit
+from kvbench.report.record.prefix import prefix_figures, prefix_section
 from kvbench.report.record.sections import Cell, Column, Section
-from kvbench.serving.trace import LENGTHS
+from kvbench.serving.trace import LENGTHS, SHAPES
 
 HEADLINE = ("output_tokens_per_second", "requests_per_second", "mean_concurrency", "waste")
 
@@ -118,7 +119,7 @@ def heading(view: RecordView) -> str:
 def serving_title(view: RecordView) -> str:
     trace, budget = view.serving.trace, view.serving.budget
     lengths = trace["spec"].get("lengths")  # a record's own text: only a known name is shown
-    return (f"serving: {len(trace['requests'])} requests ({lengths if lengths in LENGTHS else 'saved'}, arrivals "
+    return (f"serving: {len(trace['requests'])} requests ({lengths if lengths in (*LENGTHS, *SHAPES) else 'saved'}, arrivals "
             f"{trace['arrivals']}), KV budget {format_bytes(budget['bytes'])}; {clock_name(view)}; medians over "
             "rotations [95% interval]")
 
@@ -173,6 +174,8 @@ def serving_sections(view: RecordView, newline: str = "\n", banner: bool = True)
     summary = summarise(view)
     out = [Section("incomplete", warnings=(INCOMPLETE_NOTE,))] if banner and not view.complete else []
     out += [serving_section(view, summary, newline), latency_section(view, summary, newline)]
+    cached = prefix_section(prefix_figures(view, figures_by_mode(view), paired))
+    out += [cached] if cached is not None else []
     control = control_sentence(summary)
     items = cpu_sentences(summary) + ([control] if control else [])
     out += [Section("ratios", items=tuple(items))] if items else []
