@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 from kvbench.cli.parser import integer
-from kvbench.serving import admission, trace
+from kvbench.serving import admission, goodput, trace
 
 DEFAULT_KINDS = ("static", "paged")
 DEFAULT_REQUESTS = 16
@@ -56,3 +56,14 @@ def add_serving_options(run: argparse.ArgumentParser) -> None:
                        help="tokens per iteration: one per decoding request, the rest prompt chunks (chunked "
                        f"prefill); 'none' prefills every admitted prompt whole (default {DEFAULT_BATCHED_TOKENS})")
     group.add_argument("--save-trace", type=Path, metavar="FILE.json", help="also write the trace alone here")
+    sweep = run.add_argument_group(
+        "goodput and capacity (--trace)", "The trace's requests replayed with Poisson arrivals at several rates "
+        "after the sampled replays (docs/serving.md); --max-seconds bounds this sweep's time too.")
+    sweep.add_argument("--rate-sweep", metavar="R1,R2,...", help="Poisson rates (requests/s): one replay per kind "
+                       "at each, the same lengths and seed")
+    sweep.add_argument("--capacity", action="store_true", help="search each kind's capacity: the highest rate at "
+                       f"which {goodput.ATTAINMENT:.0%} of requests meet --slo, within +-{goodput.TOLERANCE:.0%} in "
+                       f"at most {goodput.MAX_PROBES} probes")
+    sweep.add_argument("--slo", metavar="NAME=MS|NAME=Nx,...", help=f"latency targets ({', '.join(goodput.TARGETS)}) "
+                       "in ms, or N times one unloaded decode step measured in the run (Sarathi-Serve: tbt_p99=5x "
+                       "strict, 25x relaxed)")
