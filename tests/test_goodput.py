@@ -43,7 +43,8 @@ def test_the_search_records_every_probe_and_says_when_it_could_not_bracket():
     found = goodput.capacity_search(lambda rate: rate <= 1.0, start=1000.0)  # 1000x above: 8 probes are not enough
     assert len(found.probes) == 8 and found.capacity is None and found.low is not None
     assert found.reason == "8 probes without a bracket within +-5%"
-    rates = [1000 / 4**k for k in range(6)] + [math.sqrt(1000 / 4**5 * 1000 / 4**4), (1000 / 4**5) ** 0.75 * (1000 / 4**4) ** 0.25]
+    low, high = 1000 / 4**5, 1000 / 4**4
+    rates = [1000 / 4**k for k in range(6)] + [math.sqrt(low * high), low**0.75 * high**0.25]
     assert [rate for rate, _ in found.probes] == pytest.approx(rates)  # bracketing down by 4, then bisection
     assert [met for _, met in found.probes] == [False] * 5 + [True, False, False]
     never = goodput.capacity_search(lambda rate: True, start=1.0, max_rate=100.0)
@@ -178,3 +179,27 @@ def test_a_sweep_that_cannot_finish_within_max_seconds_is_refused_and_says_why(t
     assert "refused before its first replay: 3 replays" in err and "beyond --max-seconds 0.0001" in err
     sweep = json.loads(output.read_text())["serving"]["sweep"]
     assert sweep["points"] == [] and sweep["stopped"].startswith("refused")
+
+
+def test_a_sweep_stops_before_a_replay_that_would_pass_its_deadline_and_says_so():
+    """The stop rule inside the sweep (the CLI's estimate passed): time spent plus the next replay's estimate."""
+    from kvbench.config import DecoderConfig
+    from kvbench.model import build_model
+    from kvbench.serving.sweep import run_sweep
+    from kvbench.serving.trace import make_trace
+
+    model = build_model(DecoderConfig(), seed=0)
+    served = make_trace({"lengths": "fixed", "prompt": [4, 4], "output": [3, 3], "arrivals": "all", "requests": 3},
+                        0, model.config.max_length)
+    settings = {"paged": {"block_size": 16, "share_prefix": False, "max_batched_tokens": None}}
+    sweep = run_sweep(model, served, ["paged"], 1 << 20, settings, rates=(), targets=goodput.parse_slo("tbt_p99=5x"),
+                      search_starts={"paged": 10.0}, max_seconds=0.5, seconds_each={"paged": 0.6})
+    assert sweep["points"] == [] and sweep["searches"]["paged"]["probes"] == []
+    assert sweep["stopped"].startswith("stopped after 0 replays") and "would pass --max-seconds 0.5" in sweep["stopped"]
+    assert sweep["unloaded"]["output"] == 3 and len(sweep["unloaded"]["gaps"]) == 3 * 2
+
+
+def test_a_search_that_never_meets_stops_at_the_least_rate_a_trace_allows():
+    found = goodput.capacity_search(lambda rate: False, start=1.0, min_rate=0.01)
+    assert [rate for rate, _ in found.probes] == [1, 0.25, 0.0625, 0.015625] and found.capacity is None
+    assert found.reason == "no probe met the targets, down to the least a trace allows (0.01/s)"

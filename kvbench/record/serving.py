@@ -70,7 +70,8 @@ def trace_name(trace: dict) -> str:
 
 def assemble(*, complete: bool, created_utc: str, command: list, preset: str, config: dict, trace: dict,
              kinds: list, settings: dict, budget: dict, protocol: dict, environment: dict, checks: dict,
-             control: str | None, outputs: dict, samples: list[dict], sampling: dict, sweep: dict | None = None) -> dict:
+             control: str | None, outputs: dict, samples: list[dict], sampling: dict,
+             sweep: dict | None = None) -> dict:
     """The record of a serving run from its parts (the writer's, or a kvbench.serving/1 document's): each kind's
     check and every replay keyed by its cell (mode, trace, budget) instead of the length 0 they were sampled
     under, and the run section every record has, copied from the protocol (a serving run has no lengths)."""

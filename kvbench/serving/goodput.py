@@ -210,7 +210,8 @@ def record_probe(search: Search, rate: float, met: bool) -> Search:
     return replace(search, probes=probes, low=low, high=rate)
 
 
-def capacity_search(probe, start: float, max_probes: int = MAX_PROBES, max_rate: float = 1e6) -> Search:
+def capacity_search(probe, start: float, max_probes: int = MAX_PROBES, max_rate: float = 1e6,
+                    min_rate: float = 0.0) -> Search:
     """The highest rate where `probe(rate)` is True, within +-5%, in at most `max_probes` calls (see the module's
     docstring). `probe(rate) -> bool` may stop the search early by raising StopIteration (a time budget)."""
     search = Search()
@@ -223,6 +224,9 @@ def capacity_search(probe, start: float, max_probes: int = MAX_PROBES, max_rate:
         if rate > max_rate:
             return replace(search, reason=f"every probe met the targets, up to the most a trace allows "
                                           f"({max_rate:g}/s)")
+        if rate < min_rate:
+            return replace(search, reason=f"no probe met the targets, down to the least a trace allows "
+                                          f"({min_rate:g}/s)")
         try:
             met = bool(probe(rate))
         except StopIteration as stop:

@@ -17,7 +17,7 @@ from dataclasses import replace
 from kvbench.model import Decoder
 from kvbench.serving import goodput
 from kvbench.serving.replay import Replay
-from kvbench.serving.trace import Trace
+from kvbench.serving.trace import MAX_ARRIVAL, MAX_RATE, Trace
 
 
 class OverBudget(Exception):
@@ -110,7 +110,8 @@ def run_sweep(model: Decoder, trace: Trace, kinds: list[str], budget: int, setti
                     return goodput.attainment(sweep.replay(kind, rate, search=True), limits)["meets"]
                 except OverBudget as error:
                     raise StopIteration(str(error)) from None
-            searches[kind] = {"start": start, **goodput.capacity_search(probe, start).to_dict()}
+            found = goodput.capacity_search(probe, start, max_rate=MAX_RATE, min_rate=len(trace.requests) / MAX_ARRIVAL)
+            searches[kind] = {"start": start, **found.to_dict()}
             if searches[kind]["reason"].startswith("stopped"):
                 stopped = searches[kind]["reason"]
                 break

@@ -44,7 +44,8 @@ def targets_text(sweep: dict) -> str:
 def share_text(met: dict | None, newline: str) -> str:
     if met is None:
         return "-"
-    return f"{met['share']:.0%} ({met['good']}/{met['requests']}){newline}[{met['share_low']:.0%}, {met['share_high']:.0%}]"
+    share = f"{met['share']:.0%} ({met['good']}/{met['requests']})"
+    return f"{share}{newline}[{met['share_low']:.0%}, {met['share_high']:.0%}]"
 
 
 def goodput_text(met: dict | None, newline: str) -> str:
