@@ -147,7 +147,8 @@ def saved_trace(tmp_path_factory) -> Path:
                                                     "is at or beyond every one (the longest is 4)"),
     (["--trace", "fixed:8,4", "--cancel", "1:5"],
      "--cancel 1:5: F, the fraction of the requests cancelled, must be in (0, 1), got '1'"),
-    (["--trace", "fixed:8,4", "--max-seconds", "30"], "--max-seconds needs --precision in a serving run"),
+    (["--trace", "fixed:8,4", "--max-seconds", "30"],
+     "--max-seconds needs --precision or --rate-sweep or --capacity in a serving run"),
     (["--trace", "fixed:8,4", "--kv-budget", "1e30"], "--kv-budget 1e30: 1e+30 bytes of KV caches and 338.4 KiB of "
                                                       "weights need more than the 1.0 GiB of memory available"),
     (["--trace", "fixed:8,4", "--kv-budget", "2GiB"], "--kv-budget 2GiB: 2.0 GiB of KV caches and 338.4 KiB"),
