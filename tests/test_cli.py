@@ -208,6 +208,8 @@ SAMPLES = {
     "--share-prefix": ["--share-prefix"], "--cancel": ["--cancel", "0.5:2"], "--kv-budget": ["--kv-budget", "1MiB"],
     "--reserve": ["--reserve", "max-length"], "--block-size": ["--block-size", "8"],
     "--max-batched-tokens": ["--max-batched-tokens", "none"], "--save-trace": ["--save-trace", "{out}/trace.json"],
+    "--rate-sweep": ["--rate-sweep", "1,2"], "--capacity": ["--capacity", "--slo", "ttft_p99=100"],
+    "--slo": ["--slo", "tbt_p99=5x", "--rate-sweep", "1"],
     "--preset": ["--preset", "llama-tiny"], "--width": ["--width", "64"], "--heads": ["--heads", "2"],
     "--kv-heads": ["--kv-heads", "2"], "--layers": ["--layers", "2"], "--vocab-size": ["--vocab-size", "64"],
     "--max-length": ["--max-length", "64"], "--dtype": ["--dtype", "float64"], "--window": ["--window", "4"],

@@ -62,8 +62,8 @@ def add_serving_options(run: argparse.ArgumentParser) -> None:
     sweep.add_argument("--rate-sweep", metavar="R1,R2,...", help="Poisson rates (requests/s): one replay per kind "
                        "at each, the same lengths and seed")
     sweep.add_argument("--capacity", action="store_true", help="search each kind's capacity: the highest rate at "
-                       f"which {goodput.ATTAINMENT:.0%} of requests meet --slo, within +-{goodput.TOLERANCE:.0%} in "
-                       f"at most {goodput.MAX_PROBES} probes")
+                       f"which {goodput.ATTAINMENT:.0%}% of requests meet --slo, within +-{goodput.TOLERANCE:.0%}% "
+                       f"in at most {goodput.MAX_PROBES} probes")  # argparse formats help with %: 90%% prints 90%
     sweep.add_argument("--slo", metavar="NAME=MS|NAME=Nx,...", help=f"latency targets ({', '.join(goodput.TARGETS)}) "
                        "in ms, or N times one unloaded decode step measured in the run (Sarathi-Serve: tbt_p99=5x "
                        "strict, 25x relaxed)")
