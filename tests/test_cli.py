@@ -147,7 +147,8 @@ def saved_trace(tmp_path_factory) -> Path:
                                                     "is at or beyond every one (the longest is 4)"),
     (["--trace", "fixed:8,4", "--cancel", "1:5"],
      "--cancel 1:5: F, the fraction of the requests cancelled, must be in (0, 1), got '1'"),
-    (["--trace", "fixed:8,4", "--max-seconds", "30"], "--max-seconds needs --precision in a serving run"),
+    (["--trace", "fixed:8,4", "--max-seconds", "30"],
+     "--max-seconds needs --precision or --rate-sweep or --capacity in a serving run"),
     (["--trace", "fixed:8,4", "--kv-budget", "1e30"], "--kv-budget 1e30: 1e+30 bytes of KV caches and 338.4 KiB of "
                                                       "weights need more than the 1.0 GiB of memory available"),
     (["--trace", "fixed:8,4", "--kv-budget", "2GiB"], "--kv-budget 2GiB: 2.0 GiB of KV caches and 338.4 KiB"),
@@ -209,6 +210,8 @@ SAMPLES = {
     "--reserve": ["--reserve", "max-length"], "--block-size": ["--block-size", "8"],
     "--max-batched-tokens": ["--max-batched-tokens", "none"], "--save-trace": ["--save-trace", "{out}/trace.json"],
     "--prefix-cache": ["--prefix-cache"], "--queue-order": ["--queue-order", "longest-prefix", "--prefix-cache"],
+    "--rate-sweep": ["--rate-sweep", "1,2"], "--capacity": ["--capacity", "--slo", "ttft_p99=100"],
+    "--slo": ["--slo", "tbt_p99=5x", "--rate-sweep", "1"],
     "--preset": ["--preset", "llama-tiny"], "--width": ["--width", "64"], "--heads": ["--heads", "2"],
     "--kv-heads": ["--kv-heads", "2"], "--layers": ["--layers", "2"], "--vocab-size": ["--vocab-size", "64"],
     "--max-length": ["--max-length", "64"], "--dtype": ["--dtype", "float64"], "--window": ["--window", "4"],

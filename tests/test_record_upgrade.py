@@ -51,12 +51,14 @@ def test_the_committed_records_are_of_every_older_version_and_stay_as_written():
     # the serving A/A pairs (results/serving/aa), the first serving runs written in the one record
     assert {"kvbench.record/1", "kvbench.record/2", "kvbench.record/4"} <= versions <= set(READABLE)
     assert SCHEMA == "kvbench.record/4"
-    assert {name for name in committed_records() if raw(name)["schema"] == SCHEMA} == \
-        {f"results/serving/aa/pair{pair}-{run}.json" for pair in (1, 2, 3) for run in "ab"} | \
-        {"results/eviction/serving-budget.json"} | \
-        {f"results/eviction/smollm2-ratio-0{ratio}.json" for ratio in (25, 50, 75)} | \
-        {"results/real/needle.json", "results/real/needle-evicting.json"} | \
-        {f"results/serving/prefix-{name}.json" for name in PREFIX_RECORDS}  # the prefix cache: docs/serving.md
+    assert {name for name in committed_records() if raw(name)["schema"] == SCHEMA} == (
+        {f"results/serving/aa/pair{pair}-{run}.json" for pair in (1, 2, 3) for run in "ab"}
+        | {"results/eviction/serving-budget.json"}
+        | {f"results/eviction/smollm2-ratio-0{ratio}.json" for ratio in (25, 50, 75)}
+        | {"results/real/needle.json", "results/real/needle-evicting.json"}  # the scored kinds: docs/eviction.md
+        | {f"results/serving/goodput/llama-mini-chat-16-capacity-{tokens}-{pair}.json"  # docs/serving.md: goodput
+           for tokens in ("512", "none") for pair in (1, 2)}
+        | {f"results/serving/prefix-{name}.json" for name in PREFIX_RECORDS})  # the prefix cache: docs/serving.md
     assert READABLE == ("kvbench.record/1", "kvbench.record/2", "kvbench.record/3", "kvbench.record/4")
     assert {raw(name)["schema"] for name in V1} == {"kvbench.record/1"}
     assert {raw(name)["schema"] for name in V2} == {"kvbench.record/2"}

@@ -25,6 +25,7 @@ from kvbench.cli.commands import (
     same_file,
 )
 from kvbench.cli.device import checked_device, settle
+from kvbench.cli.goodput import check_sweep, run_planned
 from kvbench.cli.options import fraction
 from kvbench.cli.parser import CliError, did_you_mean
 from kvbench.cli.progress import stage
@@ -176,7 +177,7 @@ def check_serve(args: argparse.Namespace) -> tuple:
 
 def check_serving(args: argparse.Namespace):
     """Everything a serving run needs, torch-free but for a --plugin file's kinds: (config, kinds, trace, budget,
-    settings, protocol)."""
+    settings, protocol, minimum, the sweep's plan or None)."""
     args.plugins = [plugins.load_plugin(path) for path in args.plugin]  # before the kinds are checked
     config = config_from_args(args)
     kinds = list(args.modes) if "--modes" in args.given else list(DEFAULT_KINDS)  # run's default modes are not its
@@ -227,12 +228,12 @@ def check_serving(args: argparse.Namespace):
         timing.control_mode(protocol.control, [kind for kind in kinds if kind in SPECS])  # nor peer nor twin
     except ValueError as error:
         raise CliError(str(error)) from None
-    return config, kinds, served, budget, settings, protocol, minimum
+    return config, kinds, served, budget, settings, protocol, minimum, check_sweep(args, kinds, served)
 
 
 def cmd_serve(args: argparse.Namespace, checked: tuple) -> int:
     """A serving run, once check_serve has passed (`checked`: what it returned)."""
-    config, kinds, served, budget, settings, protocol, minimum, output = checked
+    config, kinds, served, budget, settings, protocol, minimum, plan, output = checked
     if args.save_trace is not None:
         files.write_json_atomic(served.to_dict(), args.save_trace, args.force)
     from kvbench.measure import capture
@@ -260,6 +261,12 @@ def cmd_serve(args: argparse.Namespace, checked: tuple) -> int:
             raise
         interrupted, outcome = True, {"checks": checks, "control": interrupted_control(protocol, kinds, checks, state),
                                       "sampling": state}
+    samples = [kept.to_dict() for kept in outcome["sampling"].samples]
+    sweep = None
+    if plan is not None and not interrupted:  # after the sampled replays, whose times estimate the sweep's
+        with stage(Console(stderr=True), "sweep", disabled=args.no_progress) as update:
+            sweep = run_planned(plan, model, served, budget, settings, outcome["checks"], samples,
+                                on_progress=lambda done, total, what: update(done, total, what, timed=True))
     # the one record every workload writes (kvbench.record.serving), validated on write as every record is
     result = record.validate_record(assemble(
         complete=not interrupted, created_utc=record.utc_now(), command=["kvbench", *args.argv], preset=args.preset,
@@ -267,8 +274,8 @@ def cmd_serve(args: argparse.Namespace, checked: tuple) -> int:
         budget={"bytes": budget, "given": args.kv_budget, "reserve": args.reserve, "minimum": minimum},
         protocol=protocol.describe(in_effect), environment=environment, checks=outcome["checks"],
         control=outcome["control"], outputs=outputs_of(outcome.get("continuations"), kinds),
-        samples=[kept.to_dict() for kept in outcome["sampling"].samples],
-        sampling={length: state.to_dict() for length, state in outcome["sampling"].lengths.items()}))
+        samples=samples, sampling={length: state.to_dict() for length, state in outcome["sampling"].lengths.items()},
+        sweep=sweep))
     path = record.write_record(result, output, args.force)
     print_serving(record.RecordView(result, str(path)), args.wide)
     stdout_console().print(f"record: {path}")
@@ -277,6 +284,10 @@ def cmd_serve(args: argparse.Namespace, checked: tuple) -> int:
         print(f"kvbench: interrupted: the record keeps {len(result['repetitions'])} replays and "
               f"{len(checks)} of {len(kinds)} checks, marked incomplete: {path}", file=sys.stderr)
         return 130
+    if sweep is not None and sweep["stopped"]:
+        print(f"kvbench: {'--rate-sweep' if plan.rates else '--capacity'}: {sweep['stopped']}; the record keeps "
+              f"what was measured: {path}", file=sys.stderr)
+        return 2
     return 1 if failed else 0
 
 
@@ -325,11 +336,11 @@ def cmd_report_any(args: argparse.Namespace) -> int:
 
 def cmd_report_serving(args: argparse.Namespace, result: record.RecordView) -> int:
     """A serving record's report in the layout asked (its tables as sections, as a loop record's), and --plot its
-    memory over time."""
+    rate sweep's throughput-latency curve, or without a sweep its memory over time."""
     from kvbench.report.record import serving as serving_report
 
     if args.plot is not None:
-        files.write_bytes_atomic(args.plot, serving_report.memory_plot(result, args.plot.suffix.lower()), args.force)
+        files.write_bytes_atomic(args.plot, serving_report.report_plot(result, args.plot.suffix.lower()), args.force)
     if args.format == "text" and args.output is None:
         print_serving(result, args.wide)
         return 0

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 from kvbench.cli.parser import integer
-from kvbench.serving import admission, disciplines, trace
+from kvbench.serving import admission, disciplines, goodput, trace
 
 DEFAULT_KINDS = ("static", "paged")
 DEFAULT_REQUESTS = 16
@@ -62,3 +62,14 @@ def add_serving_options(run: argparse.ArgumentParser) -> None:
     group.add_argument("--queue-order", choices=sorted(disciplines.ORDERS), default=disciplines.FirstComeFirstServed.name,
                        help="the waiting queue's order with --prefix-cache: arrival, or the longest cached prefix first")
     group.add_argument("--save-trace", type=Path, metavar="FILE.json", help="also write the trace alone here")
+    sweep = run.add_argument_group(
+        "goodput and capacity (--trace)", "The trace's requests replayed with Poisson arrivals at several rates "
+        "after the sampled replays (docs/serving.md); --max-seconds bounds this sweep's time too.")
+    sweep.add_argument("--rate-sweep", metavar="R1,R2,...", help="Poisson rates (requests/s): one replay per kind "
+                       "at each, the same lengths and seed")
+    sweep.add_argument("--capacity", action="store_true", help="search each kind's capacity: the highest rate at "
+                       f"which {goodput.ATTAINMENT:.0%}% of requests meet --slo, within +-{goodput.TOLERANCE:.0%}% "
+                       f"in at most {goodput.MAX_PROBES} probes")  # argparse formats help with %: 90%% prints 90%
+    sweep.add_argument("--slo", metavar="NAME=MS|NAME=Nx,...", help=f"latency targets ({', '.join(goodput.TARGETS)}) "
+                       "in ms, or N times one unloaded decode step measured in the run (Sarathi-Serve: tbt_p99=5x "
+                       "strict, 25x relaxed)")

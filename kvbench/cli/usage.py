@@ -43,6 +43,7 @@ USED_BY = {
     "--cancel": (SERVING,),
     "--share-prefix": SERVED, "--kv-budget": SERVED, "--reserve": SERVED, "--block-size": SERVED,
     "--max-batched-tokens": SERVED, "--save-trace": SERVED, "--prefix-cache": SERVED, "--queue-order": SERVED,
+    "--rate-sweep": SERVED, "--capacity": SERVED, "--slo": SERVED,
     "--preset": EVERY, "--width": EVERY, "--heads": EVERY, "--kv-heads": EVERY, "--layers": EVERY,
     "--vocab-size": EVERY, "--max-length": EVERY, "--dtype": EVERY,
     "--window": TIMED, "--sinks": TIMED, "--window-pattern": TIMED,  # the scheduler's batches need full attention
@@ -54,8 +55,9 @@ NEEDS = {  # option -> (the workloads where it does something only beside one of
     "--prefix-fraction": ((SERVING,), ("--prefix",), "it is the share of requests that carry the prefix"),
     "--max-repeats": (SERVED, ("--precision",), "without a precision target a serving run replays exactly "
                                                 "--repeats rotations"),
-    "--max-seconds": (SERVED, ("--precision",), "without a precision target a serving run replays exactly "
-                                                "--repeats rotations"),
+    "--max-seconds": (SERVED, ("--precision", "--rate-sweep", "--capacity"), "without a precision target a "
+                      "serving run replays exactly --repeats rotations, and without a sweep it has none to bound"),
+    "--slo": (SERVED, ("--rate-sweep", "--capacity"), "its targets judge a sweep's replays"),
     "--queue-order": (SERVED, ("--prefix-cache",), "it orders the queue of the kinds that keep a prefix cache"),
     "--quality": (TIMED, ("--model", "--gguf"), "it measures a trained model on text"),
     "--needle": (TIMED, ("--model", "--gguf"), "it measures a trained model's retrieval"),

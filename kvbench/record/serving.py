@@ -70,7 +70,8 @@ def trace_name(trace: dict) -> str:
 
 def assemble(*, complete: bool, created_utc: str, command: list, preset: str, config: dict, trace: dict,
              kinds: list, settings: dict, budget: dict, protocol: dict, environment: dict, checks: dict,
-             control: str | None, outputs: dict, samples: list[dict], sampling: dict) -> dict:
+             control: str | None, outputs: dict, samples: list[dict], sampling: dict,
+             sweep: dict | None = None) -> dict:
     """The record of a serving run from its parts (the writer's, or a kvbench.serving/1 document's): each kind's
     check and every replay keyed by its cell (mode, trace, budget) instead of the length 0 they were sampled
     under, and the run section every record has, copied from the protocol (a serving run has no lengths)."""
@@ -90,7 +91,8 @@ def assemble(*, complete: bool, created_utc: str, command: list, preset: str, co
                    for mode, check in checks.items()],
         "repetitions": [{"mode": sample.get("mode"), **key, **unkeyed(sample)} for sample in samples],
         "sampling": {"cells": [{**key, **unkeyed(entry)} for entry in sampling.values()]},
-        "serving": {"trace": trace, "budget": budget, "settings": settings, "outputs": outputs},
+        "serving": {"trace": trace, "budget": budget, "settings": settings, "outputs": outputs,
+                    **({"sweep": sweep} if sweep is not None else {})},
     }
 
 
@@ -167,6 +169,45 @@ def check_document(record: dict, environment_schema: dict) -> None:
         missing = [kind for kind in kinds if checks[kind]["passed"] and kind not in replayed]
         if missing:
             raise Malformed("repetitions", f"kinds {missing} passed their check but have no replay")
+    if "sweep" in serving:
+        check_sweep(serving["sweep"], kinds, [request.output for request in requests])
+
+
+def check_sweep(sweep: object, kinds: list[str], outputs: list[int]) -> None:
+    """A rate sweep or capacity search (kvbench.serving.sweep): its targets, the unloaded step, every replay at its
+    rate (raw stamps, as a sampled replay's) and each search's probes."""
+    from kvbench.serving.goodput import TARGETS
+
+    of_type("serving/sweep", sweep, dict)
+    for key, kind in (("targets", list), ("limits", dict), ("points", list), ("searches", dict),
+                      ("unloaded", dict), ("rates", list)):
+        of_type(f"serving/sweep/{key}", sweep.get(key), kind)
+    for index, target in enumerate(sweep["targets"]):
+        where = f"serving/sweep/targets/{index}"
+        of_type(where, target, dict)
+        if target.get("name") not in TARGETS or not isinstance(target.get("relative"), bool):
+            raise Malformed(where, f"expected a target of {list(TARGETS)} in ms or relative, got {target!r}")
+        number(f"{where}/value", target.get("value"), above=True)
+    for name, limit in sweep["limits"].items():
+        number(f"serving/sweep/limits/{name}", limit, above=True)
+    number("serving/sweep/unloaded/step_seconds", sweep["unloaded"].get("step_seconds"), above=True)
+    for index, rate in enumerate(sweep["rates"]):
+        number(f"serving/sweep/rates/{index}", rate, above=True)
+    for index, point in enumerate(sweep["points"]):
+        where = f"serving/sweep/points/{index}"
+        of_type(where, point, dict)
+        if point.get("kind") not in kinds:
+            raise Malformed(f"{where}/kind", f"expected one of the kinds {kinds}, got {point.get('kind')!r}")
+        number(f"{where}/rate", point.get("rate"), above=True)
+        of_type(f"{where}/replay", point.get("replay"), dict)
+        check_replay(f"{where}/replay", point["replay"], outputs)
+    for kind, search in sweep["searches"].items():
+        where = f"serving/sweep/searches/{kind}"
+        of_type(where, search, dict)
+        of_type(f"{where}/probes", search.get("probes"), list)
+        for name in ("low", "high", "capacity"):
+            if search.get(name) is not None:
+                number(f"{where}/{name}", search[name], above=True)
 
 
 def check_key(where: str, entry: dict, key: dict) -> None:

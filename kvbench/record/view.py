@@ -212,6 +212,7 @@ class ServingView:
         self.budget: dict = section["budget"]  # bytes, as given, the reserve policy, each kind's minimum
         self.settings: dict = section["settings"]
         self.outputs: dict = section["outputs"]
+        self.sweep: dict | None = section.get("sweep")  # a rate sweep or capacity search (kvbench.serving.sweep)
         self.trace_name: str = record["run"]["workload"]["trace"]
         self.kinds: list[str] = list(record["run"]["modes"])
         self.checks: dict[str, dict] = {check["mode"]: check for check in record["checks"]}

@@ -14,6 +14,7 @@ from kvbench.modes import CONTROL
 from kvbench.record import RecordView
 from kvbench.report.format import escape_markdown, format_bytes, plain, rich_escape, seconds_unit
 from kvbench.report.record.prefix import prefix_figures, prefix_section
+from kvbench.report.record.goodput import curve_plot, goodput_sections
 from kvbench.report.record.sections import Cell, Column, Section
 from kvbench.serving.trace import LENGTHS, SHAPES
 
@@ -179,6 +180,7 @@ def serving_sections(view: RecordView, newline: str = "\n", banner: bool = True)
     control = control_sentence(summary)
     items = cpu_sentences(summary) + ([control] if control else [])
     out += [Section("ratios", items=tuple(items))] if items else []
+    out += goodput_sections(view.serving.sweep, newline)
     failed = [f"EQUIVALENCE FAILED: {kind}: requests {check['failed_requests'][:5]} left the full path; it was not "
               "timed" for kind, check in view.serving.checks.items() if not check["passed"]]
     return out + ([Section("failures", warnings=tuple(failed))] if failed else [])
@@ -224,8 +226,10 @@ def render_markdown(view: RecordView, source: str, image: str | None = None) -> 
              f"Record `{source}`, created {escape_markdown(view.environment.get('timestamp_utc', '-'))}.", ""]
     for section in serving_sections(view, newline=" "):
         lines += section_lines(section)
-    if image:
-        lines += [f"![kvbench: KV memory over time, per kind]({image})", ""]
+    if image:  # --plot: a sweep's throughput-latency curve, else the memory over time (kvbench.cli.serve)
+        what = "throughput-latency curve" if view.serving.sweep and view.serving.sweep["points"] else \
+            "KV memory over time, per kind"
+        lines += [f"![kvbench: {what}]({image})", ""]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
@@ -247,8 +251,21 @@ def render_html(view: RecordView, source: str) -> str:
     image = data_uri(memory_plot(view, ".png"), "image/png")
     parts.append(Html('<figure><img src="{}" alt="KV memory over time"><figcaption>{}</figcaption></figure>').format(
         image, "KV memory used, reserved and saved by sharing over each kind's first replay, against the budget"))
+    sweep = view.serving.sweep
+    if sweep and sweep["points"]:
+        parts.append(Html('<figure><img src="{}" alt="throughput-latency curve"><figcaption>{}</figcaption>'
+                          '</figure>').format(data_uri(curve_plot(sweep, ".png"), "image/png"),
+                                              "p99 TTFT and p99 time between tokens against achieved requests/s "
+                                              "per kind (targets dashed), and the share meeting every target by "
+                                              "offered rate (capacity dotted)"))
     parts.append(Html("</body></html>"))
     return str(Html("\n").join(parts)) + "\n"
+
+
+def report_plot(view: RecordView, suffix: str = ".png") -> bytes:
+    """`kvbench report --plot` of a serving record: a sweep's throughput-latency curve, else memory over time."""
+    sweep = view.serving.sweep
+    return curve_plot(sweep, suffix) if sweep and sweep["points"] else memory_plot(view, suffix)
 
 
 def memory_plot(view: RecordView, suffix: str = ".png") -> bytes:
