@@ -91,16 +91,18 @@ def test_the_gate_holds_through_batching_preemption_sharing_and_cancellation(kin
         assert check["shared_saved"] > 0
 
 
-@pytest.mark.parametrize("family, fault", [("gpt2", "positions"), ("llama", "mask")])
+@pytest.mark.parametrize("family, fault", [("gpt2", "positions"), ("llama", "mask"), ("llama", "lengths")])
 def test_a_wrong_position_or_mask_fails_the_gate(monkeypatch, family, fault):
     original = BatchedCache.__init__
 
-    def broken(self, rows, new):
-        original(self, rows, new)
+    def broken(self, rows, new, workspace=None):
+        original(self, rows, new, workspace)
         if fault == "positions":  # every row one position off (learned positions: RoPE would not notice)
             self.row_positions = self.row_positions + 1
-        else:  # every query sees every key: another row's padding, its own future
-            self.key_mask = torch.ones_like(self.key_mask)
+        elif fault == "mask":  # every query sees every key: another row's padding, its own future
+            self.key_mask, self.key_lengths = torch.ones_like(self.key_mask), None
+        else:  # a decode row attends one key past its own: padding
+            self.key_lengths = tuple(length + 1 for length in self.key_lengths)
 
     monkeypatch.setattr(BatchedCache, "__init__", broken)
     check = gate(MODELS[family], trace_of(requests=4), "paged", 10**6, {})
@@ -385,9 +387,9 @@ def test_the_summary_reads_ratios_the_right_way_round():
 def test_a_kind_that_fails_the_gate_is_recorded_and_not_timed(capsys, tmp_path, monkeypatch):
     original = BatchedCache.__init__
 
-    def sees_everything(self, rows, new):
-        original(self, rows, new)
-        self.key_mask = torch.ones_like(self.key_mask)
+    def sees_everything(self, rows, new, workspace=None):
+        original(self, rows, new, workspace)
+        self.key_mask, self.key_lengths = torch.ones_like(self.key_mask), None
 
     monkeypatch.setattr(BatchedCache, "__init__", sees_everything)
     record = tmp_path / "failed.json"
