@@ -253,8 +253,10 @@ class Scheduler:
         self.pending = deque(live for live in self.lives if live.arrival is not None)
 
     def now(self) -> float:
-        """Seconds on the replay's clock since run() began, plus the idle gaps it skipped."""
-        return (self.clock.now_ns() - self.start) / 1e9 + self.skew
+        """Seconds on the replay's clock since run() began, plus the idle gaps it skipped, to the nanosecond: the
+        clock counts integer nanoseconds, so nine decimals keep every one of its digits, where the sum with the
+        skew's float would be written with seventeen (docs/serving.md, "The record's size")."""
+        return round((self.clock.now_ns() - self.start) / 1e9 + self.skew, 9)
 
     def run(self) -> dict:
         self.start, self.cpu_start = self.clock.now_ns(), self.clock.cpu_ns()

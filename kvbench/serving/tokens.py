@@ -53,10 +53,14 @@ class TokenSource:
         return self.ids(request)[:, : request.prompt]
 
     def describe(self) -> dict:
-        """The record's account of where the ids came from (the corpus's own account is the caller's)."""
-        if self.continuations is not None:
-            return {"source": "the full path's greedy continuation of each prompt (kvbench.peer)",
-                    "ids": {str(request): ids for request, ids in self.continuations.items()}}
-        if self.text is not None:
-            return {"source": "runs of the corpus's token ids, each at an offset seeded by (seed, request)"}
-        return {"source": "random ids seeded by (seed, request)"}
+        return describe_source(self.continuations, self.text is not None)
+
+
+def describe_source(continuations: dict[int, list[int]] | None, text: bool) -> dict:
+    """The record's account of where the ids came from (the corpus's own account is the record's token_ids)."""
+    if continuations is not None:
+        return {"source": "the full path's greedy continuation of each prompt (kvbench.peer)",
+                "ids": {str(request): ids for request, ids in continuations.items()}}
+    if text:
+        return {"source": "runs of the corpus's token ids, each at an offset seeded by (seed, request)"}
+    return {"source": "random ids seeded by (seed, request)"}
