@@ -79,13 +79,23 @@ def write_json_atomic(data: object, path: Path | str, force: bool = False) -> Pa
 
 
 def json_text(data: object) -> str:
-    """JSON indented by one space a level, except that a list of plain numbers stays on one line. A serving
-    record is mostly such lists (every token's time stamps, kept raw): one number a line cost each number its
-    newline and indentation, as many characters as the number itself (docs/serving.md, "The record's size")."""
-    lists: list[list] = []
+    """JSON indented by one space a level, except that a list of plain numbers, and an object whose values are
+    plain values or such lists, stay on one line. A serving record is mostly those (every token's time stamps,
+    kept raw; a request's outcome; an iteration's counts): one value a line cost each its newline and indentation,
+    about as many characters as the value itself (docs/serving.md, "The record's size")."""
+    lists: list[object] = []
+
+    def flat(value: object) -> bool:
+        return type(value) in (int, float, str, bool) or value is None or (
+            isinstance(value, (list, tuple)) and all(type(item) in (int, float) for item in value))
 
     def inline(value: object) -> object:
         if isinstance(value, dict):
+            if value and all(flat(item) for item in value.values()) and not any(MARK in key for key in value):
+                if any(isinstance(item, str) and MARK in item for item in value.values()):
+                    raise _Marked
+                lists.append(value)
+                return f"{MARK}{len(lists) - 1}{MARK}"
             return {key: inline(item) for key, item in value.items()}
         if isinstance(value, (list, tuple)):
             if value and all(type(item) in (int, float) for item in value):

@@ -160,8 +160,10 @@ def bootstrap(rounds: list[dict], sizes: list[int], statistic, draws: int = 2000
 
 
 def commit_of() -> str | None:
+    """The commit of the kvbench measured (the checkout PYTHONPATH points at, not the script's)."""
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run(["git", "-C", str(Path(batched.__file__).parent), "rev-parse", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
 

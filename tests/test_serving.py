@@ -561,3 +561,15 @@ def test_a_scored_kind_is_served_with_its_options_from_the_command_line(capsys, 
     replays = {s["mode"]: s["replay"]["iterations"] for s in data["repetitions"]}
     assert min(it["reserved"] for it in replays["h2o"] if it["running"] == 4) < \
         min(it["reserved"] for it in replays["static"] if it["running"] == 4)
+
+
+def test_every_stamp_is_kept_to_the_nanosecond_the_clock_counts():
+    """Idle gaps are skipped by adding them as floats: without rounding a stamp would be written with 17 digits.
+    Every stamp is seconds to 9 decimals (the clock's integer nanoseconds), and JSON writes it with no more."""
+    trace = trace_of(lengths="fixed:4,3", requests=5, arrivals="poisson:3", seed=1)
+    _, _, result = replay(MODELS["llama"], trace, "paged", 10**6, keep_logits=False)
+    stamps = [stamp for request in result["requests"]
+              for stamp in [request["admitted"], request["finished"], *request["token_times"], *request["token_cpu_times"]]]
+    assert len(stamps) == 5 * 8 and all(stamp == round(stamp, 9) for stamp in stamps)
+    assert max(len(repr(stamp).partition(".")[2]) for stamp in stamps) <= 9
+    assert any(request["arrival"] > 0 for request in result["requests"])  # gaps were skipped: the sums were made
