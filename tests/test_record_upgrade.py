@@ -52,7 +52,8 @@ def test_the_committed_records_are_of_every_older_version_and_stay_as_written():
         {f"results/serving/aa/pair{pair}-{run}.json" for pair in (1, 2, 3) for run in "ab"} | \
         {"results/eviction/serving-budget.json"} | \
         {f"results/eviction/smollm2-ratio-0{ratio}.json" for ratio in (25, 50, 75)} | \
-        {"results/real/needle.json", "results/real/needle-evicting.json"}  # the scored kinds: docs/eviction.md
+        {"results/real/needle.json", "results/real/needle-evicting.json"} | \
+        {"results/serving/smollm2/chat-6.json", "results/serving/smollm2/chat-6-peer.json"}  # a trained model
     assert READABLE == ("kvbench.record/1", "kvbench.record/2", "kvbench.record/3", "kvbench.record/4")
     assert {raw(name)["schema"] for name in V1} == {"kvbench.record/1"}
     assert {raw(name)["schema"] for name in V2} == {"kvbench.record/2"}
