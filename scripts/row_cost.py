@@ -22,7 +22,7 @@ The rows grow by one position a step (no rollback): over the rounds the contexts
 positions a row, recorded.
 
 Usage: PYTHONPATH=. .venv/bin/python scripts/row_cost.py [--rows 1,4,8,16] [--rounds 15]
-       [--output results/serving/row-cost/smollm2-135m.json] [--force]
+       [--output results/row-cost/smollm2-135m.json] [--force]
 """
 
 from __future__ import annotations
@@ -240,7 +240,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", default="1,4,8,16")
     parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--output", type=Path, default=Path("results/serving/row-cost/smollm2-135m.json"))
+    parser.add_argument("--output", type=Path, default=Path("results/row-cost/smollm2-135m.json"))
     parser.add_argument("--force", action="store_true")
     args = parser.parse_args()
     sizes = [int(part) for part in args.rows.split(",")]
