@@ -86,8 +86,22 @@ def one_query(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return F.scaled_dot_product_attention(q.reshape(B, KVH, H // KVH, D), k, v).view(B, H, 1, D)
 
 
+def batched_attention(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor, key_lengths: tuple[int, ...] | None) -> Tensor:
+    """causal_attention of a batch of requests at their own lengths (its key_mask and key_lengths)."""
+    B, H, L, D = q.shape
+    KVH = k.shape[1]
+    if L == 1 and key_lengths is not None:  # decode rows, each over its own keys: no padding, no mask
+        return torch.cat([one_query(q[b : b + 1], k[b : b + 1, :, :T], v[b : b + 1, :, :T])
+                          for b, T in enumerate(key_lengths)])
+    if L == 1 and H != KVH:  # decode rows: fold the query heads onto their shared KV head, as one_query does
+        folded = q.reshape(B, KVH, H // KVH, D)
+        return F.scaled_dot_product_attention(folded, k, v, attn_mask=key_mask).view(B, H, 1, D)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=per_query_head(key_mask, H), enable_gqa=H != KVH)
+
+
 def causal_attention(q: Tensor, k: Tensor, v: Tensor, offset: int, window: int | None = None,
-                     key_positions: Tensor | None = None, key_mask: Tensor | None = None, sinks: int = 0) -> Tensor:
+                     key_positions: Tensor | None = None, key_mask: Tensor | None = None, sinks: int = 0,
+                     key_lengths: tuple[int, ...] | None = None) -> Tensor:
     """Attend new queries to the keys they may see.
 
     q: (B, H, L, D) queries at absolute positions offset..offset+L-1
@@ -100,17 +114,16 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, offset: int, window: int |
           padded to the longest: kvbench.cache.batch), which then replaces offset and positions; (B, KVH, L, S)
           where each key/value head keeps its own positions
     sinks: with a window, the first K positions stay visible to every query too (StreamingLLM's attention sinks)
+    key_lengths: with key_mask, when row b's keys are its positions 0..T_b-1 (the first T_b of S): for one query a
+          row (a decode step) each row then attends to its own T_b keys alone, one call a row, rather than the
+          padded (B, S) rectangle: rows of a few hundred positions padded to the longest of a batch made SDPA's
+          share of the step three times their keys' (scripts/row_cost.py)
     returns (B, H, L, D)
     """
     if key_mask is not None:
         if window is not None:
             raise ValueError(f"a batch of requests at their own lengths needs full attention, got window {window}")
-        B, H, L, D = q.shape
-        KVH = k.shape[1]
-        if L == 1 and H != KVH:  # decode rows: fold the query heads onto their shared KV head, as one_query does
-            folded = q.reshape(B, KVH, H // KVH, D)
-            return F.scaled_dot_product_attention(folded, k, v, attn_mask=key_mask).view(B, H, 1, D)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=per_query_head(key_mask, H), enable_gqa=H != KVH)
+        return batched_attention(q, k, v, key_mask, key_lengths)
     length, key_length = q.shape[-2], k.shape[-2]
     grouped = q.shape[1] != k.shape[1]
     if key_positions is not None and length == 1 and window is None:  # an evicting kind's step: every key kept is older

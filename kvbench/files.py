@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import stat
 import tempfile
 from pathlib import Path
@@ -74,7 +75,51 @@ def check_output(path: Path | str, force: bool = False) -> None:
 
 
 def write_json_atomic(data: object, path: Path | str, force: bool = False) -> Path:
-    return write_bytes_atomic(path, (json.dumps(data, indent=1, allow_nan=False) + "\n").encode(), force)
+    return write_bytes_atomic(path, (json_text(data) + "\n").encode(), force)
+
+
+def json_text(data: object) -> str:
+    """JSON indented by one space a level, except that a list of plain numbers, and an object whose values are
+    plain values or such lists, stay on one line. A serving record is mostly those (every token's time stamps,
+    kept raw; a request's outcome; an iteration's counts): one value a line cost each its newline and indentation,
+    about as many characters as the value itself (docs/serving.md, "The record's size")."""
+    lists: list[object] = []
+
+    def flat(value: object) -> bool:
+        return type(value) in (int, float, str, bool) or value is None or (
+            isinstance(value, (list, tuple)) and all(type(item) in (int, float) for item in value))
+
+    def inline(value: object) -> object:
+        if isinstance(value, dict):
+            if value and all(flat(item) for item in value.values()) and not any(MARK in key for key in value):
+                if any(isinstance(item, str) and MARK in item for item in value.values()):
+                    raise _Marked
+                lists.append(value)
+                return f"{MARK}{len(lists) - 1}{MARK}"
+            return {key: inline(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            if value and all(type(item) in (int, float) for item in value):
+                lists.append(value)
+                return f"{MARK}{len(lists) - 1}{MARK}"
+            return [inline(item) for item in value]
+        if isinstance(value, str) and MARK in value:
+            raise _Marked
+        return value
+
+    try:
+        text = json.dumps(inline(data), indent=1, allow_nan=False)
+    except _Marked:  # a string holding the mark itself: no line is kept short, nothing is mistaken
+        return json.dumps(data, indent=1, allow_nan=False)
+    escaped = re.escape(json.dumps(MARK)[1:-1])  # the mark as json.dumps writes it in a string
+    return re.sub(f'"{escaped}(\\d+){escaped}"', lambda found: json.dumps(lists[int(found.group(1))], allow_nan=False),
+                  text)
+
+
+MARK = "\x00"  # no string kvbench writes holds a NUL
+
+
+class _Marked(Exception):
+    pass
 
 
 def write_bytes_atomic(path: Path | str, content: bytes, force: bool = False) -> Path:

@@ -58,7 +58,7 @@ class Block(nn.Module):
         v = v.view(B, L, KVH, D).transpose(1, 2)
         k, v = cache.update(layer, k, v)  # (B, KVH, T, D), T = offset + L (fewer in a window's ring)
         y = causal_attention(q, k, v, offset, self.window, cache.key_positions, cache.key_mask,
-                             self.sinks)  # (B, H, L, D)
+                             self.sinks, cache.key_lengths)  # (B, H, L, D)
         if cache.wants_scores is not None:  # only a cache that scores its positions pays for the weights
             cache.observe(layer, attention_scores(q, k, offset, self.window, cache.key_positions, cache.key_mask,
                                                   self.sinks, cache.wants_scores))
@@ -147,7 +147,7 @@ class LlamaBlock(nn.Module):
         v = qkv[:, :, H + KVH :].transpose(1, 2)  # (B, KVH, L, D)
         k, v = cache.update(layer, k, v)  # (B, KVH, T, D), T = offset + L (fewer in a window's ring)
         y = causal_attention(q, k, v, offset, self.window, cache.key_positions, cache.key_mask,
-                             self.sinks)  # (B, H, L, D)
+                             self.sinks, cache.key_lengths)  # (B, H, L, D)
         if cache.wants_scores is not None:  # only a cache that scores its positions pays for the weights
             cache.observe(layer, attention_scores(q, k, offset, self.window, cache.key_positions, cache.key_mask,
                                                   self.sinks, cache.wants_scores))

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from kvbench import modes
 from kvbench.cache import BlockPool, EvictingCache, PagedCache, make_cache
-from kvbench.cache.batch import BatchedCache
+from kvbench.cache.batch import BatchedCache, Workspace
 from kvbench.cache.evicting import masked_reference
 from kvbench.model import build_model, preset_config
 
@@ -82,6 +82,41 @@ def test_a_batch_of_one_pool_gives_each_row_its_own_logits(lengths, new):
         own, _ = MODEL(ids[b : b + 1, :count], row)
         torch.testing.assert_close(batched[b, :count], own[0], atol=1e-5, rtol=1e-5)
         assert rows[b].length == row.length
+
+
+@pytest.mark.parametrize("kind", ["paged", "static"])
+def test_a_workspace_kept_across_calls_holds_stale_keys_that_no_row_sees(kind):
+    """One Workspace through three decode steps, the longest rows first: the later, shorter steps find the earlier
+    keys in it past their own, and each row's logits are still its own forward's; a call that fits takes no new
+    buffer, and each decode row attends to its own keys (key_lengths) only."""
+    rows = rows_in_one_pool([5, 17, 9], fork=False, scatter=True) if kind == "paged" else [
+        make_cache("static", CONFIG, 1, 64) for _ in range(3)]
+    if kind == "static":
+        for row, length in zip(rows, [5, 17, 9]):
+            MODEL(torch.randint(0, CONFIG.vocab_size, (1, length), generator=torch.Generator().manual_seed(length)), row)
+    workspace, buffers = Workspace(), []
+    generator = torch.Generator().manual_seed(2)
+    for chosen in ([0, 1, 2], [0, 2], [2]):
+        batch_rows = [rows[b] for b in chosen]
+        alone = [row.fork() if kind == "paged" else copy_static(row) for row in batch_rows]  # the same state, alone
+        ids = torch.randint(0, CONFIG.vocab_size, (len(batch_rows), 1), generator=generator)
+        view = BatchedCache(batch_rows, [1] * len(batch_rows), workspace)
+        assert view.key_lengths == tuple(row.length + 1 for row in batch_rows)
+        batched, _ = MODEL(ids, view)
+        buffers.append(workspace.nbytes)
+        for b, row in enumerate(alone):
+            own, _ = MODEL(ids[b : b + 1], row)
+            torch.testing.assert_close(batched[b], own[0], atol=1e-5, rtol=1e-5)
+    assert buffers[0] > 0 and buffers[1] == buffers[2] == buffers[0]  # the shorter calls fit: nothing new
+
+
+def copy_static(row):
+    """A static row's twin holding the same keys and values, to be stepped on its own."""
+    twin = make_cache("static", CONFIG, 1, 64)
+    for layer in range(CONFIG.layers):
+        twin.update(layer, row.keys(layer), row.values(layer))
+    twin.commit(row.length)
+    return twin
 
 
 def test_a_later_rows_failed_reserve_gives_back_what_the_earlier_rows_took():

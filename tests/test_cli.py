@@ -129,9 +129,11 @@ def saved_trace(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["--trace", "chat", "--model", "smollm2-135m"],  # it served the seed preset under the record's --model
-     "--model is not used by a serving run (--trace LENGTHS), only by loop, request and contexts runs"),
-    (["--trace", "chat", "--gguf", "missing.gguf"], "--gguf is not used by a serving run"),
+    (["--trace", "chat", "--model", "smollm2-135m", "--quality", "8"],  # a served model is timed, not scored on text
+     "--quality is not used by a serving run (--trace LENGTHS), only by loop, request and contexts runs"),
+    (["--trace", "chat", "--gguf", "missing.gguf"], "--gguf: expected a GGUF file, got missing.gguf: no such regular"),
+    (["--trace", "chat", "--model", "smollm2-135m", "--width", "64"],  # the file's shapes, not the preset's
+     "--model fixes the model's shapes: it cannot be combined with --width"),
     (["--trace", "chat", "--plugin", "missing.py"], "missing.py: no such file"),  # a plugin's kind may be served
     (["--trace", "chat", "--lengths", "8"], "--lengths and --trace choose different workloads: give one of them"),
     (["--trace", "chat", "--warmup", "1", "--batch", "1"],  # the defaults' values, given all the same
@@ -537,7 +539,7 @@ def imported_by(*argv: str) -> tuple[int, list[str]]:
     (["budget", "--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--tokens", "8192", "--memory", "80GiB"], 0),
     (["budget", "--preset", "llama-3.1-8b", "--dtype", "bfloat16", "--tokens", "8192", "--memory", "80GiB"], 0),
     (["run", "--preset", "llama-3.1-8b", "--lengths", "16"], 2),
-    (["run", "--trace", "chat", "--model", "smollm2-135m"], 2),
+    (["run", "--trace", "chat", "--model", "smollm2-135m", "--kv-budget", "2GiB"], 2),  # the budget does not fit
     (["run", "--trace", "fixed:8,4", "--kv-budget", "1e30"], 2),
     (["compare", "results/reference.json", "results/reference.json"], 0),
 ], ids=lambda value: " ".join(value) if isinstance(value, list) else str(value))

@@ -1,5 +1,6 @@
 """kvbench.files: the one atomic writer: never half a file, never an unasked-for replacement."""
 
+import json
 import os
 
 import pytest
@@ -55,3 +56,20 @@ def test_written_files_follow_the_umask_not_mkstemps_0600(tmp_path):
     finally:
         os.umask(old)
     assert os.stat(path).st_mode & 0o777 == 0o644
+
+
+def test_json_text_keeps_number_lists_and_flat_objects_on_one_line_and_reads_back_the_same():
+    data = {"stamps": [0.015356434, 2, 3.5], "request": {"id": 3, "times": [1.0, 2.0], "cancelled": False, "note": None},
+            "nested": {"inner": {"a": 1}}, "mixed": [True, 1], "lists": [[1, 2], []], "pair": (1, 2)}
+    text = files.json_text(data)
+    assert json.loads(text) == {**data, "pair": [1, 2]}
+    assert '"stamps": [0.015356434, 2, 3.5]' in text  # one line: no newline and indentation per number
+    assert '"request": {"id": 3, "times": [1.0, 2.0], "cancelled": false, "note": null}' in text
+    assert '"nested": {\n  "inner": {"a": 1}\n }' in text and '"mixed": [\n  true,\n  1\n ]' in text
+    assert text == files.json_text(json.loads(text))  # what is read back is written the same
+
+
+def test_json_text_of_a_string_holding_its_mark_is_plain_indented_json():
+    data = {"text": f"{files.MARK}0{files.MARK}", "stamps": [1, 2]}
+    assert json.loads(files.json_text(data)) == data
+    assert files.json_text(data) == json.dumps(data, indent=1)

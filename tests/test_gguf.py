@@ -203,3 +203,28 @@ def test_the_first_build_reports_each_layer_dequantized_and_a_cached_one_none(tm
     events.clear()
     _, origin = kvgguf.build_gguf_model(source, on_progress=lambda *event: events.append(event))
     assert origin == "cache" and events == []  # read back whole: nothing to count, the caller's clock runs alone
+
+
+def test_a_served_gguf_cuts_every_request_from_the_corpus_and_gates_at_the_trained_tolerance(tmp_path, original,
+                                                                                                cache_dir, monkeypatch):
+    """`kvbench run --gguf F --trace ...` serves the file's weights (not the seed preset's), its requests runs of
+    the corpus's tokens, its gate at the trained-weights tolerance, and its record names the file and the corpus."""
+    path = write_gguf(tmp_path / "m.gguf", original)
+
+    class Bytes:  # token ids below the test model's vocabulary, from the corpus's characters
+        def encode(self, text, add_special_tokens=False):
+            return [ord(c) % CONFIG.vocab_size for c in text]
+
+    monkeypatch.setattr(kvgguf, "tokenizer", lambda model: Bytes())
+    output = tmp_path / "served.json"
+    assert main(["run", "--gguf", str(path), "--trace", "fixed:8,3", "--requests", "3", "--modes", "static,paged",
+                 "--repeats", "1", "--output", str(output), "--no-progress", "--control", "none"]) == 0
+    import json
+
+    from kvbench.kinds import TRAINED_TOLERANCES
+
+    record = json.loads(output.read_text())
+    assert record["run"]["preset"] == "gguf" and record["config"]["width"] == CONFIG.width
+    assert record["model"]["sha256"] == kvgguf.file_sha256(path) and record["token_ids"]["source"] == "corpus"
+    assert record["serving"]["outputs"]["source"].startswith("runs of the corpus's token ids")
+    assert [(check["passed"], check["atol"]) for check in record["checks"]] == [(True, TRAINED_TOLERANCES["float32"][0])] * 2

@@ -91,16 +91,18 @@ def test_the_gate_holds_through_batching_preemption_sharing_and_cancellation(kin
         assert check["shared_saved"] > 0
 
 
-@pytest.mark.parametrize("family, fault", [("gpt2", "positions"), ("llama", "mask")])
+@pytest.mark.parametrize("family, fault", [("gpt2", "positions"), ("llama", "mask"), ("llama", "lengths")])
 def test_a_wrong_position_or_mask_fails_the_gate(monkeypatch, family, fault):
     original = BatchedCache.__init__
 
-    def broken(self, rows, new):
-        original(self, rows, new)
+    def broken(self, rows, new, workspace=None):
+        original(self, rows, new, workspace)
         if fault == "positions":  # every row one position off (learned positions: RoPE would not notice)
             self.row_positions = self.row_positions + 1
-        else:  # every query sees every key: another row's padding, its own future
-            self.key_mask = torch.ones_like(self.key_mask)
+        elif fault == "mask":  # every query sees every key: another row's padding, its own future
+            self.key_mask, self.key_lengths = torch.ones_like(self.key_mask), None
+        else:  # a decode row attends one key past its own: padding
+            self.key_lengths = tuple(length + 1 for length in self.key_lengths)
 
     monkeypatch.setattr(BatchedCache, "__init__", broken)
     check = gate(MODELS[family], trace_of(requests=4), "paged", 10**6, {})
@@ -385,9 +387,9 @@ def test_the_summary_reads_ratios_the_right_way_round():
 def test_a_kind_that_fails_the_gate_is_recorded_and_not_timed(capsys, tmp_path, monkeypatch):
     original = BatchedCache.__init__
 
-    def sees_everything(self, rows, new):
-        original(self, rows, new)
-        self.key_mask = torch.ones_like(self.key_mask)
+    def sees_everything(self, rows, new, workspace=None):
+        original(self, rows, new, workspace)
+        self.key_mask, self.key_lengths = torch.ones_like(self.key_mask), None
 
     monkeypatch.setattr(BatchedCache, "__init__", sees_everything)
     record = tmp_path / "failed.json"
@@ -559,3 +561,15 @@ def test_a_scored_kind_is_served_with_its_options_from_the_command_line(capsys, 
     replays = {s["mode"]: s["replay"]["iterations"] for s in data["repetitions"]}
     assert min(it["reserved"] for it in replays["h2o"] if it["running"] == 4) < \
         min(it["reserved"] for it in replays["static"] if it["running"] == 4)
+
+
+def test_every_stamp_is_kept_to_the_nanosecond_the_clock_counts():
+    """Idle gaps are skipped by adding them as floats: without rounding a stamp would be written with 17 digits.
+    Every stamp is seconds to 9 decimals (the clock's integer nanoseconds), and JSON writes it with no more."""
+    trace = trace_of(lengths="fixed:4,3", requests=5, arrivals="poisson:3", seed=1)
+    _, _, result = replay(MODELS["llama"], trace, "paged", 10**6, keep_logits=False)
+    stamps = [stamp for request in result["requests"]
+              for stamp in [request["admitted"], request["finished"], *request["token_times"], *request["token_cpu_times"]]]
+    assert len(stamps) == 5 * 8 and all(stamp == round(stamp, 9) for stamp in stamps)
+    assert max(len(repr(stamp).partition(".")[2]) for stamp in stamps) <= 9
+    assert any(request["arrival"] > 0 for request in result["requests"])  # gaps were skipped: the sums were made

@@ -48,6 +48,9 @@ class Cache:
     # A batch of requests at their own lengths (kvbench.cache.batch) sets both; one request leaves them None.
     row_positions: Tensor | None = None  # (B, L) absolute position of every new token, row by row
     key_mask: Tensor | None = None  # (B, 1, L, S) True where a query may attend: each row's own keys, no padding
+    # and, when every row's keys are its positions 0..T-1 in order, each row's T: a decode step attends to each
+    # row's own keys alone instead of the padded rectangle (kvbench.attention.causal_attention)
+    key_lengths: tuple[int, ...] | None = None
     device = torch.device("cpu")  # where its storage lives: the model's device (make_cache(..., device=))
     wants_scores: str | None = None  # "summed" or "weights": the attention weights observe() receives (None: none)
 

@@ -17,6 +17,14 @@ protocol of kvbench.cache.base, and gives the model what a ragged batch needs:
 
 Rows are padded to the longest: new tokens to L = max new, keys to S = max held. The padded
 queries' outputs are thrown away and their keys are never written to any cache.
+
+Every layer's keys and values are copied into one padded (B, KVH, S, D) operand. Fresh, that operand is fresh
+memory, and on this CPU (a VM) first touching fresh pages costs more than the copy: the padded gather of 16
+rows of a few hundred positions each took about 8 ms a layer, 4x its copy's time, and made an extra row cost
+several times its matmuls (scripts/row_cost.py, docs/serving.md). So the operands are written into a
+`Workspace`, scratch tensors kept from layer to layer and call to call (a server's scheduler holds one for
+its whole run): each layer's keys are dead once its attention has read them, and the next layer overwrites
+them. A padded position is masked; what it holds is stale but finite (zeros, or keys of an earlier call).
 """
 
 from __future__ import annotations
@@ -32,12 +40,38 @@ from kvbench.cache.paged import PagedCache
 from kvbench.config import DecoderConfig
 
 
+class Workspace:
+    """Scratch tensors by name, grown when a call needs more and otherwise reused: the keys and values a
+    batched call gathers live only until its attention reads them, so one buffer of each serves every layer
+    and every call. Made zero, so a padded position never holds anything but finite stale values."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, Tensor] = {}
+
+    def take(self, name: str, shape: tuple[int, ...], like: Tensor) -> Tensor:
+        """A contiguous tensor of `shape` with `like`'s dtype and device, whose contents are stale."""
+        count = 1
+        for size in shape:
+            count *= size
+        held = self._buffers.get(name)
+        if held is None or held.numel() < count or held.dtype != like.dtype or held.device != like.device:
+            # a quarter more than asked: rows grow by a token a step and must not make a new buffer each step
+            held = torch.zeros(count + count // 4, dtype=like.dtype, device=like.device)
+            self._buffers[name] = held
+        return held[:count].view(shape)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(buffer.numel() * buffer.element_size() for buffer in self._buffers.values())
+
+
 class BatchedCache(Cache):
-    """A view of `rows` (one cache per request) for one call of the model on ids (B, max(new))."""
+    """A view of `rows` (one cache per request) for one call of the model on ids (B, max(new)). `workspace`:
+    where the padded keys and values are gathered (a fresh one for this call when None)."""
 
     kind = "batched"
 
-    def __init__(self, rows: list[Cache], new: list[int]) -> None:
+    def __init__(self, rows: list[Cache], new: list[int], workspace: Workspace | None = None) -> None:
         if not rows or len(rows) != len(new):
             raise ValueError(f"expected one new-token count per row cache, got {len(rows)} caches and {len(new)} counts")
         if any(isinstance(count, bool) or not isinstance(count, int) or count < 1 for count in new):
@@ -49,6 +83,7 @@ class BatchedCache(Cache):
             raise ValueError(f"every row's cache must be on one device, got devices {sorted(map(str, devices))}")
         super().__init__(rows[0].config, batch=len(rows), device=rows[0].device)
         self.rows, self.new = rows, new
+        self.workspace = Workspace() if workspace is None else workspace
         self.slots: tuple[Tensor, Tensor, Tensor] | None = None  # set by reserve() when every row is in one pool
         width, device = max(new), self.device
         starts = torch.tensor([row.length for row in rows], device=device)[:, None]  # (B, 1)
@@ -59,6 +94,7 @@ class BatchedCache(Cache):
         # The keys' count from the Python ints, not row_positions.max(): reading a device tensor would wait for it.
         keys = torch.arange(max(row.length + count for row, count in zip(rows, new)), device=device)
         self.key_mask = (keys[None, None, :] <= self.row_positions[:, :, None])[:, None]  # (B, 1, L, S)
+        self.key_lengths = tuple(row.length + count for row, count in zip(rows, new))  # None once a row evicts
         self.base_mask = self.key_mask  # every row's keys at 0..T-1: what a row that evicted nothing at a layer sees
         self._own_mask = False  # whether key_mask is this batch's copy, rewritten row by row for evicting rows
         self._masked: set[int] = set()  # rows whose mask the last layer rewrote from their kept positions
@@ -117,7 +153,7 @@ class BatchedCache(Cache):
         if self.slots is not None:  # one pool: one write and one gather for every row, as paged attention reads
             return tuple(self._through_pool(layer, index, new) for index, new in enumerate((k, v)))
         S = self.key_mask.shape[-1]
-        keys, values = k.new_zeros(B, KVH, S, D), v.new_zeros(B, KVH, S, D)
+        keys, values = (self.workspace.take(name, (B, KVH, S, D), k) for name in ("keys", "values"))
         for b, (row, count) in enumerate(zip(self.rows, self.new)):
             row_keys, row_values = row.update(layer, k[b : b + 1, :, :count], v[b : b + 1, :, :count])  # (1, KVH, T, D)
             keys[b, :, : row_keys.shape[-2]] = row_keys[0]
@@ -135,6 +171,7 @@ class BatchedCache(Cache):
         """Row b's visibility from the absolute positions of the keys its cache returned (this layer's): (T,), or
         (1, KVH, T) where each key/value head kept its own, which makes the batch's mask (B, KVH, L, S)."""
         visible = held[..., None, :] <= self.row_positions[b][:, None]  # (L, T) or (1, KVH, L, T)
+        self.key_lengths = None  # its keys are no longer its positions in order: the mask says what each sees
         heads = self.config.kv_heads if held.dim() == 3 else self.key_mask.shape[1]
         if not self._own_mask or heads != self.key_mask.shape[1]:
             B, _, L, S = self.key_mask.shape
@@ -159,7 +196,9 @@ class BatchedCache(Cache):
         KVH, _, size, D = blocks.shape
         blocks.view(KVH, -1, D).index_copy_(1, written, new.transpose(0, 1).reshape(KVH, -1, D).index_select(1, picked))
         B, S = len(self.rows), self.key_mask.shape[-1]
-        gathered = blocks.index_select(1, read).view(KVH, B, -1, D)  # (KVH, B, blocks * bs, D)
+        gathered = self.workspace.take(("keys", "values")[index], (KVH, len(read), size, D), blocks)
+        torch.index_select(blocks, 1, read, out=gathered)
+        gathered = gathered.view(KVH, B, -1, D)  # (KVH, B, blocks * bs, D)
         return gathered.transpose(0, 1).narrow(2, 0, S)  # (B, KVH, S, D)
 
     def commit(self, length: int) -> None:

@@ -65,7 +65,7 @@ def replay_estimates(samples: list[dict], kinds: list[str]) -> tuple[dict[str, f
 
 
 def run_planned(plan: SweepPlan, model, served: trace.Trace, budget: int, settings: dict, checks: dict,
-                samples: list[dict], on_progress=None) -> dict | None:
+                samples: list[dict], on_progress=None, text=None) -> dict | None:
     """The sweep over the kinds that passed their gate and were replayed; its estimate first: when the rates,
     then MAX_PROBES per searched kind, at each kind's sampled replay time, would pass --max-seconds, the sweep is
     refused before its first replay (its `stopped` says why)."""
@@ -86,4 +86,5 @@ def run_planned(plan: SweepPlan, model, served: trace.Trace, budget: int, settin
                   f"replays' median) need about {estimate:.0f} s, beyond --max-seconds {plan.max_seconds:g}")
     return run_sweep(model, served, kinds, budget, settings, rates=() if refuse else plan.rates,
                      targets=plan.targets, search_starts={} if refuse or not plan.capacity else rates,
-                     max_seconds=plan.max_seconds, seconds_each=seconds, on_progress=on_progress, refused=refuse)
+                     max_seconds=plan.max_seconds, seconds_each=seconds, on_progress=on_progress, refused=refuse,
+                     text=text)

@@ -13,11 +13,12 @@ from rich.markup import escape
 
 from kvbench import kinds, modes, plugins, record
 from kvbench.measure import memory, timing
-from kvbench.cli.commands import check_output, config_from_args
+from kvbench.cli.commands import check_output
 from kvbench.cli.device import checked_device, device_section, settle
 from kvbench.cli.needle import check_needle, measure_needle, needle_bytes, prepare_needle
 from kvbench.cli.parser import CliError, did_you_mean
 from kvbench.cli.progress import ProgressBar, stage
+from kvbench.cli.real_model import QUALITY_CHUNKS, model_config, model_named
 from kvbench.cli.serve import check_serve, cmd_serve
 from kvbench.cli.usage import (CONTEXTS, LOOP, REQUEST, SERVED, cache_options, check_read, check_used, given_options,
                                option_readers)
@@ -197,38 +198,6 @@ def check_eviction(args: argparse.Namespace) -> None:
                            f"run compresses: expected at most {prompt}, or nothing is evicted")
 
 
-QUALITY_CHUNKS = 4  # runs of --quality tokens each: the perplexity difference's interval is over them
-SHAPE_OPTIONS = ("width", "heads", "kv_heads", "layers", "vocab_size")  # what a GGUF file fixes
-
-
-def model_config(args: argparse.Namespace) -> PlainConfig:
-    """The preset's config with the options' overrides, or a GGUF file's (--model, --gguf), read and checked
-    before anything is measured: args.real_model is the file read (or None) and args.model_name the record's name."""
-    args.real_model, args.model_name = None, args.preset
-    if args.model is None and args.gguf is None:  # --quality without either is refused already (usage.NEEDS)
-        return config_from_args(args)
-    given = (["--model"] if args.model else []) + (["--gguf"] if args.gguf else [])
-    given += [f"--{name.replace('_', '-')}" for name in SHAPE_OPTIONS if getattr(args, name) is not None]
-    if args.preset != "seed":
-        given.append("--preset")
-    if len(given) > 1:
-        raise CliError(f"{given[0]} fixes the model's shapes: it cannot be combined with {', '.join(given[1:])}")
-    from kvbench.models import gguf
-
-    try:
-        path = gguf.packaged_path(args.model) if args.model else args.gguf
-        args.real_model = gguf.read_gguf(path)
-        overrides = {"dtype": args.dtype, "window": args.window, "window_pattern": args.window_pattern,
-                     "sinks": args.sinks, "max_length": args.max_length}
-        config = args.real_model.plain_config(**{name: value for name, value in overrides.items() if value is not None})
-    except ValueError as error:
-        raise CliError(f"{given[0]}: {error}") from None
-    args.model_name = args.model or "gguf"
-    if args.quality is not None and args.quality * QUALITY_CHUNKS > 40000:
-        raise CliError(f"--quality {args.quality}: {QUALITY_CHUNKS} runs of it exceed the corpus's 40,000 tokens")
-    return config
-
-
 def workload_settings(args: argparse.Namespace, config: PlainConfig) -> None:
     """args.lengths and args.workload (what kvbench.workloads builds) from --lengths, --prompt/--generate or
     --contexts (check_used has refused more than one of them); every length a cell's positions."""
@@ -253,13 +222,6 @@ def workload_settings(args: argparse.Namespace, config: PlainConfig) -> None:
                          "timed_steps": kinds.CONTEXT_TIMED_STEPS}
     else:
         args.lengths, args.workload = list(args.lengths or timing.DEFAULT_LENGTHS), {"kind": "loop"}
-
-
-def model_named(args: argparse.Namespace) -> str:
-    """The model a refusal names: the preset, or the GGUF file its shapes came from (its preset is not used)."""
-    if args.real_model is None:
-        return f"preset {args.preset!r}"
-    return f"{'model ' + repr(args.model) + ', ' if args.model else ''}GGUF file {args.real_model.path}"
 
 
 def check_fits_in_memory(config: PlainConfig, protocol: Protocol, lengths: list[int], modes: list[str],

@@ -17,7 +17,6 @@ from kvbench.cli.commands import (
     cmd_compare,
     cmd_report,
     cmd_show,
-    config_from_args,
     deliver_report,
     load_view,
     plot_link,
@@ -29,6 +28,7 @@ from kvbench.cli.goodput import check_sweep, run_planned
 from kvbench.cli.options import fraction
 from kvbench.cli.parser import CliError, did_you_mean
 from kvbench.cli.progress import stage
+from kvbench.cli.real_model import load_served, model_config, model_named
 from kvbench.cli.serving_options import DEFAULT_KINDS, DEFAULT_REPEATS, DEFAULT_BUDGET_REQUESTS
 from kvbench.cli.usage import REPLAY, SERVING, cache_options, check_read, option_readers
 from kvbench.modes import CONTROL, PAGES, SPECS
@@ -179,7 +179,7 @@ def check_serving(args: argparse.Namespace):
     """Everything a serving run needs, torch-free but for a --plugin file's kinds: (config, kinds, trace, budget,
     settings, protocol, minimum, the sweep's plan or None)."""
     args.plugins = [plugins.load_plugin(path) for path in args.plugin]  # before the kinds are checked
-    config = config_from_args(args)
+    config = model_config(args)
     kinds = list(args.modes) if "--modes" in args.given else list(DEFAULT_KINDS)  # run's default modes are not its
     served_kinds = admission.serving_kinds()  # a plugin's kind too, when its spec says how it is served
     unknown = [kind for kind in kinds if kind not in served_kinds]
@@ -187,7 +187,7 @@ def check_serving(args: argparse.Namespace):
         raise CliError(f"--modes {unknown[0]}: a serving run takes kinds {list(served_kinds)}"
                        f"{did_you_mean(unknown[0], served_kinds)}")
     if config.window is not None:
-        raise CliError(f"--trace: a serving run needs full attention; preset {args.preset!r} slides a window")
+        raise CliError(f"--trace: a serving run needs full attention; {model_named(args)} slides a window")
     if args.share_prefix and not any(kind in SPECS and SPECS[kind].serving == PAGES for kind in kinds):
         raise CliError("--share-prefix forks paged blocks: add paged to --modes")
     served = load_trace(args, config)
@@ -238,22 +238,21 @@ def cmd_serve(args: argparse.Namespace, checked: tuple) -> int:
         files.write_json_atomic(served.to_dict(), args.save_trace, args.force)
     from kvbench.measure import capture
     from kvbench.serving import replay as serving
-    from kvbench.config import DecoderConfig
-    from kvbench.model import build_model
+    from rich.console import Console
 
     protocol, _, in_effect = settle(args, protocol)  # a serving record names the device in its protocol
     if protocol.device not in PEER_DEVICES and admission.PEER in kinds:
         raise CliError(f"--device {protocol.device}: the serving peer ({admission.PEER}) runs transformers' "
                        "continuous batching on the CPU only here; leave it out of --modes")
     environment = capture.collect_environment()
-    model = build_model(DecoderConfig.from_dict(config.to_dict()), seed=protocol.seed, device=protocol.device)
+    model, text, sections = load_served(args, config, protocol.seed, Console(stderr=True), protocol.device)
     from kvbench.measure.sampling import Sampling
-    from rich.console import Console
 
     state, checks, interrupted = Sampling(), {}, False
     try:
         with stage(Console(stderr=True), "serving", disabled=args.no_progress) as update:
             outcome = serving.serve(model, served, kinds, budget, settings, protocol, state=state, checks=checks,
+                                    text=text,
                                     on_progress=lambda done, total, what: update(  # replays are timed: no ticking
                                         done, total, what, timed=what.startswith(serving.REPLAY_STAGE)))
     except KeyboardInterrupt:  # keep what was measured, as every run does
@@ -266,16 +265,16 @@ def cmd_serve(args: argparse.Namespace, checked: tuple) -> int:
     if plan is not None and not interrupted:  # after the sampled replays, whose times estimate the sweep's
         with stage(Console(stderr=True), "sweep", disabled=args.no_progress) as update:
             sweep = run_planned(plan, model, served, budget, settings, outcome["checks"], samples,
-                                on_progress=lambda done, total, what: update(done, total, what, timed=True))
+                                on_progress=lambda done, total, what: update(done, total, what, timed=True), text=text)
     # the one record every workload writes (kvbench.record.serving), validated on write as every record is
     result = record.validate_record(assemble(
-        complete=not interrupted, created_utc=record.utc_now(), command=["kvbench", *args.argv], preset=args.preset,
+        complete=not interrupted, created_utc=record.utc_now(), command=["kvbench", *args.argv], preset=args.model_name,
         config=config.to_dict(), trace=served.to_dict(), kinds=kinds, settings=settings,
         budget={"bytes": budget, "given": args.kv_budget, "reserve": args.reserve, "minimum": minimum},
         protocol=protocol.describe(in_effect), environment=environment, checks=outcome["checks"],
-        control=outcome["control"], outputs=outputs_of(outcome.get("continuations"), kinds),
+        control=outcome["control"], outputs=outputs_of(outcome.get("continuations"), kinds, text is not None),
         samples=samples, sampling={length: state.to_dict() for length, state in outcome["sampling"].lengths.items()},
-        sweep=sweep))
+        sweep=sweep, sections=sections))
     path = record.write_record(result, output, args.force)
     print_serving(record.RecordView(result, str(path)), args.wide)
     stdout_console().print(f"record: {path}")
@@ -300,14 +299,14 @@ def interrupted_control(protocol: timing.Protocol, kinds: list[str], checks: dic
                                                   and checks[kind]["passed"]])
 
 
-def outputs_of(continuations: dict | None, kinds: list[str]) -> dict:
-    """What the requests' output ids were: random, or (with the peer) the full path's greedy continuation."""
+def outputs_of(continuations: dict | None, kinds: list[str], text: bool = False) -> dict:
+    """What the requests' output ids were: random, the corpus's next tokens (`text`), or (with the peer) the full
+    path's greedy continuation."""
     if continuations is None and admission.PEER in kinds:  # interrupted before serve() handed them back
         return {"source": "the full path's greedy continuation of each prompt (kvbench.peer); not kept: interrupted"}
-    if continuations is None:
-        return {"source": "random ids seeded by (seed, request)"}
-    return {"source": "the full path's greedy continuation of each prompt (kvbench.peer)",
-            "ids": {str(request): ids for request, ids in continuations.items()}}
+    from kvbench.serving.tokens import describe_source
+
+    return describe_source(continuations, text)
 
 
 def print_serving(view: record.RecordView, wide: bool = False) -> None:

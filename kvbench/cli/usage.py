@@ -17,8 +17,8 @@ from kvbench.serving.trace import LENGTHS as TRACE_LENGTHS
 LOOP, REQUEST, CONTEXTS, SERVING, REPLAY = "loop", "request", "contexts", "serving", "replay"
 WORKLOADS = {LOOP: "--lengths, the default", REQUEST: "--prompt/--generate", CONTEXTS: "--contexts",
              SERVING: "--trace LENGTHS", REPLAY: "--trace FILE or SHAPE"}  # each workload: the options that choose it
-TIMED = (LOOP, REQUEST, CONTEXTS)  # one model's modes timed in rotations: a preset's or a GGUF file's weights
-SERVED = (SERVING, REPLAY)  # a trace of requests under one KV budget, drawn or saved: the preset's random weights
+TIMED = (LOOP, REQUEST, CONTEXTS)  # one model's modes timed in rotations
+SERVED = (SERVING, REPLAY)  # a trace of requests under one KV budget, drawn or saved
 EVERY = TIMED + SERVED
 CHOOSERS = {"--lengths": LOOP, "--prompt": REQUEST, "--generate": REQUEST, "--contexts": CONTEXTS, "--trace": SERVING}
 USED_BY = {
@@ -47,7 +47,7 @@ USED_BY = {
     "--preset": EVERY, "--width": EVERY, "--heads": EVERY, "--kv-heads": EVERY, "--layers": EVERY,
     "--vocab-size": EVERY, "--max-length": EVERY, "--dtype": EVERY,
     "--window": TIMED, "--sinks": TIMED, "--window-pattern": TIMED,  # the scheduler's batches need full attention
-    "--model": TIMED, "--gguf": TIMED,  # serving replays the preset's random weights: a real model is not served yet
+    "--model": EVERY, "--gguf": EVERY,  # a served trained model's requests are runs of the corpus
     "--quant-group": EVERY, "--quant-residual": EVERY,  # and only where a quantized kind runs (KIND_OPTIONS)
     "--evict-ratio": EVERY, "--kv-keep": EVERY, "--evict-every": EVERY,  # and only where an evicting kind runs
 }

@@ -71,10 +71,11 @@ def trace_name(trace: dict) -> str:
 def assemble(*, complete: bool, created_utc: str, command: list, preset: str, config: dict, trace: dict,
              kinds: list, settings: dict, budget: dict, protocol: dict, environment: dict, checks: dict,
              control: str | None, outputs: dict, samples: list[dict], sampling: dict,
-             sweep: dict | None = None) -> dict:
+             sweep: dict | None = None, sections: dict | None = None) -> dict:
     """The record of a serving run from its parts (the writer's, or a kvbench.serving/1 document's): each kind's
     check and every replay keyed by its cell (mode, trace, budget) instead of the length 0 they were sampled
-    under, and the run section every record has, copied from the protocol (a serving run has no lengths)."""
+    under, and the run section every record has, copied from the protocol (a serving run has no lengths).
+    `sections`: a trained model's `model` and `token_ids`, as a timed run records them."""
     key = {"trace": trace_name(trace), "budget": budget.get("bytes")}
     unkeyed = lambda entry: {name: value for name, value in entry.items()  # noqa: E731
                              if name not in ("length", "mode")}
@@ -93,6 +94,7 @@ def assemble(*, complete: bool, created_utc: str, command: list, preset: str, co
         "sampling": {"cells": [{**key, **unkeyed(entry)} for entry in sampling.values()]},
         "serving": {"trace": trace, "budget": budget, "settings": settings, "outputs": outputs,
                     **({"sweep": sweep} if sweep is not None else {})},
+        **(sections or {}),
     }
 
 

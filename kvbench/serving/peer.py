@@ -125,8 +125,8 @@ class PeerReplay:
 
     @staticmethod
     def outcome(request, result, start: float) -> dict:
-        times = [stamp - start for stamp in result.timestamps]
-        return {"id": request.id, "arrival": request.arrival, "admitted": result.lifespan[0] - start,
+        times = [round(stamp - start, 9) for stamp in result.timestamps]  # to the nanosecond, as kvbench's own
+        return {"id": request.id, "arrival": request.arrival, "admitted": round(result.lifespan[0] - start, 9),
                 "token_times": times, "finished": times[-1], "cancelled": request.cancel_after is not None,
                 "preemptions": None}
 

@@ -25,8 +25,9 @@ from kvbench.cache import PagedCache
 from kvbench.cache.prefix import CachingBlockPool, chain_keys, root_key
 from kvbench.model import Decoder
 import kvbench.serving.admission as admission
-from kvbench.serving.scheduler import Live, PagedLedger, TokenSource
+from kvbench.serving.scheduler import Live, PagedLedger
 from kvbench.serving.sharing import segments
+from kvbench.serving.tokens import TokenSource
 from kvbench.serving.trace import MAX_REQUESTS, Trace, TraceRequest
 
 __all__ = ["PrefixLedger", "SharedSource", "namespace"]
@@ -39,8 +40,9 @@ class SharedSource(TokenSource):
     segment, so a group's system prompt or a turn's history is the same ids wherever it appears. A request with
     neither gets TokenSource's ids, the same as before (a group 0 prefix is TokenSource's shared prefix)."""
 
-    def __init__(self, vocab_size: int, seed: int, trace: Trace, continuations: dict[int, list[int]] | None = None):
-        super().__init__(vocab_size, seed, trace.prefix, continuations)
+    def __init__(self, vocab_size: int, seed: int, trace: Trace, continuations: dict[int, list[int]] | None = None,
+                 text=None):
+        super().__init__(vocab_size, seed, trace.prefix, continuations, text)
         self.trace = trace
 
     def ids(self, request: TraceRequest):

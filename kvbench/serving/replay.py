@@ -17,13 +17,14 @@ from kvbench.cache.evicting import masked_reference
 from kvbench.measure import stats
 from kvbench.measure.clock import clock_for
 from kvbench.modes import SPECS, spec
-from kvbench.workloads.decode import judge_logits, tolerances
+from kvbench.workloads.decode import judge_logits, model_tolerances
 from kvbench.model import Decoder
 from kvbench.serving.peer import PEER, PeerReplay, greedy_continuations, peer_gate
 from kvbench.measure.sampling import Sampling, sample
 from kvbench.serving.disciplines import FirstComeFirstServed, disciplines
 from kvbench.serving.prefix_cache import PrefixLedger, SharedSource
-from kvbench.serving.scheduler import Scheduler, TokenSource, make_ledger
+from kvbench.serving.scheduler import Scheduler, make_ledger
+from kvbench.serving.tokens import TokenSource
 from kvbench.serving.figures import replay_figures
 from kvbench.measure.timing import Protocol, control_mode
 from kvbench.serving.trace import Trace
@@ -36,9 +37,10 @@ class Replay:
     the timed region (a server starts with its memory); `detail()` hands over what the replay recorded."""
 
     def __init__(self, model: Decoder, trace: Trace, kind: str, budget: int, settings: dict,
-                 keep_logits: bool = False, continuations: dict[int, list[int]] | None = None) -> None:
+                 keep_logits: bool = False, continuations: dict[int, list[int]] | None = None, text=None) -> None:
         self.model, self.trace, self.kind, self.budget, self.settings = model, trace, kind, budget, settings
         self.keep_logits, self.scheduler, self.last, self.continuations = keep_logits, None, {}, continuations
+        self.text = text  # the corpus's token ids a trained model's requests are cut from (None: random ids)
 
     def prepare(self) -> None:
         """The kind's settings hold its ledger's options, the scheduler's token budget (max_batched_tokens) and
@@ -49,7 +51,8 @@ class Replay:
         kind, prefix = options.pop("kind", self.kind), options.pop("prefix_cache", False)
         ledger = (PrefixLedger(self.model, self.budget, options["block_size"]) if prefix
                   else make_ledger(self.model, kind, self.budget, **options))
-        source = SharedSource(self.model.config.vocab_size, self.trace.seed, self.trace, self.continuations)
+        source = SharedSource(self.model.config.vocab_size, self.trace.seed, self.trace, self.continuations,
+                              self.text)
         self.scheduler = Scheduler(self.model, self.trace, ledger, source, self.keep_logits, tokens,
                                    disciplines=disciplines(order=order),
                                    clock=clock_for(self.model.device))  # its stamps after the device's work
@@ -73,18 +76,19 @@ def token_count_problem(spec, emitted: int) -> str | None:
 
 
 def gate(model: Decoder, trace: Trace, kind: str, budget: int, settings: dict,
-         continuations: dict[int, list[int]] | None = None) -> dict:
+         continuations: dict[int, list[int]] | None = None, text=None) -> dict:
     """Every request's logits through the scheduler against its own full path: the kind's check, with the
     worst request's figures and where the first failing one failed. A request given more or fewer tokens than
     the trace asks fails too, at the first position it should not have (a scheduler that retires requests
-    early does less work, and would otherwise be timed as if it did it all)."""
+    early does less work, and would otherwise be timed as if it did it all). A trained model is held to the
+    tolerance it carries (kvbench.workloads.decode.model_tolerances: docs/drift.md), random weights to the dtype's."""
     name, kind = kind, settings.get("kind", kind)  # a serving mode (paged-prefix) names its kind in its settings
     if spec(kind).evicts:  # its caches record what each step saw: its reference is the full path masked to that
         settings = {**settings, "options": {**settings.get("options", {}), "history": True}}
-    replay = Replay(model, trace, name, budget, settings, keep_logits=True, continuations=continuations)
+    replay = Replay(model, trace, name, budget, settings, keep_logits=True, continuations=continuations, text=text)
     replay.prepare()
     replay()
-    atol, rtol = tolerances(model.config.dtype, model.config.layers, model.device.type)
+    atol, rtol = model_tolerances(model)
     worst, failed, checked = None, [], 0
     with torch.inference_mode():
         for live in replay.scheduler.lives:
@@ -111,28 +115,30 @@ def gate(model: Decoder, trace: Trace, kind: str, budget: int, settings: dict,
 
 
 def serve(model: Decoder, trace: Trace, kinds: list[str], budget: int, settings: dict[str, dict],
-          protocol: Protocol, on_sample=None, state=None, checks: dict | None = None, on_progress=None) -> dict:
+          protocol: Protocol, on_sample=None, state=None, checks: dict | None = None, on_progress=None,
+          text=None) -> dict:
     """The gate of every kind, then the sampled replays: {"checks", "control", "sampling"} (samples keep their
     replays). Pass `checks` and `state` to keep what was done when an interrupt ends the run early.
     `on_progress(done, total, what)`, if given, before each gate ("gate ...") and after each replay ("replay ...",
     called between samples, outside the timed region; total None under a precision target, whose stop rule
-    decides the count)."""
+    decides the count). `text`: 1-D token ids (a trained model's corpus) every request is cut from."""
     checks = checks if checks is not None else {}
-    continuations, prompts = None, TokenSource(model.config.vocab_size, trace.seed, trace.prefix).prompt
+    continuations, prompts = None, TokenSource(model.config.vocab_size, trace.seed, trace.prefix, text=text).prompt
     if PEER in kinds:  # a greedy peer: every kind's outputs become the full path's greedy continuation
         continuations = greedy_continuations(model, trace, prompts)
 
     peer = PeerReplay(model, trace, budget, settings[PEER], prompts) if PEER in kinds else None
 
     def replay(kind: str):
-        return peer if kind == PEER else Replay(model, trace, kind, budget, settings[kind], continuations=continuations)
+        return peer if kind == PEER else Replay(model, trace, kind, budget, settings[kind], continuations=continuations,
+                                                text=text)
 
     try:
         for index, kind in enumerate(kinds):
             if on_progress is not None:
                 on_progress(index, len(kinds), f"gate {index + 1} of {len(kinds)}: {kind}")
             checks[kind] = (peer_gate(peer, continuations) if kind == PEER
-                            else gate(model, trace, kind, budget, settings[kind], continuations))
+                            else gate(model, trace, kind, budget, settings[kind], continuations, text))
         runnable = [kind for kind in kinds if checks[kind]["passed"]]
         if not runnable:  # nothing may be timed as if it were correct
             return {"checks": checks, "control": None, "sampling": state if state is not None else Sampling(),

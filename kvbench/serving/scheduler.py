@@ -19,9 +19,9 @@ Each iteration (the choices of order, admission and preemption are kvbench.servi
      same iteration;
   5. a request that emitted its last token, or that its client cancelled, releases its cache in this iteration.
 Before admission the order discipline may rank the waiting queue (longest-prefix-first: by prefix cache hits).
-Tokens are teacher-forced: request r's ids are fixed (TokenSource), so batching, padding and preemption never
-change what is computed, only when. Idle gaps (nothing running, the next arrival in the future) are skipped, not
-slept: the clock jumps to that arrival.
+Tokens are teacher-forced: request r's ids are fixed (kvbench.serving.tokens), so batching, padding and
+preemption never change what is computed, only when. Idle gaps (nothing running, the next arrival
+in the future) are skipped, not slept: the clock jumps to that arrival.
 """
 
 from __future__ import annotations
@@ -33,40 +33,14 @@ import torch
 from torch import Tensor
 
 from kvbench.cache import BlockPool, Cache, PagedCache, make_cache
-from kvbench.cache.batch import BatchedCache
+from kvbench.cache.batch import BatchedCache, Workspace
 from kvbench.measure.clock import HOST, Clock
 from kvbench.model import Decoder
 from kvbench.modes import PAGES, spec
 import kvbench.serving.admission as admission
 from kvbench.serving.disciplines import Disciplines, reorder
+from kvbench.serving.tokens import TokenSource
 from kvbench.serving.trace import Trace, TraceRequest
-
-
-class TokenSource:
-    """Every request's ids (1, prompt + output - 1), seeded by (seed, request): the shared prefix, when a
-    request has one, is the same ids for all. With `continuations` (request id -> output ids: the greedy
-    continuation a generating peer produces, kvbench.serving.peer), the outputs are those instead of random ids."""
-
-    def __init__(self, vocab_size: int, seed: int, prefix: int, continuations: dict[int, list[int]] | None = None) -> None:
-        self.vocab_size, self.seed, self.continuations = vocab_size, seed, continuations
-        self.prefix = self._draw(prefix, -1) if prefix else None  # key -1: no request's id
-
-    def _draw(self, length: int, key: int) -> Tensor:
-        generator = torch.Generator().manual_seed((self.seed * 1_000_003 + key) % 2**63)
-        # On the host by the host's generator: the same ids whatever the model's device (the scheduler moves them).
-        return torch.randint(0, self.vocab_size, (1, length), generator=generator, device="cpu")
-
-    def ids(self, request: TraceRequest) -> Tensor:
-        own = self._draw(request.positions - request.prefix, request.id + 1)
-        ids = torch.cat((self.prefix[:, : request.prefix], own), dim=1) if request.prefix else own
-        if self.continuations is not None:
-            outputs = torch.tensor(self.continuations[request.id][: request.output - 1], dtype=torch.long, device="cpu")
-            ids = torch.cat((ids[:, : request.prompt], outputs.view(1, -1)), dim=1)
-        return ids
-
-    def prompt(self, request: TraceRequest) -> Tensor:
-        """Its prompt ids (1, prompt), the same with or without continuations."""
-        return self.ids(request)[:, : request.prompt]
 
 
 @dataclass
@@ -268,6 +242,7 @@ class Scheduler:
         self.keep_logits, self.max_batched_tokens, self.clock = keep_logits, max_batched_tokens, clock
         self.disciplines = Disciplines() if disciplines is None else disciplines
         self.device = model.device  # read once: every iteration's ids are made there
+        self.workspace = Workspace()  # where every batched call gathers its keys and values (kvbench.cache.batch)
         self.lives = [Live(spec, source.ids(spec).to(self.device), spec.arrival) for spec in trace.requests]
         self.waiting, self.running, self.iterations = deque(), [], []  # of Live, Live and dict
         self.skew = 0.0  # idle gaps skipped
@@ -277,8 +252,10 @@ class Scheduler:
         self.pending = deque(live for live in self.lives if live.arrival is not None)
 
     def now(self) -> float:
-        """Seconds on the replay's clock since run() began, plus the idle gaps it skipped."""
-        return (self.clock.now_ns() - self.start) / 1e9 + self.skew
+        """Seconds on the replay's clock since run() began, plus the idle gaps it skipped, to the nanosecond: the
+        clock counts integer nanoseconds, so nine decimals keep every one of its digits, where the sum with the
+        skew's float would be written with seventeen (docs/serving.md, "The record's size")."""
+        return round((self.clock.now_ns() - self.start) / 1e9 + self.skew, 9)
 
     def run(self) -> dict:
         self.start, self.cpu_start = self.clock.now_ns(), self.clock.cpu_ns()
@@ -379,7 +356,7 @@ class Scheduler:
         ending = [live.pending == count for live, count in zip(rows, counts)]
         for b, (live, count) in enumerate(zip(rows, counts)):
             ids[b, :count] = live.ids[0, live.cache.length : live.cache.length + count]
-        logits, _ = self.model(ids, BatchedCache([live.cache for live in rows], counts))
+        logits, _ = self.model(ids, BatchedCache([live.cache for live in rows], counts, self.workspace))
         self.clock.synchronize()  # the tokens exist once the call's work is done, not when it was issued
         stamp, cpu = self.now(), (self.clock.cpu_ns() - self.cpu_start) / 1e9
         self.ledger.settle(rows)

@@ -41,13 +41,13 @@ def unloaded_request(trace: Trace) -> Trace:
 
 
 def unloaded_step(model: Decoder, trace: Trace, kind: str, budget: int, settings: dict,
-                  repeats: int = goodput.UNLOADED_REPEATS) -> dict:
+                  repeats: int = goodput.UNLOADED_REPEATS, text=None) -> dict:
     """One request alone, `repeats` times: its gaps between tokens (each a decode step of a batch of one) and
     their median, the unloaded decode step."""
     alone = unloaded_request(trace)
     gaps = []
     for _ in range(repeats):
-        replay = Replay(model, alone, kind, budget, settings)
+        replay = Replay(model, alone, kind, budget, settings, text=text)
         replay.prepare()
         replay()
         times = replay.last["requests"][0]["token_times"]
@@ -65,8 +65,8 @@ class Sweep:
     one replay that the time budget is checked against before each one."""
 
     def __init__(self, model: Decoder, trace: Trace, budget: int, settings: dict[str, dict],
-                 max_seconds: float | None, seconds_each: dict[str, float], on_progress=None) -> None:
-        self.model, self.trace, self.budget, self.settings = model, trace, budget, settings
+                 max_seconds: float | None, seconds_each: dict[str, float], on_progress=None, text=None) -> None:
+        self.model, self.trace, self.budget, self.settings, self.text = model, trace, budget, settings, text
         self.max_seconds, self.seconds_each, self.on_progress = max_seconds, seconds_each, on_progress
         self.gaps = goodput.unit_gaps(trace.seed, len(trace.requests))
         self.points: list[dict] = []
@@ -78,7 +78,8 @@ class Sweep:
             raise OverBudget(f"stopped after {len(self.points)} replays and {elapsed:.0f} s: the next ({kind} at "
                              f"{rate:.4g}/s, about {self.seconds_each[kind]:.1f} s) would pass --max-seconds "
                              f"{self.max_seconds:g}")
-        runner = Replay(self.model, probe_trace(self.trace, self.gaps, rate), kind, self.budget, self.settings[kind])
+        runner = Replay(self.model, probe_trace(self.trace, self.gaps, rate), kind, self.budget, self.settings[kind],
+                        text=self.text)
         runner.prepare()
         began = time.perf_counter()
         runner()
@@ -92,13 +93,13 @@ class Sweep:
 def run_sweep(model: Decoder, trace: Trace, kinds: list[str], budget: int, settings: dict[str, dict], *,
               rates: tuple[float, ...], targets: tuple[goodput.Target, ...], search_starts: dict[str, float],
               max_seconds: float | None, seconds_each: dict[str, float], on_progress=None,
-              refused: str | None = None) -> dict:
+              refused: str | None = None, text=None) -> dict:
     """The record's sweep section: the targets, the unloaded step, every replay (each rate of `rates` for each
     kind, then each kind's capacity search from its start in `search_starts`), the searches, and why it stopped
     early if it did (the time budget; `refused`: why the caller's estimate ran none of its replays)."""
-    unloaded = unloaded_step(model, trace, kinds[0], budget, settings[kinds[0]])
+    unloaded = unloaded_step(model, trace, kinds[0], budget, settings[kinds[0]], text=text)
     limits = {target.name: target.seconds(unloaded["step_seconds"]) for target in targets}
-    sweep = Sweep(model, trace, budget, settings, max_seconds, seconds_each, on_progress)
+    sweep = Sweep(model, trace, budget, settings, max_seconds, seconds_each, on_progress, text)
     searches, stopped = {}, refused
     try:
         for rate in rates:
