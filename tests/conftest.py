@@ -194,7 +194,8 @@ def xdist_group(item) -> str | None:
 # pytest_collection_modifyitems adds to each marked item's node id (item._nodeid). Under pytest 9.2 a node id is
 # str(item._id) and that assignment changes nothing: no group reached the scheduler, and the timing, compile and
 # per-module groups below ran on both workers at once. So the marks are added first (tryfirst) and, where the node
-# id is item._id, the suffix is set here as xdist would set it.
+# id is item._id, the suffix is set here as xdist would set it (pytest-dev/pytest-xdist#1386; a suffix set twice by a
+# fixed xdist still names the same group: the scheduler reads what follows the last "@").
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     suffix = bool(getattr(config.option, "loadgroup", False))
