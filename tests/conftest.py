@@ -2,6 +2,7 @@
 
 import gc
 import os
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -31,6 +32,39 @@ def cheap_machine(request, monkeypatch):
 
     monkeypatch.setattr(machine, "probe_calls", cheap_probe_calls)
     monkeypatch.setattr(capture, "collect_environment", canned_environment)
+
+
+# The packaged model's GGUF file (SmolLM2, ~100 MiB), read once per test process: gguf's reader parses its
+# metadata (a 49,152-token vocabulary and its merges) in 2-3 s of CPU, and about twenty tests run `kvbench run
+# --model smollm2-135m` or read the file, most of them to check a refusal. read_gguf is a pure function of the
+# file: a read is kept under the file's path, size and modification time, and any other file (the tests that
+# write or break a GGUF file) is read afresh every time.
+_GGUF_READS: dict = {}
+
+
+@pytest.fixture(autouse=True)
+def gguf_read_once(monkeypatch):
+    from kvbench.models import gguf as kvgguf
+
+    if "read" not in _GGUF_READS:
+        _GGUF_READS["read"] = kvgguf.read_gguf
+        try:
+            _GGUF_READS["packaged"] = str(kvgguf.packaged_path("smollm2-135m").resolve())
+        except ValueError:  # not installed: every read is a fresh one (the tests that need it skip)
+            _GGUF_READS["packaged"] = None
+    read = _GGUF_READS["read"]
+
+    def read_gguf(path):
+        file = Path(path).resolve()
+        if str(file) != _GGUF_READS["packaged"] or not file.is_file():
+            return read(path)
+        stat = file.stat()
+        key = (str(file), stat.st_size, stat.st_mtime_ns)
+        if key not in _GGUF_READS:
+            _GGUF_READS[key] = read(path)
+        return _GGUF_READS[key]
+
+    monkeypatch.setattr(kvgguf, "read_gguf", read_gguf)
 
 
 @pytest.fixture(scope="session", params=list(TINY))
@@ -138,6 +172,10 @@ def pytest_addoption(parser):
 # their one program is paid once, not by both workers at the same moment.
 TIMING_MODULES = {"test_timing.py", "test_telemetry.py", "test_requests.py", "test_estimation.py", "test_sampling.py"}
 SIGNAL_MODULES = {"test_cli_hostile.py", "test_serving_hostile.py", "test_history_hostile.py"}
+# Modules whose module-scoped fixtures cost seconds of CPU: their tests share one worker (a group per module), so the
+# fixture is built once, not once per worker -- test_asv's two asv runs (~27 s of CPU), test_real_model's transformers
+# load of the GGUF file (~15 s), test_cli_hostile's real run of the record it spoils (~2.5 s).
+MODULE_GROUPS = {"test_asv.py", "test_real_model.py", "test_cli_hostile.py"}
 
 
 def xdist_group(item) -> str | None:
@@ -147,6 +185,8 @@ def xdist_group(item) -> str | None:
     if (module in TIMING_MODULES or item.get_closest_marker("timing") is not None
             or (module in SIGNAL_MODULES and ("signal" in item.name or "subprocess" in item.keywords))):
         return "timing"
+    if module in MODULE_GROUPS:
+        return module.removesuffix(".py")
     return None
 
 
@@ -157,7 +197,15 @@ def no_cuda() -> str | None:
     return None if torch.cuda.is_available() else f"torch {torch.__version__} sees no CUDA device"
 
 
+# pytest-xdist (--dist loadgroup) sends the tests of one group to one worker by the "@group" suffix its own
+# pytest_collection_modifyitems adds to each marked item's node id (item._nodeid). Under pytest 9.2 a node id is
+# str(item._id) and that assignment changes nothing: no group reached the scheduler, and the timing, compile and
+# per-module groups below ran on both workers at once. So the marks are added first (tryfirst) and, where the node
+# id is item._id, the suffix is set here as xdist would set it (pytest-dev/pytest-xdist#1386; a suffix set twice by a
+# fixed xdist still names the same group: the scheduler reads what follows the last "@").
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
+    suffix = bool(getattr(config.option, "loadgroup", False))
     for item in items:
         if item.path.name == "test_cli_hostile.py" and "in_process" not in item.fixturenames:
             item.add_marker(pytest.mark.subprocess)  # every test of that module but the in-process refusals
@@ -166,6 +214,10 @@ def pytest_collection_modifyitems(config, items):
         group = xdist_group(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+            if suffix and hasattr(item, "_id") and "@" not in item.nodeid:
+                from _pytest.nodeid import NodeId
+
+                item._id = NodeId.parse(f"{item.nodeid}@{group}")
     skip_gpu = pytest.mark.skip(reason=f"needs a CUDA device: {no_cuda()} (scripts/gpu_check.sh runs these)")
     for item in items:
         if item.get_closest_marker("gpu") is not None and no_cuda():

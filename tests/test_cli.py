@@ -1,6 +1,5 @@
 """kvbench.cli: one-line errors with exit 2, never overwriting, and a real run end to end."""
 
-import functools
 import json
 import os
 import subprocess
@@ -230,15 +229,6 @@ RUN_OPTIONS = [action.option_strings[-1] for action in options.run_parser().acti
 REAL_MODEL = ("--model", "--gguf", "--quality", "--needle", "--needle-depths", "--needle-ratios")
 
 
-@functools.cache
-def read_gguf_once(path):
-    """The packaged model's file, read once for every test that names it (a read takes seconds)."""
-    return READ_GGUF(path)
-
-
-READ_GGUF = kvgguf.read_gguf
-
-
 def test_every_run_option_says_which_workloads_use_it():
     assert sorted(usage.USED_BY) == sorted(RUN_OPTIONS)
     assert sorted(BASES) == sorted(usage.WORKLOADS)
@@ -257,8 +247,7 @@ def test_every_run_option_is_checked_by_a_workload_that_uses_it_and_refused_by_t
             packaged = kvgguf.packaged_path("smollm2-135m")
             kvgguf.require_gguf()
         except ValueError as error:
-            pytest.skip(str(error))
-        monkeypatch.setattr(kvgguf, "read_gguf", read_gguf_once)
+            pytest.skip(str(error))  # the file is read once per test process (tests/conftest.py, gguf_read_once)
     else:
         packaged = tmp_path / "model.gguf"  # never read: the option is refused first
     fill = {"{trace}": str(saved_trace), "{packaged}": str(packaged)}

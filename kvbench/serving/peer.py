@@ -22,6 +22,7 @@ import time
 import torch
 
 from kvbench.cache import make_cache
+from kvbench.measure.clock import HOST
 from kvbench.model import Decoder
 import kvbench.serving.admission as admission
 from kvbench.serving.trace import Trace
@@ -102,9 +103,11 @@ class PeerReplay:
 
     def __call__(self) -> None:
         self.replays += 1
-        start = time.perf_counter()
+        # the host clock, whatever device the kvbench kinds ran on: transformers stamps each token and each
+        # request's lifespan with time.perf_counter, which is HOST.now_ns() in seconds
+        start = HOST.now_ns() / 1e9
         for request in self.trace.requests:  # arrival order
-            wait = start + request.arrival - time.perf_counter()
+            wait = start + request.arrival - HOST.now_ns() / 1e9
             if wait > 0:
                 time.sleep(wait)
             self.manager.add_request(self.prompts[request.id], f"{self.replays}-{request.id}",

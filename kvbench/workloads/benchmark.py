@@ -7,13 +7,12 @@ completed so far kept and the outcome marked interrupted.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from kvbench.measure import machine
 from kvbench.measure.device import device_of
-from kvbench.measure.clock import Clock, clock_for
+from kvbench.measure.clock import HOST, Clock, clock_for
 from kvbench.measure.sampling import Sample, Sampling, finished, prepared, sample
 from kvbench.measure.timing import Protocol, collector_paused, control_mode, step_durations
 from kvbench.model import Decoder
@@ -60,7 +59,7 @@ class Progress:
 
 def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol: Protocol = Protocol(),
                   on_progress: Callable[[Progress], None] | None = None,
-                  options: dict | None = None, workload=None, ids=None) -> RunOutcome:
+                  options: dict | None = None, workload=None, ids=None, clock: Clock | None = None) -> RunOutcome:
     """The machine probe, the gate, bytes and peak memory, the timed rotations, the profile, the probe again.
 
     `options` maps a kind to the keyword arguments its caches are made with; `workload` (kvbench.workloads)
@@ -68,9 +67,11 @@ def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol
     `on_progress` hears where the run is, with estimates of the long stages: the gate's full-prefix reference
     (from two forwards timed before it) and the timed rotations (from the gate's own timings).
     `ids` (B, >= every length's positions): the token ids to consume (a real model's text) instead of
-    random ones drawn from the protocol's seed.
+    random ones drawn from the protocol's seed. `clock` (kvbench.measure.clock; default: the model's device's)
+    times the samples, the profile and the gate's estimates.
     """
     modes = check_modes(modes)
+    clock = clock_for(model.device) if clock is None else clock
     workload = workload or Loop()
     progress = on_progress or (lambda event: None)
     outcome = RunOutcome(control=control_mode(protocol.control, modes))
@@ -84,7 +85,8 @@ def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol
             progress(Progress("machine limits", 0, 1))
             outcome.limits = machine_limits(model, workload, lengths, protocol)
         longest = given_ids(ids, model, protocol, max(workload.positions(n) for n in lengths))
-        gate, rotations = gate_and_measure(workload, model, longest, lengths, modes, options, outcome, progress)
+        gate, rotations = gate_and_measure(workload, model, longest, lengths, modes, options, outcome, progress,
+                                           clock)
         loops = timed_loops(workload, model, longest, lengths, modes, gate, outcome.control, options)
         outcome.attention = attention_kernels(model, loops[min(lengths)])
         planned = protocol.repeats * sum(len(by_mode) for by_mode in loops.values())
@@ -92,14 +94,14 @@ def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol
         if hasattr(workload, "timer_seconds"):  # what timing every step on its own costs each step
             outcome.sampling.step_timer_seconds = workload.timer_seconds()
         sample(loops, protocol, on_sample=keep, state=outcome.sampling, watch=workload.watch(protocol, FULL),
-               limits=round_limits(outcome.limits, protocol), clock=clock_for(model.device))
+               limits=round_limits(outcome.limits, protocol), clock=clock)
         if outcome.limits is not None:
             outcome.limits["rounds"] = outcome.sampling.limits
         if protocol.per_step_length is not None:
             profiled = given_ids(ids, model, protocol, protocol.per_step_length)
             outcome.per_step = [
                 {"mode": mode, "length": protocol.per_step_length,
-                 "seconds": per_step_seconds(model, profiled, mode, protocol.warmup, options)}
+                 "seconds": per_step_seconds(model, profiled, mode, protocol.warmup, options, clock)}
                 for mode in modes if all(timeable(gate[(mode, length)]) for length in lengths)
             ]
         progress(Progress("machine probe", 0, 1))
@@ -133,27 +135,30 @@ def timed_progress(protocol: Protocol, planned: int, least: float, outcome: RunO
 
 
 def gate_and_measure(workload, model: Decoder, longest, lengths: list[int], modes: list[str], options: dict | None,
-                     outcome: RunOutcome, progress: Callable[[Progress], None]) -> tuple[dict, dict[int, float]]:
+                     outcome: RunOutcome, progress: Callable[[Progress], None],
+                     clock: Clock = HOST) -> tuple[dict, dict[int, float]]:
     """Every mode's check and memory entry, kept in `outcome` one length at a time (an interrupt keeps the lengths
     already checked); returns the checks by (mode, length) and the seconds one rotation should take per length,
     from the gate's timings: each check ran its mode's work once, as one sample will."""
-    forward = forward_seconds(model, longest)
+    forward = forward_seconds(model, longest, clock)
     spans = workload.reference_spans(lengths)
     progress(Progress("reference", 0, 1, estimate=sum(span_seconds(forward, *span) for span in spans)))
     full_loops: dict[int, float] = {}  # the loop's full at each length: its reference ran once, at the longest
     if hasattr(workload, "compute_reference"):
-        begun = time.perf_counter()
+        begun = clock.now_ns()
         workload.compute_reference(model, longest)
-        scale = (time.perf_counter() - begun) / max(span_seconds(forward, *spans[0]), 1e-12)
+        clock.synchronize()
+        scale = (clock.now_ns() - begun) / 1e9 / max(span_seconds(forward, *spans[0]), 1e-12)
         full_loops = {n: scale * span_seconds(forward, 1, n) for n in lengths if FULL in modes}
         progress(Progress("reference", 1, 1))
     gate: dict[tuple[str, int], dict] = {}
     rotations: dict[int, float] = {}
     for length in lengths:
-        begun = time.perf_counter()
+        begun = clock.now_ns()
         gate.update(checked(workload, model, longest, length, modes, options))
+        clock.synchronize()
         checked_modes = [mode for mode in modes if timeable(gate[(mode, length)])]
-        rotations[length] = rotation_seconds(time.perf_counter() - begun, full_loops.get(length, 0.0),
+        rotations[length] = rotation_seconds((clock.now_ns() - begun) / 1e9, full_loops.get(length, 0.0),
                                              len(checked_modes), outcome.control in checked_modes)
         for mode in modes:
             outcome.checks.append(gate[(mode, length)])
@@ -178,7 +183,7 @@ def per_step_seconds(model: Decoder, ids: Tensor, mode: str, warmup: int = 1,
         return step_durations(steps(model, ids, mode, options=options), clock=clock or clock_for(model.device))
 
 
-def forward_seconds(model: Decoder, ids) -> tuple[float, float, int]:
+def forward_seconds(model: Decoder, ids, clock: Clock = HOST) -> tuple[float, float, int]:
     """(seconds of a full-prefix forward of 1 token, of all T positions of `ids`, T): the ends of the line that
     estimates how long the full-prefix path runs (span_seconds)."""
     import torch
@@ -186,9 +191,10 @@ def forward_seconds(model: Decoder, ids) -> tuple[float, float, int]:
     found = []
     with torch.inference_mode():
         for end in (1, 1, ids.shape[1]):  # the first call pays first-use costs: timed again
-            begun = time.perf_counter()
+            begun = clock.now_ns()
             model(ids[:, :end])
-            found.append(time.perf_counter() - begun)
+            clock.synchronize()
+            found.append((clock.now_ns() - begun) / 1e9)
     return found[1], found[2], ids.shape[1]
 
 
