@@ -491,18 +491,20 @@ def serving_views() -> list:
 
 
 def test_a_history_of_serving_records_charts_each_kind_as_export_reads_it():
-    from kvbench.export.history import build_record_history, commit_of
+    from kvbench.export.history import build_record_history, commit_of, created_ms
     from kvbench.export.serving import record_source
 
     history = build_record_history(SERVING)
     assert history.machines == ["vm"]
     views = serving_views()
     sources = [record_source(view) for view in views]
-    assert [c.hash for c in history.commits] == list(dict.fromkeys(
-        commit_of(source) for _, source in sorted(zip(views, sources), key=lambda pair: pair[0].created_utc)))
+    # oldest first by when each run began (the source's created_utc; records of parallel branches interleave, and
+    # two may begin in the same second: then by path), as read_sources orders them
+    oldest_first = sorted(zip(views, sources), key=lambda pair: (created_ms(pair[1]), pair[1].path))
+    assert [c.hash for c in history.commits] == list(dict.fromkeys(commit_of(source) for _, source in oldest_first))
     charts = {(chart.label, chart.benchmark): chart for chart in history.charts}
     newest = {}  # what stands for each (commit, cell): the newest record's value
-    for view, source in sorted(zip(views, sources), key=lambda pair: pair[0].created_utc):
+    for view, source in oldest_first:
         for cell in source.cells:
             for quantity in cell.quantities:
                 newest[(commit_of(source), cell.key, quantity.name)] = quantity.value
