@@ -59,7 +59,8 @@ def test_the_committed_records_are_of_every_older_version_and_stay_as_written():
         | {f"results/serving/goodput/llama-mini-chat-16-capacity-{tokens}-{pair}.json"  # docs/serving.md: goodput
            for tokens in ("512", "none") for pair in (1, 2)}
         | {f"results/serving/prefix-{name}.json" for name in PREFIX_RECORDS}  # the prefix cache: docs/serving.md
-        | {"results/serving/smollm2/chat-6.json", "results/serving/smollm2/chat-6-peer.json"})  # a trained model
+        | {"results/serving/smollm2/chat-6.json", "results/serving/smollm2/chat-6-peer.json",
+           "results/serving/smollm2/prefix-shared.json"})  # a trained model
     assert READABLE == ("kvbench.record/1", "kvbench.record/2", "kvbench.record/3", "kvbench.record/4")
     assert {raw(name)["schema"] for name in V1} == {"kvbench.record/1"}
     assert {raw(name)["schema"] for name in V2} == {"kvbench.record/2"}
