@@ -44,6 +44,24 @@ def test_a_serving_report_cuts_no_value_and_writes_no_time_in_scientific_notatio
         assert re.search(r"\d (ms|s) ", out)  # times carry a scaled unit
 
 
+# this round's sections: the prefix cache's table (with and without the cache), the sweep's and the capacity's
+PREFIX = ROOT / "results/serving/prefix-multi-turn-lpf.json"
+SWEEP = ROOT / "results/serving/goodput/llama-mini-chat-16-capacity-512-1.json"
+
+
+@pytest.mark.parametrize("columns", [80, 100, 132])
+@pytest.mark.parametrize("path", [PREFIX, SWEEP])
+def test_the_prefix_cache_and_sweep_tables_cut_no_value_at_any_width(monkeypatch, columns, path):
+    status, out, err = run(monkeypatch, "report", path, columns=columns)
+    assert status == 0, err
+    assert "…" not in out and not TIME.search(out), out
+    assert max(len(line) for line in out.splitlines()) <= columns
+    table = "prefix cache: token hit rate" if path == PREFIX else "rate sweep: throughput and latency"
+    assert table in out
+    if columns == 80:
+        assert "not shown at this width" in out
+
+
 @pytest.mark.parametrize("columns", [80, 100, 132])
 def test_a_serving_compare_keeps_its_verdicts_whole_at_any_width(monkeypatch, columns):
     status, out, err = run(monkeypatch, "compare", CHAT, QUIET, columns=columns)

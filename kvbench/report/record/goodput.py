@@ -75,7 +75,7 @@ def sweep_section(sweep: dict, newline: str = "\n") -> Section:
             "the share's times requests/makespan")
     columns = tuple(Column(name, left=name in ("kind", "probe"), from_record=name == "kind") for name in names)
     return Section("sweep", "rate sweep: throughput and latency at each Poisson rate", columns, tuple(rows),
-                   note=note, narrow=("e2e p99", "probe", "output tok/s"))
+                   note=note, narrow=("e2e p99", "probe", "output tok/s", "req/s"))
 
 
 def capacity_items(sweep: dict) -> list[str]:

@@ -62,32 +62,34 @@ def first_token_cpu(view: RecordView, modes: tuple[str, str]) -> dict | None:
     return found if all(found.values()) else None
 
 
-def _rate(entry: dict | None) -> str:
+def _rate(entry: dict | None, newline: str) -> str:
     if not entry:
         return "-"
-    return f"{entry['median']:.1%} [{entry['low']:.1%}, {entry['high']:.1%}]"
+    return f"{entry['median']:.1%}{newline}[{entry['low']:.1%}, {entry['high']:.1%}]"
 
 
-def _ratio(entry: dict | None) -> str:
-    return "-" if not entry else f"{entry['ratio']:.2f}x [{entry['low']:.2f}, {entry['high']:.2f}]"
+def _ratio(entry: dict | None, newline: str) -> str:
+    return "-" if not entry else f"{entry['ratio']:.2f}x{newline}[{entry['low']:.2f}, {entry['high']:.2f}]"
 
 
-def prefix_section(figures: dict[str, dict]) -> Section | None:
-    """The prefix cache's table, or None when no kind kept one."""
+def prefix_section(figures: dict[str, dict], newline: str = "\n") -> Section | None:
+    """The prefix cache's table, or None when no kind kept one; each interval under its median where `newline`
+    breaks the line (the terminal's and the HTML's cells), beside it where it is a space (markdown's)."""
     if not figures:
         return None
     names = ("kind", "order", "token hit rate", "best possible", "of best", "evicted blocks", "ttft p50 lower by",
              "on CPU time", "throughput x base")
     rows = []
     for kind, entry in figures.items():
-        cells = (kind, entry["order"], _rate(entry["hit_rate"]), f"{entry['best']:.1%}", _rate(entry["of_best"]),
-                 f"{entry['evicted']['median']:.0f}", _ratio(entry["ttft_p50_lower"]),
-                 _ratio(entry["ttft_p50_lower_cpu"]), _ratio(entry["throughput"]))
+        cells = (kind, entry["order"], _rate(entry["hit_rate"], newline), f"{entry['best']:.1%}",
+                 _rate(entry["of_best"], newline), f"{entry['evicted']['median']:.0f}",
+                 _ratio(entry["ttft_p50_lower"], newline), _ratio(entry["ttft_p50_lower_cpu"], newline),
+                 _ratio(entry["throughput"], newline))
         rows.append(tuple(Cell(text) for text in cells))
     columns = tuple(Column(name, left=name in ("kind", "order"), from_record=name == "kind") for name in names)
     return Section("prefix", "prefix cache: token hit rate (hits at first admission / prompt tokens) against the "
                    "trace's best (an infinite cache, requests one after another); TTFT p50 of the kind without the "
                    "cache over with it (on the wall clock, and on the replay thread's CPU time when every request "
                    "arrives at 0), and throughput with it over without; medians over rotations [95% interval]",
-                   columns, tuple(rows), narrow=("on CPU time", "evicted blocks", "of best"))
+                   columns, tuple(rows), narrow=("on CPU time", "evicted blocks", "order", "of best", "best possible"))
 

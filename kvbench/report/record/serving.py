@@ -175,7 +175,7 @@ def serving_sections(view: RecordView, newline: str = "\n", banner: bool = True)
     summary = summarise(view)
     out = [Section("incomplete", warnings=(INCOMPLETE_NOTE,))] if banner and not view.complete else []
     out += [serving_section(view, summary, newline), latency_section(view, summary, newline)]
-    cached = prefix_section(prefix_figures(view, figures_by_mode(view), paired))
+    cached = prefix_section(prefix_figures(view, figures_by_mode(view), paired), newline)
     out += [cached] if cached is not None else []
     control = control_sentence(summary)
     items = cpu_sentences(summary) + ([control] if control else [])
