@@ -11,9 +11,9 @@ teacher-forced).
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import replace
 
+from kvbench.measure.clock import clock_for
 from kvbench.model import Decoder
 from kvbench.serving import goodput
 from kvbench.serving.replay import Replay
@@ -70,10 +70,11 @@ class Sweep:
         self.max_seconds, self.seconds_each, self.on_progress = max_seconds, seconds_each, on_progress
         self.gaps = goodput.unit_gaps(trace.seed, len(trace.requests))
         self.points: list[dict] = []
-        self.started = time.monotonic()
+        self.clock = clock_for(model.device)  # a replay's seconds on the clock its stamps are on
+        self.started = self.clock.now_ns()
 
     def replay(self, kind: str, rate: float, search: bool) -> dict:
-        elapsed = time.monotonic() - self.started
+        elapsed = (self.clock.now_ns() - self.started) / 1e9
         if self.max_seconds is not None and elapsed + self.seconds_each[kind] > self.max_seconds:
             raise OverBudget(f"stopped after {len(self.points)} replays and {elapsed:.0f} s: the next ({kind} at "
                              f"{rate:.4g}/s, about {self.seconds_each[kind]:.1f} s) would pass --max-seconds "
@@ -81,10 +82,10 @@ class Sweep:
         runner = Replay(self.model, probe_trace(self.trace, self.gaps, rate), kind, self.budget, self.settings[kind],
                         text=self.text)
         runner.prepare()
-        began = time.perf_counter()
+        began = self.clock.now_ns()
         runner()
-        self.points.append({"kind": kind, "rate": rate, "search": search, "seconds": time.perf_counter() - began,
-                            "replay": runner.last})
+        seconds = (self.clock.now_ns() - began) / 1e9
+        self.points.append({"kind": kind, "rate": rate, "search": search, "seconds": seconds, "replay": runner.last})
         if self.on_progress is not None:
             self.on_progress(len(self.points), None, f"sweep {len(self.points)}: {kind} at {rate:.4g}/s")
         return runner.last
