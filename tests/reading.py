@@ -14,6 +14,7 @@ command still runs whole on what it loaded; every distinct file is loaded, and e
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 from pathlib import Path
 
@@ -39,13 +40,13 @@ def shared_reads():
         key = (str(path), file.read_bytes())
         if key not in loads:
             try:
-                loads[key] = ("loaded", json.dumps(load_record(path)))
+                loads[key] = ("loaded", load_record(path))
             except RecordError as error:
                 loads[key] = ("refused", str(error))
-        outcome, text = loads[key]
+        outcome, kept = loads[key]
         if outcome == "refused":
-            raise RecordError(text)
-        return json.loads(text)  # a fresh copy: a reader may change what it was given
+            raise RecordError(kept)
+        return copy.deepcopy(kept)  # a fresh copy: a reader may change what it was given
 
     def panels_once(report, suffix=".png"):
         from dataclasses import replace
