@@ -175,7 +175,23 @@ SIGNAL_MODULES = {"test_cli_hostile.py", "test_serving_hostile.py", "test_histor
 # Modules whose module-scoped fixtures cost seconds of CPU: their tests share one worker (a group per module), so the
 # fixture is built once, not once per worker -- test_asv's two asv runs (~27 s of CPU), test_real_model's transformers
 # load of the GGUF file (~15 s), test_cli_hostile's real run of the record it spoils (~2.5 s).
-MODULE_GROUPS = {"test_asv.py", "test_real_model.py", "test_cli_hostile.py"}
+# test_kvpress_peer's fixture runs kvpress in its own environment beside kvbench's runs of every kind (about a minute,
+# where .venv-kvpress exists: make kvpress).
+MODULE_GROUPS = {"test_asv.py", "test_real_model.py", "test_cli_hostile.py", "test_kvpress_peer.py"}
+
+
+# Module-scoped fixtures that cost a second or more of CPU (pytest --setup-only --durations): the tests that use one run
+# on one worker (a group per module), so it is built once. --dist loadgroup schedules every test without a group on its
+# own, and a module's tests landed on both workers, each building the fixture: test_export's contexts run (3.3 s),
+# test_hf's transformers pair (1.2 s a preset), test_quality's measured texts (1.0 s), test_goodput's sweep (0.9 s).
+# Only the tests that use it: the module's other tests still spread.
+SHARED_FIXTURES = {"test_export.py": {"contexts_record"}, "test_hf.py": {"pair"}, "test_quality.py": {"measured"},
+                   "test_goodput.py": {"swept"}, "test_report_layouts.py": {"record_file"},
+                   "test_cli.py": {"forced_run"}}
+
+
+def uses_shared_fixture(item) -> bool:
+    return bool(SHARED_FIXTURES.get(item.path.name, set()) & set(item.fixturenames))
 
 
 def xdist_group(item) -> str | None:
@@ -185,7 +201,7 @@ def xdist_group(item) -> str | None:
     if (module in TIMING_MODULES or item.get_closest_marker("timing") is not None
             or (module in SIGNAL_MODULES and ("signal" in item.name or "subprocess" in item.keywords))):
         return "timing"
-    if module in MODULE_GROUPS:
+    if module in MODULE_GROUPS or uses_shared_fixture(item):
         return module.removesuffix(".py")
     return None
 

@@ -401,21 +401,32 @@ def test_a_llama_preset_runs_every_exact_kind_and_its_record_holds_the_family(ca
     assert code == 0 and "gemma-tiny" in shown
 
 
-def test_force_replaces_existing_output(capsys, tmp_path, restore_threads):
-    output = tmp_path / "rec.json"
+@pytest.fixture(scope="module")
+def forced_run(tmp_path_factory):
+    """One quick run with --force over an existing file: (argv, exit status, the folder) for the two tests below."""
+    folder = tmp_path_factory.mktemp("forced")
+    output = folder / "rec.json"
     output.write_text("old")
-    code, out, err = run_main(capsys, "run", "--lengths", "4", *QUICK, "--output", output, "--force")
-    assert code == 0, err
-    assert load_record(output)["run"]["lengths"] == [4]
-    assert os.listdir(tmp_path) == ["rec.json"]
+    argv = ["run", "--lengths", "4", *QUICK, "--output", str(output), "--force"]
+    threads = torch.get_num_threads()
+    try:
+        code = main(argv)
+    finally:
+        torch.set_num_threads(threads)
+    return argv, code, folder
 
 
-def test_record_command_is_the_argv_given_to_main(capsys, tmp_path, restore_threads):
-    output = tmp_path / "rec.json"
-    argv = ["run", "--lengths", "4", *QUICK, "--output", str(output)]
-    assert main(argv) == 0
-    capsys.readouterr()
-    assert load_record(output)["command"][-len(argv):] == argv
+def test_force_replaces_existing_output(forced_run):
+    _, code, folder = forced_run
+    assert code == 0
+    assert load_record(folder / "rec.json")["run"]["lengths"] == [4]
+    assert os.listdir(folder) == ["rec.json"]
+
+
+def test_record_command_is_the_argv_given_to_main(forced_run):
+    argv, code, folder = forced_run
+    assert code == 0
+    assert load_record(folder / "rec.json")["command"][-len(argv):] == argv
 
 
 class CorruptingCache(ConcatCache):

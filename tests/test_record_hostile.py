@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from reading import shared_reads
 from records import mutated, paths
 
 from kvbench.cli import main
@@ -37,6 +38,13 @@ EXAMPLES = 40  # with the deadline below, about a minute of the suite on a share
 
 
 PATHS = {name: paths(record) for name, record in ORIGINALS.items()}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def reads_shared():
+    """Each distinct file loaded once and each distinct plot drawn once, across the examples (tests/reading.py)."""
+    with shared_reads():
+        yield
 
 
 def run(*argv: str) -> tuple[int, str]:

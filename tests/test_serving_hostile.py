@@ -22,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from reading import shared_reads
 from records import mutated, paths
 
 from kvbench.cli import main
@@ -36,6 +37,13 @@ NAME = "results/serving/llama-mini-prefix-64.json"  # static and paged, 8 reques
 ORIGINAL = serving_to_v4(json.loads((ROOT / NAME).read_text()))
 SERVING = sorted((ROOT / "results" / "serving").glob("*.json"))
 PREFIX = "malformed serving record: "
+
+
+@pytest.fixture(scope="module", autouse=True)
+def reads_shared():
+    """Each distinct file loaded once and each distinct plot drawn once, across the examples (tests/reading.py)."""
+    with shared_reads():
+        yield
 
 
 def run(*argv) -> tuple[int, str, str]:
