@@ -371,7 +371,10 @@ def test_the_quick_attributes_reach_100_percent_with_a_spread_and_a_rounded_spee
     assert re.findall(r"\[\s*(\d+\.\d+)%\]", log)[-1] == "100.00", log
     (time_line,) = [line for line in log.splitlines() if re.match(rf"\s*'?seed'?\s.*'?{FULL}'?\s", line)] or [""]
     spread = re.search(r"±(\d+(?:\.\d+)?)", time_line)
-    assert spread and float(spread.group(1)) > 0, log  # five samples: a real interquartile range
+    # asv prints half the samples' interquartile range beside the median; on a quiet machine five samples of a 5 ms
+    # loop can agree to within asv's rounding ("4.71±0ms", seen on a fresh clone at load 1), so the five samples
+    # themselves are checked where they are kept (test_asv_show_prints_samples_beside_the_capture)
+    assert spread and float(spread.group(1)) >= 0, log
     speedup = re.search(r"track_speedup\s.*?\n(?:.*\n)*?.*'?static'?\s+(\S+)", log)
     halfwidth = re.search(r"track_speedup_halfwidth\s.*?\n(?:.*\n)*?.*'?static'?\s+(\S+)", log)
     assert speedup and halfwidth, log
