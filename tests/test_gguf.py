@@ -173,16 +173,22 @@ def test_a_missing_package_says_how_to_install_it(monkeypatch):
         kvgguf.packaged_path("absent")
 
 
-def test_a_run_on_a_gguf_records_the_file_and_the_corpus(tmp_path, original, cache_dir, monkeypatch):
-    """The whole path on a small file: the record names the file and the corpus ids went in.
-    The test file's vocabulary is the tokenizer's too small: its ids come from a stand-in tokenizer."""
-    path = write_gguf(tmp_path / "m.gguf", original)
+@pytest.fixture
+def byte_tokenizer(monkeypatch):
+    """The test file's vocabulary is too small for the packaged tokenizer: its ids come from a stand-in that maps
+    each of the corpus's characters below the test model's vocabulary."""
 
-    class Bytes:  # token ids below the test model's vocabulary, from the corpus's characters
+    class Bytes:
         def encode(self, text, add_special_tokens=False):
             return [ord(c) % CONFIG.vocab_size for c in text]
 
     monkeypatch.setattr(kvgguf, "tokenizer", lambda model: Bytes())
+
+
+def test_a_run_on_a_gguf_records_the_file_and_the_corpus(tmp_path, original, cache_dir, byte_tokenizer):
+    """The whole path on a small file: the record names the file and the corpus ids went in.
+    The test file's vocabulary is the tokenizer's too small: its ids come from a stand-in tokenizer."""
+    path = write_gguf(tmp_path / "m.gguf", original)
     output = tmp_path / "record.json"
     assert main(["run", "--gguf", str(path), "--lengths", "8", "--modes", "full,concat", "--repeats", "1",
                  "--output", str(output), "--no-progress", "--control", "none"]) == 0
@@ -206,16 +212,10 @@ def test_the_first_build_reports_each_layer_dequantized_and_a_cached_one_none(tm
 
 
 def test_a_served_gguf_cuts_every_request_from_the_corpus_and_gates_at_the_trained_tolerance(tmp_path, original,
-                                                                                                cache_dir, monkeypatch):
+                                                                                                cache_dir, byte_tokenizer):
     """`kvbench run --gguf F --trace ...` serves the file's weights (not the seed preset's), its requests runs of
     the corpus's tokens, its gate at the trained-weights tolerance, and its record names the file and the corpus."""
     path = write_gguf(tmp_path / "m.gguf", original)
-
-    class Bytes:  # token ids below the test model's vocabulary, from the corpus's characters
-        def encode(self, text, add_special_tokens=False):
-            return [ord(c) % CONFIG.vocab_size for c in text]
-
-    monkeypatch.setattr(kvgguf, "tokenizer", lambda model: Bytes())
     output = tmp_path / "served.json"
     assert main(["run", "--gguf", str(path), "--trace", "fixed:8,3", "--requests", "3", "--modes", "static,paged",
                  "--repeats", "1", "--output", str(output), "--no-progress", "--control", "none"]) == 0

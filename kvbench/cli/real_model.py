@@ -48,24 +48,37 @@ def model_named(args: argparse.Namespace) -> str:
     return f"{'model ' + repr(args.model) + ', ' if args.model else ''}GGUF file {args.real_model.path}"
 
 
-def load_served(args: argparse.Namespace, config: PlainConfig, seed: int, console, device="cpu") -> tuple:
-    """(model, text, record sections) of a serving run on `device`: the preset's random weights from `seed` (text
-    None: random ids), or the GGUF file's weights with the whole corpus's token ids through its tokenizer (1-D), the
-    text every request's prompt and outputs are cut from (kvbench.serving.tokens; the ids stay on the host, the
-    scheduler moves them)."""
+def load_weights(args: argparse.Namespace, config: PlainConfig, seed: int, device, batch: int, positions: int,
+                 console) -> tuple:
+    """(model, ids, tokenizer, record sections) on `device`: the preset's random weights from `seed` (ids drawn
+    later, tokenizer None), or the GGUF file's weights with the corpus's token ids (batch, positions) through its
+    tokenizer, with a line on `console` while they load (the first load of a file dequantizes it: a minute and
+    more of a blank screen)."""
     if args.real_model is None:
         from kvbench.config import DecoderConfig
         from kvbench.model import build_model
 
-        return build_model(DecoderConfig.from_dict(config.to_dict()), seed=seed, device=device), None, {}
-    import torch
-
+        return build_model(DecoderConfig.from_dict(config.to_dict()), seed=seed, device=device), None, None, {}
     from kvbench.cli.progress import stage
     from kvbench.models import corpus, gguf
 
     with stage(console, f"loading {args.model_name}", disabled=args.no_progress) as update:
-        model, _, tokenizer, described = gguf.load(args.real_model, config, 1, 1, on_progress=lambda done, total, what:
-                                                   update(done, total, f"loading {args.model_name}: {what}"))
-    model = model.to(device)  # dequantized on the host, then moved whole, as a timed run's
-    text = torch.tensor(corpus.encode(tokenizer, corpus.corpus_text()), dtype=torch.long)
-    return model, text, {"model": described, "token_ids": {"source": "corpus", **corpus.describe()}}
+        model, ids, tokenizer, described = gguf.load(args.real_model, config, batch, positions, on_progress=lambda
+                                                     done, total, what: update(done, total,
+                                                                               f"loading {args.model_name}: {what}"))
+    model = model.to(device)  # dequantized on the host, then moved whole (its ids move with each run)
+    return model, ids, tokenizer, {"model": described, "token_ids": {"source": "corpus", **corpus.describe()}}
+
+
+def load_served(args: argparse.Namespace, config: PlainConfig, seed: int, console, device="cpu") -> tuple:
+    """(model, text, record sections) of a serving run: load_weights' model and sections, and the text every
+    request's prompt and outputs are cut from (kvbench.serving.tokens): the whole corpus's token ids through the
+    model's tokenizer (1-D, on the host: the scheduler moves them), None on random weights (random ids)."""
+    model, _, tokenizer, sections = load_weights(args, config, seed, device, 1, 1, console)
+    if tokenizer is None:
+        return model, None, sections
+    import torch
+
+    from kvbench.models import corpus
+
+    return model, torch.tensor(corpus.corpus_tokens(tokenizer), dtype=torch.long), sections

@@ -18,11 +18,11 @@ from kvbench.cli.device import checked_device, device_section, settle
 from kvbench.cli.needle import check_needle, measure_needle, needle_bytes, prepare_needle
 from kvbench.cli.parser import CliError, did_you_mean
 from kvbench.cli.progress import ProgressBar, stage
-from kvbench.cli.real_model import QUALITY_CHUNKS, model_config, model_named
+from kvbench.cli.real_model import QUALITY_CHUNKS, load_weights, model_config, model_named
 from kvbench.cli.serve import check_serve, cmd_serve
 from kvbench.cli.usage import (CONTEXTS, LOOP, REQUEST, SERVED, cache_options, check_read, check_used, given_options,
                                option_readers)
-from kvbench.config import DecoderConfig, PlainConfig
+from kvbench.config import PlainConfig
 from kvbench.report.record import model as report_model
 from kvbench.report.record import columns, terminal
 from kvbench.report.format import format_bytes, stdout_console
@@ -110,24 +110,10 @@ def check_run(args: argparse.Namespace) -> tuple:
 
 
 def load_model(args: argparse.Namespace, config: PlainConfig, protocol: Protocol, workload, console):
-    """(model, ids, tokenizer, record sections): random weights from the seed (ids drawn later, tokenizer
-    None), or a GGUF file's weights with token ids from the corpus through its tokenizer, with a line on
-    `console` while they load (the first load of a file dequantizes it: a minute and more of a blank screen)."""
-    if args.real_model is None:
-        from kvbench.model import build_model
-
-        return (build_model(DecoderConfig.from_dict(config.to_dict()), seed=protocol.seed, device=protocol.device),
-                None, None, {})
-    from kvbench.models import corpus, gguf
-
+    """(model, ids, tokenizer, record sections) of a timed run (load_weights): a GGUF file's ids are as long as the
+    longest run of `workload` and the per-step profile."""
     positions = max(workload.positions(n) for n in [*args.lengths, protocol.per_step_length or 1])
-    with stage(console, f"loading {args.model_name}", disabled=args.no_progress) as update:
-        model, ids, tokenizer, described = gguf.load(args.real_model, config, protocol.batch, positions,
-                                                     on_progress=lambda done, total, what: update(
-                                                         done, total, f"loading {args.model_name}: {what}"))
-    model = model.to(protocol.device)  # dequantized on the host, then moved whole (its ids move with each run)
-    return model, ids, tokenizer, {"model": described, "token_ids": {"source": "corpus", **corpus.describe()}}
-
+    return load_weights(args, config, protocol.seed, protocol.device, protocol.batch, positions, console)
 
 
 def settings(args: argparse.Namespace) -> tuple[PlainConfig, Protocol]:

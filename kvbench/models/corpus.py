@@ -16,6 +16,7 @@ silently change every figure measured on it.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 from pathlib import Path
@@ -47,12 +48,19 @@ def corpus_ids(tokenizer, batch: int, length: int):
     shorter length gives a prefix of a longer one. `tokenizer` turns text into ids (encode(text) -> list)."""
     import torch
 
-    tokens = encode(tokenizer, corpus_text())
+    tokens = corpus_tokens(tokenizer)
     needed = batch * length
     if needed > len(tokens):
         raise ValueError(f"the corpus holds {len(tokens)} tokens, expected at least batch x length = {batch} x "
                          f"{length} = {needed}")
     return torch.tensor(tokens[:needed], dtype=torch.long).view(batch, length)
+
+
+@functools.lru_cache(maxsize=4)
+def corpus_tokens(tokenizer) -> tuple[int, ...]:
+    """The whole corpus's token ids through `tokenizer`, encoded once per tokenizer (a run reads them for its ids,
+    its quality text and its needle's filler: tens of thousands of tokens each time otherwise)."""
+    return tuple(encode(tokenizer, corpus_text()))
 
 
 def encode(tokenizer, text: str) -> list[int]:

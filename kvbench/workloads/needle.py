@@ -88,7 +88,7 @@ def build_cells(tokenizer, contexts, depths=DEPTHS, seed: int = 0, max_length: i
     positions or whose filler the corpus (or `filler`, ids given instead of the corpus's) cannot supply."""
     check_depths(depths)
     if filler is None:
-        filler = corpus.encode(tokenizer, corpus.corpus_text())
+        filler = list(corpus.corpus_tokens(tokenizer))
     question = tuple(corpus.encode(tokenizer, QUESTION))
     cells = []
     for context in contexts:
