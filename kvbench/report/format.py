@@ -17,8 +17,8 @@ from rich.console import Console
 from rich.markup import escape as escape_rich_markup
 
 __all__ = ["BEGIN_MARKER", "END_MARKER", "Html", "as_sentence", "capitalised", "check_text", "check_word", "escape_html",
-           "escape_markdown", "format_bytes", "interval_name", "markdown_table", "ms", "plain", "ratio", "render_plain",
-           "rich_escape", "seconds_unit", "splice", "stdout_console", "visible"]
+           "escape_markdown", "format_bytes", "interval_name", "markdown_table", "ms", "plain", "ratio", "ratio_text",
+           "render_plain", "rich_escape", "seconds_unit", "splice", "stdout_console", "visible"]
 
 
 INTERVAL_NAMES = {"rerun": "rerun interval", "confidence": "confidence interval",
@@ -69,6 +69,12 @@ def seconds_unit(values) -> tuple[float, str]:
 
 def ratio(value: float) -> str:
     return f"{value:.2f}"
+
+
+def ratio_text(entry: dict | None, newline: str = "\n") -> str:
+    """A ratio of medians with its interval (an entry's ratio, low and high), the interval under it where `newline`
+    breaks the line (a terminal's or an HTML cell) and beside it where it is a space; "-" without one."""
+    return "-" if not entry else f"{entry['ratio']:.2f}x{newline}[{entry['low']:.2f}, {entry['high']:.2f}]"
 
 
 def check_text(check: dict | None) -> str:

@@ -10,6 +10,7 @@ import statistics
 
 from kvbench.measure.latency import median_with_interval
 from kvbench.record import RecordView
+from kvbench.report.format import ratio_text
 from kvbench.report.record.sections import Cell, Column, Section
 from kvbench.serving.sharing import best_hit_tokens
 from kvbench.serving.trace import trace_from_dict
@@ -68,10 +69,6 @@ def _rate(entry: dict | None, newline: str) -> str:
     return f"{entry['median']:.1%}{newline}[{entry['low']:.1%}, {entry['high']:.1%}]"
 
 
-def _ratio(entry: dict | None, newline: str) -> str:
-    return "-" if not entry else f"{entry['ratio']:.2f}x{newline}[{entry['low']:.2f}, {entry['high']:.2f}]"
-
-
 def prefix_section(figures: dict[str, dict], newline: str = "\n") -> Section | None:
     """The prefix cache's table, or None when no kind kept one; each interval under its median where `newline`
     breaks the line (the terminal's and the HTML's cells), beside it where it is a space (markdown's)."""
@@ -83,8 +80,8 @@ def prefix_section(figures: dict[str, dict], newline: str = "\n") -> Section | N
     for kind, entry in figures.items():
         cells = (kind, entry["order"], _rate(entry["hit_rate"], newline), f"{entry['best']:.1%}",
                  _rate(entry["of_best"], newline), f"{entry['evicted']['median']:.0f}",
-                 _ratio(entry["ttft_p50_lower"], newline), _ratio(entry["ttft_p50_lower_cpu"], newline),
-                 _ratio(entry["throughput"], newline))
+                 ratio_text(entry["ttft_p50_lower"], newline), ratio_text(entry["ttft_p50_lower_cpu"], newline),
+                 ratio_text(entry["throughput"], newline))
         rows.append(tuple(Cell(text) for text in cells))
     columns = tuple(Column(name, left=name in ("kind", "order"), from_record=name == "kind") for name in names)
     return Section("prefix", "prefix cache: token hit rate (hits at first admission / prompt tokens) against the "

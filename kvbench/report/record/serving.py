@@ -12,7 +12,7 @@ from kvbench.measure import stats
 from kvbench.measure.latency import median_with_interval
 from kvbench.modes import CONTROL
 from kvbench.record import RecordView
-from kvbench.report.format import escape_markdown, format_bytes, plain, rich_escape, seconds_unit
+from kvbench.report.format import escape_markdown, format_bytes, plain, ratio_text, rich_escape, seconds_unit
 from kvbench.report.record.prefix import prefix_figures, prefix_section
 from kvbench.report.record.goodput import curve_plot, goodput_sections
 from kvbench.report.record.sections import Cell, Column, Section
@@ -102,10 +102,6 @@ def seconds_text(entry: dict | None, newline: str = "\n") -> str:
     scale, unit = seconds_unit((entry["median"], entry["low"], entry["high"]))
     low, high = (plain(entry[name] * scale) for name in ("low", "high"))
     return f"{plain(entry['median'] * scale)} {unit}{newline}[{low}, {high}]"
-
-
-def ratio_text(entry: dict | None, newline: str = "\n") -> str:
-    return "-" if not entry else f"{entry['ratio']:.2f}x{newline}[{entry['low']:.2f}, {entry['high']:.2f}]"
 
 
 def clock_name(view: RecordView) -> str:
