@@ -193,7 +193,7 @@ def check_serving(args: argparse.Namespace):
     served = load_trace(args, config)
     kinds = check_prefix_cache(args, kinds, served)
     if args.share_prefix and not any(request.prefix for request in served.requests):
-        raise CliError(f"--share-prefix: no request of the trace carries a shared prefix to share"
+        raise CliError("--share-prefix: no request of the trace carries a shared prefix to share"
                        + (" (--prefix S draws one)" if args.workload_name == SERVING else ""))
     if args.cancel is not None:
         check_cancel(args.cancel, served)
