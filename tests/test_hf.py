@@ -312,7 +312,7 @@ QUANTIZED = [pytest.param("hf-quantized-int4", 4, marks=pytest.mark.skipif(not Q
 
 @pytest.mark.parametrize(("mode", "bits"), QUANTIZED)  # make test installs both extras
 def test_transformers_quantized_caches_are_judged_by_kvbenchs_limits_of_the_same_bits(tiny, mode, bits):
-    from kvbench.cache import KINDS, expected_cache_bytes
+    from kvbench.cache import expected_cache_bytes
     from kvbench.workloads.decode import check_equivalence
     from kvbench.workloads.workload import cache_footprint
 

@@ -3,7 +3,6 @@
 the full path), its eviction order, the traces that reuse prefixes and their best hit rate, and the command line."""
 
 import json
-from pathlib import Path
 
 import pytest
 import torch

@@ -259,7 +259,7 @@ def check_structure(trace: Trace, request: TraceRequest) -> None:
         raise ValueError(f"{where}: a turn is its history's extension: its prompt must hold request {parent.id}'s "
                          f"prompt {parent.prompt} and whole output {parent.output} ({history} tokens, not cancelled) "
                          f"and a new message, got prompt {request.prompt}"
-                         + (f" after a cancelled parent" if parent.cancel_after is not None else ""))
+                         + (" after a cancelled parent" if parent.cancel_after is not None else ""))
 
 
 def _check_arrival(trace: Trace, request: TraceRequest, where: str, last: float) -> None:
