@@ -155,8 +155,19 @@ def pytest_configure(config):
 def pytest_collection_finish(session):
     """Everything alive once the tests are collected (torch, transformers, every test module: ~10^6 objects) is
     frozen out of the collector (gc.freeze): kvbench collects before every timed call (measure.timing), and in a
-    test process each full collection walked that heap again (tens of ms, hundreds of times a run). What the tests
-    themselves allocate is collected as before."""
+    test process each full collection walked that heap again (tens of ms, hundreds of times a run). kvbench's own
+    freezes (measure.timing.heap_frozen, around a run and its sampling) keep this one: until they did, the first run
+    in a worker thawed it, and full collections took 144 s of the suite's CPU (docs/testing.md). What is alive when
+    a run starts then stays frozen with it; what the tests allocate between runs is collected as before."""
+    gc.collect()
+    gc.freeze()
+
+
+@pytest.fixture
+def thawed_heap():
+    """No object frozen, as in a program that never calls gc.freeze; then the suite's freeze again (above)."""
+    gc.unfreeze()
+    yield
     gc.collect()
     gc.freeze()
 

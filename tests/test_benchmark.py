@@ -30,6 +30,28 @@ def test_control_mode_repeats_a_cached_mode():
         control_mode("full", ["full", "static"])
 
 
+def test_a_run_collects_the_whole_heap_once_and_thaws_it_after(tiny_model, monkeypatch, thawed_heap):
+    """Everything alive when the run starts is frozen out of its later collections (the probes', the memory
+    profile's, each timed call's), which then walk only what the run allocated; it is thawed when the run ends."""
+    import gc
+
+    import kvbench.workloads.workload as workload_module
+
+    alive, seen = [[]], []
+
+    def watching(name, real):
+        def watched(*args, **kwargs):
+            seen.append((name, not any(found is alive for found in gc.get_objects())))
+            return real(*args, **kwargs)
+        return watched
+
+    monkeypatch.setattr(machine, "probe_phase", watching("probe", machine.probe_phase))
+    monkeypatch.setattr(workload_module, "peak_memory_growth", watching("memory", workload_module.peak_memory_growth))
+    run_benchmark(tiny_model, [4], ["full", "static"], Protocol.fixed(1, warmup=0, control="none"))
+    assert seen == [("probe", True), ("memory", True), ("memory", True), ("probe", True)]
+    assert gc.get_freeze_count() == 0 and any(found is alive for found in gc.get_objects())
+
+
 @pytest.mark.real_machine  # the real probe calls, timed before the gate and after the profile
 def test_run_benchmark_checks_memory_and_repetitions(tiny_model):
     lengths, modes, repeats = [4, 8], ["full", "concat", "static", "paged"], 2

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from kvbench.measure.telemetry import FIELDS, Counters
-from kvbench.measure.timing import Protocol, mode_orders, pin_cpu, rotation_order, set_threads, time_call, time_observed
+from kvbench.measure.timing import (Protocol, heap_frozen, mode_orders, pin_cpu, rotation_order, set_threads, time_call,
+                                    time_observed)
 from kvbench.workloads.benchmark import per_step_seconds
 from kvbench.workloads.decode import MODES, token_ids
 
@@ -127,6 +128,32 @@ def test_time_call_leaves_a_disabled_gc_disabled():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def frozen(thing) -> bool:
+    """Whether the collector skips `thing`: gc.get_objects() lists every tracked object but the frozen ones."""
+    return not any(found is thing for found in gc.get_objects())
+
+
+def test_a_frozen_section_thaws_on_leaving_only_when_it_froze_first(thawed_heap):
+    alive = [[]]
+    with heap_frozen():
+        assert frozen(alive)
+        since = [[]]  # allocated after the freeze: the collector still walks it
+        assert not frozen(since)
+        with heap_frozen():  # nested: it freezes what is alive now, and leaving it keeps every freeze
+            assert frozen(since)
+        assert frozen(alive) and frozen(since)
+    assert not frozen(alive) and not frozen(since) and gc.get_freeze_count() == 0
+
+
+def test_a_freeze_the_program_made_outlives_a_frozen_section(thawed_heap):
+    program = [[]]
+    gc.freeze()  # the program's own, as tests/conftest.py freezes the suite's heap once it is collected
+    later = [[]]
+    with heap_frozen():
+        assert frozen(later)
+    assert frozen(program) and frozen(later)  # gc.unfreeze would have thawed the program's objects too
 
 
 def test_time_call_measures_the_call():

@@ -247,13 +247,19 @@ def heap_frozen():
     before every sample it took longer than most of the loops it kept garbage away from, and more
     than half of a run's sampling time. Frozen, the collection before each sample walks only
     what was allocated since: it still keeps one loop's garbage out of the next timed region, in
-    microseconds."""
+    microseconds.
+
+    A freeze that was in place before (an outer heap_frozen, or the program's own gc.freeze) is kept:
+    gc.unfreeze thaws every frozen object, not only this section's, so only the section that froze
+    first thaws. What this section froze then stays frozen with the caller's objects."""
+    thaw = gc.get_freeze_count() == 0
     gc.collect()
     gc.freeze()
     try:
         yield
     finally:
-        gc.unfreeze()
+        if thaw:
+            gc.unfreeze()
 
 
 def time_call(run: Callable[[], object], clock: Clock = HOST) -> float:

@@ -14,7 +14,7 @@ from kvbench.measure import machine
 from kvbench.measure.device import device_of
 from kvbench.measure.clock import HOST, Clock, clock_for
 from kvbench.measure.sampling import Sample, Sampling, finished, prepared, sample
-from kvbench.measure.timing import Protocol, collector_paused, control_mode, step_durations
+from kvbench.measure.timing import Protocol, collector_paused, control_mode, heap_frozen, step_durations
 from kvbench.model import Decoder
 from kvbench.modes import CONTROL, FULL, spec
 from kvbench.workloads.decode import check_modes, decode, failed_check, steps, timeable, token_ids
@@ -76,37 +76,40 @@ def run_benchmark(model: Decoder, lengths: list[int], modes: list[str], protocol
     progress = on_progress or (lambda event: None)
     outcome = RunOutcome(control=control_mode(protocol.control, modes))
     try:
-        progress(Progress("machine probe", 0, 1))
-        calls = machine.probe_calls()
-        outcome.machine_probe = {"workloads": dict(machine.PROBE_CALLS), "repeats": machine.REPEATS,
-                                 "start": machine.probe_phase(calls)}
-        progress(Progress("machine probe", 1, 1))
-        if workload.name != "loop":  # a step's distance to the machine's limit needs the limit
-            progress(Progress("machine limits", 0, 1))
-            outcome.limits = machine_limits(model, workload, lengths, protocol)
-        longest = given_ids(ids, model, protocol, max(workload.positions(n) for n in lengths))
-        gate, rotations = gate_and_measure(workload, model, longest, lengths, modes, options, outcome, progress,
-                                           clock)
-        loops = timed_loops(workload, model, longest, lengths, modes, gate, outcome.control, options)
-        outcome.attention = attention_kernels(model, loops[min(lengths)])
-        planned = protocol.repeats * sum(len(by_mode) for by_mode in loops.values())
-        keep = timed_progress(protocol, planned, protocol.repeats * sum(rotations.values()), outcome, progress)
-        if hasattr(workload, "timer_seconds"):  # what timing every step on its own costs each step
-            outcome.sampling.step_timer_seconds = workload.timer_seconds()
-        sample(loops, protocol, on_sample=keep, state=outcome.sampling, watch=workload.watch(protocol, FULL),
-               limits=round_limits(outcome.limits, protocol), clock=clock)
-        if outcome.limits is not None:
-            outcome.limits["rounds"] = outcome.sampling.limits
-        if protocol.per_step_length is not None:
-            profiled = given_ids(ids, model, protocol, protocol.per_step_length)
-            outcome.per_step = [
-                {"mode": mode, "length": protocol.per_step_length,
-                 "seconds": per_step_seconds(model, profiled, mode, protocol.warmup, options, clock)}
-                for mode in modes if all(timeable(gate[(mode, length)]) for length in lengths)
-            ]
-        progress(Progress("machine probe", 0, 1))
-        outcome.machine_probe["end"] = machine.probe_phase(calls)
-        progress(Progress("machine probe", 1, 1))
+        # one collection of the whole heap per run: the later ones (before each timed call, the memory profile's)
+        # walk only what the run allocated since (kvbench.measure.timing.heap_frozen)
+        with heap_frozen():
+            progress(Progress("machine probe", 0, 1))
+            calls = machine.probe_calls()
+            outcome.machine_probe = {"workloads": dict(machine.PROBE_CALLS), "repeats": machine.REPEATS,
+                                     "start": machine.probe_phase(calls)}
+            progress(Progress("machine probe", 1, 1))
+            if workload.name != "loop":  # a step's distance to the machine's limit needs the limit
+                progress(Progress("machine limits", 0, 1))
+                outcome.limits = machine_limits(model, workload, lengths, protocol)
+            longest = given_ids(ids, model, protocol, max(workload.positions(n) for n in lengths))
+            gate, rotations = gate_and_measure(workload, model, longest, lengths, modes, options, outcome, progress,
+                                               clock)
+            loops = timed_loops(workload, model, longest, lengths, modes, gate, outcome.control, options)
+            outcome.attention = attention_kernels(model, loops[min(lengths)])
+            planned = protocol.repeats * sum(len(by_mode) for by_mode in loops.values())
+            keep = timed_progress(protocol, planned, protocol.repeats * sum(rotations.values()), outcome, progress)
+            if hasattr(workload, "timer_seconds"):  # what timing every step on its own costs each step
+                outcome.sampling.step_timer_seconds = workload.timer_seconds()
+            sample(loops, protocol, on_sample=keep, state=outcome.sampling, watch=workload.watch(protocol, FULL),
+                   limits=round_limits(outcome.limits, protocol), clock=clock)
+            if outcome.limits is not None:
+                outcome.limits["rounds"] = outcome.sampling.limits
+            if protocol.per_step_length is not None:
+                profiled = given_ids(ids, model, protocol, protocol.per_step_length)
+                outcome.per_step = [
+                    {"mode": mode, "length": protocol.per_step_length,
+                     "seconds": per_step_seconds(model, profiled, mode, protocol.warmup, options, clock)}
+                    for mode in modes if all(timeable(gate[(mode, length)]) for length in lengths)
+                ]
+            progress(Progress("machine probe", 0, 1))
+            outcome.machine_probe["end"] = machine.probe_phase(calls)
+            progress(Progress("machine probe", 1, 1))
     except KeyboardInterrupt:
         outcome.interrupted = True
     if any(spec(mode).compiled for mode in modes):
