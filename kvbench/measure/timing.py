@@ -239,6 +239,9 @@ def collector_paused():
             gc.enable()
 
 
+_open_frozen_sections = 0  # heap_frozen sections open now (a run's and its sampling's, on one thread)
+
+
 @contextlib.contextmanager
 def heap_frozen():
     """Collect once, then keep every object alive now out of later collections (gc.freeze).
@@ -252,12 +255,16 @@ def heap_frozen():
     A freeze that was in place before (an outer heap_frozen, or the program's own gc.freeze) is kept:
     gc.unfreeze thaws every frozen object, not only this section's, so only the section that froze
     first thaws. What this section froze then stays frozen with the caller's objects."""
-    thaw = gc.get_freeze_count() == 0
+    global _open_frozen_sections
+    # gc.get_freeze_count() walks every frozen object (10 ms for torch's): only an outermost section asks it
+    thaw = _open_frozen_sections == 0 and gc.get_freeze_count() == 0
     gc.collect()
     gc.freeze()
+    _open_frozen_sections += 1
     try:
         yield
     finally:
+        _open_frozen_sections -= 1
         if thaw:
             gc.unfreeze()
 
