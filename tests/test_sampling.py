@@ -299,6 +299,52 @@ def test_a_prepare_runs_before_every_call_outside_the_timed_region(scripted):
     assert len(state.samples) == 2
 
 
+def test_a_sample_is_prepared_timed_read_and_finished_in_that_order_and_handed_on_as_kept(scripted):
+    """Every call's untimed ends, the warmup's too: prepare() before it, detail() read after the timed call,
+    finish() last (a context's cache released); on_sample hears each sample as it is kept."""
+    durations, calls = scripted
+    durations.update(full=itertools.cycle([2.0]))
+
+    class Staged:
+        def prepare(self):
+            calls.append("prepare")
+
+        def __call__(self):
+            return "full"  # the scripted timer notes the timed call
+
+        def detail(self):
+            calls.append("detail")
+            return {"steps": [1.0]}
+
+        def finish(self):
+            calls.append("finish")
+
+    handed = []
+    state = sample({4: {"full": Staged()}}, Protocol.fixed(2, warmup=1), on_sample=handed.append)
+    assert calls == ["prepare", "finish"] + ["prepare", "full", "detail", "finish"] * 2
+    assert len(handed) == 2 and all(heard is kept for heard, kept in zip(handed, state.samples))
+    assert [kept.detail for kept in state.samples] == [{"steps": [1.0]}] * 2
+
+
+def test_widths_are_watched_only_under_a_precision_target_once_the_minimum_rotations_ran():
+    watched = []
+
+    def watch(samples, length):
+        watched.append(length)
+        return {"static": 0.01}
+
+    fixed = sampling.LengthSampling(4, rotations=5)
+    assert stop_reason(fixed, Protocol.fixed(3), [], "full", 0.0, watch=watch) == "fixed"
+    assert watched == [] and fixed.half_width is None
+    targeted = Protocol(repeats=3, precision=0.05, max_repeats=10, max_seconds=1e9)
+    early = sampling.LengthSampling(4, rotations=2)
+    assert stop_reason(early, targeted, [], "full", 0.0, watch=watch) is None
+    assert watched == [] and early.half_width is None
+    ready = sampling.LengthSampling(4, rotations=3)
+    assert stop_reason(ready, targeted, [], "full", 0.0, watch=watch) == "precise"
+    assert watched == [4] and ready.half_width == 0.01
+
+
 def test_a_contended_length_is_watched_on_the_cpu_clock_of_one_thread():
     """Every sample waited for a CPU: with one thread (the default) the speedup is of CPU seconds, which here are
     steady, while wall seconds are not; with two threads wall time is the only honest clock."""
