@@ -156,6 +156,11 @@ def test_fit_with_two_lengths_has_no_uncertainty_and_one_length_no_fit():
     assert stats.fit_power_law([10], [1.0]) is None
 
 
+def test_three_lengths_are_the_fewest_with_an_interval_on_b():
+    fit = stats.fit_power_law([10, 20, 40], [1.0, 2.1, 3.9])
+    assert fit.b_stderr > 0 and fit.b_low < fit.b < fit.b_high and 0 < fit.r_squared < 1 and fit.points == 3
+
+
 def test_fixed_overhead_flattens_b_but_not_the_tail_slope():
     lengths = [16, 32, 64, 128, 256, 512]
     fit = stats.fit_power_law(lengths, [1e-3 + 1e-7 * n ** 2 for n in lengths])
@@ -170,6 +175,10 @@ def test_running_median_removes_isolated_spikes_even_at_the_ends():
     values[0] = values[10] = values[19] = 100.0
     assert stats.running_median(values, 5) == [1.0] * 20
     assert stats.running_median([3.0, 1.0], 9) == [2.0, 2.0]  # window wider than the profile
+
+
+def test_the_running_window_starts_at_the_first_step_and_ends_at_the_last():
+    assert stats.running_median([1.0, 2.0, 9.0, 10.0, 11.0], 3) == [2.0, 2.0, 9.0, 10.0, 10.0]
 
 
 def test_crossover_is_the_first_step_from_which_caching_stays_cheaper():
@@ -347,3 +356,14 @@ def test_the_between_run_sd_solves_the_method_of_moments_for_a_known_spread():
 def test_the_stop_rule_stops_on_width_then_the_cap_then_the_budget(rotations, half_width, settings, expected):
     rule = dict(repeats=7, precision=0.05, max_repeats=40, max_seconds=60.0) | settings
     assert stats.stop_rule(rotations, half_width, **rule) == expected
+
+
+def test_every_bootstrap_defaults_to_ten_thousand_resamples_from_seed_0():
+    """The same record and the same seed give the same report: the defaults, pinned by what they draw."""
+    rng = np.random.default_rng(3)
+    base = {r: 2.0 + 0.3 * rng.random() for r in range(200)}  # enough pairs that every resample count moves
+    mine = {r: 1.0 + 0.3 * rng.random() for r in range(200)}  # the interval's ends
+    default = stats.paired_speedup(base, mine)
+    assert default == stats.paired_speedup(base, mine, seed=0, resamples=10_000)
+    assert default != stats.paired_speedup(base, mine, seed=0, resamples=9_999)  # each default is seen
+    assert default != stats.paired_speedup(base, mine, seed=1, resamples=10_000)
