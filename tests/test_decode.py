@@ -607,3 +607,12 @@ def test_bfloat16_tolerance_covers_twice_each_paths_own_rounding_and_still_catch
     assert check_equivalence(model, ids, ["static"], reference=full)["static"].passed
     shifted = compare_logits("static", static[:, 1:], full[:, :-1], atol, rtol)
     assert not shifted.passed and shifted.first_divergent_position == 0
+
+
+def test_a_kind_that_compresses_its_prompt_is_judged_after_it_and_told_in_the_loops_length(tiny_model):
+    """knorm is gated from the first half of the ids on (its prompt, then compressed): the steps judged are the
+    last T - prompt + 1, and the check is told as the loop's, over all T positions."""
+    ids = token_ids(tiny_model.config, 1, 16, seed=0)
+    result = check_equivalence(tiny_model, ids, ["knorm"])["knorm"]
+    assert decode_module.gate_prompt("knorm", 16) == 8 and decode_module.gate_prompt("static", 16) == 1
+    assert result.length == 16 and result.passed and result.first_divergent_position is None
