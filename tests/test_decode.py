@@ -2,6 +2,7 @@
 should)."""
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -616,3 +617,42 @@ def test_a_kind_that_compresses_its_prompt_is_judged_after_it_and_told_in_the_lo
     result = check_equivalence(tiny_model, ids, ["knorm"])["knorm"]
     assert decode_module.gate_prompt("knorm", 16) == 8 and decode_module.gate_prompt("static", 16) == 1
     assert result.length == 16 and result.passed and result.first_divergent_position is None
+
+
+def test_an_evicting_kind_is_judged_against_the_full_path_masked_to_the_positions_it_kept(tiny_model):
+    """evicting_logits: a batch of two, the prompt compressed by half, every step after it against the same rows of
+    the full path masked to what the cache kept."""
+    ids = token_ids(tiny_model.config, 2, 12, seed=1)
+    for prompt in (1, 6):
+        kept, reference = decode_module.evicting_logits(tiny_model, ids, "knorm", prompt,
+                                                        {"knorm": {"evict_ratio": 0.5}})
+        assert kept.shape == reference.shape == (2, 12 - prompt + 1, tiny_model.config.vocab_size)
+        torch.testing.assert_close(kept, reference, atol=1e-5, rtol=1e-4)
+
+
+def test_a_cache_the_loop_made_is_released_when_the_loop_ends(tiny_model, monkeypatch):
+    made, make = [], decode_module.make_cache
+
+    def making(*args, **kwargs):
+        made.append(make(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(decode_module, "make_cache", making)
+    decode_cached(tiny_model, token_ids(tiny_model.config, 1, 40, seed=0), "paged")
+    (cache,) = made
+    assert cache.pool.free_blocks == cache.pool.num_blocks  # every block given back
+
+
+def test_a_model_is_trained_when_it_carries_its_gate_tolerance(tiny_model):
+    assert not decode_module.is_trained(tiny_model)
+    trained = build_model(tiny_model.config, seed=0)
+    trained.gate_tolerance = (1e-3, 1e-3)
+    assert decode_module.is_trained(trained)
+
+
+def test_a_check_judged_from_the_prompt_on_is_told_at_the_loops_positions(tiny_model):
+    ids = token_ids(tiny_model.config, 1, 16, seed=0)
+    result = check_equivalence(tiny_model, ids, ["static"])["static"]
+    moved = decode_module.from_prompt(replace(result, length=9, first_divergent_position=2,
+                                              first_reference_non_finite=3), prompt=8, length=16)
+    assert (moved.length, moved.first_divergent_position, moved.first_reference_non_finite) == (16, 9, 10)
