@@ -564,3 +564,71 @@ def test_a_failure_after_reserve_gives_back_new_and_copied_blocks(model, monkeyp
     with torch.inference_mode():
         _, child = model(tokens(1, 3, seed=49), child)  # and the fork still works
     assert child.length == 9 and pool.refcount(before["table"][0, 1].item()) == 1
+
+
+def test_a_fork_that_steps_while_its_parent_rolls_back_a_copy_needs_what_its_next_append_takes(model):
+    """Parent and fork share a partly filled block. The parent's call copies it and fails before its commit; the fork
+    steps in between, holding that block alone, so it appends without a copy. The parent's rollback takes the block
+    back: whatever the fork's next append then takes, blocks_needed (what a scheduler promises) must have said, and
+    each request keeps its own positions."""
+    pool = BlockPool(model.config, num_blocks=6, block_size=4)
+    prompt, child_next, parent_next = tokens(1, 5, seed=50), tokens(1, 2, seed=51), tokens(1, 1, seed=52)
+    with torch.inference_mode():
+        _, parent = model(prompt, PagedCache(model.config, pool=pool))
+        child = parent.fork()  # block 1 holds position 4, shared
+        before = snapshot(parent)
+        parent.check_append(model.config, 1, 1)
+        parent.reserve(1)  # the parent's call copies block 1 ...
+        assert parent.block_table.tolist() == [[0, 2]] and pool.refcount(1) == 1
+        first, child = model(child_next[:, :1], child)  # ... the fork steps meanwhile ...
+        parent.rollback()  # ... and the parent's call fails: block 1 is shared again, block 2 free
+        assert parent.block_table.tolist() == child.block_table.tolist() == [[0, 1]]
+        assert (pool.refcount(0), pool.refcount(1), pool.refcount(2), pool.free_blocks) == (2, 2, 0, 4)
+        needed, free = child.blocks_needed(1), pool.free_blocks
+        second, child = model(child_next[:, 1:], child)
+        assert free - pool.free_blocks == needed
+        assert_same_snapshot(before, snapshot(parent))
+        parent_logits, parent = model(parent_next, parent)  # the parent's own append copies the shared block
+        assert parent.block_table[0, 0] == child.block_table[0, 0] == 0
+        assert parent.block_table[0, 1] != child.block_table[0, 1] and pool.refcount(1) == 1
+        child_ref = model(torch.cat((prompt, child_next), 1))[0][:, 5:]
+        parent_ref = model(torch.cat((prompt, parent_next), 1))[0][:, 5:]
+    torch.testing.assert_close(torch.cat((first, second), 1), child_ref, atol=ATOL, rtol=RTOL)
+    torch.testing.assert_close(parent_logits, parent_ref, atol=ATOL, rtol=RTOL)
+    assert child.length == 7 and parent.length == 6
+
+
+# -- adopt: a prefix cache's hit -------------------------------------------------------------------
+
+
+def test_adopted_blocks_are_read_in_table_order_and_only_an_empty_single_sequence_adopts(model):
+    pool = BlockPool(model.config, num_blocks=6, block_size=4)
+    prompt, other, following = tokens(1, 8, seed=53), tokens(1, 4, seed=54), tokens(1, 2, seed=55)
+    with torch.inference_mode():
+        _, owner = model(prompt[:, :4], PagedCache(model.config, pool=pool))  # block 0
+        model(other, PagedCache(model.config, pool=pool))  # block 1, between the owner's blocks
+        _, owner = model(prompt[:, 4:], owner)  # block 2
+        assert owner.block_table.tolist() == [[0, 2]]
+        pool.share([0, 2])  # the hit's references, taken before adopt as the prefix cache takes them
+        adopter = PagedCache(model.config, pool=pool)
+        adopter.adopt([0, 2])
+        assert (adopter.length, adopter.block_table.tolist(), pool.refcount(0), pool.refcount(2)) == (8, [[0, 2]], 2, 2)
+        for layer in range(model.config.layers):  # blocks 0 and 2, not the consecutive slots of blocks 0 and 1
+            assert torch.equal(adopter.keys(layer), owner.keys(layer))
+            assert torch.equal(adopter.values(layer), owner.values(layer))
+        logits, adopter = model(following, adopter)  # the next position starts a block of its own
+        assert adopter.block_table.tolist() == [[0, 2, 3]]
+        reference = model(torch.cat((prompt, following), 1))[0][:, 8:]
+        missed = PagedCache(model.config, pool=pool)
+        missed.adopt([])  # a miss: nothing adopted, the cache stays empty and usable
+        assert (missed.length, missed.block_table.shape) == (0, (1, 0))
+        _, missed = model(other, missed)
+        assert torch.equal(missed.block_table, torch.tensor([[4]]))
+        for cache, why in ((owner, "batch 1 at length 8"),
+                           (PagedCache(model.config, batch=2, pool=pool), "batch 2 at length 0")):
+            with pytest.raises(ValueError, match=f"adopt starts an empty cache of batch 1, got {why}"):
+                cache.adopt([0])
+        with pytest.raises(ValueError, match="adopting 2 blocks of 4 positions exceeds capacity 7"):
+            PagedCache(model.config, capacity=7, pool=pool).adopt([0, 2])
+    torch.testing.assert_close(logits, reference, atol=ATOL, rtol=RTOL)
+    assert (pool.refcount(0), pool.refcount(2)) == (2, 2)
