@@ -164,6 +164,7 @@ def test_a_ledger_admits_with_the_chunk_rule_it_is_given():
     ("1KiB", 1024), ("3 kib", 3 * 1024), ("1.5KiB", 1536), ("2MB", 2_000_000), ("2 mb", 2_000_000),
     ("64MiB", 64 * 2**20), ("1.5GB", 1_500_000_000), ("3gb", 3_000_000_000), ("1GiB", 2**30), ("7kB", 7000),
     ("1e3", 1000), ("12b", 12), ("  4096  ", 4096), ("50%", 500), ("100%", 1000),
+    ("1", 1), ("0.5%", 5),  # the smallest budget, and a share below 1%
 ])
 def test_parse_budget_reads_every_unit_to_the_byte(text, expected):
     assert admission.parse_budget(text, 1000) == expected
