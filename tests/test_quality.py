@@ -300,3 +300,19 @@ def test_the_progress_callback_counts_every_chunk_and_greedy_text_without_changi
     assert [what for _, _, what in events] == [f"{mode} {step}" for mode in
                                                ["full", "quantized-int4", "window", "window"] for step in per_run]
     assert found == measured
+
+
+def test_a_compressing_kind_is_scored_from_the_last_position_of_its_chunks_first_half():
+    assert [quality.scored_from("knorm", length) for length in (2, 3, 16, 17)] == [0, 0, 7, 7]
+    assert quality.scored_from("static", 16) == 0
+
+
+def test_step_logits_predict_from_the_first_position_on_unless_told_a_prompt(model, ids):
+    chunk = ids[:, :12]
+    with torch.inference_mode():
+        full = model(chunk)[0].float()
+    logits, held = quality.step_logits(model, chunk, "static", None)
+    assert logits.shape == full.shape and held["cache_bytes"] > 0
+    torch.testing.assert_close(logits, full, atol=1e-5, rtol=1e-5)
+    from_fifth, _ = quality.step_logits(model, chunk, "static", None, prompt=5)
+    torch.testing.assert_close(from_fifth, full[:, 4:], atol=1e-5, rtol=1e-5)
