@@ -9,8 +9,9 @@ import pytest
 
 from kvbench.config import PlainConfig
 from kvbench.serving import admission
-from kvbench.serving.trace import (PUBLISHED_MEANS, Trace, TraceRequest, check_rate, check_spec, make_trace,
-                                   parse_arrivals, parse_lengths, trace_from_dict)
+from kvbench.serving.sharing import make_shaped, parse_shape
+from kvbench.serving.trace import (PUBLISHED_MEANS, Trace, TraceRequest, check_rate, check_spec, check_trace,
+                                   make_trace, parse_arrivals, parse_lengths, trace_from_dict)
 
 CONFIG = PlainConfig.from_preset("llama-mini")
 
@@ -91,6 +92,15 @@ def test_a_cancellation_at_the_whole_output_is_no_cancellation():
                                                max_positions=64).requests] == [3] * 8
 
 
+def test_drawn_chat_lengths_are_capped_to_fit_the_model():
+    """An output is at most half of max_length, a prompt at most what the output leaves: chat's means (161 in, 338
+    out) are far beyond a 64-position model, so nearly every request is drawn at both caps and fits."""
+    requests = make_trace(spec("chat", requests=20), seed=0, max_positions=64).requests
+    assert {r.output for r in requests} == {32}  # 64 // 2
+    assert max(r.prompt for r in requests) == 32 and min(r.prompt for r in requests) >= 1  # 64 - 32
+    assert max(r.positions for r in requests) == 63
+
+
 def test_a_drawn_trace_is_checked_against_the_model_too():
     """Chat lengths are capped by max_positions, but a shared prefix can still carry a request past it."""
     with pytest.raises(ValueError, match="beyond max_length 10"):
@@ -129,6 +139,12 @@ def test_closed_loop_requests_belong_to_clients_in_turn():
     (spec(arrivals="poisson:1e-7"), "spreads 8 requests over about 8e+07 s"),
     (spec(arrivals="poisson:1e300"), "poisson rate must be at most 1e+06 requests/s"),
     (spec(requests=200_000), "requests must be at most 100000, got 200000"),
+    (spec(prefix=-3), "shared prefix must be a positive integer, got -3"),
+    (spec(prefix=2.5), "shared prefix must be a positive integer, got 2.5"),
+    (spec(prefix=4, prefix_fraction=1.5), "prefix fraction must be a fraction in [0, 1], got 1.5"),
+    (spec(prefix=4, prefix_fraction=True), "prefix fraction must be a fraction in [0, 1], got True"),
+    (spec(cancel_fraction=-0.5, cancel_after=1), "cancel fraction must be a fraction in [0, 1], got -0.5"),
+    (spec(cancel_fraction="0.5", cancel_after=1), "cancel fraction must be a fraction in [0, 1], got '0.5'"),
 ])
 def test_bad_specs_are_refused_naming_the_value(bad, fragment):
     with pytest.raises(ValueError) as refused:
@@ -219,6 +235,18 @@ def test_the_caps_themselves_are_allowed():
     check_spec(spec("uniform:4-4,2-97"), 100)
     with pytest.raises(ValueError, match="holds 101 positions, beyond max_length 100"):  # the output's high end
         check_spec(spec("uniform:4-4,2-98"), 100)
+    check_spec(spec(prefix=4, prefix_fraction=0, cancel_fraction=1, cancel_after=1), CONFIG.max_length)  # both ends
+
+
+def test_just_beyond_the_trace_span_is_refused():
+    """1e7 s is the last second a trace may reach: half a second more, or one request more at 1/s, is refused."""
+    with pytest.raises(ValueError, match=r"spreads 10000001 requests over about 1e\+07 s, beyond the 1e\+07 s a trace "
+                                         r"may span: expected a rate >= 1$"):  # 1.0000001 to 6 digits
+        check_rate(1.0, 10_000_001)
+    data = saved()
+    data["requests"][2]["arrival"] = 10_000_000.5
+    with pytest.raises(ValueError, match=r"request 2: arrival must be at most 1e\+07 s after the start"):
+        trace_from_dict(data, CONFIG.max_length)
 
 
 def test_a_trace_is_frozen_and_one_without_requests_shares_no_prefix():
@@ -262,3 +290,78 @@ def test_minimum_budget_is_the_largest_request_alone():
     assert admission.minimum_budget("static", CONFIG, trace, "max-length") == 4096 * per_position
     assert admission.minimum_budget("paged", CONFIG, trace) == 5 * 16 * per_position
     assert admission.minimum_budget("paged", CONFIG, trace, share_prefix=True) == 6 * 16 * per_position
+
+
+def conversation(**change):
+    """Two conversations of two turns (messages of 4 tokens, outputs of 3), as a file; `change` edits request 2, the
+    second turn of conversation 0 (its parent request 0: prompt 4 and output 3, a history of 7 tokens)."""
+    data = make_shaped(parse_shape("multi-turn:2,2,4,3"), seed=0, max_positions=CONFIG.max_length).to_dict()
+    data["requests"][2].update(change)
+    return data
+
+
+def test_a_later_turn_extends_its_parents_whole_history_by_at_least_one_token():
+    trace = trace_from_dict(conversation(), CONFIG.max_length)
+    assert [(r.prompt, r.output, r.parent, r.prefix, r.group) for r in trace.requests] == [
+        (4, 3, None, 0, None), (4, 3, None, 0, None), (11, 3, 0, 0, None), (11, 3, 1, 0, None)]
+    assert trace.prefix == 0  # a request built without a prefix shares none
+    assert trace_from_dict(conversation(prompt=8), CONFIG.max_length).requests[2].prompt == 8  # one token more
+
+
+@pytest.mark.parametrize("change, fragment", [
+    ({"parent": 2}, "request 2: a turn's parent is an earlier request (0 to 1), got 2"),  # itself
+    ({"parent": 3}, "request 2: a turn's parent is an earlier request (0 to 1), got 3"),  # a later request
+    ({"parent": -1}, "request 2: a turn's parent is an earlier request (0 to 1), got -1"),
+    ({"parent": "0"}, "request 2: a turn's parent is an earlier request (0 to 1), got '0'"),
+    ({"parent": 0.0}, "request 2: a turn's parent is an earlier request (0 to 1), got 0.0"),
+    ({"parent": True}, "request 2: a turn's parent is an earlier request (0 to 1), got True"),
+    ({"prefix": 3}, "request 2: a later turn carries its conversation's prefix in its history: expected prefix 0 and "
+                    "no group, got prefix 3 and group None"),
+    ({"prefix": 3, "group": 0}, "expected prefix 0 and no group, got prefix 3 and group 0"),
+    ({"prompt": 7}, "request 2: a turn is its history's extension: its prompt must hold request 0's prompt 4 and "
+                    "whole output 3 (7 tokens, not cancelled) and a new message, got prompt 7"),
+])
+def test_a_turn_that_does_not_extend_an_earlier_requests_history_is_refused(change, fragment):
+    with pytest.raises(ValueError) as refused:
+        trace_from_dict(conversation(**change), CONFIG.max_length)
+    assert str(refused.value).endswith(fragment)
+
+
+def test_a_turn_after_a_cancelled_parent_is_refused_whatever_its_prompt():
+    """A cancelled turn has no whole output for the next turn's history to hold."""
+    data = conversation()
+    data["requests"][0]["cancel_after"] = 1
+    with pytest.raises(ValueError) as refused:
+        trace_from_dict(data, CONFIG.max_length)
+    assert str(refused.value) == ("request 2: a turn is its history's extension: its prompt must hold request 0's "
+                                  "prompt 4 and whole output 3 (7 tokens, not cancelled) and a new message, got "
+                                  "prompt 11 after a cancelled parent")
+
+
+def shared(**change):
+    """Two groups of two requests sharing a system prompt of 8 tokens (questions of 4, outputs of 3), as a file;
+    `change` edits request 1."""
+    data = make_shaped(parse_shape("shared-prefix:2,2,8,4,3"), seed=0, max_positions=CONFIG.max_length).to_dict()
+    data["requests"][1].update(change)
+    return data
+
+
+@pytest.mark.parametrize("change, fragment", [
+    ({"group": -1}, "request 1 group must be an integer >= 0, got -1"),
+    ({"group": "0"}, "request 1 group must be an integer >= 0, got '0'"),
+    ({"group": False}, "request 1 group must be an integer >= 0, got False"),
+    ({"prefix": 0}, "request 1: group 0 names a shared prefix, and its prefix is 0"),
+])
+def test_a_group_is_a_count_and_names_a_shared_prefix(change, fragment):
+    assert [r.group for r in trace_from_dict(shared(), CONFIG.max_length).requests] == [1, 0, 1, 0]
+    with pytest.raises(ValueError) as refused:
+        trace_from_dict(shared(**change), CONFIG.max_length)
+    assert str(refused.value) == fragment
+
+
+def test_a_hand_built_trace_is_checked_for_its_structure_too():
+    """check_trace, not only a file's reader, refuses a turn whose parent is not before it."""
+    requests = (TraceRequest(0, 4, 3, 0.0), TraceRequest(1, 8, 3, 0.0, parent=1))
+    with pytest.raises(ValueError, match=r"request 1: a turn's parent is an earlier request \(0 to 0\), got 1"):
+        check_trace(Trace(requests, "all", None, 0, {}), CONFIG.max_length)
+    check_trace(Trace((requests[0], TraceRequest(1, 8, 3, 0.0, parent=0)), "all", None, 0, {}), CONFIG.max_length)
