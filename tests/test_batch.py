@@ -161,6 +161,41 @@ def test_a_batch_of_caches_of_their_own_gives_each_row_its_own_logits(new):
     assert batch.nbytes == sum(row.nbytes for row in rows) and batch.reserved_bytes == sum(r.reserved_bytes for r in rows)
 
 
+def test_paged_rows_of_two_pools_or_beside_another_kind_are_driven_one_by_one():
+    """One pool addressed at once needs every row in it: rows of two pools, or a paged row beside a static one,
+    each read their own blocks."""
+    def paged_in(pool, length, seed):
+        row = PagedCache(CONFIG, 1, 128, pool=pool)
+        MODEL(torch.randint(0, CONFIG.vocab_size, (1, length), generator=torch.Generator().manual_seed(seed)), row)
+        return row
+
+    def two_pools():
+        return [paged_in(BlockPool(CONFIG, 40, SIZE), 6, 0), paged_in(BlockPool(CONFIG, 40, SIZE), 9, 1)]
+
+    def paged_and_static():
+        return [paged_in(BlockPool(CONFIG, 40, SIZE), 6, 0), *static_rows([9])]
+
+    ids = torch.randint(0, CONFIG.vocab_size, (2, 1), generator=torch.Generator().manual_seed(2))
+    for make in (two_pools, paged_and_static):
+        rows, alone = make(), make()
+        batch = BatchedCache(rows, [1, 1])
+        batched, _ = MODEL(ids, batch)
+        assert batch.slots is None
+        for b, row in enumerate(alone):
+            own, _ = MODEL(ids[b : b + 1], row)
+            torch.testing.assert_close(batched[b, :1], own[0], atol=1e-5, rtol=1e-5)
+
+
+def test_a_workspace_keeps_a_quarter_more_than_asked_so_a_row_that_grows_reuses_it():
+    workspace, like = Workspace(), torch.zeros(1)
+    first = workspace.take("keys", (2, 50), like)  # 100 asked: 125 held
+    assert workspace.nbytes == 125 * 4 and first.shape == (2, 50)
+    grown = workspace.take("keys", (2, 62), like)  # 124 fit in the same buffer
+    assert grown.data_ptr() == first.data_ptr() and workspace.nbytes == 125 * 4
+    workspace.take("keys", (2, 63), like)  # 126 do not: a new buffer, again a quarter more
+    assert workspace.nbytes == (126 + 31) * 4
+
+
 def test_a_ragged_batch_reads_each_rows_positions_and_masks_its_padding():
     rows = static_rows([2, 5])
     batch = BatchedCache(rows, [3, 1])
