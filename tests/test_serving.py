@@ -2,6 +2,7 @@
 command line refuses bad input before measuring."""
 
 import json
+import signal
 import time
 from pathlib import Path
 
@@ -157,6 +158,18 @@ def test_static_admits_what_its_reservations_fit_and_paged_more():
     assert all(it["reserved"] <= budget for it in static["iterations"] + paged["iterations"])
 
 
+def test_a_next_token_that_takes_the_last_free_block_preempts_nothing():
+    """A pool of 2 blocks of 4 and one request of 4 prompt tokens and 2 outputs: its prompt fills block 1, its second
+    token takes block 2, the last one free. That fits: the request is not preempted, its prompt prefilled once."""
+    model = MODELS["gpt2"]
+    trace = trace_of("fixed:4,2", requests=1)
+    _, ledger, outcome = replay(model, trace, "paged", 2 * admission.block_bytes(model.config, 4), keep_logits=False,
+                                block_size=4)
+    assert [(it["preempted"], it["prefill_tokens"], it["decoded"], it["free_blocks"]) for it in outcome["iterations"]] \
+        == [(0, 4, 0, 1), (0, 0, 1, 0)]
+    assert ledger.pool.free_blocks == ledger.pool.num_blocks == 2
+
+
 def test_sharing_a_prefix_saves_exactly_n_minus_one_copies():
     model = MODELS["llama"]
     trace = trace_of("fixed:5,6", requests=4, prefix=16)  # every request: the same 16 tokens, then its own
@@ -165,6 +178,10 @@ def test_sharing_a_prefix_saves_exactly_n_minus_one_copies():
     assert max(it["saved"] for it in outcome["iterations"]) == (4 - 1) * 16 * per_position
     assert sum(it["prefill_tokens"] for it in outcome["iterations"]) == 16 + 4 * 5  # the prefix once, then their own
     assert ledger.pool.free_blocks == ledger.pool.num_blocks
+    # every iteration stores the prefix's 16 positions once and each fork's own as far as its blocks are filled
+    # (21 positions each, then one more a step: their third block partly filled, then a fourth)
+    assert [(it["used"], it["saved"]) for it in outcome["iterations"]] == [
+        ((16 + 4 * (length - 16)) * per_position, (4 - 1) * 16 * per_position) for length in range(21, 27)]
 
 
 @pytest.mark.parametrize("kind", ["static", "paged"])
@@ -199,6 +216,11 @@ def test_a_shared_prefix_is_prefilled_in_chunks_of_the_token_budget():
     assert fed[:4] == [(32, 0), (32, 0), (32, 0), (0, 2)]  # the prefix in two chunks, then both own parts at once
     assert sum(prefill for prefill, _ in fed) == 64 + 2 * 16  # the prefix once
     assert ledger.pool.free_blocks == ledger.pool.num_blocks
+    # the holder's first chunk is stored before any request holds it: it saves nothing yet (not less than nothing);
+    # then both forks hold the whole prefix, stored once, and each its own 16 positions beside it
+    per_position = admission.bytes_per_position(MODELS["llama"].config)
+    assert [(it["used"] // per_position, it["saved"] // per_position) for it in outcome["iterations"][:3]] == [
+        (32, 0), (64, 64), (64 + 2 * 16, 64)]
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -218,6 +240,46 @@ def test_every_iteration_keeps_its_token_budget_with_or_without_a_shared_prefix(
         reference = model(live.ids)[0][0, live.spec.prompt - 1 : live.spec.prompt - 1 + live.emitted]
         torch.testing.assert_close(torch.stack(live.logits), reference, atol=1e-5, rtol=1e-5)
     assert ledger.pool.free_blocks == ledger.pool.num_blocks
+
+
+def test_the_holder_is_dropped_once_no_request_that_could_fork_it_is_left():
+    """Request 0 forks a 16-token prefix (blocks of 8) and ends after 2 tokens; request 1 has no prefix and runs 6:
+    once request 0 ends, the holder's 2 blocks go back with it, while request 1 still runs on its own 2."""
+    model = MODELS["llama"]
+    requests = (TraceRequest(0, 20, 2, 0.0, prefix=16), TraceRequest(1, 8, 6, 0.0))
+    trace = trace_from_dict(Trace(requests, "all", None, 0, {}).to_dict(), 96)
+    _, ledger, outcome = replay(model, trace, "paged", 10**6, keep_logits=False, block_size=8, share_prefix=True)
+    block = admission.block_bytes(model.config, 8)
+    assert [(it["ended"], it["reserved"] // block, it["reserved_after"] // block) for it in outcome["iterations"]] == [
+        (0, 2 + 1 + 1, 2 + 1 + 1), (1, 2 + 1 + 2, 2)] + [(0, 2, 2)] * 3 + [(1, 2, 0)]
+    assert ledger.holder is None and ledger.pool.free_blocks == ledger.pool.num_blocks
+
+
+def test_a_request_that_can_never_be_admitted_is_refused_and_the_holder_given_back():
+    """A pool of 3 blocks of 4 cannot hold a 16-token prefix: its holder takes 3 chunks of 4 tokens, then nothing
+    fits and nothing runs. The replay stops naming the request and the budget, and gives the holder's blocks back.
+    (A replay that went on would loop for ever, doing nothing: an alarm turns that into this test's failure.)"""
+    model = MODELS["llama"]
+    trace = trace_of("fixed:4,2", requests=1, prefix=16)
+    budget = 3 * admission.block_bytes(model.config, 4)
+    ledger = make_ledger(model, "paged", budget, block_size=4, share_prefix=True)
+    scheduler = Scheduler(model, trace, ledger, TokenSource(model.config.vocab_size, trace.seed, trace.prefix),
+                          max_batched_tokens=4)
+
+    def stuck(signum, frame):
+        raise TimeoutError(f"the replay went on for 10 s after {len(scheduler.iterations)} iterations")
+
+    previous = signal.signal(signal.SIGALRM, stuck)
+    signal.setitimer(signal.ITIMER_REAL, 10)
+    try:
+        with pytest.raises(ValueError, match=f"^request 0 cannot be admitted even alone: the KV budget {budget} bytes "
+                                             r"is below its minimum \(kvbench.serving.admission.minimum_budget\)$"):
+            scheduler.run()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert [it["prefill_tokens"] for it in scheduler.iterations] == [4, 4, 4]
+    assert ledger.holder is None and ledger.pool.free_blocks == ledger.pool.num_blocks == 3
 
 
 def test_a_cancelled_request_frees_its_blocks_in_the_same_iteration():
@@ -461,6 +523,33 @@ def test_idle_gaps_are_skipped_and_every_request_is_admitted_at_its_arrival():
     for request, arrival in zip(outcome["requests"], (0.6, 3.0)):
         assert 0 <= request["admitted"] - arrival < 0.2 and request["token_times"][0] >= arrival
     assert outcome["iterations"][-1]["time"] < 3.5
+
+
+def test_each_iterations_prefill_and_decode_seconds_lie_within_the_time_since_the_last_one():
+    """Arrivals at 0.5 s and 2 s: the clock jumps to each, and each iteration's prefill and decode seconds are the
+    parts of its own time, never the seconds since the replay began."""
+    requests = (TraceRequest(0, 6, 3, 0.5), TraceRequest(1, 6, 3, 2.0))
+    trace = trace_from_dict(Trace(requests, "poisson", None, 0, {}).to_dict(), 96)
+    _, _, outcome = replay(MODELS["gpt2"], trace, "static", 10**6, keep_logits=False)
+    last = 0.0
+    for it in outcome["iterations"]:  # each of the three is rounded to the microsecond
+        assert 0 <= it["prefill_seconds"] and 0 <= it["decode_seconds"], it
+        assert it["prefill_seconds"] + it["decode_seconds"] <= it["time"] - last + 3e-6, (it, last)
+        last = it["time"]
+    assert sum(it["prefill_tokens"] > 0 for it in outcome["iterations"]) == 2 and last > 2.0
+
+
+def test_an_arrival_finer_than_a_nanosecond_still_gives_stamps_of_nine_decimals():
+    """A trace file may give an arrival to any precision: the clock jumps to it, and the stamps after it are still
+    kept to the clock's nanosecond (the 0.44 ns past 0.6 s are not written)."""
+    requests = (TraceRequest(0, 6, 3, 0.60000000044),)
+    trace = trace_from_dict(Trace(requests, "poisson", None, 0, {}).to_dict(), 96)
+    _, _, outcome = replay(MODELS["gpt2"], trace, "static", 10**6, keep_logits=False)
+    request = outcome["requests"][0]
+    stamps = [request["admitted"], request["finished"], *request["token_times"]]
+    assert 0 <= request["admitted"] - 0.6 < 0.2 and len(request["token_times"]) == 3
+    assert all(stamp == round(stamp, 9) for stamp in stamps), stamps
+    assert max(len(repr(stamp).partition(".")[2]) for stamp in stamps) <= 9
 
 
 @pytest.mark.parametrize("prefix", [40, 64])
