@@ -586,7 +586,8 @@ def test_a_fork_that_steps_while_its_parent_rolls_back_a_copy_needs_what_its_nex
         assert (pool.refcount(0), pool.refcount(1), pool.refcount(2), pool.free_blocks) == (2, 2, 0, 4)
         needed, free = child.blocks_needed(1), pool.free_blocks
         second, child = model(child_next[:, 1:], child)
-        assert free - pool.free_blocks == needed
+        assert free - pool.free_blocks == needed == 1  # the block is shared again: the fork copies it to append
+        assert child.block_table[0, 1] != 1 and pool.refcount(1) == 1
         assert_same_snapshot(before, snapshot(parent))
         parent_logits, parent = model(parent_next, parent)  # the parent's own append copies the shared block
         assert parent.block_table[0, 0] == child.block_table[0, 0] == 0

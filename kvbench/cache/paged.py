@@ -347,7 +347,8 @@ class PagedCache(Cache):
                     pool.copy_block(shared, fresh)
                     pool.release([shared])
                     row[index] = fresh
-        self._tail_shared = False  # from here on the last block is this request's own
+        if (start + length) // size > start // size:  # the shared block is full: later appends start their own
+            self._tail_shared = False  # (one found unshared may be shared again when a fork's failed call rolls back)
         missing = ceil_div(start + length, size) - self._held
         if missing > 0:
             for row in self._rows:
