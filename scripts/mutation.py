@@ -67,7 +67,7 @@ TARGETS = {
     # the scheduler has no test file: test_serving.py replays traces through it, test_admission.py watches its ledgers
     # (the CLI run, 5 s a mutant, checks nothing more of it); test_trace.py checks admission's reservations too
     "scheduler": Target("kvbench/serving/scheduler.py", ("tests/test_serving.py", "tests/test_admission.py"),
-                        select="not end_to_end and not summary_reads_ratios"),  # that one reads results/: the report's
+                        select="not end_to_end and not summary_reads_ratios"),  # that one reads results/, not copied
     "admission": Target("kvbench/serving/admission.py", ("tests/test_admission.py", "tests/test_trace.py")),
     **{name: Target(path, (f"tests/test_{name}.py",)) for name, path in (("batch", "kvbench/cache/batch.py"),
         ("trace", "kvbench/serving/trace.py"), ("serving_figures", "kvbench/serving/figures.py"),
